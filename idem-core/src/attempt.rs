@@ -1,0 +1,260 @@
+//! The handle the work receives: recovery information, checkpoints, lease
+//! extension and downstream keys.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::clock::{Clock, Timestamp};
+use crate::error::Error;
+use crate::scope::RecordId;
+use crate::store::{Previous, Store, StoreError, TakeoverReason, Token};
+
+/// A boxed, `Send` future (used where the store type is erased).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The token-guarded writes an [`Attempt`] can make while its work runs.
+///
+/// Implemented for every [`Store`]; a backend with its own execution path
+/// (e.g. a transactional mode) can supply another implementation.
+pub trait AttemptControl: Send + Sync + fmt::Debug + 'static {
+    /// Persists a checkpoint under `token`.
+    fn checkpoint<'a>(&'a self, id: &'a RecordId, token: Token, resource_id: &'a str)
+    -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Moves the lease's end under `token`.
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+#[derive(Debug)]
+pub(crate) struct StoreControl<S>(pub(crate) Arc<S>);
+
+impl<S: Store> AttemptControl for StoreControl<S> {
+    fn checkpoint<'a>(&'a self, id: &'a RecordId, token: Token, resource_id: &'a str)
+    -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.0.checkpoint(id, token, resource_id))
+    }
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.0.extend_lease(id, token, lease_until))
+    }
+}
+
+/// The work's view of its own attempt. Cheap to clone.
+///
+/// ```
+/// # use idem_core::{Idem, MemoryStore, Outcome, Scope};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let idem = Idem::new(MemoryStore::new());
+/// let scope = Scope::new("acct_1", "POST /charges")?;
+/// let reply = idem
+///     .execute(&scope, "key-1", &serde_json::json!({"amount": 100}), |attempt| async move {
+///         // The same id on every attempt for this record: the provider dedups a re-run.
+///         let provider_key = attempt.downstream_key("provider-charge", 1);
+///         if let Some(charge) = attempt.previous_checkpoint() {
+///             return Outcome::<String, String>::Success(charge.to_owned()); // reconcile
+///         }
+///         let charge = format!("ch_{}", &provider_key[..8]);
+///         if attempt.checkpoint(&charge).await.is_err() {
+///             return Outcome::Transient("lease lost".into());
+///         }
+///         Outcome::Success(charge)
+///     })
+///     .await?;
+/// assert!(!reply.is_replay());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Attempt {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: RecordId,
+    token: Token,
+    number: u32,
+    previous: Option<Previous>,
+    lease: Duration,
+    clock: Arc<dyn Clock>,
+    control: Arc<dyn AttemptControl>,
+    resource_id: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Attempt")
+            .field("record", &self.inner.id.log_hash())
+            .field("token", &self.inner.token)
+            .field("number", &self.inner.number)
+            .field("previous", &self.inner.previous.as_ref().map(|p| p.reason))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attempt {
+    /// Builds an attempt. The engine does this; a backend with its own
+    /// execution path (such as a transactional mode) may too.
+    #[must_use]
+    pub fn new(
+        id: RecordId,
+        token: Token,
+        number: u32,
+        previous: Option<Previous>,
+        lease: Duration,
+        clock: Arc<dyn Clock>,
+        control: Arc<dyn AttemptControl>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                id,
+                token,
+                number,
+                previous,
+                lease,
+                clock,
+                control,
+                resource_id: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// 1 for the first attempt on this record, then 2, 3, ...
+    #[must_use]
+    pub fn number(&self) -> u32 {
+        self.inner.number
+    }
+
+    /// Whether an earlier attempt ran: its lease expired with the outcome
+    /// unknown, or it released the key after a transient failure. The work
+    /// should reconcile (e.g. look the charge up by its downstream key)
+    /// before acting again.
+    #[must_use]
+    pub fn is_recovery(&self) -> bool {
+        self.inner.previous.is_some()
+    }
+
+    /// Why this attempt took over, if it did.
+    #[must_use]
+    pub fn recovery_reason(&self) -> Option<TakeoverReason> {
+        self.inner.previous.as_ref().map(|p| p.reason)
+    }
+
+    /// The checkpoint an earlier attempt persisted, if any.
+    #[must_use]
+    pub fn previous_checkpoint(&self) -> Option<&str> {
+        self.inner.previous.as_ref()?.checkpoint.as_deref()
+    }
+
+    /// The record this attempt works on.
+    #[must_use]
+    pub fn record(&self) -> &RecordId {
+        &self.inner.id
+    }
+
+    /// This attempt's fencing token.
+    #[must_use]
+    pub fn token(&self) -> Token {
+        self.inner.token
+    }
+
+    /// Persists a recovery point under this attempt's token, e.g. the id of
+    /// the charge just created, so a later recovery can reconcile. It also
+    /// becomes the record's resource id (kept after the body is dropped).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when a newer attempt took the record over;
+    /// [`Error::Store`] when the store fails.
+    pub async fn checkpoint(&self, resource_id: &str) -> Result<(), Error> {
+        let i = &self.inner;
+        i.control.checkpoint(&i.id, i.token, resource_id).await.map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Extends the lease to `now + by` (the engine's clock), for long work.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when a newer attempt took the record over;
+    /// [`Error::Store`] when the store fails.
+    pub async fn extend_lease(&self, by: Duration) -> Result<(), Error> {
+        let i = &self.inner;
+        let until = i.clock.now().plus(by);
+        i.control.extend_lease(&i.id, i.token, until).await.map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Extends the lease by the policy's lease length.
+    ///
+    /// # Errors
+    ///
+    /// As [`Attempt::extend_lease`].
+    pub async fn renew_lease(&self) -> Result<(), Error> {
+        self.extend_lease(self.inner.lease).await
+    }
+
+    /// Names the resource the work created, saved with the outcome at no
+    /// extra round trip (use [`Attempt::checkpoint`] to save it right away).
+    pub fn set_resource_id(&self, resource_id: impl Into<String>) {
+        if let Ok(mut slot) = self.inner.resource_id.lock() {
+            *slot = Some(resource_id.into());
+        }
+    }
+
+    pub(crate) fn take_resource_id(&self) -> Option<String> {
+        self.inner.resource_id.lock().ok().and_then(|mut s| s.take())
+    }
+
+    /// A deterministic key for a call to another idempotent API: lowercase
+    /// hex SHA-256 of the *scoped* record identity, `name` and `version`.
+    ///
+    /// Every attempt on this record gets the same value, so a re-run is a
+    /// retry at the provider too; two owners using the same key never
+    /// collide; bump `version` to roll the derivation.
+    #[must_use]
+    pub fn downstream_key(&self, name: &str, version: u32) -> String {
+        downstream_key(&self.inner.id, name, version)
+    }
+}
+
+/// See [`Attempt::downstream_key`].
+#[must_use]
+pub fn downstream_key(id: &RecordId, name: &str, version: u32) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"idem-downstream-v1\0");
+    hasher.update(id.digest());
+    hasher.update((name.len() as u64).to_be_bytes());
+    hasher.update(name.as_bytes());
+    hasher.update(version.to_be_bytes());
+    hex::encode(hasher.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyKey, Scope};
+
+    #[test]
+    fn downstream_keys_are_scoped_and_versioned() {
+        let key = IdempotencyKey::parse("k").unwrap();
+        let a = RecordId::new(Scope::new("tenant-a", "op").unwrap(), key.clone());
+        let b = RecordId::new(Scope::new("tenant-b", "op").unwrap(), key);
+        assert_eq!(downstream_key(&a, "charge", 1), downstream_key(&a, "charge", 1));
+        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&b, "charge", 1));
+        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&a, "charge", 2));
+        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&a, "refund", 1));
+        assert_eq!(downstream_key(&a, "charge", 1).len(), 64);
+    }
+}

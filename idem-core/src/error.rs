@@ -1,0 +1,173 @@
+//! The rejections and failures `Idem::execute` can return, with their HTTP mapping.
+
+use std::time::Duration;
+
+use crate::fingerprint::RequestError;
+use crate::key::KeyError;
+use crate::scope::ScopeError;
+use crate::store::StoreError;
+
+/// A boxed error source.
+pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything `execute` can refuse or fail with. Every variant says whether a
+/// retry can help ([`Error::is_retryable`]) and what HTTP status it maps to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key is invalid (400). Permanent: fix the key.
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
+    /// The owner or operation is invalid (400). Permanent.
+    #[error(transparent)]
+    InvalidScope(#[from] ScopeError),
+    /// The request cannot be fingerprinted (400). Permanent.
+    #[error(transparent)]
+    InvalidRequest(#[from] RequestError),
+    /// The key was used with another request (422). Permanent: the stored
+    /// record is untouched and the work did not run.
+    #[error("this idempotency key was already used with a different request")]
+    FingerprintMismatch,
+    /// The first attempt is still running (409 + `Retry-After`). Temporary.
+    #[error("a request with this idempotency key is in progress; retry after {retry_after:?}")]
+    InFlight {
+        /// How long until the first attempt's lease ends (at least 1 s).
+        retry_after: Duration,
+    },
+    /// The operation is done but its response was dropped after
+    /// `response_ttl`; the key is still known (409). Permanent.
+    #[error("this request was already processed; its response is no longer stored")]
+    ResponseExpired {
+        /// The resource the first attempt created, if it recorded one.
+        resource_id: Option<String>,
+    },
+    /// The operation is done but its response was not stored because it was
+    /// larger than `max_response_bytes` or could not be encoded (409).
+    /// Permanent: raise the limit for future keys.
+    #[error(
+        "this request was already processed, but its response was not stored (larger than max_response_bytes, or not encodable)"
+    )]
+    ResponseNotStored {
+        /// The resource the first attempt created, if it recorded one.
+        resource_id: Option<String>,
+    },
+    /// This attempt's lease was taken over by a newer attempt, so it can no
+    /// longer complete, checkpoint or release (409 + `Retry-After`). Temporary:
+    /// the newer attempt's outcome will be replayed.
+    #[error("the lease on this idempotency key was taken over by a newer attempt")]
+    LeaseLost {
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// The store failed or could not be reached (503 + `Retry-After`).
+    /// Temporary.
+    #[error("idempotency store failure")]
+    Store(#[source] StoreError),
+    /// A stored record cannot be decoded (500). Permanent until repaired;
+    /// the work is not run.
+    #[error("stored idempotency record is corrupted: {detail}")]
+    CorruptRecord {
+        /// What is wrong (never the body or the key).
+        detail: String,
+    },
+}
+
+/// The class of an [`Error`], for callers that map errors themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Key, scope or request invalid (400).
+    BadRequest,
+    /// Same key, other request (422).
+    Mismatch,
+    /// Conflict with another attempt or an already-finished operation (409).
+    Conflict,
+    /// The store is down or failing (503).
+    Unavailable,
+    /// Corrupted data (500).
+    Internal,
+}
+
+impl Error {
+    /// The class of this error.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => ErrorKind::BadRequest,
+            Self::FingerprintMismatch => ErrorKind::Mismatch,
+            Self::InFlight { .. }
+            | Self::ResponseExpired { .. }
+            | Self::ResponseNotStored { .. }
+            | Self::LeaseLost { .. } => ErrorKind::Conflict,
+            Self::Store(_) => ErrorKind::Unavailable,
+            Self::CorruptRecord { .. } => ErrorKind::Internal,
+        }
+    }
+
+    /// The HTTP status an adapter should answer with.
+    ///
+    /// ```
+    /// use idem_core::Error;
+    /// use std::time::Duration;
+    ///
+    /// let e = Error::InFlight { retry_after: Duration::from_secs(3) };
+    /// assert_eq!(e.http_status(), 409);
+    /// assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+    /// assert_eq!(Error::FingerprintMismatch.http_status(), 422);
+    /// ```
+    #[must_use]
+    pub fn http_status(&self) -> u16 {
+        match self.kind() {
+            ErrorKind::BadRequest => 400,
+            ErrorKind::Mismatch => 422,
+            ErrorKind::Conflict => 409,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Internal => 500,
+        }
+    }
+
+    /// The `Retry-After` to send, where one applies (in flight, lease lost,
+    /// store unavailable).
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } | Self::LeaseLost { retry_after } => Some(*retry_after),
+            Self::Store(_) => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
+    /// Whether the same request may succeed if sent again later.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        self.retry_after().is_some()
+    }
+
+    /// The resource id carried by "already done" conflicts.
+    #[must_use]
+    pub fn resource_id(&self) -> Option<&str> {
+        match self {
+            Self::ResponseExpired { resource_id } | Self::ResponseNotStored { resource_id } => {
+                resource_id.as_deref()
+            }
+            _ => None,
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::LeaseLost => Self::LeaseLost {
+                retry_after: Duration::from_secs(1),
+            },
+            StoreError::Corrupt { backend, detail } => Self::CorruptRecord {
+                detail: format!("{backend}: {detail}"),
+            },
+            other => Self::Store(other),
+        }
+    }
+}

@@ -1,0 +1,54 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod attempt;
+mod canonical;
+mod clock;
+mod codec;
+mod engine;
+mod error;
+mod fingerprint;
+mod key;
+mod memory;
+mod outcome;
+mod policy;
+mod scope;
+pub mod store;
+
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
+
+pub use attempt::{Attempt, AttemptControl, BoxFuture, downstream_key};
+pub use canonical::canonical_json;
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use codec::{HttpResponse, Storable};
+pub use engine::{Idem, Prepared};
+pub use error::{BoxDynError, Error, ErrorKind, Result};
+pub use fingerprint::{FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint};
+pub use key::{IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN};
+pub use memory::MemoryStore;
+pub use outcome::{Outcome, Reply};
+pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
+pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
+pub use store::{Store, StoreError};
+
+#[cfg(all(test, feature = "testkit"))]
+mod memory_conformance {
+    use crate::MemoryStore;
+    use crate::testkit::Fixture;
+
+    struct Memory(MemoryStore);
+    impl Fixture for Memory {
+        type Store = MemoryStore;
+        fn store(&self) -> MemoryStore {
+            self.0.clone()
+        }
+        async fn teardown(self) {}
+    }
+    async fn setup() -> Memory {
+        Memory(MemoryStore::new())
+    }
+
+    crate::store_conformance!(setup());
+}

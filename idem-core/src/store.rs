@@ -1,0 +1,416 @@
+//! The `Store` trait: the atomic operations a backend performs.
+//!
+//! # Contract
+//!
+//! The engine decides; a store only performs atomic transitions. Every method
+//! is **one** atomic operation on the backend (one statement, one script, one
+//! critical section) and, for writes guarded by a [`Token`], changes nothing
+//! unless the record is `in_flight` under exactly that token. Stores never read
+//! a clock to decide: `now` and every deadline come in from the engine. A
+//! native TTL may be set from those deadlines, purely as garbage collection.
+//!
+//! A record is addressed by its [`RecordId`] `(owner, operation, key)`; two ids
+//! that differ in any part never share a record.
+//!
+//! Every backend proves this contract by running the conformance suite in
+//! [`testkit`](crate::testkit) (feature `testkit`) against a real server.
+
+use std::fmt;
+use std::future::Future;
+
+use crate::clock::Timestamp;
+use crate::error::BoxDynError;
+use crate::fingerprint::Fingerprint;
+use crate::scope::RecordId;
+
+/// A fencing token: whoever holds the record's current token may complete,
+/// release, checkpoint or extend it; anybody else is refused.
+///
+/// Tokens are random 63-bit values (they fit a signed 64-bit column), made by
+/// the engine for every claim and takeover.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token(u64);
+
+impl Token {
+    /// A fresh random token in `1..2^63`.
+    #[must_use]
+    pub fn random() -> Self {
+        let v = u64::from_be_bytes(crate::key::random_bytes::<8>()) & (u64::MAX >> 1);
+        Self(v.max(1))
+    }
+
+    /// From a stored value. Backends store it as a signed 64-bit integer.
+    #[must_use]
+    pub const fn from_i64(v: i64) -> Self {
+        Self(v.cast_unsigned())
+    }
+
+    /// As a signed 64-bit integer (always non-negative for engine-made tokens).
+    #[must_use]
+    pub const fn as_i64(self) -> i64 {
+        self.0.cast_signed()
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({:016x})", self.0)
+    }
+}
+
+/// Where a record stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// An attempt holds the lease (or held it and vanished: the lease tells).
+    InFlight,
+    /// The last attempt failed transiently; the same fingerprint may claim again.
+    Released,
+    /// The outcome is stored (the body may already be dropped).
+    Completed,
+}
+
+impl RecordState {
+    /// The stable text backends store (`in_flight`, `released`, `completed`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Released => "released",
+            Self::Completed => "completed",
+        }
+    }
+
+    /// Parses [`RecordState::as_str`]; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "in_flight" => Some(Self::InFlight),
+            "released" => Some(Self::Released),
+            "completed" => Some(Self::Completed),
+            _ => None,
+        }
+    }
+}
+
+/// What a completed record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutcomeKind {
+    /// The work succeeded; the body is its encoded value.
+    Success,
+    /// The work failed permanently; the body is its encoded error.
+    Failure,
+    /// The work finished but its response could not be stored (larger than
+    /// `max_response_bytes`, or not encodable): no body, only the key.
+    NotStored,
+}
+
+impl OutcomeKind {
+    /// The stable text backends store (`success`, `failure`, `not_stored`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+            Self::NotStored => "not_stored",
+        }
+    }
+
+    /// Parses [`OutcomeKind::as_str`]; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "success" => Some(Self::Success),
+            "failure" => Some(Self::Failure),
+            "not_stored" => Some(Self::NotStored),
+            _ => None,
+        }
+    }
+}
+
+/// A claim as the engine asks for it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The record.
+    pub id: &'a RecordId,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The token this attempt will hold if it wins.
+    pub token: Token,
+    /// The engine's time.
+    pub now: Timestamp,
+    /// The lease's end if claimed.
+    pub lease_until: Timestamp,
+    /// When the key may be forgotten (garbage collection of a new record).
+    pub key_expires_at: Timestamp,
+}
+
+/// Why a claim took over an existing record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TakeoverReason {
+    /// The previous attempt's lease ended without an outcome: its fate is
+    /// *unknown*, so the work must reconcile before acting.
+    LeaseExpired,
+    /// The previous attempt failed transiently and released the key.
+    Released,
+}
+
+/// The previous attempt, when a claim took a record over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Previous {
+    /// Why the record could be taken over.
+    pub reason: TakeoverReason,
+    /// The last checkpoint (resource id) written by an earlier attempt.
+    pub checkpoint: Option<String>,
+}
+
+/// The claim was won.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// Attempt number: 1 for a new record, previous + 1 for a takeover.
+    pub attempt: u32,
+    /// Set when the claim took over a released or lease-expired record.
+    pub previous: Option<Previous>,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// The caller now holds the record under its token.
+    Claimed(Claimed),
+    /// Another record stands; the engine decides what the caller gets.
+    Existing(StoredRecord),
+}
+
+/// A record as read back from a store.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// The fingerprint of the request that created (or last claimed) it.
+    pub fingerprint: Fingerprint,
+    /// Its state.
+    pub state: RecordState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// End of the current lease (meaningful while `in_flight`).
+    pub lease_until: Timestamp,
+    /// Resource id: the last checkpoint, or the id given at completion.
+    pub resource_id: Option<String>,
+    /// The outcome, once completed.
+    pub outcome: Option<OutcomeKind>,
+    /// The stored body, only while `now < response_expires_at`.
+    pub response: Option<Vec<u8>>,
+    /// When the body is dropped (completed records).
+    pub response_expires_at: Option<Timestamp>,
+    /// When the key is forgotten.
+    pub key_expires_at: Timestamp,
+}
+
+impl fmt::Debug for StoredRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredRecord")
+            .field("fingerprint", &self.fingerprint)
+            .field("state", &self.state)
+            .field("attempt", &self.attempt)
+            .field("lease_until", &self.lease_until)
+            .field("has_resource_id", &self.resource_id.is_some())
+            .field("outcome", &self.outcome)
+            .field("response_len", &self.response.as_ref().map(Vec::len))
+            .field("response_expires_at", &self.response_expires_at)
+            .field("key_expires_at", &self.key_expires_at)
+            .finish()
+    }
+}
+
+/// The outcome to store.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion<'a> {
+    /// What kind of outcome.
+    pub outcome: OutcomeKind,
+    /// The encoded response (`None` for [`OutcomeKind::NotStored`]).
+    pub body: Option<&'a [u8]>,
+    /// The resource id; `None` keeps the last checkpoint.
+    pub resource_id: Option<&'a str>,
+    /// The engine's time.
+    pub now: Timestamp,
+    /// When the body is dropped.
+    pub response_expires_at: Timestamp,
+    /// When the key is forgotten.
+    pub key_expires_at: Timestamp,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Records whose key expired and that were deleted.
+    pub keys_removed: u64,
+    /// Records whose body expired and was dropped (the key stays).
+    pub bodies_dropped: u64,
+}
+
+/// What a backend can do beyond the contract.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Expired records vanish on their own (e.g. Redis TTLs);
+    /// [`Store::purge_expired`] then has nothing to do and reports zero.
+    pub native_expiry: bool,
+}
+
+impl Capabilities {
+    /// No optional capability.
+    #[must_use]
+    pub const fn none() -> Self {
+        Self { native_expiry: false }
+    }
+
+    /// Expired records vanish on their own.
+    #[must_use]
+    pub const fn native_expiry() -> Self {
+        Self { native_expiry: true }
+    }
+}
+
+/// A store failure, classified for the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The token no longer holds the record: another attempt took it over,
+    /// or it is no longer `in_flight`. Permanent for this attempt.
+    #[error("the lease was lost to another attempt")]
+    LeaseLost,
+    /// The backend could not be reached or timed out (connection refused or
+    /// reset, pool timeout). Temporary: the call may be retried.
+    #[error("{backend} store unavailable")]
+    Unavailable {
+        /// Which backend.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxDynError,
+    },
+    /// A stored record cannot be decoded (unknown state, wrong-length
+    /// fingerprint, garbage). Permanent until repaired by hand.
+    #[error("{backend} holds a corrupted record: {detail}")]
+    Corrupt {
+        /// Which backend.
+        backend: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// Any other backend error.
+    #[error("{backend} store error")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxDynError,
+    },
+}
+
+/// The atomic operations of an idempotency store.
+///
+/// See the [module docs](self) for the contract. Each method's `# Behavior`
+/// is checked by the conformance suite.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Claims `req.id` for `req.token`, atomically.
+    ///
+    /// # Behavior
+    ///
+    /// * absent, or `key_expires_at <= now`: insert a new `in_flight` record
+    ///   (attempt 1, no checkpoint, the new fingerprint) → `Claimed`.
+    /// * same fingerprint and `released`, or `in_flight` with
+    ///   `lease_until <= now`: take over with the new token and lease,
+    ///   attempt + 1, keeping the checkpoint → `Claimed` with `previous`.
+    /// * anything else → `Existing(record)`, unchanged; its `response` is
+    ///   `None` once `now >= response_expires_at`.
+    fn claim(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// Stores the outcome.
+    ///
+    /// # Behavior
+    ///
+    /// Only if the record is `in_flight` under `token` (expired lease or not):
+    /// state `completed`, the outcome, body and expiries set; the resource id
+    /// replaced if given. Otherwise [`StoreError::LeaseLost`], nothing changed.
+    fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Releases the key after a transient failure.
+    ///
+    /// # Behavior
+    ///
+    /// Only if `in_flight` under `token`: state `released`, the checkpoint and
+    /// attempt count kept. Otherwise [`StoreError::LeaseLost`].
+    fn release(
+        &self,
+        id: &RecordId,
+        token: Token,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Persists a recovery point (e.g. the id of a charge just created).
+    ///
+    /// # Behavior
+    ///
+    /// Only if `in_flight` under `token`: the resource id is set. Otherwise
+    /// [`StoreError::LeaseLost`].
+    fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Moves the lease's end.
+    ///
+    /// # Behavior
+    ///
+    /// Only if `in_flight` under `token`: `lease_until` is set. Otherwise
+    /// [`StoreError::LeaseLost`].
+    fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads a record.
+    ///
+    /// # Behavior
+    ///
+    /// `None` when absent or `key_expires_at <= now`; the response only while
+    /// `now < response_expires_at`.
+    fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
+
+    /// Deletes up to `limit` records whose key expired, and drops up to
+    /// `limit` bodies whose response expired (the key rows stay).
+    ///
+    /// # Behavior
+    ///
+    /// Bounded: never touches more than `limit` records of each kind per call,
+    /// so callers loop until the report is zero. Stores with
+    /// [`Capabilities::native_expiry`] report zero.
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<PurgeReport, StoreError>> + Send;
+
+    /// What this backend can do beyond the contract.
+    fn capabilities(&self) -> Capabilities;
+}

@@ -1,0 +1,99 @@
+//! Real concurrency: many tasks, one key; many keys at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ManualClock;
+use crate::error::Error;
+use crate::store::Store;
+
+use super::support::{Charge, Counter, Out, charge_request, engine, key, scope};
+
+/// 64 tasks racing on one key: the work runs exactly once; every other caller
+/// gets 409 (in flight) or the replay; afterwards everyone gets the replay.
+pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let (idem, scope, key, runs, barrier) =
+                (idem.clone(), scope.clone(), key.clone(), runs.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                idem.execute(&scope, &key, &charge_request(100), move |_| async move {
+                    runs.hit();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Out::Success(Charge { id: format!("ch_{i}"), amount: 100 })
+                })
+                .await
+            })
+        })
+        .collect();
+    let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
+    let mut winner = None;
+    for t in tasks {
+        match t.await.expect("join") {
+            Ok(r) if r.is_replay() => replayed += 1,
+            Ok(r) => {
+                executed += 1;
+                winner = Some(r.into_result().expect("ok").id);
+            }
+            Err(Error::InFlight { .. }) => in_flight += 1,
+            Err(e) => panic!("unexpected error under contention: {e:?}"),
+        }
+    }
+    assert_eq!(runs.get(), 1, "the work must run exactly once");
+    assert_eq!(executed, 1);
+    assert_eq!(executed + replayed + in_flight, 64);
+    let winner = winner.expect("one winner");
+    for _ in 0..8 {
+        let reply = idem
+            .execute(&scope, &key, &charge_request(100), |_| async { Out::Success(Charge { id: "no".into(), amount: 0 }) })
+            .await
+            .expect("replay");
+        assert!(reply.is_replay());
+        assert_eq!(reply.into_result().expect("ok").id, winner);
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+/// 200 distinct keys from 16 tasks: 200 executions, 200 records, each
+/// replaying its own response.
+pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let scope = scope("POST /charges");
+    let keys: Arc<Vec<_>> = Arc::new((0..200).map(|_| key()).collect());
+    let runs = Counter::default();
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (idem, scope, keys, runs) = (idem.clone(), scope.clone(), Arc::clone(&keys), runs.clone());
+            tokio::spawn(async move {
+                for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 16 == t) {
+                    let runs = runs.clone();
+                    let reply = idem
+                        .execute(&scope, k, &charge_request(100), move |_| async move {
+                            runs.hit();
+                            Out::Success(Charge { id: format!("ch_{i}"), amount: 100 })
+                        })
+                        .await
+                        .expect("call");
+                    assert!(!reply.is_replay());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("join");
+    }
+    assert_eq!(runs.get(), 200);
+    for (i, k) in keys.iter().enumerate().step_by(17) {
+        let reply = idem
+            .execute(&scope, k, &charge_request(100), |_| async { Out::Success(Charge { id: "no".into(), amount: 0 }) })
+            .await
+            .expect("replay");
+        assert_eq!(reply.into_result().expect("ok").id, format!("ch_{i}"));
+    }
+}

@@ -1,0 +1,197 @@
+//! The two clocks: response expiry, key expiry, purges, oversize responses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::store::{OutcomeKind, RecordState, Store};
+use crate::{Clock, ManualClock};
+
+use super::support::{
+    Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge_request, engine, key, scope,
+};
+
+fn charge(id: &str) -> Out {
+    Out::Success(Charge { id: id.into(), amount: 100 })
+}
+
+/// After `response_ttl` the body is gone but the key is known: a retry gets
+/// 409 "already done" with the resource id, and the work does not run.
+pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (scope2, key2) = (scope.clone(), super::support::key());
+    idem.execute(&scope, &key, &charge_request(100), |a| async move {
+        a.checkpoint("ch_9").await.expect("checkpoint");
+        charge("ch_9")
+    })
+    .await
+    .expect("first");
+    idem.execute(&scope2, &key2, &charge_request(100), |a| async move {
+        a.set_resource_id("ch_set_at_completion");
+        charge("ch_set_at_completion")
+    })
+    .await
+    .expect("first");
+    clock.advance(RESPONSE_TTL - Duration::from_secs(1));
+    assert!(
+        idem.execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+            .await
+            .expect("still replayed")
+            .is_replay()
+    );
+    clock.advance(Duration::from_secs(2));
+    for (k, rid) in [(&key, "ch_9"), (&key2, "ch_set_at_completion")] {
+        let r = runs.clone();
+        let err = idem
+            .execute(&scope, k, &charge_request(100), |_| async move {
+                r.hit();
+                charge("no")
+            })
+            .await
+            .expect_err("response expired");
+        assert!(matches!(err, Error::ResponseExpired { .. }), "{err:?}");
+        assert_eq!(err.http_status(), 409);
+        assert_eq!(err.resource_id(), Some(rid));
+    }
+    assert_eq!(runs.get(), 0);
+    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("key kept");
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.response, None);
+    let err = idem
+        .execute(&scope, &key, &charge_request(1), |_| async { charge("no") })
+        .await
+        .expect_err("mismatch still detected");
+    assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
+}
+
+/// After `key_ttl` the same key is a new operation: the work runs again as
+/// attempt 1 (not a recovery), even with another request.
+pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let r = runs.clone();
+    idem.execute(&scope, &key, &charge_request(100), |_| async move {
+        r.hit();
+        charge("ch_old")
+    })
+    .await
+    .expect("first");
+    clock.advance(KEY_TTL + Duration::from_secs(1));
+    assert!(idem.lookup(&scope, &key).await.expect("lookup").is_none());
+    let r = runs.clone();
+    let reply = idem
+        .execute(&scope, &key, &charge_request(300), |a| async move {
+            r.hit();
+            assert!(!a.is_recovery());
+            assert_eq!(a.number(), 1);
+            charge("ch_new")
+        })
+        .await
+        .expect("new operation");
+    assert!(!reply.is_replay());
+    assert_eq!(runs.get(), 2);
+    let replay = idem
+        .execute(&scope, &key, &charge_request(300), |_| async { charge("no") })
+        .await
+        .expect("replay of the new one");
+    assert_eq!(replay.into_result().expect("ok").id, "ch_new");
+}
+
+/// Purges are bounded: each call drops at most `limit` bodies and deletes at
+/// most `limit` expired keys; bodies go at `response_ttl` while keys stay
+/// until `key_ttl`. (A store with native expiry reports zero and relies on
+/// its own TTLs; the engine's answers are the same either way.)
+pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let native = store.capabilities().native_expiry;
+    let scope = scope("POST /charges");
+    let keys: Vec<_> = (0..25).map(|_| key()).collect();
+    for k in &keys {
+        idem.execute(&scope, k, &charge_request(100), |_| async { charge("ch") })
+            .await
+            .expect("call");
+    }
+    let limit = 10;
+    let first = store.purge_expired(clock.now(), limit).await.expect("purge");
+    assert_eq!(first.keys_removed + first.bodies_dropped, 0, "nothing is expired yet");
+    clock.advance(RESPONSE_TTL + Duration::from_secs(1));
+    let mut bodies = 0;
+    loop {
+        let r = store.purge_expired(clock.now(), limit).await.expect("purge");
+        assert!(r.bodies_dropped <= u64::from(limit), "batch over the limit: {r:?}");
+        assert_eq!(r.keys_removed, 0, "keys outlive bodies");
+        if r.bodies_dropped == 0 {
+            break;
+        }
+        bodies += r.bodies_dropped;
+    }
+    assert_eq!(bodies, if native { 0 } else { 25 });
+    for k in &keys[..3] {
+        let rec = idem.lookup(&scope, k).await.expect("lookup").expect("key kept");
+        assert_eq!(rec.response, None);
+        assert_eq!(rec.outcome, Some(OutcomeKind::Success));
+    }
+    clock.advance(KEY_TTL);
+    let mut removed = 0;
+    let mut calls = 0;
+    loop {
+        let r = store.purge_expired(clock.now(), limit).await.expect("purge");
+        assert!(r.keys_removed <= u64::from(limit), "batch over the limit: {r:?}");
+        calls += 1;
+        if r.keys_removed == 0 {
+            break;
+        }
+        removed += r.keys_removed;
+    }
+    if native {
+        assert_eq!(removed, 0);
+    } else {
+        assert_eq!(removed, 25);
+        assert_eq!(calls, 4, "25 keys in batches of 10, then an empty call");
+    }
+    for k in &keys[..3] {
+        assert!(idem.lookup(&scope, k).await.expect("lookup").is_none());
+    }
+    let total = idem.purge_expired(limit).await.expect("purge all");
+    assert_eq!(total.keys_removed, 0);
+}
+
+/// A response over `max_response_bytes` is not stored: the caller gets the
+/// work's outcome (marked not stored), and every retry gets a typed 409
+/// instead of a second execution.
+pub async fn oversize_response_is_not_stored_and_never_rerun<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("GET /export"), key(), Counter::default());
+    let big = "x".repeat(MAX_RESPONSE + 1);
+    let r = runs.clone();
+    let reply = idem
+        .execute(&scope, &key, &charge_request(1), |a| async move {
+            r.hit();
+            a.set_resource_id("export_1");
+            Out::Success(Charge { id: big, amount: 1 })
+        })
+        .await
+        .expect("first call returns the work's outcome");
+    assert!(!reply.is_stored());
+    assert_eq!(reply.into_result().expect("ok").id.len(), MAX_RESPONSE + 1);
+    for _ in 0..2 {
+        let r = runs.clone();
+        let err = idem
+            .execute(&scope, &key, &charge_request(1), |_| async move {
+                r.hit();
+                charge("no")
+            })
+            .await
+            .expect_err("not stored");
+        assert!(matches!(err, Error::ResponseNotStored { .. }), "{err:?}");
+        assert_eq!(err.http_status(), 409);
+        assert_eq!(err.resource_id(), Some("export_1"));
+        assert!(err.to_string().contains("max_response_bytes"));
+    }
+    assert_eq!(runs.get(), 1);
+}

@@ -1,0 +1,367 @@
+//! In-flight duplicates, leases, takeover, fencing, failures.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::attempt::Attempt;
+use crate::engine::Idem;
+use crate::error::Error;
+use crate::outcome::Outcome;
+use crate::store::{RecordState, Store, TakeoverReason};
+use crate::{IdempotencyKey, InFlightMode, ManualClock, Reply, Scope};
+
+use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope};
+
+type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
+
+/// Starts a first attempt that reports its `Attempt` once running and then
+/// waits to be told to finish with `outcome`. Dropping the sender without
+/// sending (or aborting the task) leaves the attempt "crashed".
+fn start_blocked<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+) -> (Running, oneshot::Receiver<Attempt>, oneshot::Sender<Out>) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<Out>();
+    let (idem, scope, key) = (idem.clone(), scope.clone(), key.clone());
+    let task = tokio::spawn(async move {
+        idem.execute(&scope, &key, &charge_request(amount), |attempt| async move {
+            let _ = started_tx.send(attempt);
+            finish_rx.await.unwrap_or(Out::Transient(Decline { code: "abandoned".into() }))
+        })
+        .await
+    });
+    (task, started_rx, finish_tx)
+}
+
+fn charge(id: &str) -> Out {
+    Out::Success(Charge { id: id.into(), amount: 100 })
+}
+
+/// While the first attempt runs, a duplicate gets 409 with a `Retry-After`
+/// equal to the lease's remaining time (at least 1 s), without running.
+pub async fn in_flight_duplicate_is_rejected_with_retry_after<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    started.await.expect("first started");
+    let r = runs.clone();
+    let dup = |r: Counter| {
+        let (idem, scope, key) = (idem.clone(), scope.clone(), key.clone());
+        async move {
+            idem.execute(&scope, &key, &charge_request(100), move |_| async move {
+                r.hit();
+                charge("ch_dup")
+            })
+            .await
+        }
+    };
+    let err = dup(r.clone()).await.expect_err("in flight");
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+    assert_eq!(err.http_status(), 409);
+    assert_eq!(err.retry_after(), Some(LEASE));
+    clock.advance(Duration::from_millis(59_500));
+    let err = dup(r.clone()).await.expect_err("in flight");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)), "at least 1 s");
+    assert_eq!(runs.get(), 0);
+    finish.send(charge("ch_1")).expect("finish");
+    first.await.expect("join").expect("first");
+    let reply = dup(r).await.expect("replay");
+    assert!(reply.is_replay());
+    assert_eq!(reply.into_result().expect("ok").id, "ch_1");
+    assert_eq!(runs.get(), 0);
+}
+
+/// In wait mode a duplicate waits for the first attempt and then replays its
+/// outcome instead of getting 409.
+pub async fn in_flight_wait_mode_replays_when_first_finishes<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let waiting = engine(&store, &clock).with_policy(policy(InFlightMode::Wait {
+        timeout: Duration::from_secs(10),
+        poll: Duration::from_millis(5),
+    }));
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    started.await.expect("first started");
+    let dup = {
+        let (scope, key) = (scope.clone(), key.clone());
+        tokio::spawn(async move {
+            waiting
+                .execute(&scope, &key, &charge_request(100), |_| async { charge("ch_dup") })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!dup.is_finished(), "the duplicate must wait while the first runs");
+    finish.send(charge("ch_1")).expect("finish");
+    first.await.expect("join").expect("first");
+    let reply = dup.await.expect("join").expect("waited replay");
+    assert!(reply.is_replay());
+    assert_eq!(reply.into_result().expect("ok").id, "ch_1");
+}
+
+/// In wait mode a duplicate that outwaits its timeout gets 409 with
+/// `Retry-After`.
+pub async fn in_flight_wait_mode_times_out<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let waiting = engine(&store, &clock).with_policy(policy(InFlightMode::Wait {
+        timeout: Duration::from_millis(40),
+        poll: Duration::from_millis(5),
+    }));
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    started.await.expect("first started");
+    let err = waiting
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("ch_dup") })
+        .await
+        .expect_err("timed out");
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+    assert!(err.retry_after().is_some());
+    finish.send(charge("ch_1")).expect("finish");
+    first.await.expect("join").expect("first");
+}
+
+/// An attempt that dies mid-work leaves the record in flight: duplicates get
+/// 409 until its lease ends; then the same request takes the record over as
+/// a *recovery* with a new token, attempt 2 and the dead attempt's checkpoint.
+pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let dead = started.await.expect("first started");
+    dead.checkpoint("ch_created_before_crash").await.expect("checkpoint");
+    first.abort(); // the process dies: no completion, no release
+    let _ = first.await;
+    let err = idem
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("too early") })
+        .await
+        .expect_err("lease still held");
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+    clock.advance(LEASE + Duration::from_millis(1));
+    let reply = idem
+        .execute(&scope, &key, &charge_request(100), |attempt| async move {
+            assert!(attempt.is_recovery());
+            assert_eq!(attempt.recovery_reason(), Some(TakeoverReason::LeaseExpired));
+            assert_eq!(attempt.number(), 2);
+            assert_ne!(attempt.token(), dead.token());
+            // Reconcile: the charge exists, so return it instead of charging again.
+            let id = attempt.previous_checkpoint().expect("checkpoint survives").to_owned();
+            Out::Success(Charge { id, amount: 100 })
+        })
+        .await
+        .expect("recovery");
+    assert!(!reply.is_replay());
+    assert_eq!(reply.attempt(), 2);
+    assert_eq!(reply.into_result().expect("ok").id, "ch_created_before_crash");
+    let replay = idem
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+}
+
+/// After a crashed attempt's lease ends, another request under the same key
+/// is still a mismatch (422) and does not take the record over.
+pub async fn expired_lease_with_other_request_is_a_mismatch<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    started.await.expect("first started");
+    first.abort();
+    let _ = first.await;
+    clock.advance(LEASE * 2);
+    let err = idem
+        .execute(&scope, &key, &charge_request(555), |_| async { charge("no") })
+        .await
+        .expect_err("mismatch");
+    assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
+    let reply = idem
+        .execute(&scope, &key, &charge_request(100), |a| async move {
+            assert!(a.is_recovery());
+            charge("ch_recovered")
+        })
+        .await
+        .expect("recovery by the same request");
+    assert_eq!(reply.attempt(), 2);
+}
+
+/// A holder whose lease was taken over can no longer complete, checkpoint or
+/// extend: the store checks its token, and the newer outcome stands.
+pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let (zombie_task, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    let zombie = started.await.expect("first started");
+    clock.advance(LEASE + Duration::from_secs(1));
+    let newer = idem
+        .execute(&scope, &key, &charge_request(100), |a| async move {
+            assert!(a.is_recovery());
+            charge("ch_newer")
+        })
+        .await
+        .expect("takeover");
+    assert_eq!(newer.attempt(), 2);
+    let err = zombie.checkpoint("ch_zombie").await.expect_err("zombie checkpoint");
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    assert_eq!(err.http_status(), 409);
+    let err = zombie.extend_lease(LEASE).await.expect_err("zombie extend");
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    finish.send(charge("ch_zombie")).expect("finish zombie");
+    let err = zombie_task.await.expect("join").expect_err("zombie completion refused");
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    assert!(err.retry_after().is_some());
+    let replay = idem
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .await
+        .expect("replay");
+    assert_eq!(replay.into_result().expect("ok").id, "ch_newer");
+    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("record");
+    assert_eq!(record.resource_id, None, "the zombie's checkpoint was refused");
+}
+
+/// Long work that extends its lease keeps duplicates out past the original
+/// lease; once the extended lease ends too, the record can be recovered.
+pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let holder = started.await.expect("first started");
+    holder.extend_lease(Duration::from_secs(300)).await.expect("extend");
+    clock.advance(Duration::from_secs(200));
+    let err = idem
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .await
+        .expect_err("still leased");
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(100)));
+    holder.renew_lease().await.expect("renew by the policy's lease");
+    clock.advance(LEASE - Duration::from_secs(1));
+    assert!(
+        idem.execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+            .await
+            .is_err()
+    );
+    first.abort();
+    let _ = first.await;
+    clock.advance(Duration::from_secs(2));
+    let reply = idem
+        .execute(&scope, &key, &charge_request(100), |a| async move {
+            assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
+            charge("ch_after")
+        })
+        .await
+        .expect("recovered after the extended lease");
+    assert_eq!(reply.attempt(), 2);
+}
+
+/// A transient failure is not stored: the key is released, the caller gets
+/// the failure, and the next attempt with the same request runs the work
+/// again (told it follows a release, with the checkpoint).
+pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let r = runs.clone();
+    let reply = idem
+        .execute(&scope, &key, &charge_request(100), |a| async move {
+            r.hit();
+            a.checkpoint("pi_pending").await.expect("checkpoint");
+            Out::Transient(Decline { code: "provider_503".into() })
+        })
+        .await
+        .expect("transient reply");
+    assert!(!reply.is_stored());
+    assert!(matches!(reply.outcome(), Outcome::Transient(d) if d.code == "provider_503"));
+    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("record");
+    assert_eq!(record.state, RecordState::Released);
+    let err = idem
+        .execute(&scope, &key, &charge_request(7), |_| async { charge("no") })
+        .await
+        .expect_err("released key still belongs to its request");
+    assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
+    let r = runs.clone();
+    let reply = idem
+        .execute(&scope, &key, &charge_request(100), |a| async move {
+            r.hit();
+            assert_eq!(a.recovery_reason(), Some(TakeoverReason::Released));
+            assert_eq!(a.previous_checkpoint(), Some("pi_pending"));
+            assert_eq!(a.number(), 2);
+            charge("ch_2")
+        })
+        .await
+        .expect("rerun");
+    assert!(!reply.is_replay());
+    assert_eq!(runs.get(), 2);
+    let replay = idem
+        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .await
+        .expect("replay");
+    assert_eq!(replay.into_result().expect("ok").id, "ch_2");
+    assert_eq!(runs.get(), 2);
+}
+
+/// A permanent failure is stored and replayed like a success: the work runs
+/// once and every retry gets the same failure.
+pub async fn permanent_failure_is_stored_and_replayed<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    for round in 0..3 {
+        let r = runs.clone();
+        let reply = idem
+            .execute(&scope, &key, &charge_request(100), |_| async move {
+                r.hit();
+                Out::Failure(Decline { code: "card_declined".into() })
+            })
+            .await
+            .expect("call");
+        assert_eq!(reply.is_replay(), round > 0);
+        assert_eq!(reply.into_result(), Err(Decline { code: "card_declined".into() }));
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+/// The downstream key is the same on every attempt of a record (so a re-run
+/// is a retry at the provider), differs between owners using the same key,
+/// and changes with the version.
+pub async fn downstream_key_is_stable_across_recovery<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let crashed = started.await.expect("started");
+    let before = crashed.downstream_key("provider-charge", 1);
+    first.abort();
+    let _ = first.await;
+    clock.advance(LEASE * 2);
+    let (tx, rx) = oneshot::channel();
+    idem.execute(&scope, &key, &charge_request(100), |a| async move {
+        let _ = tx.send((a.downstream_key("provider-charge", 1), a.downstream_key("provider-charge", 2)));
+        charge("ch")
+    })
+    .await
+    .expect("recovery");
+    let (after, v2) = rx.await.expect("keys");
+    assert_eq!(before, after);
+    assert_ne!(before, v2);
+    let other = Scope::new(format!("{}-other", scope.owner()), scope.operation()).expect("scope");
+    let (tx, rx) = oneshot::channel();
+    idem.execute(&other, &key, &charge_request(100), |a| async move {
+        let _ = tx.send(a.downstream_key("provider-charge", 1));
+        charge("ch")
+    })
+    .await
+    .expect("other owner");
+    assert_ne!(rx.await.expect("key"), before);
+}

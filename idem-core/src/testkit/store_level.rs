@@ -1,0 +1,151 @@
+//! The `Store` methods called directly: fencing and what a claim reports.
+
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::fingerprint::{FieldFilter, fingerprint};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Store, StoreError, TakeoverReason, Token,
+};
+use crate::{ManualClock, RecordId};
+
+use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};
+
+fn claim_req<'a>(id: &'a RecordId, token: Token, clock: &ManualClock, amount: u64) -> ClaimRequest<'a> {
+    let now = clock.now();
+    ClaimRequest {
+        id,
+        fingerprint: fingerprint("POST /charges", &charge_request(amount), &FieldFilter::All).expect("fp"),
+        token,
+        now,
+        lease_until: now.plus(LEASE),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
+fn lost<T: std::fmt::Debug>(r: Result<T, StoreError>) {
+    assert!(matches!(r, Err(StoreError::LeaseLost)), "expected LeaseLost, got {r:?}");
+}
+
+/// Complete, release, checkpoint and extend change nothing unless the record
+/// is in flight under exactly the caller's token.
+pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope("POST /charges"), &key());
+    let (mine, other) = (Token::random(), Token::random());
+    let claimed = store.claim(&claim_req(&id, mine, &clock, 1)).await.expect("claim");
+    assert!(matches!(claimed, ClaimOutcome::Claimed(ref c) if c.attempt == 1 && c.previous.is_none()));
+    let before = store.fetch(&id, clock.now()).await.expect("fetch").expect("record");
+    let now = clock.now();
+    let done = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(b"body"),
+        resource_id: Some("r"),
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    lost(store.complete(&id, other, &done).await);
+    lost(store.release(&id, other, now).await);
+    lost(store.checkpoint(&id, other, "x").await);
+    lost(store.extend_lease(&id, other, now.plus(LEASE * 10)).await);
+    assert_eq!(store.fetch(&id, now).await.expect("fetch"), Some(before));
+    store.checkpoint(&id, mine, "ch_1").await.expect("checkpoint");
+    store.extend_lease(&id, mine, now.plus(LEASE * 2)).await.expect("extend");
+    store.complete(&id, mine, &Completion { resource_id: None, ..done }).await.expect("complete");
+    let rec = store.fetch(&id, now).await.expect("fetch").expect("record");
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.resource_id.as_deref(), Some("ch_1"), "None keeps the checkpoint");
+    assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
+    // Completed: even the right token can no longer write.
+    lost(store.complete(&id, mine, &done).await);
+    lost(store.release(&id, mine, now).await);
+    lost(store.checkpoint(&id, mine, "y").await);
+    lost(store.extend_lease(&id, mine, now).await);
+    // Writes to a record that does not exist are refused too.
+    let ghost = record_id(&scope("POST /charges"), &key());
+    lost(store.complete(&ghost, mine, &done).await);
+    lost(store.release(&ghost, mine, now).await);
+    assert_eq!(store.fetch(&ghost, now).await.expect("fetch"), None);
+}
+
+/// A claim that loses reports the standing record: fingerprint, state, lease,
+/// attempt, and the body only until `response_expires_at`; a released record
+/// and an expired lease are taken over, keeping the checkpoint.
+pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope("POST /charges"), &key());
+    let t1 = Token::random();
+    let req = claim_req(&id, t1, &clock, 1);
+    store.claim(&req).await.expect("claim");
+    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    else {
+        panic!("an in-flight record with a live lease must not be claimed");
+    };
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.fingerprint, req.fingerprint);
+    assert_eq!(rec.lease_until, req.lease_until);
+    assert_eq!(rec.attempt, 1);
+    // Another fingerprint never takes over, even after the lease.
+    clock.advance(LEASE * 2);
+    assert!(matches!(
+        store.claim(&claim_req(&id, Token::random(), &clock, 2)).await.expect("claim"),
+        ClaimOutcome::Existing(_)
+    ));
+    store.checkpoint(&id, t1, "ch_a").await.expect("still mine until taken over");
+    let t2 = Token::random();
+    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, t2, &clock, 1)).await.expect("claim") else {
+        panic!("an expired lease with the same fingerprint is taken over");
+    };
+    assert_eq!(c.attempt, 2);
+    let prev = c.previous.expect("previous");
+    assert_eq!(prev.reason, TakeoverReason::LeaseExpired);
+    assert_eq!(prev.checkpoint.as_deref(), Some("ch_a"));
+    lost(store.checkpoint(&id, t1, "zombie").await);
+    store.release(&id, t2, clock.now()).await.expect("release");
+    let t3 = Token::random();
+    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, t3, &clock, 1)).await.expect("claim") else {
+        panic!("a released record is claimed by the same fingerprint");
+    };
+    assert_eq!(c.attempt, 3);
+    assert_eq!(c.previous.expect("previous").reason, TakeoverReason::Released);
+    let now = clock.now();
+    store
+        .complete(
+            &id,
+            t3,
+            &Completion {
+                outcome: OutcomeKind::Failure,
+                body: Some(b"declined"),
+                resource_id: None,
+                now,
+                response_expires_at: now.plus(RESPONSE_TTL),
+                key_expires_at: now.plus(KEY_TTL),
+            },
+        )
+        .await
+        .expect("complete");
+    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    else {
+        panic!("completed records are never claimed");
+    };
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.outcome, Some(OutcomeKind::Failure));
+    assert_eq!(rec.response.as_deref(), Some(b"declined".as_slice()));
+    assert_eq!(rec.attempt, 3);
+    assert_eq!(rec.resource_id.as_deref(), Some("ch_a"));
+    clock.advance(RESPONSE_TTL);
+    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    else {
+        panic!("completed records are never claimed");
+    };
+    assert_eq!(rec.response, None, "the body is not returned at or after response_expires_at");
+    assert_eq!(rec.outcome, Some(OutcomeKind::Failure));
+    clock.advance(KEY_TTL);
+    assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
+    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, Token::random(), &clock, 2)).await.expect("claim") else {
+        panic!("an expired key is a new operation, whatever the fingerprint");
+    };
+    assert_eq!(c.attempt, 1);
+    assert!(c.previous.is_none());
+}

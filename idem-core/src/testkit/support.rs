@@ -1,0 +1,177 @@
+//! Shared pieces of the scenarios.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{ManualClock, Timestamp};
+use crate::engine::Idem;
+use crate::policy::Policy;
+use crate::scope::{RecordId, Scope};
+use crate::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, Store, StoreError, StoredRecord, Token,
+};
+use crate::{IdempotencyKey, InFlightMode};
+
+/// A charge, the typed success of the scenarios.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The charge id.
+    pub id: String,
+    /// Its amount.
+    pub amount: u64,
+}
+
+/// A decline, the typed failure of the scenarios.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decline {
+    /// Why.
+    pub code: String,
+}
+
+pub(crate) type Out = crate::Outcome<Charge, Decline>;
+
+pub(crate) const LEASE: Duration = Duration::from_secs(60);
+pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const KEY_TTL: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_RESPONSE: usize = 64 * 1024;
+
+pub(crate) fn policy(in_flight: InFlightMode) -> Policy {
+    Policy::builder()
+        .lease(LEASE)
+        .response_ttl(RESPONSE_TTL)
+        .key_ttl(KEY_TTL)
+        .max_response_bytes(MAX_RESPONSE)
+        .in_flight(in_flight)
+        .store_retries(2, Duration::from_millis(5))
+        .build()
+        .expect("test policy is valid")
+}
+
+pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<S> {
+    Idem::from_arc(Arc::clone(store))
+        .with_clock(clock.clone())
+        .with_policy(policy(InFlightMode::Reject))
+}
+
+/// A fresh random owner, so scenarios never share records by accident.
+pub(crate) fn scope(op: &str) -> Scope {
+    Scope::new(format!("tenant-{}", IdempotencyKey::random()), op).expect("valid scope")
+}
+
+pub(crate) fn key() -> IdempotencyKey {
+    IdempotencyKey::random()
+}
+
+pub(crate) fn charge_request(amount: u64) -> serde_json::Value {
+    serde_json::json!({"amount": amount, "currency": "eur", "customer": "cus_1"})
+}
+
+/// Counts how many times work really ran.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Counter(Arc<AtomicUsize>);
+
+impl Counter {
+    pub(crate) fn hit(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn record_id(scope: &Scope, key: &IdempotencyKey) -> RecordId {
+    RecordId::new(scope.clone(), key.clone())
+}
+
+
+/// Wraps a store and makes `complete` (and optionally every call) fail with
+/// [`StoreError::Unavailable`], to show what the engine does when the store
+/// goes down mid-call.
+#[derive(Debug)]
+pub struct FailingStore<S> {
+    inner: Arc<S>,
+    fail_complete: Arc<AtomicBool>,
+    fail_all: Arc<AtomicBool>,
+}
+
+impl<S> Clone for FailingStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            fail_complete: Arc::clone(&self.fail_complete),
+            fail_all: Arc::clone(&self.fail_all),
+        }
+    }
+}
+
+impl<S: Store> FailingStore<S> {
+    /// A wrapper that passes everything through until told otherwise.
+    pub fn new(inner: Arc<S>) -> Self {
+        Self {
+            inner,
+            fail_complete: Arc::new(AtomicBool::new(false)),
+            fail_all: Arc::new(AtomicBool::new(false)),
+        }
+    }
+    /// Makes `complete` fail (or succeed again).
+    pub fn fail_complete(&self, on: bool) {
+        self.fail_complete.store(on, Ordering::SeqCst);
+    }
+    /// Makes every call fail (or succeed again).
+    pub fn fail_all(&self, on: bool) {
+        self.fail_all.store(on, Ordering::SeqCst);
+    }
+    fn check(&self) -> Result<(), StoreError> {
+        if self.fail_all.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                backend: "failing-store",
+                source: "injected outage".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl<S: Store> Store for FailingStore<S> {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.check()?;
+        self.inner.claim(req).await
+    }
+    async fn complete(&self, id: &RecordId, token: Token, c: &Completion<'_>) -> Result<(), StoreError> {
+        self.check()?;
+        if self.fail_complete.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                backend: "failing-store",
+                source: "injected completion failure".into(),
+            });
+        }
+        self.inner.complete(id, token, c).await
+    }
+    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.release(id, token, now).await
+    }
+    async fn checkpoint(&self, id: &RecordId, token: Token, resource_id: &str) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.checkpoint(id, token, resource_id).await
+    }
+    async fn extend_lease(&self, id: &RecordId, token: Token, until: Timestamp) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.extend_lease(id, token, until).await
+    }
+    async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+        self.check()?;
+        self.inner.fetch(id, now).await
+    }
+    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+        self.check()?;
+        self.inner.purge_expired(now, limit).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
