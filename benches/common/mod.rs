@@ -1,0 +1,25 @@
+//! Helpers shared by the benches (each bench uses a part of them).
+
+pub(crate) mod doc;
+
+use std::time::Duration;
+
+/// `IDEM_BENCH_QUICK=1` asks for a very short run (smoke test of every group).
+pub(crate) fn quick() -> bool {
+    std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Small, bounded criterion settings: these benches compare ratios inside
+/// one group, so short runs are enough; quick mode shortens them further.
+pub(crate) fn criterion() -> criterion::Criterion {
+    let c = criterion::Criterion::default().configure_from_args();
+    if quick() {
+        c.sample_size(10)
+            .warm_up_time(Duration::from_millis(100))
+            .measurement_time(Duration::from_millis(300))
+    } else {
+        c.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2))
+    }
+}

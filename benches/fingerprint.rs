@@ -1,0 +1,96 @@
+//! Canonical JSON and fingerprints: `idem_core::canonical_json` (+ SHA-256)
+//! against `serde_json::to_vec` (not canonical, the speed of plain
+//! serialisation) and `serde_json_canonicalizer` (an RFC 8785 crate), on a
+//! 1 KiB and a 100 KiB nested request.
+//!
+//! Run with: `cargo bench --bench fingerprint` (`IDEM_BENCH_QUICK=1` for a short run).
+
+#[allow(dead_code, reason = "each bench uses a part of the shared helpers")]
+mod common;
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Throughput};
+use idem_core::{FieldFilter, canonical_json, fingerprint};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn bench(c: &mut criterion::Criterion) {
+    for (label, target) in [("1KiB", 1024), ("100KiB", 100 * 1024)] {
+        let doc: Value = common::doc::document(target);
+        let canonical = canonical_json(&doc);
+        // Same bytes as the RFC 8785 crate, or the comparison is meaningless.
+        assert_eq!(
+            canonical.as_bytes(),
+            serde_json_canonicalizer::to_vec(&doc)
+                .expect("canonicalizer")
+                .as_slice(),
+            "canonical_json differs from serde_json_canonicalizer on the bench document"
+        );
+        let mut group = c.benchmark_group(format!("canonical_json/{label}"));
+        group.throughput(Throughput::Bytes(canonical.len() as u64));
+        group.bench_function(
+            BenchmarkId::new("idem_canonical_json", canonical.len()),
+            |b| {
+                b.iter(|| canonical_json(black_box(&doc)));
+            },
+        );
+        group.bench_function(
+            BenchmarkId::new("idem_canonical_json+sha256", canonical.len()),
+            |b| {
+                b.iter(|| Sha256::digest(canonical_json(black_box(&doc)).as_bytes()));
+            },
+        );
+        group.bench_function(BenchmarkId::new("idem_fingerprint", canonical.len()), |b| {
+            b.iter(|| fingerprint("POST /orders", black_box(&doc), &FieldFilter::All));
+        });
+        group.bench_function(
+            BenchmarkId::new("serde_json_to_vec", canonical.len()),
+            |b| {
+                b.iter(|| serde_json::to_vec(black_box(&doc)));
+            },
+        );
+        group.bench_function(
+            BenchmarkId::new("serde_json_canonicalizer_to_vec", canonical.len()),
+            |b| {
+                b.iter(|| serde_json_canonicalizer::to_vec(black_box(&doc)));
+            },
+        );
+        group.bench_function(
+            BenchmarkId::new("serde_json_canonicalizer+sha256", canonical.len()),
+            |b| {
+                b.iter(|| {
+                    Sha256::digest(
+                        serde_json_canonicalizer::to_vec(black_box(&doc)).unwrap_or_default(),
+                    )
+                });
+            },
+        );
+        group.finish();
+    }
+}
+
+/// `IDEM_FINGERPRINT_PROFILE=idem|serde|rfc8785` runs 200 serialisations of
+/// the 100 KiB document and exits, for `valgrind --tool=callgrind`.
+fn profile(which: &str) {
+    let doc = common::doc::document(100 * 1024);
+    let mut total = 0usize;
+    for _ in 0..200 {
+        total += match which {
+            "serde" => serde_json::to_vec(black_box(&doc)).map_or(0, |v| v.len()),
+            "rfc8785" => serde_json_canonicalizer::to_vec(black_box(&doc)).map_or(0, |v| v.len()),
+            _ => canonical_json(black_box(&doc)).len(),
+        };
+    }
+    println!("{which}: {total} bytes");
+}
+
+fn main() {
+    if let Ok(which) = std::env::var("IDEM_FINGERPRINT_PROFILE") {
+        profile(&which);
+        return;
+    }
+    let mut c = common::criterion();
+    bench(&mut c);
+    c.final_summary();
+}

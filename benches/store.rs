@@ -1,0 +1,3 @@
+//! Store benches (placeholder while the workload lands).
+
+fn main() {}
