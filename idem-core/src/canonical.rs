@@ -35,112 +35,122 @@ use serde_json::{Map, Number, Value};
 /// ```
 #[must_use]
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::with_capacity(256);
+    let bytes = canonical_bytes(value);
+    // Only whole UTF-8 strings and ASCII are ever written, so this never
+    // takes the lossy path; checking costs one fast pass.
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// [`canonical_json`] as bytes (what the fingerprint hashes), built in a byte
+/// buffer: pushing bytes skips the char-boundary and UTF-8 bookkeeping of
+/// `String`.
+pub(crate) fn canonical_bytes(value: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
     write_value(value, &mut out);
     out
 }
 
-pub(crate) fn write_value(value: &Value, out: &mut String) {
+pub(crate) fn write_value(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
         Value::Number(n) => write_number(n, out),
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             let mut first = true;
             for item in items {
                 if !first {
-                    out.push(',');
+                    out.push(b',');
                 }
                 first = false;
                 write_value(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => write_object(map, out),
     }
 }
 
-fn write_object(map: &Map<String, Value>, out: &mut String) {
-    out.push('{');
+fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
+    out.push(b'{');
     // serde_json's default map is a BTreeMap (UTF-8 byte order), which agrees
     // with UTF-16 order unless a name holds characters at or above U+E000.
-    // Check the order we were given and sort only when it is wrong (always
-    // the case with serde_json's `preserve_order` feature).
+    // Write the members in the order given while checking it; on the first
+    // name out of UTF-16 order, undo and write them sorted (always the path
+    // with serde_json's `preserve_order` feature).
+    let start = out.len();
     let mut prev: Option<&str> = None;
-    let sorted = map.keys().all(|k| {
-        let ok = prev.is_none_or(|p| utf16_cmp(p, k) == Ordering::Less);
-        prev = Some(k);
-        ok
-    });
-    if sorted {
-        write_members(map.iter(), out);
-    } else {
-        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-        entries.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
-        write_members(entries.into_iter(), out);
-    }
-    out.push('}');
-}
-
-fn write_members<'a>(members: impl Iterator<Item = (&'a String, &'a Value)>, out: &mut String) {
-    let mut first = true;
-    for (name, value) in members {
-        if !first {
-            out.push(',');
+    let mut in_order = true;
+    for (name, value) in map {
+        if let Some(p) = prev {
+            if utf16_cmp(p, name) != Ordering::Less {
+                in_order = false;
+                break;
+            }
+            out.push(b',');
         }
-        first = false;
+        prev = Some(name);
         write_string(name, out);
-        out.push(':');
+        out.push(b':');
         write_value(value, out);
     }
+    if !in_order {
+        out.truncate(start);
+        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+        entries.sort_unstable_by(|a, b| utf16_cmp(a.0, b.0));
+        let mut first = true;
+        for (name, value) in entries {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            write_string(name, out);
+            out.push(b':');
+            write_value(value, out);
+        }
+    }
+    out.push(b'}');
 }
 
 /// Compares two strings by their UTF-16 code units without re-encoding them.
+///
+/// UTF-8 byte order is code point order, and UTF-16 order agrees with code
+/// point order except between a supplementary character (4-byte UTF-8, lead
+/// byte `0xF0..=0xF4`, a surrogate pair `0xD800..` in UTF-16) and a character
+/// in `U+E000..=U+FFFF` (lead byte `0xEE` or `0xEF`). So the first differing
+/// byte decides, with that one pair of lead-byte ranges swapped. A differing
+/// continuation byte sits under equal lead bytes, where both orders agree.
 pub(crate) fn utf16_cmp(a: &str, b: &str) -> Ordering {
     let (ab, bb) = (a.as_bytes(), b.as_bytes());
-    let Some(i) = ab.iter().zip(bb).position(|(x, y)| x != y) else {
+    let Some((&x, &y)) = ab.iter().zip(bb).find(|(x, y)| x != y) else {
         return ab.len().cmp(&bb.len());
     };
-    // Back up to the start of the character that differs (same in both).
-    let mut start = i;
-    while !a.is_char_boundary(start) {
-        start -= 1;
-    }
-    let (Some(ca), Some(cb)) = (a[start..].chars().next(), b[start..].chars().next()) else {
-        return ab.len().cmp(&bb.len());
-    };
-    let (ua, ub) = (first_utf16_unit(ca), first_utf16_unit(cb));
-    // Equal first units means both are astral with the same high surrogate;
-    // the low surrogates then order like the code points.
-    ua.cmp(&ub).then((ca as u32).cmp(&(cb as u32)))
-}
-
-fn first_utf16_unit(c: char) -> u32 {
-    let c = c as u32;
-    if c < 0x1_0000 {
-        c
+    let high_bmp = |v: u8| (0xEE..=0xEF).contains(&v);
+    if x >= 0xF0 && high_bmp(y) {
+        Ordering::Less
+    } else if high_bmp(x) && y >= 0xF0 {
+        Ordering::Greater
     } else {
-        0xD800 + ((c - 0x1_0000) >> 10)
+        x.cmp(&y)
     }
 }
 
 /// Largest magnitude below which every integer is exactly a double.
 const EXACT_INT: u64 = 1 << 53;
 
-fn write_number(n: &Number, out: &mut String) {
+fn write_number(n: &Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64() {
         if u <= EXACT_INT {
-            out.push_str(itoa::Buffer::new().format(u));
+            out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
             return;
         }
         #[allow(clippy::cast_precision_loss)] // documented: RFC 8785 numbers are doubles
         write_f64(u as f64, out);
     } else if let Some(i) = n.as_i64() {
         if i.unsigned_abs() <= EXACT_INT {
-            out.push_str(itoa::Buffer::new().format(i));
+            out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
             return;
         }
         #[allow(clippy::cast_precision_loss)]
@@ -151,17 +161,34 @@ fn write_number(n: &Number, out: &mut String) {
 }
 
 /// Writes a finite double as ECMAScript's `Number::toString` does.
-pub(crate) fn write_f64(f: f64, out: &mut String) {
+pub(crate) fn write_f64(f: f64, out: &mut Vec<u8>) {
     if f == 0.0 || !f.is_finite() {
         // -0 is written as 0; JSON values never hold NaN or infinities.
-        out.push('0');
+        out.push(b'0');
         return;
     }
     if f < 0.0 {
-        out.push('-');
+        out.push(b'-');
+    }
+    let a = f.abs();
+    #[allow(clippy::cast_precision_loss)] // 2^53 is exact
+    let exact_limit = EXACT_INT as f64;
+    if a.fract() == 0.0 && a <= exact_limit {
+        // An integer every double spells exactly: ECMAScript writes its digits.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        // integral, 0 < a <= 2^53
+        out.extend_from_slice(itoa::Buffer::new().format(a as u64).as_bytes());
+        return;
     }
     let mut buf = ryu::Buffer::new();
-    let text = buf.format_finite(f.abs());
+    let text = buf.format_finite(a);
+    if a.fract() != 0.0 && !text.contains(['e', 'E']) {
+        // A non-integer ryu writes in plain decimal (decimal point position
+        // -5 < n <= 16): the same shortest digits in the same layout as
+        // ECMAScript (which uses plain decimal for -6 < n <= 21).
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
     // Split ryu's output into significant digits and a decimal exponent:
     // value = 0.DIGITS × 10^point.
     let (mantissa, exp) = match text.find(['e', 'E']) {
@@ -201,70 +228,116 @@ pub(crate) fn write_f64(f: f64, out: &mut String) {
     let digits = &digits[..len];
     let k = i32::try_from(len).unwrap_or(i32::MAX);
     let n = point + exp;
-    let push_digits = |out: &mut String, d: &[u8]| {
-        for &b in d {
-            out.push(char::from(b));
-        }
-    };
+    let push_digits = |out: &mut Vec<u8>, d: &[u8]| out.extend_from_slice(d);
     if k <= n && n <= 21 {
         push_digits(out, digits);
         for _ in 0..(n - k) {
-            out.push('0');
+            out.push(b'0');
         }
     } else if 0 < n && n <= 21 {
         let (int, frac) = digits.split_at(usize::try_from(n).unwrap_or(0));
         push_digits(out, int);
-        out.push('.');
+        out.push(b'.');
         push_digits(out, frac);
     } else if -6 < n && n <= 0 {
-        out.push_str("0.");
+        out.extend_from_slice(b"0.");
         for _ in 0..(-n) {
-            out.push('0');
+            out.push(b'0');
         }
         push_digits(out, digits);
     } else {
         let e = n - 1;
         push_digits(out, &digits[..1]);
         if k > 1 {
-            out.push('.');
+            out.push(b'.');
             push_digits(out, &digits[1..]);
         }
-        out.push('e');
-        out.push(if e < 0 { '-' } else { '+' });
-        out.push_str(itoa::Buffer::new().format(e.unsigned_abs()));
+        out.push(b'e');
+        out.push(if e < 0 { b'-' } else { b'+' });
+        out.extend_from_slice(itoa::Buffer::new().format(e.unsigned_abs()).as_bytes());
     }
 }
 
-pub(crate) fn write_string(s: &str, out: &mut String) {
-    out.push('"');
-    let bytes = s.as_bytes();
-    let mut run_start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &str = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            b'\t' => "\\t",
-            b'\n' => "\\n",
-            0x0C => "\\f",
-            b'\r' => "\\r",
-            0x00..=0x1F => "",
-            _ => continue,
-        };
-        // Every byte that needs escaping is ASCII, so `i` is a char boundary.
-        out.push_str(&s[run_start..i]);
-        if escape.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xF)]));
-        } else {
-            out.push_str(escape);
-        }
-        run_start = i + 1;
+/// What each byte becomes inside a string: `0` for itself, otherwise what
+/// follows its backslash: the letter of its short escape, or `u` for `\u00xx`.
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
     }
-    out.push_str(&s[run_start..]);
-    out.push('"');
+    t[0x08] = b'b';
+    t[b'\t' as usize] = b't';
+    t[b'\n' as usize] = b'n';
+    t[0x0C] = b'f';
+    t[b'\r' as usize] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+/// A mask with the high bit set in every byte of `w` (little-endian) that is
+/// a control character, `"` or `\`. The lowest set bit is exact (the classic
+/// has-zero-byte / has-less-than tests can only misflag bytes above a true
+/// hit, through the borrow), which is all the caller uses.
+const fn escape_mask(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let control = w.wrapping_sub(ONES * 0x20) & !w;
+    let q = w ^ (ONES * 0x22);
+    let quote = q.wrapping_sub(ONES) & !q;
+    let bs = w ^ (ONES * 0x5C);
+    let backslash = bs.wrapping_sub(ONES) & !bs;
+    (control | quote | backslash) & HIGH
+}
+
+pub(crate) fn write_string(s: &str, out: &mut Vec<u8>) {
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut run_start = 0;
+    let mut i = 0;
+    // 8 bytes at a time while 8 remain; most strings need no escape at all.
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let mask = escape_mask(u64::from_le_bytes(w));
+        if mask == 0 {
+            i += 8;
+            continue;
+        }
+        // The first byte to escape (every such byte is ASCII).
+        let j = i + (mask.trailing_zeros() / 8) as usize;
+        out.extend_from_slice(&bytes[run_start..j]);
+        write_escape(bytes[j], out);
+        run_start = j + 1;
+        i = j + 1;
+    }
+    // The last 0 to 7 bytes, one at a time.
+    for (j, &b) in bytes.iter().enumerate().skip(i) {
+        if ESCAPE[usize::from(b)] != 0 {
+            out.extend_from_slice(&bytes[run_start..j]);
+            write_escape(b, out);
+            run_start = j + 1;
+        }
+    }
+    out.extend_from_slice(&bytes[run_start..]);
+    out.push(b'"');
+}
+
+#[cold]
+fn write_escape(b: u8, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let esc = ESCAPE[usize::from(b)];
+    out.push(b'\\');
+    if esc == b'u' {
+        out.extend_from_slice(b"u00");
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0xF)]);
+    } else {
+        out.push(esc);
+    }
 }
 
 #[cfg(test)]
@@ -273,9 +346,9 @@ mod tests {
     use serde_json::json;
 
     fn num(f: f64) -> String {
-        let mut s = String::new();
+        let mut s = Vec::new();
         write_f64(f, &mut s);
-        s
+        String::from_utf8(s).unwrap()
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::canonical::canonical_json;
+use crate::canonical::canonical_bytes;
 
 /// The deepest request nesting accepted (serde_json's parser limit).
 pub const MAX_REQUEST_DEPTH: usize = 128;
@@ -181,12 +181,12 @@ pub fn fingerprint<R: Serialize + ?Sized>(
     if exceeds_depth(&value, MAX_REQUEST_DEPTH) {
         return Err(RequestError::TooDeep);
     }
-    let canonical = canonical_json(&filter.apply(value));
+    let canonical = canonical_bytes(&filter.apply(value));
     let mut hasher = Sha256::new();
     hasher.update(FINGERPRINT_VERSION);
     hasher.update((operation.len() as u64).to_be_bytes());
     hasher.update(operation.as_bytes());
-    hasher.update(canonical.as_bytes());
+    hasher.update(&canonical);
     Ok(Fingerprint(hasher.finalize().into()))
 }
 
