@@ -32,7 +32,7 @@ pub enum Error {
     #[error("this idempotency key was already used with a different request")]
     FingerprintMismatch,
     /// The first attempt is still running (409 + `Retry-After`). Temporary.
-    #[error("a request with this idempotency key is in progress; retry after {retry_after:?}")]
+    #[error("a request with this idempotency key is still in progress")]
     InFlight {
         /// How long until the first attempt's lease ends (at least 1 s).
         retry_after: Duration,
@@ -96,7 +96,9 @@ impl Error {
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => ErrorKind::BadRequest,
+            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => {
+                ErrorKind::BadRequest
+            }
             Self::FingerprintMismatch => ErrorKind::Mismatch,
             Self::InFlight { .. }
             | Self::ResponseExpired { .. }

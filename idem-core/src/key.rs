@@ -39,7 +39,9 @@ pub struct IdempotencyKey(String);
 #[non_exhaustive]
 pub enum KeyError {
     /// The key is empty or only whitespace.
-    #[error("idempotency key is empty (after trimming whitespace); send 1 to 255 printable ASCII characters")]
+    #[error(
+        "idempotency key is empty (after trimming whitespace); send 1 to 255 printable ASCII characters"
+    )]
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`] characters.
     #[error("idempotency key is {len} characters long; the limit is {MAX_KEY_LEN}")]

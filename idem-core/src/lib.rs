@@ -25,7 +25,9 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{HttpResponse, Storable};
 pub use engine::{Idem, Prepared};
 pub use error::{BoxDynError, Error, ErrorKind, Result};
-pub use fingerprint::{FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint};
+pub use fingerprint::{
+    FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
+};
 pub use key::{IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use outcome::{Outcome, Reply};

@@ -263,13 +263,17 @@ impl Capabilities {
     /// No optional capability.
     #[must_use]
     pub const fn none() -> Self {
-        Self { native_expiry: false }
+        Self {
+            native_expiry: false,
+        }
     }
 
     /// Expired records vanish on their own.
     #[must_use]
     pub const fn native_expiry() -> Self {
-        Self { native_expiry: true }
+        Self {
+            native_expiry: true,
+        }
     }
 }
 
