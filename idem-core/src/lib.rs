@@ -28,7 +28,9 @@ pub use error::{BoxDynError, Error, ErrorKind, Result};
 pub use fingerprint::{
     FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
 };
-pub use key::{IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN};
+pub use key::{
+    IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
+};
 pub use memory::MemoryStore;
 pub use outcome::{Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
