@@ -195,7 +195,8 @@ impl Error {
             body["resource_id"] = rid.into();
         }
         if let Some(d) = self.retry_after() {
-            body["retry_after"] = d.as_secs().max(1).into();
+            let secs = u64::try_from(d.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
+            body["retry_after"] = secs.max(1).into();
         }
         body.to_string()
     }

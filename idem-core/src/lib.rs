@@ -8,6 +8,7 @@ mod codec;
 mod engine;
 mod error;
 mod fingerprint;
+mod http;
 mod key;
 mod memory;
 mod outcome;
@@ -28,6 +29,7 @@ pub use error::{BoxDynError, Error, ErrorKind, Result};
 pub use fingerprint::{
     FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
 };
+pub use http::method_needs_key;
 pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
