@@ -1,10 +1,10 @@
-//! Facade crate (docs written with the SQLite backend).
+#![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[doc(inline)]
 pub use idem_core::*;
 
-/// The embedded SQLite backend.
+/// The embedded SQLite backend (feature `sqlite`, on by default).
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 #[doc(inline)]

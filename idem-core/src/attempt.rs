@@ -23,8 +23,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// (e.g. a transactional mode) can supply another implementation.
 pub trait AttemptControl: Send + Sync + fmt::Debug + 'static {
     /// Persists a checkpoint under `token`.
-    fn checkpoint<'a>(&'a self, id: &'a RecordId, token: Token, resource_id: &'a str)
-    -> BoxFuture<'a, Result<(), StoreError>>;
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        resource_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Moves the lease's end under `token`.
     fn extend_lease<'a>(
         &'a self,
@@ -38,8 +42,12 @@ pub trait AttemptControl: Send + Sync + fmt::Debug + 'static {
 pub(crate) struct StoreControl<S>(pub(crate) Arc<S>);
 
 impl<S: Store> AttemptControl for StoreControl<S> {
-    fn checkpoint<'a>(&'a self, id: &'a RecordId, token: Token, resource_id: &'a str)
-    -> BoxFuture<'a, Result<(), StoreError>> {
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        resource_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.0.checkpoint(id, token, resource_id))
     }
     fn extend_lease<'a>(
@@ -179,7 +187,10 @@ impl Attempt {
     /// [`Error::Store`] when the store fails.
     pub async fn checkpoint(&self, resource_id: &str) -> Result<(), Error> {
         let i = &self.inner;
-        i.control.checkpoint(&i.id, i.token, resource_id).await.map_err(Error::from)?;
+        i.control
+            .checkpoint(&i.id, i.token, resource_id)
+            .await
+            .map_err(Error::from)?;
         Ok(())
     }
 
@@ -192,7 +203,10 @@ impl Attempt {
     pub async fn extend_lease(&self, by: Duration) -> Result<(), Error> {
         let i = &self.inner;
         let until = i.clock.now().plus(by);
-        i.control.extend_lease(&i.id, i.token, until).await.map_err(Error::from)?;
+        i.control
+            .extend_lease(&i.id, i.token, until)
+            .await
+            .map_err(Error::from)?;
         Ok(())
     }
 
@@ -214,7 +228,11 @@ impl Attempt {
     }
 
     pub(crate) fn take_resource_id(&self) -> Option<String> {
-        self.inner.resource_id.lock().ok().and_then(|mut s| s.take())
+        self.inner
+            .resource_id
+            .lock()
+            .ok()
+            .and_then(|mut s| s.take())
     }
 
     /// A deterministic key for a call to another idempotent API: lowercase
@@ -251,10 +269,22 @@ mod tests {
         let key = IdempotencyKey::parse("k").unwrap();
         let a = RecordId::new(Scope::new("tenant-a", "op").unwrap(), key.clone());
         let b = RecordId::new(Scope::new("tenant-b", "op").unwrap(), key);
-        assert_eq!(downstream_key(&a, "charge", 1), downstream_key(&a, "charge", 1));
-        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&b, "charge", 1));
-        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&a, "charge", 2));
-        assert_ne!(downstream_key(&a, "charge", 1), downstream_key(&a, "refund", 1));
+        assert_eq!(
+            downstream_key(&a, "charge", 1),
+            downstream_key(&a, "charge", 1)
+        );
+        assert_ne!(
+            downstream_key(&a, "charge", 1),
+            downstream_key(&b, "charge", 1)
+        );
+        assert_ne!(
+            downstream_key(&a, "charge", 1),
+            downstream_key(&a, "charge", 2)
+        );
+        assert_ne!(
+            downstream_key(&a, "charge", 1),
+            downstream_key(&a, "refund", 1)
+        );
         assert_eq!(downstream_key(&a, "charge", 1).len(), 64);
     }
 }

@@ -441,8 +441,14 @@ mod tests {
         assert_eq!(canonical_json(&json!(123.456)), "123.456");
         assert_eq!(canonical_json(&json!(u64::MAX)), "18446744073709552000");
         assert_eq!(canonical_json(&json!(i64::MIN)), "-9223372036854776000");
-        assert_eq!(canonical_json(&json!(9_007_199_254_740_993_u64)), "9007199254740992");
-        assert_eq!(canonical_json(&json!(9_007_199_254_740_992_u64)), "9007199254740992");
+        assert_eq!(
+            canonical_json(&json!(9_007_199_254_740_993_u64)),
+            "9007199254740992"
+        );
+        assert_eq!(
+            canonical_json(&json!(9_007_199_254_740_992_u64)),
+            "9007199254740992"
+        );
     }
 
     #[test]

@@ -29,7 +29,10 @@ impl Timestamp {
     /// `self + d`, saturating.
     #[must_use]
     pub fn plus(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// How long from `earlier` to `self`; zero if `earlier` is later.

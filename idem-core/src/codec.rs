@@ -74,7 +74,11 @@ fn corrupt(what: &str) -> BoxDynError {
 
 impl Storable for HttpResponse {
     fn encode(&self) -> Result<Vec<u8>, BoxDynError> {
-        let header_bytes: usize = self.headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum();
+        let header_bytes: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| 8 + n.len() + v.len())
+            .sum();
         let mut out = Vec::with_capacity(10 + header_bytes + self.body.len());
         out.extend_from_slice(HTTP_MAGIC);
         out.extend_from_slice(&self.status.to_be_bytes());

@@ -185,7 +185,11 @@ impl<S: Store> Idem<S> {
         self.execute_prepared(prepared, work).instrument(span).await
     }
 
-    async fn execute_prepared<T, E, F, Fut>(&self, prepared: Prepared, work: F) -> Result<Reply<T, E>, Error>
+    async fn execute_prepared<T, E, F, Fut>(
+        &self,
+        prepared: Prepared,
+        work: F,
+    ) -> Result<Reply<T, E>, Error>
     where
         T: Storable,
         E: Storable,
@@ -193,7 +197,9 @@ impl<S: Store> Idem<S> {
         Fut: Future<Output = Outcome<T, E>> + Send,
     {
         let wait = match self.policy.in_flight() {
-            InFlightMode::Wait { timeout, poll } => Some((tokio::time::Instant::now() + timeout, poll)),
+            InFlightMode::Wait { timeout, poll } => {
+                Some((tokio::time::Instant::now() + timeout, poll))
+            }
             InFlightMode::Reject => None,
         };
         let (token, claimed) = loop {
@@ -240,7 +246,13 @@ impl<S: Store> Idem<S> {
         self.run(prepared.id, token, claimed, work).await
     }
 
-    async fn run<T, E, F, Fut>(&self, id: RecordId, token: Token, claimed: Claimed, work: F) -> Result<Reply<T, E>, Error>
+    async fn run<T, E, F, Fut>(
+        &self,
+        id: RecordId,
+        token: Token,
+        claimed: Claimed,
+        work: F,
+    ) -> Result<Reply<T, E>, Error>
     where
         T: Storable,
         E: Storable,
@@ -265,9 +277,14 @@ impl<S: Store> Idem<S> {
         let encoded = match &outcome {
             Outcome::Transient(_) => {
                 let now = self.clock.now();
-                match self.with_retries(|| self.store.release(&id, token, now)).await {
+                match self
+                    .with_retries(|| self.store.release(&id, token, now))
+                    .await
+                {
                     Ok(()) => info!(attempt = number, "transient failure: key released"),
-                    Err(e) => warn!(error = %e, "transient failure: release failed; left to lease expiry"),
+                    Err(e) => {
+                        warn!(error = %e, "transient failure: release failed; left to lease expiry")
+                    }
                 }
                 return Ok(Reply {
                     outcome,
@@ -280,7 +297,9 @@ impl<S: Store> Idem<S> {
             Outcome::Failure(e) => (OutcomeKind::Failure, e.encode()),
         };
         let (kind, body) = match encoded {
-            (kind, Ok(bytes)) if bytes.len() <= self.policy.max_response_bytes() => (kind, Some(bytes)),
+            (kind, Ok(bytes)) if bytes.len() <= self.policy.max_response_bytes() => {
+                (kind, Some(bytes))
+            }
             (_, Ok(bytes)) => {
                 warn!(
                     size = bytes.len(),
@@ -308,7 +327,10 @@ impl<S: Store> Idem<S> {
             },
             key_expires_at: now.plus(self.policy.key_ttl()),
         };
-        match self.with_retries(|| self.store.complete(&id, token, &completion)).await {
+        match self
+            .with_retries(|| self.store.complete(&id, token, &completion))
+            .await
+        {
             Ok(()) => {
                 debug!(outcome = kind.as_str(), "completed");
                 Ok(Reply {
@@ -336,7 +358,10 @@ impl<S: Store> Idem<S> {
         }
     }
 
-    async fn with_retries<'a, Fut>(&'a self, mut call: impl FnMut() -> Fut + Send + 'a) -> Result<(), StoreError>
+    async fn with_retries<'a, Fut>(
+        &'a self,
+        mut call: impl FnMut() -> Fut + Send + 'a,
+    ) -> Result<(), StoreError>
     where
         Fut: Future<Output = Result<(), StoreError>> + Send + 'a,
     {
@@ -433,7 +458,11 @@ impl<S: Store> Idem<S> {
     /// # Errors
     ///
     /// [`Error::InvalidKey`], [`Error::Store`], [`Error::CorruptRecord`].
-    pub async fn lookup<K: IntoKey>(&self, scope: &Scope, key: K) -> Result<Option<StoredRecord>, Error> {
+    pub async fn lookup<K: IntoKey>(
+        &self,
+        scope: &Scope,
+        key: K,
+    ) -> Result<Option<StoredRecord>, Error> {
         let id = RecordId::new(scope.clone(), key.into_key()?);
         Ok(self.store.fetch(&id, self.clock.now()).await?)
     }
@@ -447,7 +476,10 @@ impl<S: Store> Idem<S> {
     pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
         let mut total = PurgeReport::default();
         loop {
-            let report = self.store.purge_expired(self.clock.now(), batch.max(1)).await?;
+            let report = self
+                .store
+                .purge_expired(self.clock.now(), batch.max(1))
+                .await?;
             total.keys_removed += report.keys_removed;
             total.bodies_dropped += report.bodies_dropped;
             if report == PurgeReport::default() {

@@ -32,7 +32,7 @@ pub enum Error {
     #[error("this idempotency key was already used with a different request")]
     FingerprintMismatch,
     /// The first attempt is still running (409 + `Retry-After`). Temporary.
-    #[error("a request with this idempotency key is in progress; retry after {retry_after:?}")]
+    #[error("a request with this idempotency key is still in progress")]
     InFlight {
         /// How long until the first attempt's lease ends (at least 1 s).
         retry_after: Duration,
@@ -96,7 +96,9 @@ impl Error {
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => ErrorKind::BadRequest,
+            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => {
+                ErrorKind::BadRequest
+            }
             Self::FingerprintMismatch => ErrorKind::Mismatch,
             Self::InFlight { .. }
             | Self::ResponseExpired { .. }
@@ -146,6 +148,59 @@ impl Error {
         self.retry_after().is_some()
     }
 
+    /// A short, stable code for this error (`invalid_key`, `in_flight`, ...),
+    /// used as the problem type and safe to log or match on.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidKey(_) => "invalid_key",
+            Self::InvalidScope(_) => "invalid_scope",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::FingerprintMismatch => "fingerprint_mismatch",
+            Self::InFlight { .. } => "in_flight",
+            Self::ResponseExpired { .. } => "response_expired",
+            Self::ResponseNotStored { .. } => "response_not_stored",
+            Self::LeaseLost { .. } => "lease_lost",
+            Self::Store(_) => "store_unavailable",
+            Self::CorruptRecord { .. } => "corrupt_record",
+        }
+    }
+
+    /// An RFC 9457 `application/problem+json` body for this error, with the
+    /// resource id and retry delay as extension members where they apply.
+    /// Store and corruption details are not included (they stay in logs).
+    ///
+    /// ```
+    /// use idem_core::Error;
+    ///
+    /// let e = Error::ResponseExpired { resource_id: Some("ch_1".into()) };
+    /// let body: serde_json::Value = serde_json::from_str(&e.problem_json()).unwrap();
+    /// assert_eq!(body["status"], 409);
+    /// assert_eq!(body["resource_id"], "ch_1");
+    /// assert_eq!(body["type"], "urn:idem:problem:response_expired");
+    /// ```
+    #[must_use]
+    pub fn problem_json(&self) -> String {
+        let detail = match self.kind() {
+            ErrorKind::Unavailable | ErrorKind::Internal => self.code().replace('_', " "),
+            _ => self.to_string(),
+        };
+        let mut body = serde_json::json!({
+            "type": format!("urn:idem:problem:{}", self.code()),
+            "title": self.code().replace('_', " "),
+            "status": self.http_status(),
+            "detail": detail,
+        });
+        if let Some(rid) = self.resource_id() {
+            body["resource_id"] = rid.into();
+        }
+        if let Some(d) = self.retry_after() {
+            let secs = u64::try_from(d.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
+            body["retry_after"] = secs.max(1).into();
+        }
+        body.to_string()
+    }
+
     /// The resource id carried by "already done" conflicts.
     #[must_use]
     pub fn resource_id(&self) -> Option<&str> {
@@ -169,5 +224,74 @@ impl From<StoreError> for Error {
             },
             other => Self::Store(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rejection_maps_to_its_status() {
+        let s = Duration::from_secs(2);
+        let cases: Vec<(Error, u16, Option<Duration>)> = vec![
+            (Error::InvalidKey(KeyError::Empty), 400, None),
+            (Error::InvalidKey(KeyError::Missing), 400, None),
+            (Error::FingerprintMismatch, 422, None),
+            (Error::InFlight { retry_after: s }, 409, Some(s)),
+            (Error::ResponseExpired { resource_id: None }, 409, None),
+            (Error::ResponseNotStored { resource_id: None }, 409, None),
+            (Error::LeaseLost { retry_after: s }, 409, Some(s)),
+            (
+                Error::Store(StoreError::Unavailable {
+                    backend: "x",
+                    source: "down".into(),
+                }),
+                503,
+                Some(Duration::from_secs(1)),
+            ),
+            (
+                Error::CorruptRecord {
+                    detail: "bad".into(),
+                },
+                500,
+                None,
+            ),
+        ];
+        for (e, status, retry) in cases {
+            assert_eq!(e.http_status(), status, "{e:?}");
+            assert_eq!(e.retry_after(), retry, "{e:?}");
+            assert_eq!(e.is_retryable(), retry.is_some(), "{e:?}");
+            let body: serde_json::Value = serde_json::from_str(&e.problem_json()).unwrap();
+            assert_eq!(body["status"], status);
+        }
+    }
+
+    #[test]
+    fn problem_json_never_leaks_store_details() {
+        let e = Error::Store(StoreError::Backend {
+            backend: "pg",
+            source: "password=hunter2".into(),
+        });
+        assert!(!e.problem_json().contains("hunter2"));
+        let e = Error::CorruptRecord {
+            detail: "secret-key-xyz".into(),
+        };
+        assert!(!e.problem_json().contains("secret"));
+    }
+
+    #[test]
+    fn store_errors_map_to_engine_errors() {
+        assert!(matches!(
+            Error::from(StoreError::LeaseLost),
+            Error::LeaseLost { .. }
+        ));
+        assert!(matches!(
+            Error::from(StoreError::Corrupt {
+                backend: "x",
+                detail: "d".into()
+            }),
+            Error::CorruptRecord { .. }
+        ));
     }
 }

@@ -32,7 +32,9 @@ impl Fingerprint {
     ///
     /// The actual length, when it is not 32.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, usize> {
-        <[u8; 32]>::try_from(bytes).map(Self).map_err(|_| bytes.len())
+        <[u8; 32]>::try_from(bytes)
+            .map(Self)
+            .map_err(|_| bytes.len())
     }
 
     /// The digest bytes.
@@ -107,7 +109,9 @@ impl FieldFilter {
             Self::Only(ps) | Self::Ignore(ps) => ps
                 .iter()
                 .find(|p| !p.is_empty() && !p.starts_with('/'))
-                .map_or(Ok(()), |p| Err(format!("`{p}` is not a JSON pointer (must start with `/`)"))),
+                .map_or(Ok(()), |p| {
+                    Err(format!("`{p}` is not a JSON pointer (must start with `/`)"))
+                }),
         }
     }
 
@@ -244,7 +248,8 @@ mod tests {
     fn key_order_and_number_spelling_do_not_matter() {
         let a = fp(&json!({"amount": 100, "currency": "usd", "meta": {"x": 1, "y": 2}}));
         let b: Value =
-            serde_json::from_str(r#"{"meta":{"y":2.0,"x":1e0},"currency":"usd","amount":1.00e2}"#).unwrap();
+            serde_json::from_str(r#"{"meta":{"y":2.0,"x":1e0},"currency":"usd","amount":1.00e2}"#)
+                .unwrap();
         assert_eq!(a, fp(&b));
     }
 
@@ -278,7 +283,10 @@ mod tests {
             g(json!({"amount": 1, "currency": "eur", "note": "a"})),
             g(json!({"amount": 1, "currency": "eur", "note": "b"}))
         );
-        assert_ne!(g(json!({"amount": 1})), g(json!({"amount": 1, "currency": "eur"})));
+        assert_ne!(
+            g(json!({"amount": 1})),
+            g(json!({"amount": 1, "currency": "eur"}))
+        );
     }
 
     #[test]

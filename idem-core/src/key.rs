@@ -4,6 +4,12 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+/// The request header that carries the key (IETF HTTPAPI draft).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+/// The response header that marks a replay; its value is `true`.
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
 /// The longest key accepted, in characters (after trimming).
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -38,8 +44,13 @@ pub struct IdempotencyKey(String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
+    /// The request carries no key on a route that requires one.
+    #[error("the {IDEMPOTENCY_KEY_HEADER} header is required on this route")]
+    Missing,
     /// The key is empty or only whitespace.
-    #[error("idempotency key is empty (after trimming whitespace); send 1 to 255 printable ASCII characters")]
+    #[error(
+        "idempotency key is empty (after trimming whitespace); send 1 to 255 printable ASCII characters"
+    )]
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`] characters.
     #[error("idempotency key is {len} characters long; the limit is {MAX_KEY_LEN}")]
@@ -84,6 +95,16 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong { len: trimmed.len() });
         }
         Ok(Self(trimmed.to_owned()))
+    }
+
+    /// Validates the value of an `Idempotency-Key` header, where a missing
+    /// header is its own error ([`KeyError::Missing`], 400).
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyKey::parse`], plus [`KeyError::Missing`].
+    pub fn from_header(value: Option<&str>) -> Result<Self, KeyError> {
+        value.map_or(Err(KeyError::Missing), Self::parse)
     }
 
     /// A new random key: 128 bits from the operating system's generator, as 32
@@ -255,6 +276,13 @@ mod tests {
             IdempotencyKey::parse("a\u{7f}"),
             Err(KeyError::InvalidCharacter { .. })
         ));
+    }
+
+    #[test]
+    fn a_missing_header_is_its_own_error() {
+        assert_eq!(IdempotencyKey::from_header(None), Err(KeyError::Missing));
+        assert_eq!(IdempotencyKey::from_header(Some(" ")), Err(KeyError::Empty));
+        assert!(IdempotencyKey::from_header(Some("k")).is_ok());
     }
 
     #[test]

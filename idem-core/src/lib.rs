@@ -8,6 +8,7 @@ mod codec;
 mod engine;
 mod error;
 mod fingerprint;
+mod http;
 mod key;
 mod memory;
 mod outcome;
@@ -25,8 +26,13 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{HttpResponse, Storable};
 pub use engine::{Idem, Prepared};
 pub use error::{BoxDynError, Error, ErrorKind, Result};
-pub use fingerprint::{FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint};
-pub use key::{IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN};
+pub use fingerprint::{
+    FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
+};
+pub use http::method_needs_key;
+pub use key::{
+    IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
+};
 pub use memory::MemoryStore;
 pub use outcome::{Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::clock::Timestamp;
 use crate::scope::RecordId;
 use crate::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, PurgeReport, RecordState, Store,
-    StoreError, StoredRecord, TakeoverReason, Token,
+    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, PurgeReport,
+    RecordState, Store, StoreError, StoredRecord, TakeoverReason, Token,
 };
 
 /// An in-process store: one map behind one mutex.
@@ -49,7 +49,9 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
         // A panic while holding the lock cannot leave a half-written entry
         // (every write is a single assignment), so a poisoned map is usable.
-        self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn guarded(
@@ -96,12 +98,18 @@ impl Store for MemoryStore {
         };
         let Some(entry) = map.get_mut(req.id) else {
             map.insert(req.id.clone(), fresh);
-            return Ok(ClaimOutcome::Claimed(Claimed { attempt: 1, previous: None }));
+            return Ok(ClaimOutcome::Claimed(Claimed {
+                attempt: 1,
+                previous: None,
+            }));
         };
         let r = &mut entry.record;
         if r.key_expires_at <= req.now {
             *entry = fresh;
-            return Ok(ClaimOutcome::Claimed(Claimed { attempt: 1, previous: None }));
+            return Ok(ClaimOutcome::Claimed(Claimed {
+                attempt: 1,
+                previous: None,
+            }));
         }
         let reason = match r.state {
             _ if r.fingerprint != req.fingerprint => None,
@@ -125,7 +133,12 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn complete(&self, id: &RecordId, token: Token, c: &Completion<'_>) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
         self.guarded(id, token, |r| {
             r.state = RecordState::Completed;
             r.outcome = Some(c.outcome);
@@ -145,15 +158,29 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn checkpoint(&self, id: &RecordId, token: Token, resource_id: &str) -> Result<(), StoreError> {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
         self.guarded(id, token, |r| r.resource_id = Some(resource_id.to_owned()))
     }
 
-    async fn extend_lease(&self, id: &RecordId, token: Token, lease_until: Timestamp) -> Result<(), StoreError> {
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
         self.guarded(id, token, |r| r.lease_until = lease_until)
     }
 
-    async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
         Ok(self
             .lock()
             .get(id)

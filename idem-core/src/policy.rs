@@ -237,7 +237,13 @@ mod tests {
     #[test]
     fn impossible_policies_are_refused() {
         let s = Duration::from_secs;
-        assert!(Policy::builder().response_ttl(s(10)).key_ttl(s(5)).build().is_err());
+        assert!(
+            Policy::builder()
+                .response_ttl(s(10))
+                .key_ttl(s(5))
+                .build()
+                .is_err()
+        );
         assert!(Policy::builder().lease(Duration::ZERO).build().is_err());
         assert!(
             Policy::builder()
@@ -249,7 +255,10 @@ mod tests {
         );
         assert!(
             Policy::builder()
-                .in_flight(InFlightMode::Wait { timeout: Duration::ZERO, poll: s(1) })
+                .in_flight(InFlightMode::Wait {
+                    timeout: Duration::ZERO,
+                    poll: s(1)
+                })
                 .build()
                 .is_err()
         );

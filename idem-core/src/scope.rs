@@ -222,7 +222,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_parts() {
-        assert_eq!(Scope::new("", "op"), Err(ScopeError::Empty { part: "owner" }));
+        assert_eq!(
+            Scope::new("", "op"),
+            Err(ScopeError::Empty { part: "owner" })
+        );
         assert_eq!(
             Scope::new("o", ""),
             Err(ScopeError::Empty { part: "operation" })

@@ -13,7 +13,61 @@
 //! that differ in any part never share a record.
 //!
 //! Every backend proves this contract by running the conformance suite in
-//! [`testkit`](crate::testkit) (feature `testkit`) against a real server.
+//! `testkit` (feature `testkit`) against a real server.
+//!
+//! # Implementing a Store
+//!
+//! A backend implements the eight methods; wrappers (metrics, fault
+//! injection) forward every one of them. This one counts claims:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use idem_core::store::*;
+//! use idem_core::{Idem, MemoryStore, Outcome, RecordId, Scope, Timestamp};
+//!
+//! #[derive(Debug, Default)]
+//! struct Counted { inner: MemoryStore, claims: AtomicU64 }
+//!
+//! impl Store for Counted {
+//!     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+//!         self.claims.fetch_add(1, Ordering::Relaxed);
+//!         self.inner.claim(req).await
+//!     }
+//!     async fn complete(&self, id: &RecordId, t: Token, c: &Completion<'_>) -> Result<(), StoreError> {
+//!         self.inner.complete(id, t, c).await
+//!     }
+//!     async fn release(&self, id: &RecordId, t: Token, now: Timestamp) -> Result<(), StoreError> {
+//!         self.inner.release(id, t, now).await
+//!     }
+//!     async fn checkpoint(&self, id: &RecordId, t: Token, r: &str) -> Result<(), StoreError> {
+//!         self.inner.checkpoint(id, t, r).await
+//!     }
+//!     async fn extend_lease(&self, id: &RecordId, t: Token, until: Timestamp) -> Result<(), StoreError> {
+//!         self.inner.extend_lease(id, t, until).await
+//!     }
+//!     async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+//!         self.inner.fetch(id, now).await
+//!     }
+//!     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+//!         self.inner.purge_expired(now, limit).await
+//!     }
+//!     fn capabilities(&self) -> Capabilities {
+//!         self.inner.capabilities()
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+//! let idem = Idem::new(Counted::default());
+//! let scope = Scope::new("acct", "POST /x")?;
+//! for _ in 0..2 {
+//!     idem.execute(&scope, "k", &1, |_| async { Outcome::<u8, u8>::Success(1) }).await?;
+//! }
+//! assert_eq!(idem.store().claims.load(Ordering::Relaxed), 2); // one claim per call
+//! # Ok(()) }
+//! ```
+//!
+//! Then prove it: in the backend's tests, implement
+//! `idem_core::testkit::Fixture` and expand `idem_core::store_conformance!`.
 
 use std::fmt;
 use std::future::Future;
@@ -263,13 +317,17 @@ impl Capabilities {
     /// No optional capability.
     #[must_use]
     pub const fn none() -> Self {
-        Self { native_expiry: false }
+        Self {
+            native_expiry: false,
+        }
     }
 
     /// Expired records vanish on their own.
     #[must_use]
     pub const fn native_expiry() -> Self {
-        Self { native_expiry: true }
+        Self {
+            native_expiry: true,
+        }
     }
 }
 

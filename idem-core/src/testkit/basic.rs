@@ -8,7 +8,7 @@ use crate::fingerprint::RawJson;
 use crate::outcome::Outcome;
 use crate::scope::Scope;
 use crate::store::{OutcomeKind, RecordState, Store};
-use crate::{ManualClock, MAX_KEY_LEN};
+use crate::{MAX_KEY_LEN, ManualClock};
 
 use super::support::{Charge, Counter, Decline, Out, charge_request, engine, key, scope};
 
@@ -24,7 +24,10 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
                 runs.hit();
                 assert_eq!(attempt.number(), 1);
                 assert!(!attempt.is_recovery());
-                Out::Success(Charge { id: "ch_1".into(), amount: 100 })
+                Out::Success(Charge {
+                    id: "ch_1".into(),
+                    amount: 100,
+                })
             }
         })
         .await
@@ -33,7 +36,11 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
     assert!(reply.is_stored());
     assert_eq!(reply.attempt(), 1);
     assert_eq!(runs.get(), 1);
-    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("record exists");
+    let record = idem
+        .lookup(&scope, &key)
+        .await
+        .expect("lookup")
+        .expect("record exists");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.outcome, Some(OutcomeKind::Success));
     assert!(record.response.is_some());
@@ -46,7 +53,9 @@ pub async fn replay_is_byte_for_byte<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
-    let body: Vec<u8> = (0..=255u8).chain(b"{\"id\":\"ch_1\"}".iter().copied()).collect();
+    let body: Vec<u8> = (0..=255u8)
+        .chain(b"{\"id\":\"ch_1\"}".iter().copied())
+        .collect();
     let first = HttpResponse::new(
         201,
         vec![
@@ -78,17 +87,28 @@ pub async fn typed_replay_round_trips<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let (scope, key) = (scope("POST /charges"), key());
-    let original = Charge { id: "ch_ü\u{1F600}\"\\".into(), amount: u64::from(u32::MAX) };
+    let original = Charge {
+        id: "ch_ü\u{1F600}\"\\".into(),
+        amount: u64::from(u32::MAX),
+    };
     let sent = original.clone();
-    idem.execute(&scope, &key, &serde_json::json!({"amount": 100, "currency": "eur"}), |_| async move {
-        Out::Success(sent)
-    })
+    idem.execute(
+        &scope,
+        &key,
+        &serde_json::json!({"amount": 100, "currency": "eur"}),
+        |_| async move { Out::Success(sent) },
+    )
     .await
     .expect("first");
     let respelled: serde_json::Value =
         serde_json::from_str(r#"{"currency":"eur","amount":1.0e2}"#).expect("json");
     let reply = idem
-        .execute(&scope, &key, &respelled, |_| async { Out::Success(Charge { id: "other".into(), amount: 1 }) })
+        .execute(&scope, &key, &respelled, |_| async {
+            Out::Success(Charge {
+                id: "other".into(),
+                amount: 1,
+            })
+        })
         .await
         .expect("replay");
     assert!(reply.is_replay());
@@ -102,7 +122,10 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     let idem = engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
     idem.execute(&scope, &key, &charge_request(100), |_| async {
-        Out::Success(Charge { id: "ch_1".into(), amount: 100 })
+        Out::Success(Charge {
+            id: "ch_1".into(),
+            amount: 100,
+        })
     })
     .await
     .expect("first");
@@ -111,7 +134,10 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     let err = idem
         .execute(&scope, &key, &charge_request(200), move |_| async move {
             r.hit();
-            Out::Success(Charge { id: "ch_2".into(), amount: 200 })
+            Out::Success(Charge {
+                id: "ch_2".into(),
+                amount: 200,
+            })
         })
         .await
         .expect_err("mismatch");
@@ -120,14 +146,18 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     assert_eq!(runs.get(), 0);
     assert_eq!(idem.lookup(&scope, &key).await.expect("lookup"), before);
     let again = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { unreachable_work() })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            unreachable_work()
+        })
         .await
         .expect("replay");
     assert_eq!(again.into_result().expect("ok").id, "ch_1");
 }
 
 fn unreachable_work() -> Out {
-    Out::Failure(Decline { code: "the work must not run here".into() })
+    Out::Failure(Decline {
+        code: "the work must not run here".into(),
+    })
 }
 
 /// Another request under a key whose first attempt is still running is a
@@ -144,14 +174,19 @@ pub async fn mismatch_while_in_flight_is_rejected<S: Store>(store: Arc<S>) {
             idem.execute(&scope, &key, &charge_request(100), |_| async move {
                 let _ = started_tx.send(());
                 let _ = go_rx.await;
-                Out::Success(Charge { id: "ch_1".into(), amount: 100 })
+                Out::Success(Charge {
+                    id: "ch_1".into(),
+                    amount: 100,
+                })
             })
             .await
         })
     };
     started_rx.await.expect("first started");
     let err = idem
-        .execute(&scope, &key, &charge_request(999), |_| async { unreachable_work() })
+        .execute(&scope, &key, &charge_request(999), |_| async {
+            unreachable_work()
+        })
         .await
         .expect_err("mismatch");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -173,7 +208,10 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
         let reply = idem
             .execute(s, &key, &charge_request(100), move |_| async move {
                 runs.hit();
-                Out::Success(Charge { id: id.into(), amount: 100 })
+                Out::Success(Charge {
+                    id: id.into(),
+                    amount: 100,
+                })
             })
             .await
             .expect("call");
@@ -182,7 +220,9 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
     assert_eq!(runs.get(), 2);
     for (s, id) in [(&a, "ch_a"), (&b, "ch_b")] {
         let reply = idem
-            .execute(s, &key, &charge_request(100), |_| async { unreachable_work() })
+            .execute(s, &key, &charge_request(100), |_| async {
+                unreachable_work()
+            })
             .await
             .expect("replay");
         assert!(reply.is_replay());
@@ -206,7 +246,10 @@ pub async fn operations_are_isolated<S: Store>(store: Arc<S>) {
         let reply = idem
             .execute(s, &key, &charge_request(100), move |_| async move {
                 runs.hit();
-                Out::Success(Charge { id: op, amount: 100 })
+                Out::Success(Charge {
+                    id: op,
+                    amount: 100,
+                })
             })
             .await
             .expect("call");
@@ -222,10 +265,18 @@ pub async fn hostile_identities_round_trip_and_stay_apart<S: Store>(store: Arc<S
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let salt = key();
-    let long_key = format!("{}{}", salt.as_str(), "k".repeat(MAX_KEY_LEN - salt.as_str().len()));
+    let long_key = format!(
+        "{}{}",
+        salt.as_str(),
+        "k".repeat(MAX_KEY_LEN - salt.as_str().len())
+    );
     let owner = |s: &str| format!("{s}-{}", salt.as_str());
     let cases = [
-        (owner("o'; DROP TABLE idem; --"), "POST /x{y}", "k\"ey' ; --".to_owned()),
+        (
+            owner("o'; DROP TABLE idem; --"),
+            "POST /x{y}",
+            "k\"ey' ; --".to_owned(),
+        ),
         (owner("o"), "POST /x{y}:k", "ey".to_owned()),
         (owner("o:POST /x{y}"), "k", "ey".to_owned()),
         (owner("{tag}"), "op", "{tag} * % _ \\ ".to_owned()),
@@ -237,7 +288,10 @@ pub async fn hostile_identities_round_trip_and_stay_apart<S: Store>(store: Arc<S
         let s = Scope::new(o.as_str(), *op).expect("scope");
         let reply = idem
             .execute(&s, k.as_str(), &charge_request(100), move |_| async move {
-                Out::Success(Charge { id: format!("case-{i}"), amount: 100 })
+                Out::Success(Charge {
+                    id: format!("case-{i}"),
+                    amount: 100,
+                })
             })
             .await
             .expect("call");
@@ -246,7 +300,9 @@ pub async fn hostile_identities_round_trip_and_stay_apart<S: Store>(store: Arc<S
     for (i, (o, op, k)) in cases.iter().enumerate() {
         let s = Scope::new(o.as_str(), *op).expect("scope");
         let reply = idem
-            .execute(&s, k.as_str(), &charge_request(100), |_| async { unreachable_work() })
+            .execute(&s, k.as_str(), &charge_request(100), |_| async {
+                unreachable_work()
+            })
             .await
             .expect("replay");
         assert!(reply.is_replay());

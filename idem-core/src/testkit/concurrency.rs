@@ -18,14 +18,22 @@ pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
         .map(|i| {
-            let (idem, scope, key, runs, barrier) =
-                (idem.clone(), scope.clone(), key.clone(), runs.clone(), Arc::clone(&barrier));
+            let (idem, scope, key, runs, barrier) = (
+                idem.clone(),
+                scope.clone(),
+                key.clone(),
+                runs.clone(),
+                Arc::clone(&barrier),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 idem.execute(&scope, &key, &charge_request(100), move |_| async move {
                     runs.hit();
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    Out::Success(Charge { id: format!("ch_{i}"), amount: 100 })
+                    Out::Success(Charge {
+                        id: format!("ch_{i}"),
+                        amount: 100,
+                    })
                 })
                 .await
             })
@@ -50,7 +58,12 @@ pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
     let winner = winner.expect("one winner");
     for _ in 0..8 {
         let reply = idem
-            .execute(&scope, &key, &charge_request(100), |_| async { Out::Success(Charge { id: "no".into(), amount: 0 }) })
+            .execute(&scope, &key, &charge_request(100), |_| async {
+                Out::Success(Charge {
+                    id: "no".into(),
+                    amount: 0,
+                })
+            })
             .await
             .expect("replay");
         assert!(reply.is_replay());
@@ -69,14 +82,18 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
     let runs = Counter::default();
     let tasks: Vec<_> = (0..16)
         .map(|t| {
-            let (idem, scope, keys, runs) = (idem.clone(), scope.clone(), Arc::clone(&keys), runs.clone());
+            let (idem, scope, keys, runs) =
+                (idem.clone(), scope.clone(), Arc::clone(&keys), runs.clone());
             tokio::spawn(async move {
                 for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 16 == t) {
                     let runs = runs.clone();
                     let reply = idem
                         .execute(&scope, k, &charge_request(100), move |_| async move {
                             runs.hit();
-                            Out::Success(Charge { id: format!("ch_{i}"), amount: 100 })
+                            Out::Success(Charge {
+                                id: format!("ch_{i}"),
+                                amount: 100,
+                            })
                         })
                         .await
                         .expect("call");
@@ -91,7 +108,12 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
     assert_eq!(runs.get(), 200);
     for (i, k) in keys.iter().enumerate().step_by(17) {
         let reply = idem
-            .execute(&scope, k, &charge_request(100), |_| async { Out::Success(Charge { id: "no".into(), amount: 0 }) })
+            .execute(&scope, k, &charge_request(100), |_| async {
+                Out::Success(Charge {
+                    id: "no".into(),
+                    amount: 0,
+                })
+            })
             .await
             .expect("replay");
         assert_eq!(reply.into_result().expect("ok").id, format!("ch_{i}"));

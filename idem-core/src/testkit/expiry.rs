@@ -12,7 +12,10 @@ use super::support::{
 };
 
 fn charge(id: &str) -> Out {
-    Out::Success(Charge { id: id.into(), amount: 100 })
+    Out::Success(Charge {
+        id: id.into(),
+        amount: 100,
+    })
 }
 
 /// After `response_ttl` the body is gone but the key is known: a retry gets
@@ -36,10 +39,12 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
     .expect("first");
     clock.advance(RESPONSE_TTL - Duration::from_secs(1));
     assert!(
-        idem.execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
-            .await
-            .expect("still replayed")
-            .is_replay()
+        idem.execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
+        .await
+        .expect("still replayed")
+        .is_replay()
     );
     clock.advance(Duration::from_secs(2));
     for (k, rid) in [(&key, "ch_9"), (&key2, "ch_set_at_completion")] {
@@ -56,7 +61,11 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
         assert_eq!(err.resource_id(), Some(rid));
     }
     assert_eq!(runs.get(), 0);
-    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("key kept");
+    let record = idem
+        .lookup(&scope, &key)
+        .await
+        .expect("lookup")
+        .expect("key kept");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.response, None);
     let err = idem
@@ -94,7 +103,9 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 2);
     let replay = idem
-        .execute(&scope, &key, &charge_request(300), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(300), |_| async {
+            charge("no")
+        })
         .await
         .expect("replay of the new one");
     assert_eq!(replay.into_result().expect("ok").id, "ch_new");
@@ -116,13 +127,26 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
             .expect("call");
     }
     let limit = 10;
-    let first = store.purge_expired(clock.now(), limit).await.expect("purge");
-    assert_eq!(first.keys_removed + first.bodies_dropped, 0, "nothing is expired yet");
+    let first = store
+        .purge_expired(clock.now(), limit)
+        .await
+        .expect("purge");
+    assert_eq!(
+        first.keys_removed + first.bodies_dropped,
+        0,
+        "nothing is expired yet"
+    );
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
     let mut bodies = 0;
     loop {
-        let r = store.purge_expired(clock.now(), limit).await.expect("purge");
-        assert!(r.bodies_dropped <= u64::from(limit), "batch over the limit: {r:?}");
+        let r = store
+            .purge_expired(clock.now(), limit)
+            .await
+            .expect("purge");
+        assert!(
+            r.bodies_dropped <= u64::from(limit),
+            "batch over the limit: {r:?}"
+        );
         assert_eq!(r.keys_removed, 0, "keys outlive bodies");
         if r.bodies_dropped == 0 {
             break;
@@ -131,7 +155,11 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     }
     assert_eq!(bodies, if native { 0 } else { 25 });
     for k in &keys[..3] {
-        let rec = idem.lookup(&scope, k).await.expect("lookup").expect("key kept");
+        let rec = idem
+            .lookup(&scope, k)
+            .await
+            .expect("lookup")
+            .expect("key kept");
         assert_eq!(rec.response, None);
         assert_eq!(rec.outcome, Some(OutcomeKind::Success));
     }
@@ -139,8 +167,14 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     let mut removed = 0;
     let mut calls = 0;
     loop {
-        let r = store.purge_expired(clock.now(), limit).await.expect("purge");
-        assert!(r.keys_removed <= u64::from(limit), "batch over the limit: {r:?}");
+        let r = store
+            .purge_expired(clock.now(), limit)
+            .await
+            .expect("purge");
+        assert!(
+            r.keys_removed <= u64::from(limit),
+            "batch over the limit: {r:?}"
+        );
         calls += 1;
         if r.keys_removed == 0 {
             break;

@@ -8,7 +8,9 @@ use crate::error::Error;
 use crate::store::{RecordState, Store};
 use crate::{Clock, ManualClock};
 
-use super::support::{Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope};
+use super::support::{
+    Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope,
+};
 
 /// If the outcome cannot be stored after the work succeeded, the caller still
 /// gets the work's result (marked not stored), duplicates get 409 (never a
@@ -28,7 +30,10 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let err = idem
         .execute(&scope, &key, &charge_request(100), |_| async move {
             r.hit();
-            Out::Success(Charge { id: "no".into(), amount: 0 })
+            Out::Success(Charge {
+                id: "no".into(),
+                amount: 0,
+            })
         })
         .await
         .expect_err("store down");
@@ -44,20 +49,30 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
             a.checkpoint("ch_1").await.expect("checkpoint");
-            Out::Success(Charge { id: "ch_1".into(), amount: 100 })
+            Out::Success(Charge {
+                id: "ch_1".into(),
+                amount: 100,
+            })
         })
         .await
         .expect("the caller still gets the work's result");
     assert!(!reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
     failing.fail_complete(false);
-    let rec = store.fetch(&super::support::record_id(&scope, &key), clock.now()).await.expect("fetch").expect("record");
+    let rec = store
+        .fetch(&super::support::record_id(&scope, &key), clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
     assert_eq!(rec.state, RecordState::InFlight);
     let r = runs.clone();
     let err = idem
         .execute(&scope, &key, &charge_request(100), |_| async move {
             r.hit();
-            Out::Success(Charge { id: "no".into(), amount: 0 })
+            Out::Success(Charge {
+                id: "no".into(),
+                amount: 0,
+            })
         })
         .await
         .expect_err("lease still held");

@@ -12,7 +12,9 @@ use crate::outcome::Outcome;
 use crate::store::{RecordState, Store, TakeoverReason};
 use crate::{IdempotencyKey, InFlightMode, ManualClock, Reply, Scope};
 
-use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope};
+use super::support::{
+    Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope,
+};
 
 type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
 
@@ -29,17 +31,27 @@ fn start_blocked<S: Store>(
     let (finish_tx, finish_rx) = oneshot::channel::<Out>();
     let (idem, scope, key) = (idem.clone(), scope.clone(), key.clone());
     let task = tokio::spawn(async move {
-        idem.execute(&scope, &key, &charge_request(amount), |attempt| async move {
-            let _ = started_tx.send(attempt);
-            finish_rx.await.unwrap_or(Out::Transient(Decline { code: "abandoned".into() }))
-        })
+        idem.execute(
+            &scope,
+            &key,
+            &charge_request(amount),
+            |attempt| async move {
+                let _ = started_tx.send(attempt);
+                finish_rx.await.unwrap_or(Out::Transient(Decline {
+                    code: "abandoned".into(),
+                }))
+            },
+        )
         .await
     });
     (task, started_rx, finish_tx)
 }
 
 fn charge(id: &str) -> Out {
-    Out::Success(Charge { id: id.into(), amount: 100 })
+    Out::Success(Charge {
+        id: id.into(),
+        amount: 100,
+    })
 }
 
 /// While the first attempt runs, a duplicate gets 409 with a `Retry-After`
@@ -67,7 +79,11 @@ pub async fn in_flight_duplicate_is_rejected_with_retry_after<S: Store>(store: A
     assert_eq!(err.retry_after(), Some(LEASE));
     clock.advance(Duration::from_millis(59_500));
     let err = dup(r.clone()).await.expect_err("in flight");
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)), "at least 1 s");
+    assert_eq!(
+        err.retry_after(),
+        Some(Duration::from_secs(1)),
+        "at least 1 s"
+    );
     assert_eq!(runs.get(), 0);
     finish.send(charge("ch_1")).expect("finish");
     first.await.expect("join").expect("first");
@@ -93,12 +109,17 @@ pub async fn in_flight_wait_mode_replays_when_first_finishes<S: Store>(store: Ar
         let (scope, key) = (scope.clone(), key.clone());
         tokio::spawn(async move {
             waiting
-                .execute(&scope, &key, &charge_request(100), |_| async { charge("ch_dup") })
+                .execute(&scope, &key, &charge_request(100), |_| async {
+                    charge("ch_dup")
+                })
                 .await
         })
     };
     tokio::time::sleep(Duration::from_millis(30)).await;
-    assert!(!dup.is_finished(), "the duplicate must wait while the first runs");
+    assert!(
+        !dup.is_finished(),
+        "the duplicate must wait while the first runs"
+    );
     finish.send(charge("ch_1")).expect("finish");
     first.await.expect("join").expect("first");
     let reply = dup.await.expect("join").expect("waited replay");
@@ -119,7 +140,9 @@ pub async fn in_flight_wait_mode_times_out<S: Store>(store: Arc<S>) {
     let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
     started.await.expect("first started");
     let err = waiting
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("ch_dup") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("ch_dup")
+        })
         .await
         .expect_err("timed out");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
@@ -137,11 +160,15 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
     let (scope, key) = (scope("POST /charges"), key());
     let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
     let dead = started.await.expect("first started");
-    dead.checkpoint("ch_created_before_crash").await.expect("checkpoint");
+    dead.checkpoint("ch_created_before_crash")
+        .await
+        .expect("checkpoint");
     first.abort(); // the process dies: no completion, no release
     let _ = first.await;
     let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("too early") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("too early")
+        })
         .await
         .expect_err("lease still held");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
@@ -149,20 +176,31 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |attempt| async move {
             assert!(attempt.is_recovery());
-            assert_eq!(attempt.recovery_reason(), Some(TakeoverReason::LeaseExpired));
+            assert_eq!(
+                attempt.recovery_reason(),
+                Some(TakeoverReason::LeaseExpired)
+            );
             assert_eq!(attempt.number(), 2);
             assert_ne!(attempt.token(), dead.token());
             // Reconcile: the charge exists, so return it instead of charging again.
-            let id = attempt.previous_checkpoint().expect("checkpoint survives").to_owned();
+            let id = attempt
+                .previous_checkpoint()
+                .expect("checkpoint survives")
+                .to_owned();
             Out::Success(Charge { id, amount: 100 })
         })
         .await
         .expect("recovery");
     assert!(!reply.is_replay());
     assert_eq!(reply.attempt(), 2);
-    assert_eq!(reply.into_result().expect("ok").id, "ch_created_before_crash");
+    assert_eq!(
+        reply.into_result().expect("ok").id,
+        "ch_created_before_crash"
+    );
     let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
         .await
         .expect("replay");
     assert!(replay.is_replay());
@@ -180,7 +218,9 @@ pub async fn expired_lease_with_other_request_is_a_mismatch<S: Store>(store: Arc
     let _ = first.await;
     clock.advance(LEASE * 2);
     let err = idem
-        .execute(&scope, &key, &charge_request(555), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(555), |_| async {
+            charge("no")
+        })
         .await
         .expect_err("mismatch");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -211,22 +251,37 @@ pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store:
         .await
         .expect("takeover");
     assert_eq!(newer.attempt(), 2);
-    let err = zombie.checkpoint("ch_zombie").await.expect_err("zombie checkpoint");
+    let err = zombie
+        .checkpoint("ch_zombie")
+        .await
+        .expect_err("zombie checkpoint");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     assert_eq!(err.http_status(), 409);
     let err = zombie.extend_lease(LEASE).await.expect_err("zombie extend");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     finish.send(charge("ch_zombie")).expect("finish zombie");
-    let err = zombie_task.await.expect("join").expect_err("zombie completion refused");
+    let err = zombie_task
+        .await
+        .expect("join")
+        .expect_err("zombie completion refused");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     assert!(err.retry_after().is_some());
     let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
         .await
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_newer");
-    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("record");
-    assert_eq!(record.resource_id, None, "the zombie's checkpoint was refused");
+    let record = idem
+        .lookup(&scope, &key)
+        .await
+        .expect("lookup")
+        .expect("record");
+    assert_eq!(
+        record.resource_id, None,
+        "the zombie's checkpoint was refused"
+    );
 }
 
 /// Long work that extends its lease keeps duplicates out past the original
@@ -237,20 +292,30 @@ pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
     let (scope, key) = (scope("POST /charges"), key());
     let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
     let holder = started.await.expect("first started");
-    holder.extend_lease(Duration::from_secs(300)).await.expect("extend");
+    holder
+        .extend_lease(Duration::from_secs(300))
+        .await
+        .expect("extend");
     clock.advance(Duration::from_secs(200));
     let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
         .await
         .expect_err("still leased");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(err.retry_after(), Some(Duration::from_secs(100)));
-    holder.renew_lease().await.expect("renew by the policy's lease");
+    holder
+        .renew_lease()
+        .await
+        .expect("renew by the policy's lease");
     clock.advance(LEASE - Duration::from_secs(1));
     assert!(
-        idem.execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
-            .await
-            .is_err()
+        idem.execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
+        .await
+        .is_err()
     );
     first.abort();
     let _ = first.await;
@@ -277,13 +342,19 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
             a.checkpoint("pi_pending").await.expect("checkpoint");
-            Out::Transient(Decline { code: "provider_503".into() })
+            Out::Transient(Decline {
+                code: "provider_503".into(),
+            })
         })
         .await
         .expect("transient reply");
     assert!(!reply.is_stored());
     assert!(matches!(reply.outcome(), Outcome::Transient(d) if d.code == "provider_503"));
-    let record = idem.lookup(&scope, &key).await.expect("lookup").expect("record");
+    let record = idem
+        .lookup(&scope, &key)
+        .await
+        .expect("lookup")
+        .expect("record");
     assert_eq!(record.state, RecordState::Released);
     let err = idem
         .execute(&scope, &key, &charge_request(7), |_| async { charge("no") })
@@ -304,7 +375,9 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 2);
     let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async { charge("no") })
+        .execute(&scope, &key, &charge_request(100), |_| async {
+            charge("no")
+        })
         .await
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_2");
@@ -322,12 +395,19 @@ pub async fn permanent_failure_is_stored_and_replayed<S: Store>(store: Arc<S>) {
         let reply = idem
             .execute(&scope, &key, &charge_request(100), |_| async move {
                 r.hit();
-                Out::Failure(Decline { code: "card_declined".into() })
+                Out::Failure(Decline {
+                    code: "card_declined".into(),
+                })
             })
             .await
             .expect("call");
         assert_eq!(reply.is_replay(), round > 0);
-        assert_eq!(reply.into_result(), Err(Decline { code: "card_declined".into() }));
+        assert_eq!(
+            reply.into_result(),
+            Err(Decline {
+                code: "card_declined".into()
+            })
+        );
     }
     assert_eq!(runs.get(), 1);
 }
@@ -347,7 +427,10 @@ pub async fn downstream_key_is_stable_across_recovery<S: Store>(store: Arc<S>) {
     clock.advance(LEASE * 2);
     let (tx, rx) = oneshot::channel();
     idem.execute(&scope, &key, &charge_request(100), |a| async move {
-        let _ = tx.send((a.downstream_key("provider-charge", 1), a.downstream_key("provider-charge", 2)));
+        let _ = tx.send((
+            a.downstream_key("provider-charge", 1),
+            a.downstream_key("provider-charge", 2),
+        ));
         charge("ch")
     })
     .await

@@ -5,17 +5,24 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::fingerprint::{FieldFilter, fingerprint};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Store, StoreError, TakeoverReason, Token,
+    ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Store, StoreError,
+    TakeoverReason, Token,
 };
 use crate::{ManualClock, RecordId};
 
 use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};
 
-fn claim_req<'a>(id: &'a RecordId, token: Token, clock: &ManualClock, amount: u64) -> ClaimRequest<'a> {
+fn claim_req<'a>(
+    id: &'a RecordId,
+    token: Token,
+    clock: &ManualClock,
+    amount: u64,
+) -> ClaimRequest<'a> {
     let now = clock.now();
     ClaimRequest {
         id,
-        fingerprint: fingerprint("POST /charges", &charge_request(amount), &FieldFilter::All).expect("fp"),
+        fingerprint: fingerprint("POST /charges", &charge_request(amount), &FieldFilter::All)
+            .expect("fp"),
         token,
         now,
         lease_until: now.plus(LEASE),
@@ -24,7 +31,10 @@ fn claim_req<'a>(id: &'a RecordId, token: Token, clock: &ManualClock, amount: u6
 }
 
 fn lost<T: std::fmt::Debug>(r: Result<T, StoreError>) {
-    assert!(matches!(r, Err(StoreError::LeaseLost)), "expected LeaseLost, got {r:?}");
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost)),
+        "expected LeaseLost, got {r:?}"
+    );
 }
 
 /// Complete, release, checkpoint and extend change nothing unless the record
@@ -33,9 +43,18 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let id = record_id(&scope("POST /charges"), &key());
     let (mine, other) = (Token::random(), Token::random());
-    let claimed = store.claim(&claim_req(&id, mine, &clock, 1)).await.expect("claim");
-    assert!(matches!(claimed, ClaimOutcome::Claimed(ref c) if c.attempt == 1 && c.previous.is_none()));
-    let before = store.fetch(&id, clock.now()).await.expect("fetch").expect("record");
+    let claimed = store
+        .claim(&claim_req(&id, mine, &clock, 1))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed(ref c) if c.attempt == 1 && c.previous.is_none())
+    );
+    let before = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
     let now = clock.now();
     let done = Completion {
         outcome: OutcomeKind::Success,
@@ -50,12 +69,32 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     lost(store.checkpoint(&id, other, "x").await);
     lost(store.extend_lease(&id, other, now.plus(LEASE * 10)).await);
     assert_eq!(store.fetch(&id, now).await.expect("fetch"), Some(before));
-    store.checkpoint(&id, mine, "ch_1").await.expect("checkpoint");
-    store.extend_lease(&id, mine, now.plus(LEASE * 2)).await.expect("extend");
-    store.complete(&id, mine, &Completion { resource_id: None, ..done }).await.expect("complete");
+    store
+        .checkpoint(&id, mine, "ch_1")
+        .await
+        .expect("checkpoint");
+    store
+        .extend_lease(&id, mine, now.plus(LEASE * 2))
+        .await
+        .expect("extend");
+    store
+        .complete(
+            &id,
+            mine,
+            &Completion {
+                resource_id: None,
+                ..done
+            },
+        )
+        .await
+        .expect("complete");
     let rec = store.fetch(&id, now).await.expect("fetch").expect("record");
     assert_eq!(rec.state, RecordState::Completed);
-    assert_eq!(rec.resource_id.as_deref(), Some("ch_1"), "None keeps the checkpoint");
+    assert_eq!(
+        rec.resource_id.as_deref(),
+        Some("ch_1"),
+        "None keeps the checkpoint"
+    );
     assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
     // Completed: even the right token can no longer write.
     lost(store.complete(&id, mine, &done).await);
@@ -78,7 +117,10 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     let t1 = Token::random();
     let req = claim_req(&id, t1, &clock, 1);
     store.claim(&req).await.expect("claim");
-    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    let ClaimOutcome::Existing(rec) = store
+        .claim(&claim_req(&id, Token::random(), &clock, 1))
+        .await
+        .expect("claim")
     else {
         panic!("an in-flight record with a live lease must not be claimed");
     };
@@ -89,12 +131,22 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     // Another fingerprint never takes over, even after the lease.
     clock.advance(LEASE * 2);
     assert!(matches!(
-        store.claim(&claim_req(&id, Token::random(), &clock, 2)).await.expect("claim"),
+        store
+            .claim(&claim_req(&id, Token::random(), &clock, 2))
+            .await
+            .expect("claim"),
         ClaimOutcome::Existing(_)
     ));
-    store.checkpoint(&id, t1, "ch_a").await.expect("still mine until taken over");
+    store
+        .checkpoint(&id, t1, "ch_a")
+        .await
+        .expect("still mine until taken over");
     let t2 = Token::random();
-    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, t2, &clock, 1)).await.expect("claim") else {
+    let ClaimOutcome::Claimed(c) = store
+        .claim(&claim_req(&id, t2, &clock, 1))
+        .await
+        .expect("claim")
+    else {
         panic!("an expired lease with the same fingerprint is taken over");
     };
     assert_eq!(c.attempt, 2);
@@ -104,11 +156,18 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     lost(store.checkpoint(&id, t1, "zombie").await);
     store.release(&id, t2, clock.now()).await.expect("release");
     let t3 = Token::random();
-    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, t3, &clock, 1)).await.expect("claim") else {
+    let ClaimOutcome::Claimed(c) = store
+        .claim(&claim_req(&id, t3, &clock, 1))
+        .await
+        .expect("claim")
+    else {
         panic!("a released record is claimed by the same fingerprint");
     };
     assert_eq!(c.attempt, 3);
-    assert_eq!(c.previous.expect("previous").reason, TakeoverReason::Released);
+    assert_eq!(
+        c.previous.expect("previous").reason,
+        TakeoverReason::Released
+    );
     let now = clock.now();
     store
         .complete(
@@ -125,7 +184,10 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
         )
         .await
         .expect("complete");
-    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    let ClaimOutcome::Existing(rec) = store
+        .claim(&claim_req(&id, Token::random(), &clock, 1))
+        .await
+        .expect("claim")
     else {
         panic!("completed records are never claimed");
     };
@@ -135,15 +197,25 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     assert_eq!(rec.attempt, 3);
     assert_eq!(rec.resource_id.as_deref(), Some("ch_a"));
     clock.advance(RESPONSE_TTL);
-    let ClaimOutcome::Existing(rec) = store.claim(&claim_req(&id, Token::random(), &clock, 1)).await.expect("claim")
+    let ClaimOutcome::Existing(rec) = store
+        .claim(&claim_req(&id, Token::random(), &clock, 1))
+        .await
+        .expect("claim")
     else {
         panic!("completed records are never claimed");
     };
-    assert_eq!(rec.response, None, "the body is not returned at or after response_expires_at");
+    assert_eq!(
+        rec.response, None,
+        "the body is not returned at or after response_expires_at"
+    );
     assert_eq!(rec.outcome, Some(OutcomeKind::Failure));
     clock.advance(KEY_TTL);
     assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
-    let ClaimOutcome::Claimed(c) = store.claim(&claim_req(&id, Token::random(), &clock, 2)).await.expect("claim") else {
+    let ClaimOutcome::Claimed(c) = store
+        .claim(&claim_req(&id, Token::random(), &clock, 2))
+        .await
+        .expect("claim")
+    else {
         panic!("an expired key is a new operation, whatever the fingerprint");
     };
     assert_eq!(c.attempt, 1);

@@ -11,7 +11,8 @@ use crate::engine::Idem;
 use crate::policy::Policy;
 use crate::scope::{RecordId, Scope};
 use crate::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, Store, StoreError, StoredRecord, Token,
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, Store, StoreError,
+    StoredRecord, Token,
 };
 use crate::{IdempotencyKey, InFlightMode};
 
@@ -86,7 +87,6 @@ pub(crate) fn record_id(scope: &Scope, key: &IdempotencyKey) -> RecordId {
     RecordId::new(scope.clone(), key.clone())
 }
 
-
 /// Wraps a store and makes `complete` (and optionally every call) fail with
 /// [`StoreError::Unavailable`], to show what the engine does when the store
 /// goes down mid-call.
@@ -141,7 +141,12 @@ impl<S: Store> Store for FailingStore<S> {
         self.check()?;
         self.inner.claim(req).await
     }
-    async fn complete(&self, id: &RecordId, token: Token, c: &Completion<'_>) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
         self.check()?;
         if self.fail_complete.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable {
@@ -155,15 +160,29 @@ impl<S: Store> Store for FailingStore<S> {
         self.check()?;
         self.inner.release(id, token, now).await
     }
-    async fn checkpoint(&self, id: &RecordId, token: Token, resource_id: &str) -> Result<(), StoreError> {
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
         self.check()?;
         self.inner.checkpoint(id, token, resource_id).await
     }
-    async fn extend_lease(&self, id: &RecordId, token: Token, until: Timestamp) -> Result<(), StoreError> {
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        until: Timestamp,
+    ) -> Result<(), StoreError> {
         self.check()?;
         self.inner.extend_lease(id, token, until).await
     }
-    async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
         self.check()?;
         self.inner.fetch(id, now).await
     }

@@ -1,0 +1,26 @@
+-- idem: one row per (owner, operation, key). Idempotent: safe to run on every start.
+-- Times are Unix milliseconds from the engine's clock; the token is the
+-- fencing token of the attempt that holds (or last held) the record.
+CREATE TABLE IF NOT EXISTS idem_records (
+    owner               TEXT    NOT NULL,
+    operation           TEXT    NOT NULL,
+    key                 TEXT    NOT NULL,
+    fingerprint         BLOB    NOT NULL,
+    state               TEXT    NOT NULL,
+    token               INTEGER NOT NULL,
+    attempt             INTEGER NOT NULL,
+    lease_until         INTEGER NOT NULL,
+    takeover            TEXT,
+    resource_id         TEXT,
+    outcome             TEXT,
+    response            BLOB,
+    response_expires_at INTEGER,
+    key_expires_at      INTEGER NOT NULL,
+    PRIMARY KEY (owner, operation, key)
+);
+
+-- Purges find expired keys and expired bodies through these, never by scanning.
+CREATE INDEX IF NOT EXISTS idem_records_key_expiry
+    ON idem_records (key_expires_at);
+CREATE INDEX IF NOT EXISTS idem_records_response_expiry
+    ON idem_records (response_expires_at) WHERE response IS NOT NULL;

@@ -1,0 +1,49 @@
+//! The one place that decides what a sqlx error means to the engine.
+
+use idem_core::StoreError;
+
+pub(crate) const BACKEND: &str = "sqlite";
+
+/// Maps a sqlx error to the engine's classification.
+pub(crate) fn map(e: sqlx::Error) -> StoreError {
+    match e {
+        // Could not reach the database, or it is busy past the busy timeout:
+        // a retry may succeed.
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(e),
+        },
+        sqlx::Error::Database(ref db) if is_busy(db.code().as_deref()) => StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(e),
+        },
+        // SQLite is dynamically typed: a value edited by hand into the wrong
+        // type surfaces here.
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_) => StoreError::Corrupt {
+            backend: BACKEND,
+            detail: e.to_string(),
+        },
+        other => StoreError::Backend {
+            backend: BACKEND,
+            source: Box::new(other),
+        },
+    }
+}
+
+/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), including their extended codes.
+fn is_busy(code: Option<&str>) -> bool {
+    code.and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        backend: BACKEND,
+        detail: detail.into(),
+    }
+}

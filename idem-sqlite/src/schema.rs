@@ -1,0 +1,70 @@
+//! The shipped migration and the statements, all fixed at compile time.
+
+/// The DDL of `migrations/0001_idem.sql` (idempotent).
+pub const MIGRATION: &str = include_str!("../migrations/0001_idem.sql");
+
+/// The claim: insert when absent; overwrite when the key expired; take over a
+/// released record or an expired lease with the same fingerprint. Returns a
+/// row only when the caller won. `?8` is the engine's `now`.
+pub(crate) const CLAIM: &str = "
+INSERT INTO idem_records
+    (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+     takeover, resource_id, outcome, response, response_expires_at, key_expires_at)
+VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, ?7)
+ON CONFLICT (owner, operation, key) DO UPDATE SET
+    takeover = CASE
+        WHEN idem_records.key_expires_at <= ?8 THEN NULL
+        WHEN idem_records.state = 'released' THEN 'released'
+        ELSE 'lease_expired' END,
+    attempt = CASE WHEN idem_records.key_expires_at <= ?8 THEN 1 ELSE idem_records.attempt + 1 END,
+    resource_id = CASE WHEN idem_records.key_expires_at <= ?8 THEN NULL ELSE idem_records.resource_id END,
+    key_expires_at = CASE WHEN idem_records.key_expires_at <= ?8
+        THEN excluded.key_expires_at ELSE idem_records.key_expires_at END,
+    fingerprint = excluded.fingerprint,
+    state = 'in_flight',
+    token = excluded.token,
+    lease_until = excluded.lease_until,
+    outcome = NULL,
+    response = NULL,
+    response_expires_at = NULL
+WHERE idem_records.key_expires_at <= ?8
+   OR (idem_records.fingerprint = excluded.fingerprint
+       AND (idem_records.state = 'released'
+            OR (idem_records.state = 'in_flight' AND idem_records.lease_until <= ?8)))
+RETURNING attempt, takeover, resource_id";
+
+/// Reads a live record; the body only while `now < response_expires_at`.
+pub(crate) const FETCH: &str = "
+SELECT fingerprint, state, attempt, lease_until, resource_id, outcome,
+       CASE WHEN response_expires_at > ?4 THEN response END AS response,
+       response_expires_at, key_expires_at
+FROM idem_records
+WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND key_expires_at > ?4";
+
+/// Every guarded write ends with this condition on `?1..?4`.
+macro_rules! guarded {
+    ($set:literal) => {
+        concat!(
+            "UPDATE idem_records SET ",
+            $set,
+            " WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND token = ?4 AND state = 'in_flight'"
+        )
+    };
+}
+
+pub(crate) const COMPLETE: &str = guarded!(
+    "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
+     key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)"
+);
+pub(crate) const RELEASE: &str = guarded!("state = 'released', lease_until = ?5");
+pub(crate) const CHECKPOINT: &str = guarded!("resource_id = ?5");
+pub(crate) const EXTEND: &str = guarded!("lease_until = ?5");
+
+/// Bounded purges, each driven by its index.
+pub(crate) const PURGE_KEYS: &str = "
+DELETE FROM idem_records WHERE rowid IN (
+    SELECT rowid FROM idem_records WHERE key_expires_at <= ?1 LIMIT ?2)";
+pub(crate) const PURGE_BODIES: &str = "
+UPDATE idem_records SET response = NULL WHERE rowid IN (
+    SELECT rowid FROM idem_records
+    WHERE response IS NOT NULL AND response_expires_at <= ?1 LIMIT ?2)";

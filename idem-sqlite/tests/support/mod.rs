@@ -1,0 +1,55 @@
+//! Fixtures: a fresh database file (or memory database) per test.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+
+use idem_core::IdempotencyKey;
+use idem_core::testkit::Fixture;
+use idem_sqlite::SqliteStore;
+
+/// A database file in the temp dir, deleted (with its WAL files) on teardown.
+pub struct FileDb {
+    pub store: SqliteStore,
+    pub path: PathBuf,
+}
+
+impl FileDb {
+    pub async fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("idem-test-{}.db", IdempotencyKey::random()));
+        let store = SqliteStore::open(&path).await.expect("open sqlite file");
+        Self { store, path }
+    }
+}
+
+impl Fixture for FileDb {
+    type Store = SqliteStore;
+    fn store(&self) -> SqliteStore {
+        self.store.clone()
+    }
+    async fn teardown(self) {
+        self.store.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// A private in-memory database.
+pub struct MemoryDb(pub SqliteStore);
+
+impl Fixture for MemoryDb {
+    type Store = SqliteStore;
+    fn store(&self) -> SqliteStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        self.0.pool().close().await;
+    }
+}
+
+pub async fn memory() -> MemoryDb {
+    MemoryDb(SqliteStore::memory().await.expect("memory sqlite"))
+}
