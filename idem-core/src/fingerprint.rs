@@ -195,18 +195,24 @@ pub fn fingerprint<R: Serialize + ?Sized>(
 }
 
 /// Iterative depth check, so a hostile value cannot overflow the stack here.
+/// Only containers are pushed, and nothing is boxed: one allocation at most.
 fn exceeds_depth(value: &Value, limit: usize) -> bool {
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
+    fn push<'a>(stack: &mut Vec<(&'a Value, usize)>, v: &'a Value, depth: usize) {
+        if matches!(v, Value::Array(_) | Value::Object(_)) {
+            stack.push((v, depth));
+        }
+    }
+    let mut stack: Vec<(&Value, usize)> = Vec::new();
+    push(&mut stack, value, 1);
     while let Some((v, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(a) => Box::new(a.iter()),
-            Value::Object(m) => Box::new(m.values()),
-            _ => continue,
-        };
         if depth > limit {
             return true;
         }
-        stack.extend(children.map(|c| (c, depth + 1)));
+        match v {
+            Value::Array(items) => items.iter().for_each(|c| push(&mut stack, c, depth + 1)),
+            Value::Object(map) => map.values().for_each(|c| push(&mut stack, c, depth + 1)),
+            _ => {}
+        }
     }
     false
 }
