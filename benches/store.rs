@@ -1,3 +1,242 @@
-//! Store benches (placeholder while the workload lands).
+//! Store benches: for each backend and scenario, the library call
+//! (`Idem::execute`) and its raw-driver baseline (the same statements or
+//! script calls through the same pool or connection) in one criterion group,
+//! so their ratio comes from one run on one machine.
+//!
+//! Scenarios: a fresh key (claim, no-op work returning the body, complete), a
+//! replay of a completed key, and contention (64 tasks on 16 hot keys:
+//! claims, conflicts and replays mixed); 1, 8 and 64 concurrent tasks;
+//! 256-byte and 4 KiB bodies.
+//!
+//! Backends: `MemoryStore` (baseline: a `HashMap` behind a `Mutex`), SQLite
+//! file (WAL) and SQLite memory with the `sqlite` feature.
+//!
+//! Run with: `cargo bench --bench store` (`IDEM_BENCH_QUICK=1` for a short
+//! run; a criterion filter such as `-- sqlite-file` picks groups). A table of
+//! ratios is printed at the end and written to `target/idem-bench-store.md`.
 
-fn main() {}
+#[allow(dead_code, reason = "each bench uses a part of the shared helpers")]
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::stores::memory::RawMemory;
+use common::stores::workload::{Lib, Plan, Scenario, Target, run, run_id};
+use criterion::{Criterion, Throughput};
+use idem_core::MemoryStore;
+use tokio::runtime::Runtime;
+
+/// Totals per group and side, for the ratio table.
+#[derive(Debug, Default)]
+struct Summary {
+    rows: Mutex<BTreeMap<String, Row>>,
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    /// Nanoseconds per call of every sample, library and raw baseline.
+    lib: Vec<f64>,
+    raw: Vec<f64>,
+    mix: Option<String>,
+}
+
+/// Calls per second at the median sample (robust to the odd stall of a
+/// shared machine, as criterion's own estimates are).
+fn median_rate(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.get(s.len() / 2) {
+        Some(&ns) if ns > 0.0 => 1e9 / ns,
+        _ => 0.0,
+    }
+}
+
+impl Summary {
+    fn add(&self, group: &str, lib: bool, calls: u64, took: Duration) {
+        let mut rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let row = rows.entry(group.to_owned()).or_default();
+        let side = if lib { &mut row.lib } else { &mut row.raw };
+        side.push(took.as_nanos() as f64 / calls.max(1) as f64);
+    }
+
+    fn mix(&self, group: &str, mix: String) {
+        let mut rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        rows.entry(group.to_owned()).or_default().mix = Some(mix);
+    }
+
+    fn table(&self) -> String {
+        let rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = String::from(
+            "| group | idem ops/s | raw ops/s | idem / raw | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---|\n",
+        );
+        for (group, row) in rows.iter() {
+            let (l, r) = (median_rate(&row.lib), median_rate(&row.raw));
+            let ratio = if r > 0.0 { l / r } else { 0.0 };
+            out.push_str(&format!(
+                "| {group} | {l:.0} | {r:.0} | {ratio:.2} | {} |\n",
+                row.mix.as_deref().unwrap_or("")
+            ));
+        }
+        out
+    }
+}
+
+fn concurrencies(scenario: Scenario) -> &'static [usize] {
+    match scenario {
+        Scenario::Contended => &[64],
+        _ => &[1, 8, 64],
+    }
+}
+
+/// Every scenario and concurrency of one backend and body size.
+fn bench_pair<L: Target, R: Target>(
+    c: &mut Criterion,
+    rt: &Runtime,
+    summary: &Arc<Summary>,
+    backend: &str,
+    body: usize,
+    lib: L,
+    raw: R,
+) {
+    let run_id = run_id();
+    let lib = Arc::new(Plan::new(lib, format!("{run_id}-{backend}-lib-{body}")));
+    let raw = Arc::new(Plan::new(raw, format!("{run_id}-{backend}-raw-{body}")));
+    rt.block_on(lib.prepare_replays());
+    rt.block_on(raw.prepare_replays());
+    for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
+        for &tasks in concurrencies(scenario) {
+            let group = format!("{backend}/{}/{body}B/c{tasks}", scenario.name());
+            let mut g = c.benchmark_group(&group);
+            g.throughput(Throughput::Elements(1));
+            g.bench_function("idem", |b| {
+                b.iter_custom(|calls| {
+                    let took = rt
+                        .block_on(run(&lib, scenario, tasks, calls, false))
+                        .elapsed;
+                    summary.add(&group, true, calls, took);
+                    took
+                });
+            });
+            g.bench_function("raw", |b| {
+                b.iter_custom(|calls| {
+                    let took = rt
+                        .block_on(run(&raw, scenario, tasks, calls, false))
+                        .elapsed;
+                    summary.add(&group, false, calls, took);
+                    took
+                });
+            });
+            g.finish();
+        }
+    }
+    let m = &lib.mix;
+    let mix = format!(
+        "{}/{}/{}",
+        m.executed.load(Ordering::Relaxed),
+        m.replayed.load(Ordering::Relaxed),
+        m.conflicts.load(Ordering::Relaxed)
+    );
+    summary.mix(&format!("{backend}/contended/{body}B/c64"), mix);
+}
+
+fn memory(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    for body in common::stores::BODIES {
+        bench_pair(
+            c,
+            rt,
+            summary,
+            "memory",
+            body,
+            Lib::new(MemoryStore::new(), body),
+            RawMemory::new(body),
+        );
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    use common::stores::TempDb;
+    use common::stores::sqlite::RawSqlite;
+    use idem_sqlite::SqliteStore;
+
+    for body in common::stores::BODIES {
+        let db = TempDb::new(&format!("file-{body}"));
+        let store = rt
+            .block_on(SqliteStore::open(&db.0))
+            .expect("open SQLite file");
+        let raw = RawSqlite::new(&store, body);
+        bench_pair(
+            c,
+            rt,
+            summary,
+            "sqlite-file",
+            body,
+            Lib::new(store, body),
+            raw,
+        );
+
+        let store = rt
+            .block_on(SqliteStore::memory())
+            .expect("open SQLite memory");
+        let raw = RawSqlite::new(&store, body);
+        bench_pair(
+            c,
+            rt,
+            summary,
+            "sqlite-memory",
+            body,
+            Lib::new(store, body),
+            raw,
+        );
+    }
+}
+
+/// `IDEM_STORE_PROFILE=fresh|replay` makes 20,000 such calls on
+/// `MemoryStore` through the library and exits: a fixed loop for
+/// `valgrind --tool=callgrind` to count what the engine adds.
+fn profile(which: &str, rt: &Runtime) {
+    let scenario = if which == "fresh" {
+        Scenario::Fresh
+    } else {
+        Scenario::Replay
+    };
+    let plan = Arc::new(Plan::new(Lib::new(MemoryStore::new(), 256), run_id()));
+    rt.block_on(plan.prepare_replays());
+    let took = rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed;
+    println!("{which}: 20000 calls in {took:?}");
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Ok(which) = std::env::var("IDEM_STORE_PROFILE") {
+        profile(&which, &rt);
+        return;
+    }
+    let summary = Arc::new(Summary::default());
+    let mut c = common::criterion();
+    memory(&mut c, &rt, &summary);
+    #[cfg(feature = "sqlite")]
+    sqlite(&mut c, &rt, &summary);
+    c.final_summary();
+    let table = summary.table();
+    println!("\n{table}");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/idem-bench-store.md");
+    if let Err(e) = std::fs::write(&path, &table) {
+        eprintln!("could not write {}: {e}", path.display());
+    }
+}

@@ -1,6 +1,7 @@
 //! Helpers shared by the benches (each bench uses a part of them).
 
 pub(crate) mod doc;
+pub(crate) mod stores;
 
 use std::time::Duration;
 

@@ -1,0 +1,251 @@
+//! The workload every store bench runs, through the library and through the
+//! raw driver alike: fresh keys, replays, and 64 tasks on 16 hot keys.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idem_core::{Error, HttpResponse, Idem, Outcome, Scope, Store};
+use serde_json::{Value, json};
+
+/// Owner and operation of every bench record.
+pub(crate) const OWNER: &str = "bench-owner";
+pub(crate) const OPERATION: &str = "POST /payments";
+
+/// Records kept completed for the replay scenario, per target.
+pub(crate) const REPLAY_KEYS: u64 = 256;
+/// Hot keys of the contention scenario.
+pub(crate) const HOT_KEYS: u64 = 16;
+/// Calls per hot key before the scenario moves to 16 new keys, so claims,
+/// conflicts (409 in flight) and replays keep mixing.
+pub(crate) const CALLS_PER_HOT_KEY: u64 = 16;
+
+/// What one call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// A new key: claim, work (a no-op returning the body), complete.
+    Fresh,
+    /// A completed key: the stored body comes back.
+    Replay,
+    /// Hot keys shared by all tasks: claims, conflicts and replays mixed.
+    Contended,
+}
+
+impl Scenario {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Replay => "replay",
+            Self::Contended => "contended",
+        }
+    }
+}
+
+/// How a contended call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// It claimed the key and ran the work.
+    Executed,
+    /// It got the stored body back.
+    Replayed,
+    /// The first attempt was still in flight (409).
+    Conflict,
+}
+
+/// One side of a comparison: the library, or the same statements without it.
+pub(crate) trait Target: Send + Sync + 'static {
+    /// Claim, no-op work, complete.
+    fn fresh(&self, key: &str) -> impl Future<Output = ()> + Send;
+    /// Read back a completed key's body.
+    fn replay(&self, key: &str) -> impl Future<Output = ()> + Send;
+    /// A call on a hot key.
+    fn contended(&self, key: &str) -> impl Future<Output = Ended> + Send;
+}
+
+/// A run-unique prefix, so fresh keys never collide with earlier runs on a
+/// persistent server.
+pub(crate) fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{}", nanos & 0xffff_ffff_ffff, std::process::id())
+}
+
+/// The request every call sends (the library fingerprints it each time).
+pub(crate) fn request() -> Value {
+    json!({
+        "amount": 1000,
+        "currency": "eur",
+        "customer": "cus_4QFpXhT2",
+        "description": "Order #1234, 2 items",
+        "metadata": {"cart": "c_8812", "channel": "web"},
+    })
+}
+
+/// The response body: `len` bytes of JSON-ish text.
+pub(crate) fn body(len: usize) -> Vec<u8> {
+    let pattern = br#"{"id":"ch_3MqLiJ","object":"charge","amount":1000,"status":"succeeded"}"#;
+    pattern.iter().copied().cycle().take(len).collect()
+}
+
+/// The library side: `Idem::execute` over a store.
+#[derive(Debug)]
+pub(crate) struct Lib<S> {
+    idem: Idem<S>,
+    scope: Scope,
+    request: Value,
+    response: HttpResponse,
+}
+
+impl<S: Store> Lib<S> {
+    pub(crate) fn new(store: S, body_len: usize) -> Self {
+        Self {
+            idem: Idem::new(store),
+            scope: Scope::new(OWNER, OPERATION).expect("valid scope"),
+            request: request(),
+            response: HttpResponse::new(200, Vec::new(), body(body_len)),
+        }
+    }
+
+    async fn call(&self, key: &str) -> Result<idem_core::Reply<HttpResponse, HttpResponse>, Error> {
+        let response = self.response.clone();
+        self.idem
+            .execute(&self.scope, key, &self.request, move |_attempt| async move {
+                Outcome::<HttpResponse, HttpResponse>::Success(response)
+            })
+            .await
+    }
+}
+
+impl<S: Store> Target for Lib<S> {
+    async fn fresh(&self, key: &str) {
+        let reply = self.call(key).await.expect("fresh call");
+        assert!(!reply.is_replay(), "a fresh key was a replay");
+    }
+
+    async fn replay(&self, key: &str) {
+        let reply = self.call(key).await.expect("replay call");
+        assert!(reply.is_replay(), "a completed key ran again");
+        std::hint::black_box(reply);
+    }
+
+    async fn contended(&self, key: &str) -> Ended {
+        match self.call(key).await {
+            Ok(r) if r.is_replay() => Ended::Replayed,
+            Ok(_) => Ended::Executed,
+            Err(Error::InFlight { .. }) => Ended::Conflict,
+            Err(e) => panic!("contended call failed: {e}"),
+        }
+    }
+}
+
+/// Counts of how contended calls ended.
+#[derive(Debug, Default)]
+pub(crate) struct Mix {
+    pub(crate) executed: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+    pub(crate) conflicts: AtomicU64,
+}
+
+/// One target, one scenario: the keys it uses and the calls it makes.
+#[derive(Debug)]
+pub(crate) struct Plan<T> {
+    target: T,
+    prefix: String,
+    next: AtomicU64,
+    pub(crate) mix: Mix,
+}
+
+impl<T: Target> Plan<T> {
+    /// A plan whose keys start with `prefix` (make it unique per target and
+    /// run: `{run_id}-{backend}-{lib|raw}-{body}`).
+    pub(crate) fn new(target: T, prefix: String) -> Self {
+        Self {
+            target,
+            prefix,
+            next: AtomicU64::new(0),
+            mix: Mix::default(),
+        }
+    }
+
+    /// Completes the replay scenario's keys.
+    pub(crate) async fn prepare_replays(&self) {
+        for j in 0..REPLAY_KEYS {
+            self.target.fresh(&format!("{}-r{j}", self.prefix)).await;
+        }
+    }
+
+    /// Makes call number `n` (numbers never repeat within a plan).
+    pub(crate) async fn call(&self, scenario: Scenario, n: u64) {
+        match scenario {
+            Scenario::Fresh => self.target.fresh(&format!("{}-f{n}", self.prefix)).await,
+            Scenario::Replay => {
+                let key = format!("{}-r{}", self.prefix, n % REPLAY_KEYS);
+                self.target.replay(&key).await;
+            }
+            Scenario::Contended => {
+                let round = n / (HOT_KEYS * CALLS_PER_HOT_KEY);
+                let key = format!("{}-c{round}-{}", self.prefix, n % HOT_KEYS);
+                let counter = match self.target.contended(&key).await {
+                    Ended::Executed => &self.mix.executed,
+                    Ended::Replayed => &self.mix.replayed,
+                    Ended::Conflict => &self.mix.conflicts,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// Wall time for all calls.
+    pub(crate) elapsed: Duration,
+    /// Per-call latencies in nanoseconds, when asked for.
+    pub(crate) latencies: Vec<u64>,
+}
+
+/// Makes `calls` calls of `scenario` from `tasks` tasks sharing the work,
+/// and measures the wall time (and each call's latency if `record`).
+pub(crate) async fn run<T: Target>(
+    plan: &Arc<Plan<T>>,
+    scenario: Scenario,
+    tasks: usize,
+    calls: u64,
+    record: bool,
+) -> Run {
+    let start_n = plan.next.fetch_add(calls, Ordering::Relaxed);
+    let issued = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks.max(1))
+        .map(|_| {
+            let plan = Arc::clone(plan);
+            let issued = Arc::clone(&issued);
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let i = issued.fetch_add(1, Ordering::Relaxed);
+                    if i >= calls {
+                        break;
+                    }
+                    let t = Instant::now();
+                    plan.call(scenario, start_n + i).await;
+                    if record {
+                        latencies.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for h in handles {
+        latencies.extend(h.await.expect("bench task panicked"));
+    }
+    Run {
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
