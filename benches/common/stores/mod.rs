@@ -3,11 +3,32 @@
 //! its raw-driver baseline doing the same statements or script calls.
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod workload;
 
 use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Response and key lifetime of bench records (library and raw alike): short,
+/// so anything a failed run leaves behind expires on its own.
+pub(crate) const TTL: Duration = Duration::from_secs(600);
+pub(crate) const TTL_MS: i64 = 600_000;
+
+/// Lease of a claim, library and raw alike.
+pub(crate) const LEASE: Duration = Duration::from_secs(60);
+pub(crate) const LEASE_MS: i64 = 60_000;
+
+/// Unix milliseconds now.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 /// The response body sizes measured.
 pub(crate) const BODIES: [usize; 2] = [256, 4096];

@@ -8,12 +8,12 @@
 //! statements, through the library and here alike).
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, Row, SqlitePool};
 
 use super::workload::{Ended, OPERATION, OWNER, Target, body};
+use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// Copied from `idem-sqlite/src/schema.rs` (`CLAIM`).
 const CLAIM: &str = "
@@ -56,14 +56,6 @@ const COMPLETE: &str = "UPDATE idem_records SET state = 'completed', outcome = ?
      response_expires_at = ?7, key_expires_at = ?8, resource_id = COALESCE(?9, resource_id) \
      WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND token = ?4 AND state = 'in_flight'";
 
-const DAY_MS: i64 = 86_400_000;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// The statements of `SqliteStore` on its own pool.
 #[derive(Debug)]
 pub(crate) struct RawSqlite {
@@ -94,8 +86,8 @@ impl RawSqlite {
             .bind(key)
             .bind(self.fingerprint.as_slice())
             .bind(token)
-            .bind(now + 60_000)
-            .bind(now + 30 * DAY_MS)
+            .bind(now + LEASE_MS)
+            .bind(now + TTL_MS)
             .bind(now)
             .fetch_optional(&self.pool)
             .await
@@ -124,8 +116,8 @@ impl RawSqlite {
             .bind(token)
             .bind("success")
             .bind(self.body.as_slice())
-            .bind(now + DAY_MS)
-            .bind(now + 30 * DAY_MS)
+            .bind(now + TTL_MS)
+            .bind(now + TTL_MS)
             .bind(None::<&str>)
             .execute(&self.pool)
             .await

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::{Error, HttpResponse, Idem, Outcome, Scope, Store};
+use idem_core::{Error, HttpResponse, Idem, Outcome, Policy, Scope, Store};
 use serde_json::{Value, json};
 
 /// Owner and operation of every bench record.
@@ -101,7 +101,14 @@ pub(crate) struct Lib<S> {
 impl<S: Store> Lib<S> {
     pub(crate) fn new(store: S, body_len: usize) -> Self {
         Self {
-            idem: Idem::new(store),
+            idem: Idem::new(store).with_policy(
+                Policy::builder()
+                    .response_ttl(super::TTL)
+                    .key_ttl(super::TTL)
+                    .lease(super::LEASE)
+                    .build()
+                    .expect("valid policy"),
+            ),
             scope: Scope::new(OWNER, OPERATION).expect("valid scope"),
             request: request(),
             response: HttpResponse::new(200, Vec::new(), body(body_len)),
