@@ -7,7 +7,7 @@ pub(crate) mod server;
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
 use idem_redis::RedisStore;
-use idem_redis::redis::{self, AsyncCommands, Client};
+use idem_redis::redis::{self, Client, Commands};
 
 /// The standalone server's URL: `IDEM_REDIS_URL`, or the local default.
 pub(crate) fn standalone_url() -> String {
@@ -40,6 +40,47 @@ pub(crate) async fn standalone_store() -> RedisStore {
 pub(crate) struct RedisFixture {
     pub(crate) store: RedisStore,
     pub(crate) nodes: Vec<String>,
+    cleaned: bool,
+}
+
+impl RedisFixture {
+    fn new(store: RedisStore, nodes: Vec<String>) -> Self {
+        Self {
+            store,
+            nodes,
+            cleaned: false,
+        }
+    }
+}
+
+/// A test that panicked before its teardown still leaves no keys behind:
+/// delete them with a blocking connection (no runtime needed in `drop`).
+impl Drop for RedisFixture {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let pattern = format!("{}*", self.store.prefix().as_str());
+        for url in &self.nodes {
+            let Ok(mut conn) = Client::open(url.as_str()).and_then(|c| c.get_connection()) else {
+                continue;
+            };
+            let keys: Vec<String> = match conn.scan_match(&pattern) {
+                Ok(iter) => iter.filter_map(Result::ok).collect(),
+                Err(_) => continue,
+            };
+            for key in keys {
+                let _: redis::RedisResult<i64> = conn.del(&key);
+            }
+        }
+    }
+}
+
+impl RedisFixture {
+    /// Deletes the test's keys and checks none is left.
+    pub(crate) async fn teardown_checked(self) {
+        Fixture::teardown(self).await;
+    }
 }
 
 impl Fixture for RedisFixture {
@@ -47,7 +88,8 @@ impl Fixture for RedisFixture {
     fn store(&self) -> RedisStore {
         self.store.clone()
     }
-    async fn teardown(self) {
+    async fn teardown(mut self) {
+        self.cleaned = true;
         let left = delete_keys(&self.nodes, self.store.prefix().as_str()).await;
         assert!(left.is_empty(), "keys left behind: {left:?}");
     }
@@ -55,10 +97,7 @@ impl Fixture for RedisFixture {
 
 /// The conformance fixture on standalone Redis.
 pub(crate) async fn standalone() -> RedisFixture {
-    RedisFixture {
-        store: standalone_store().await,
-        nodes: vec![standalone_url()],
-    }
+    RedisFixture::new(standalone_store().await, vec![standalone_url()])
 }
 
 /// The conformance fixture on the cluster (started once per test binary).
@@ -67,10 +106,10 @@ pub(crate) async fn cluster() -> RedisFixture {
     let store = RedisStore::connect_cluster(&nodes)
         .await
         .unwrap_or_else(|e| panic!("cannot reach the Redis Cluster at {nodes:?}: {e}"));
-    RedisFixture {
-        store: store.with_prefix(&unique_prefix()).expect("valid prefix"),
+    RedisFixture::new(
+        store.with_prefix(&unique_prefix()).expect("valid prefix"),
         nodes,
-    }
+    )
 }
 
 /// Every key under `prefix` on each node (`SCAN MATCH`, node by node).
@@ -99,12 +138,25 @@ pub(crate) async fn scan_keys(nodes: &[String], prefix: &str) -> Vec<(String, St
     found
 }
 
-/// Deletes every key under `prefix` (on the node holding it); returns what
-/// is still there afterwards (should be nothing).
+/// Deletes every key under `prefix` (on the node holding it, one pipelined
+/// `DEL` per key, since keys of different slots cannot share a `DEL` on a
+/// cluster); returns what is still there afterwards (should be nothing).
 pub(crate) async fn delete_keys(nodes: &[String], prefix: &str) -> Vec<(String, String)> {
-    for (url, key) in scan_keys(nodes, prefix).await {
-        let mut conn = admin(&url).await;
-        let _: i64 = conn.del(&key).await.expect("DEL");
+    let found = scan_keys(nodes, prefix).await;
+    for url in nodes {
+        let mut conn = admin(url).await;
+        let keys: Vec<&String> = found
+            .iter()
+            .filter(|(u, _)| u == url)
+            .map(|(_, k)| k)
+            .collect();
+        for batch in keys.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for key in batch {
+                pipe.del(*key).ignore();
+            }
+            let _: () = pipe.query_async(&mut conn).await.expect("DEL");
+        }
     }
     scan_keys(nodes, prefix).await
 }

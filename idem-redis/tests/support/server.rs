@@ -153,9 +153,13 @@ impl Throwaway {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// Restarts it (everything is forgotten: no persistence).
-    pub(crate) fn restart(&self) {
+    /// Stops it (without saving anything).
+    pub(crate) fn stop(&self) {
         shutdown(self.port);
+    }
+
+    /// Starts it again on the same port, empty (no persistence).
+    pub(crate) fn start_again(&self) {
         start_server(self.port, &self.dir, &[]);
     }
 }
