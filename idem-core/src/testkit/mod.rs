@@ -2,7 +2,7 @@
 //! every backend against a real server.
 //!
 //! A backend implements [`Fixture`] (how to make an isolated store for one
-//! test, and how to clean it up) and expands [`store_conformance!`]:
+//! test, and how to clean it up) and expands [`store_conformance!`](crate::store_conformance!):
 //!
 //! ```
 //! use idem_core::{MemoryStore, testkit::Fixture};
