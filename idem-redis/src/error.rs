@@ -67,3 +67,58 @@ pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {
         detail: detail.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_and_the_rest_backend() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::ConnectionRefused,
+        ] {
+            let e = store_error(RedisError::from(io::Error::from(kind)));
+            assert!(
+                matches!(
+                    e,
+                    StoreError::Unavailable {
+                        backend: "redis",
+                        ..
+                    }
+                ),
+                "{kind:?}: {e:?}"
+            );
+        }
+        for kind in [
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::BusyLoading,
+        ] {
+            let e = store_error(RedisError::from((ErrorKind::Server(kind), "test")));
+            assert!(
+                matches!(e, StoreError::Unavailable { .. }),
+                "{kind:?}: {e:?}"
+            );
+        }
+        let e = store_error(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "ERR oops",
+        )));
+        assert!(
+            matches!(
+                e,
+                StoreError::Backend {
+                    backend: "redis",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = store_error(RedisError::from((ErrorKind::UnexpectedReturnType, "odd")));
+        assert!(matches!(e, StoreError::Backend { .. }), "{e:?}");
+    }
+}

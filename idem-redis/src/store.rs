@@ -173,12 +173,17 @@ impl RedisStore {
     }
 }
 
-/// Milliseconds from `now` to `deadline` for `PEXPIRE`, at least 1.
+/// The longest native TTL set (about 31,700 years): Redis refuses a
+/// `PEXPIRE` whose deadline overflows, and a saturated deadline would.
+const MAX_TTL_MS: i64 = 1_000_000_000_000_000;
+
+/// Milliseconds from `now` to `deadline` for `PEXPIRE`, from 1 to
+/// [`MAX_TTL_MS`].
 fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
     deadline
         .as_unix_millis()
         .saturating_sub(now.as_unix_millis())
-        .max(1)
+        .clamp(1, MAX_TTL_MS)
 }
 
 impl Store for RedisStore {
@@ -379,5 +384,77 @@ fn unexpected(v: &Value) -> StoreError {
     StoreError::Backend {
         backend: BACKEND,
         source: format!("unexpected reply from a script: {v:?}").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_ttls_stay_within_what_pexpire_accepts() {
+        let now = Timestamp::from_unix_millis(1_700_000_000_000);
+        assert_eq!(
+            ttl_ms(Timestamp::from_unix_millis(1_700_000_000_500), now),
+            500
+        );
+        assert_eq!(ttl_ms(now, now), 1, "a deadline reached still gets 1 ms");
+        assert_eq!(ttl_ms(Timestamp::from_unix_millis(0), now), 1);
+        assert_eq!(
+            ttl_ms(Timestamp::from_unix_millis(i64::MAX), now),
+            MAX_TTL_MS
+        );
+    }
+
+    #[test]
+    fn records_decode_defensively() {
+        let s = |b: &[u8]| Value::BulkString(b.to_vec());
+        let good = [
+            s(&[1; 32]),
+            s(b"completed"),
+            s(b"2"),
+            s(b"10"),
+            s(b"99"),
+            Value::Nil,
+            s(b"success"),
+            s(b"50"),
+            s(b"body"),
+        ];
+        let rec = decode_record(&good).expect("decodes");
+        assert_eq!(rec.state, RecordState::Completed);
+        assert_eq!(rec.attempt, 2);
+        assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
+        assert_eq!(
+            rec.response_expires_at,
+            Some(Timestamp::from_unix_millis(50))
+        );
+        for (i, bad) in [
+            s(b""),
+            s(b"?"),
+            s(b"-1"),
+            s(b"x"),
+            s(b"1.5"),
+            Value::Nil,
+            s(b"no"),
+            s(b"x"),
+            Value::Int(1),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut fields = good.clone();
+            fields[i] = bad;
+            if i == 5 {
+                continue; // a missing resource id is fine
+            }
+            assert!(
+                matches!(decode_record(&fields), Err(StoreError::Corrupt { .. })),
+                "field {i}"
+            );
+        }
+        assert!(matches!(
+            decode_record(&good[..8]),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 }

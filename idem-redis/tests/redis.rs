@@ -326,6 +326,31 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
         corrupt(store.claim(&claim_req(&id, &clock)).await, field);
     }
 
+    // A body replaced by another type.
+    let id = record_id(&scope);
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("claim");
+    let now = clock.now();
+    let done = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(b"ok"),
+        resource_id: None,
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    store
+        .complete(&id, req.token, &done)
+        .await
+        .expect("complete");
+    let _: () = admin.del(store.body_key(&id)).await.expect("DEL");
+    let _: i64 = admin
+        .rpush(store.body_key(&id), "garbage")
+        .await
+        .expect("RPUSH");
+    corrupt(store.fetch(&id, clock.now()).await, "body is a list");
+    corrupt(store.claim(&claim_req(&id, &clock)).await, "body is a list");
+
     // A key of the record holding another type.
     let id = record_id(&scope);
     let _: () = admin
