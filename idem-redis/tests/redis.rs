@@ -146,6 +146,39 @@ async fn scripts_are_reloaded_after_script_flush() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_every_cluster_node_after_script_flush() {
+    let fixture = support::cluster().await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(fixture.store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    // Keys spread over the slots of every primary.
+    let keys: Vec<String> = (0..24).map(|i| format!("flush-{i}")).collect();
+    for round in 0..2 {
+        for url in &fixture.nodes {
+            let mut node = support::admin(url).await;
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut node)
+                .await
+                .expect("SCRIPT FLUSH");
+        }
+        for key in &keys {
+            let r = runs.clone();
+            let reply = idem
+                .execute(&scope, key.as_str(), &request(), |_| async move {
+                    r.hit();
+                    Out::Success("ch".into())
+                })
+                .await
+                .expect("EVALSHA falls back to SCRIPT LOAD on the primaries");
+            assert_eq!(reply.is_replay(), round > 0);
+        }
+    }
+    assert_eq!(runs.get(), keys.len());
+    fixture.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_kill_mid_call_is_a_typed_error_and_never_runs_twice() {
     let server = Throwaway::start();
     let store = impatient_store(&server.url()).await;
