@@ -44,6 +44,36 @@ async fn wait_until_reachable(store: &RedisStore, id: &RecordId, now: idem_core:
     panic!("the store did not reconnect within 5 s");
 }
 
+/// Waits until another client has a parsed command waiting (`argv-mem`
+/// above zero in `CLIENT LIST`): the call is really in flight, held by the
+/// pause.
+async fn wait_until_a_command_is_paused(admin: &mut MultiplexedConnection) {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(admin)
+        .await
+        .expect("CLIENT ID");
+    for _ in 0..250 {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(admin)
+            .await
+            .expect("CLIENT LIST");
+        let waiting = list.lines().any(|l| {
+            let field = |name: &str| l.split(' ').find_map(|f| f.strip_prefix(name));
+            field("id=") != Some(me.to_string().as_str())
+                && field("argv-mem=")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|m| m > 0)
+        });
+        if waiting {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the claim never reached the paused server");
+}
+
 async fn kill_other_clients(admin: &mut MultiplexedConnection) -> i64 {
     redis::cmd("CLIENT")
         .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
@@ -109,7 +139,7 @@ async fn client_kill_mid_call_is_a_typed_error_and_never_runs_twice() {
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until_a_command_is_paused(&mut admin).await;
     assert!(
         kill_other_clients(&mut admin).await >= 1,
         "the store's connection was killed"
