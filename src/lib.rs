@@ -9,3 +9,9 @@ pub use idem_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 #[doc(inline)]
 pub use idem_sqlite as sqlite;
+
+/// The Redis backend (standalone and Redis Cluster).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use idem_redis as redis;
