@@ -22,7 +22,7 @@ use crate::error::{Error, store_error};
 /// [`Error::ClaimContention`]. Each retry needs a concurrent writer to
 /// change the same record within one statement's time, so this is never
 /// reached in practice.
-const CLAIM_TRIES: u32 = 8;
+pub(crate) const CLAIM_TRIES: u32 = 8;
 
 /// The PostgreSQL idempotency store. Cheap to clone (a pool and two `Arc`s).
 ///

@@ -2,6 +2,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
 use idem_postgres::PgStore;
