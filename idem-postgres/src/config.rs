@@ -39,7 +39,11 @@ impl TableName {
 /// Accepts `[A-Za-z_][A-Za-z0-9_]*` up to `max` bytes: no quoting tricks,
 /// no `;`, nothing that needs escaping. The name is used quoted (so its case
 /// is kept as given).
-pub(crate) fn validate_identifier(what: &'static str, name: &str, max: usize) -> Result<String, Error> {
+pub(crate) fn validate_identifier(
+    what: &'static str,
+    name: &str,
+    max: usize,
+) -> Result<String, Error> {
     let invalid = |reason| Err(Error::InvalidIdentifier { what, reason });
     let mut chars = name.chars();
     let Some(first) = chars.next() else {
@@ -119,8 +123,14 @@ impl PgStore {
     /// # Errors
     ///
     /// [`Error::Sqlx`] when the server is unreachable.
-    pub async fn connect_with(pool: PgPoolOptions, options: PgConnectOptions) -> Result<Self, Error> {
-        let pool = pool.test_before_acquire(false).connect_with(options).await?;
+    pub async fn connect_with(
+        pool: PgPoolOptions,
+        options: PgConnectOptions,
+    ) -> Result<Self, Error> {
+        let pool = pool
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
         Ok(Self::new(pool))
     }
 
@@ -136,7 +146,11 @@ impl PgStore {
             table,
             ..self.name().clone()
         };
-        Ok(Self::build(self.pool().clone(), name, self.tx_lock_timeout()))
+        Ok(Self::build(
+            self.pool().clone(),
+            name,
+            self.tx_lock_timeout(),
+        ))
     }
 
     /// Uses another schema (default `public`); [`PgStore::migrate`] creates
@@ -152,7 +166,11 @@ impl PgStore {
             schema,
             ..self.name().clone()
         };
-        Ok(Self::build(self.pool().clone(), name, self.tx_lock_timeout()))
+        Ok(Self::build(
+            self.pool().clone(),
+            name,
+            self.tx_lock_timeout(),
+        ))
     }
 
     /// How long the transactional mode waits for a concurrent duplicate's
@@ -176,7 +194,10 @@ mod tests {
     #[test]
     fn identifiers_are_validated() {
         for ok in ["idem_records", "_t", "T1", "a".repeat(40).as_str()] {
-            assert!(validate_identifier("table", ok, MAX_TABLE_NAME_LEN).is_ok(), "{ok}");
+            assert!(
+                validate_identifier("table", ok, MAX_TABLE_NAME_LEN).is_ok(),
+                "{ok}"
+            );
         }
         for bad in [
             "",

@@ -74,7 +74,10 @@ impl From<Error> for StoreError {
             source: Box::new(source),
         };
         match e {
-            Error::Corrupt { detail } => Self::Corrupt { backend: BACKEND, detail },
+            Error::Corrupt { detail } => Self::Corrupt {
+                backend: BACKEND,
+                detail,
+            },
             Error::Sqlx(
                 sqlx::Error::ColumnDecode { .. }
                 | sqlx::Error::Decode(_)
@@ -94,7 +97,9 @@ impl From<Error> for StoreError {
                 | sqlx::Error::WorkerCrashed,
             )
             | Error::ClaimContention { .. } => unavailable(e),
-            Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => unavailable(e),
+            Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => {
+                unavailable(e)
+            }
             other => Self::Backend {
                 backend: BACKEND,
                 source: Box::new(other),
@@ -116,12 +121,21 @@ mod tests {
     fn mapping_classifies_driver_errors() {
         let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(matches!(store_error(io), StoreError::Unavailable { .. }));
-        assert!(matches!(store_error(sqlx::Error::PoolTimedOut), StoreError::Unavailable { .. }));
+        assert!(matches!(
+            store_error(sqlx::Error::PoolTimedOut),
+            StoreError::Unavailable { .. }
+        ));
         let decode = sqlx::Error::Decode("bad".into());
         assert!(matches!(store_error(decode), StoreError::Corrupt { .. }));
         let corrupt = Error::Corrupt { detail: "x".into() };
-        assert!(matches!(StoreError::from(corrupt), StoreError::Corrupt { .. }));
-        assert!(matches!(store_error(sqlx::Error::RowNotFound), StoreError::Backend { .. }));
+        assert!(matches!(
+            StoreError::from(corrupt),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            store_error(sqlx::Error::RowNotFound),
+            StoreError::Backend { .. }
+        ));
         assert!(is_unavailable_state("08006"));
         assert!(is_unavailable_state("57P01"));
         assert!(!is_unavailable_state("23505"));

@@ -7,7 +7,9 @@ mod schema;
 mod store;
 mod transactional;
 
-pub use config::{DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN, MAX_TABLE_NAME_LEN};
+pub use config::{
+    DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN, MAX_TABLE_NAME_LEN,
+};
 pub use error::Error;
 pub use schema::MIGRATION;
 pub use sqlx;

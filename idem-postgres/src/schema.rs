@@ -54,7 +54,9 @@ impl PgStore {
             .await?;
         // Several statements in one simple-protocol query; the text is the
         // shipped file with validated identifiers spliced in.
-        sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql())).execute(&mut *tx).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }

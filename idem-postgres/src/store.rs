@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous, PurgeReport, RecordState,
-    StoredRecord, TakeoverReason,
-};
 use idem_core::store::Token;
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
+    PurgeReport, RecordState, StoredRecord, TakeoverReason,
+};
 use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
@@ -48,7 +48,12 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    pub(crate) fn from_parts(pool: PgPool, name: Arc<TableName>, sql: Arc<Statements>, tx_lock_timeout: Duration) -> Self {
+    pub(crate) fn from_parts(
+        pool: PgPool,
+        name: Arc<TableName>,
+        sql: Arc<Statements>,
+        tx_lock_timeout: Duration,
+    ) -> Self {
         Self {
             pool,
             name,
@@ -111,7 +116,9 @@ impl Statements {
     pub(crate) fn new(name: &TableName) -> Self {
         let t = name.qualified();
         let pk = "owner = $1 AND operation = $2 AND key = $3";
-        let guarded = |set: &str| format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'");
+        let guarded = |set: &str| {
+            format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'")
+        };
         Self {
             // The claim, in one statement. Parameters: $1 owner, $2 operation,
             // $3 key, $4 fingerprint, $5 token, $6 now, $7 lease_until,
@@ -235,19 +242,24 @@ fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgr
 fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
     let corrupt = |detail: String| Error::Corrupt { detail };
     let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint =
-        Fingerprint::from_slice(&fp).map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
+    let fingerprint = Fingerprint::from_slice(&fp)
+        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
     let state: String = row.try_get("state")?;
-    let state = RecordState::parse(&state).ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
+    let state = RecordState::parse(&state)
+        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
     let outcome = match row.try_get::<Option<String>, _>("outcome")? {
         None => None,
-        Some(o) => Some(OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?),
+        Some(o) => Some(
+            OutcomeKind::parse(&o)
+                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
+        ),
     };
     if state == RecordState::Completed && outcome.is_none() {
         return Err(corrupt("completed record without an outcome".to_owned()));
     }
     let attempt: i32 = row.try_get("attempt")?;
-    let attempt = u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
+    let attempt =
+        u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
     Ok(StoredRecord {
         fingerprint,
         state,
@@ -256,7 +268,9 @@ fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
         resource_id: row.try_get("resource_id")?,
         outcome,
         response: row.try_get("response")?,
-        response_expires_at: row.try_get::<Option<i64>, _>("response_expires_at")?.map(Timestamp::from_unix_millis),
+        response_expires_at: row
+            .try_get::<Option<i64>, _>("response_expires_at")?
+            .map(Timestamp::from_unix_millis),
         key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
     })
 }
@@ -348,7 +362,14 @@ impl PgStore {
         token: Token,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        self.guarded(conn, &self.sql.release, id, token, GuardedValue::Int(now.as_unix_millis())).await
+        self.guarded(
+            conn,
+            &self.sql.release,
+            id,
+            token,
+            GuardedValue::Int(now.as_unix_millis()),
+        )
+        .await
     }
 
     async fn guarded<'c>(
@@ -359,12 +380,22 @@ impl PgStore {
         token: Token,
         value: GuardedValue<'_>,
     ) -> Result<(), StoreError> {
-        let query = q(sql).bind(id.owner()).bind(id.operation()).bind(id.key().as_str()).bind(token.as_i64());
+        let query = q(sql)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64());
         let query = match value {
             GuardedValue::Int(v) => query.bind(v),
             GuardedValue::Text(v) => query.bind(v),
         };
-        fenced(query.execute(conn).await.map_err(store_error)?.rows_affected())
+        fenced(
+            query
+                .execute(conn)
+                .await
+                .map_err(store_error)?
+                .rows_affected(),
+        )
     }
 }
 
@@ -376,11 +407,15 @@ enum GuardedValue<'a> {
 /// One row changed: the token held. None: the lease is lost (or the record
 /// is gone, or no longer in flight).
 fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
 }
 
 impl Store for PgStore {
-    /// One statement; run again (at most [`CLAIM_TRIES`] times in all) only
+    /// One statement; run again (at most 8 times in all) only
     /// when it lost a race to a concurrent writer on the same record, which
     /// the next run, with a fresh snapshot, sees committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
@@ -388,12 +423,20 @@ impl Store for PgStore {
             if let Some(outcome) = self.claim_once(&self.pool, req).await? {
                 return Ok(outcome);
             }
-            debug!(attempt, "claim lost a race; running it again with a fresh snapshot");
+            debug!(
+                attempt,
+                "claim lost a race; running it again with a fresh snapshot"
+            );
         }
         Err(Error::ClaimContention { tries: CLAIM_TRIES }.into())
     }
 
-    async fn complete(&self, id: &RecordId, token: Token, completion: &Completion<'_>) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
         self.complete_on(&self.pool, id, token, completion).await
     }
 
@@ -401,17 +444,38 @@ impl Store for PgStore {
         self.release_on(&self.pool, id, token, now).await
     }
 
-    async fn checkpoint(&self, id: &RecordId, token: Token, resource_id: &str) -> Result<(), StoreError> {
-        self.guarded(&self.pool, &self.sql.checkpoint, id, token, GuardedValue::Text(resource_id))
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
+        self.guarded(
+            &self.pool,
+            &self.sql.checkpoint,
+            id,
+            token,
+            GuardedValue::Text(resource_id),
+        )
+        .await
+    }
+
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let until = GuardedValue::Int(lease_until.as_unix_millis());
+        self.guarded(&self.pool, &self.sql.extend_lease, id, token, until)
             .await
     }
 
-    async fn extend_lease(&self, id: &RecordId, token: Token, lease_until: Timestamp) -> Result<(), StoreError> {
-        let until = GuardedValue::Int(lease_until.as_unix_millis());
-        self.guarded(&self.pool, &self.sql.extend_lease, id, token, until).await
-    }
-
-    async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
         let row = q(&self.sql.fetch)
             .bind(id.owner())
             .bind(id.operation())

@@ -9,11 +9,12 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, RecordState, StoredRecord, Token,
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, RecordState, StoredRecord,
+    Token,
 };
 use idem_core::{
-    Attempt, BoxFuture, Clock, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable, Store, StoreError,
-    Timestamp,
+    Attempt, BoxFuture, Clock, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
+    Store, StoreError, Timestamp,
 };
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
@@ -117,7 +118,11 @@ where
     // Validate before touching the server: invalid input costs nothing.
     let prepared = idem.prepare(scope, key, request)?;
     let store = idem.store();
-    let tx = store.pool().begin_with(begin_statement(store)).await.map_err(error::store_error)?;
+    let tx = store
+        .pool()
+        .begin_with(begin_statement(store))
+        .await
+        .map_err(error::store_error)?;
     let tx_store = Arc::new(TxStore {
         store: store.clone(),
         tx: tokio::sync::Mutex::new(Some(tx)),
@@ -128,22 +133,34 @@ where
         .with_clock(SharedClock(Arc::clone(idem.clock())));
     let slot = Arc::clone(&tx_store);
     let result = engine
-        .execute(scope, prepared.id.key(), request, move |attempt| async move {
-            let mut guard = slot.tx.lock().await;
-            let Some(tx) = guard.as_mut() else {
-                unreachable!("the transaction is taken out only after the engine returns");
-            };
-            work(attempt, tx).await
-        })
+        .execute(
+            scope,
+            prepared.id.key(),
+            request,
+            move |attempt| async move {
+                let mut guard = slot.tx.lock().await;
+                let Some(tx) = guard.as_mut() else {
+                    unreachable!("the transaction is taken out only after the engine returns");
+                };
+                work(attempt, tx).await
+            },
+        )
         .await;
     let tx = tx_store.tx.lock().await.take();
-    let progress = std::mem::take(&mut *tx_store.progress.lock().unwrap_or_else(PoisonError::into_inner));
+    let progress = std::mem::take(
+        &mut *tx_store
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
     let Some(tx) = tx else {
         return result;
     };
     match result {
         Ok(reply) if progress.completed && !reply.is_replay() => {
-            tx.commit().await.map_err(|e| Error::Store(error::store_error(e)))?;
+            tx.commit()
+                .await
+                .map_err(|e| Error::Store(error::store_error(e)))?;
             debug!("transactional outcome committed");
             Ok(reply)
         }
@@ -196,7 +213,9 @@ struct TxStore {
 
 impl std::fmt::Debug for TxStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxStore").field("store", &self.store).finish_non_exhaustive()
+        f.debug_struct("TxStore")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
     }
 }
 
@@ -207,7 +226,10 @@ impl TxStore {
 
     /// After a lock timeout the transaction is aborted: start a fresh one so
     /// the engine may claim again (wait mode).
-    async fn restart(&self, tx: &mut Option<Transaction<'static, Postgres>>) -> Result<(), StoreError> {
+    async fn restart(
+        &self,
+        tx: &mut Option<Transaction<'static, Postgres>>,
+    ) -> Result<(), StoreError> {
         let fresh = self
             .store
             .pool()
@@ -262,7 +284,12 @@ impl Store for TxStore {
         .into())
     }
 
-    async fn complete(&self, id: &RecordId, token: Token, c: &Completion<'_>) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
         if self.progress().failure.is_some() {
             return Err(StoreError::LeaseLost);
         }
@@ -273,7 +300,11 @@ impl Store for TxStore {
         };
         let mut guard = self.tx.lock().await;
         let tx = guard.as_mut().ok_or_else(missing)?;
-        match self.store.complete_on(&mut **tx, id, token, &completion).await {
+        match self
+            .store
+            .complete_on(&mut **tx, id, token, &completion)
+            .await
+        {
             Ok(()) => {
                 self.progress().completed = true;
                 Ok(())
@@ -287,22 +318,41 @@ impl Store for TxStore {
         }
     }
 
-    async fn release(&self, _id: &RecordId, _token: Token, _now: Timestamp) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        _id: &RecordId,
+        _token: Token,
+        _now: Timestamp,
+    ) -> Result<(), StoreError> {
         // A transient failure rolls the whole transaction back, which undoes
         // the claim: that is the release.
         Ok(())
     }
 
-    async fn checkpoint(&self, _id: &RecordId, _token: Token, resource_id: &str) -> Result<(), StoreError> {
+    async fn checkpoint(
+        &self,
+        _id: &RecordId,
+        _token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
         self.progress().checkpoint = Some(resource_id.to_owned());
         Ok(())
     }
 
-    async fn extend_lease(&self, _id: &RecordId, _token: Token, _until: Timestamp) -> Result<(), StoreError> {
+    async fn extend_lease(
+        &self,
+        _id: &RecordId,
+        _token: Token,
+        _until: Timestamp,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn fetch(&self, id: &RecordId, now: Timestamp) -> Result<Option<StoredRecord>, StoreError> {
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
         self.store.fetch(id, now).await
     }
 

@@ -13,8 +13,8 @@ use common::PgFixture;
 use common::proxy::{Proxy, Snapshot};
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Token};
 use idem_core::{
-    Clock, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy, RecordId, Scope,
-    Store, StoreError, fingerprint,
+    Clock, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy,
+    RecordId, Scope, Store, StoreError, fingerprint,
 };
 use idem_postgres::sqlx::postgres::PgSslMode;
 use idem_postgres::sqlx::{self, Executor, Row};
@@ -36,11 +36,17 @@ fn policy(retries: u32) -> Policy {
 }
 
 fn engine(store: &PgStore, clock: &ManualClock) -> Idem<PgStore> {
-    Idem::new(store.clone()).with_clock(clock.clone()).with_policy(policy(2))
+    Idem::new(store.clone())
+        .with_clock(clock.clone())
+        .with_policy(policy(2))
 }
 
 fn scope() -> Scope {
-    Scope::new(format!("tenant-{}", IdempotencyKey::random()), "POST /charges").expect("scope")
+    Scope::new(
+        format!("tenant-{}", IdempotencyKey::random()),
+        "POST /charges",
+    )
+    .expect("scope")
 }
 
 fn request() -> serde_json::Value {
@@ -73,10 +79,13 @@ where
 }
 
 async fn count_rows(fx: &PgFixture, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM \"{}\".\"{table}\"", fx.schema)))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".\"{table}\"",
+        fx.schema
+    )))
+    .fetch_one(fx.store.pool())
+    .await
+    .expect("count")
 }
 
 async fn create_orders(fx: &PgFixture) {
@@ -90,8 +99,12 @@ async fn create_orders(fx: &PgFixture) {
         .expect("create orders");
 }
 
-fn insert_order(schema: &str) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO \"{schema}\".orders (note) VALUES ($1)")))
+fn insert_order(
+    schema: &str,
+) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{schema}\".orders (note) VALUES ($1)"
+    )))
 }
 
 // ---------------------------------------------------------------- transactional mode
@@ -105,24 +118,46 @@ async fn tx_commits_claim_writes_and_response_together() {
         let (scope, runs) = (scope(), Counter::default());
         for i in 0..3 {
             let (r, schema) = (runs.clone(), fx.schema.clone());
-            let reply = execute_in_tx(&idem, &scope, "order-1", &request(), move |attempt, conn| {
-                Box::pin(async move {
-                    r.hit();
-                    attempt.checkpoint("ord_1").await.expect("checkpoint");
-                    insert_order(&schema).bind("first").execute(&mut *conn).await.expect("insert");
-                    Out::Success(format!("order-{}", attempt.number()))
-                })
-            })
+            let reply = execute_in_tx(
+                &idem,
+                &scope,
+                "order-1",
+                &request(),
+                move |attempt, conn| {
+                    Box::pin(async move {
+                        r.hit();
+                        attempt.checkpoint("ord_1").await.expect("checkpoint");
+                        insert_order(&schema)
+                            .bind("first")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
+                        Out::Success(format!("order-{}", attempt.number()))
+                    })
+                },
+            )
             .await
             .expect("call");
             assert_eq!(reply.is_replay(), i > 0);
             assert_eq!(reply.into_result(), Ok("order-1".to_owned()));
         }
         assert_eq!(runs.get(), 1);
-        assert_eq!(count_rows(&fx, "orders").await, 1, "the work's write committed once");
-        let rec = idem.lookup(&scope, "order-1").await.expect("lookup").expect("record");
+        assert_eq!(
+            count_rows(&fx, "orders").await,
+            1,
+            "the work's write committed once"
+        );
+        let rec = idem
+            .lookup(&scope, "order-1")
+            .await
+            .expect("lookup")
+            .expect("record");
         assert_eq!(rec.state, RecordState::Completed);
-        assert_eq!(rec.resource_id.as_deref(), Some("ord_1"), "checkpoint written with the outcome");
+        assert_eq!(
+            rec.resource_id.as_deref(),
+            Some("ord_1"),
+            "checkpoint written with the outcome"
+        );
     })
     .await;
 }
@@ -137,7 +172,11 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         let schema = fx.schema.clone();
         let reply = execute_in_tx(&idem, &scope, "k", &request(), move |_, conn| {
             Box::pin(async move {
-                insert_order(&schema).bind("rolled back").execute(&mut *conn).await.expect("insert");
+                insert_order(&schema)
+                    .bind("rolled back")
+                    .execute(&mut *conn)
+                    .await
+                    .expect("insert");
                 Out::Transient("provider 503".into())
             })
         })
@@ -153,7 +192,11 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         let task = tokio::spawn(async move {
             execute_in_tx(&idem2, &scope2, "k", &request(), move |_, conn| {
                 Box::pin(async move {
-                    insert_order(&schema).bind("never committed").execute(&mut *conn).await.expect("insert");
+                    insert_order(&schema)
+                        .bind("never committed")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("insert");
                     let _ = started_tx.send(());
                     std::future::pending::<Out>().await
                 })
@@ -170,7 +213,11 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         let reply = execute_in_tx(&idem, &scope, "k", &request(), move |attempt, _| {
             Box::pin(async move {
                 r.hit();
-                assert_eq!(attempt.number(), 1, "nothing of the dropped attempt remains");
+                assert_eq!(
+                    attempt.number(),
+                    1,
+                    "nothing of the dropped attempt remains"
+                );
                 Out::Success("ok".into())
             })
         })
@@ -193,13 +240,22 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
         let (started_tx, started) = tokio::sync::oneshot::channel();
         let go = Arc::new(tokio::sync::Notify::new());
         let first = {
-            let (idem, scope, runs, go, schema) =
-                (idem.clone(), scope.clone(), runs.clone(), Arc::clone(&go), fx.schema.clone());
+            let (idem, scope, runs, go, schema) = (
+                idem.clone(),
+                scope.clone(),
+                runs.clone(),
+                Arc::clone(&go),
+                fx.schema.clone(),
+            );
             tokio::spawn(async move {
                 execute_in_tx(&idem, &scope, "k", &request(), move |_, conn| {
                     Box::pin(async move {
                         runs.hit();
-                        insert_order(&schema).bind("winner").execute(&mut *conn).await.expect("insert");
+                        insert_order(&schema)
+                            .bind("winner")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
                         let _ = started_tx.send(());
                         go.notified().await;
                         Out::Success("winner".into())
@@ -222,12 +278,18 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
             })
         };
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!second.is_finished(), "the duplicate waits on the uncommitted record");
+        assert!(
+            !second.is_finished(),
+            "the duplicate waits on the uncommitted record"
+        );
         go.notify_one();
         let a = first.await.expect("join").expect("first");
         let b = second.await.expect("join").expect("second");
         assert!(!a.is_replay());
-        assert!(b.is_replay(), "after the winner commits the duplicate replays");
+        assert!(
+            b.is_replay(),
+            "after the winner commits the duplicate replays"
+        );
         assert_eq!(b.into_result(), Ok("winner".to_owned()));
         assert_eq!(runs.get(), 1);
         assert_eq!(count_rows(&fx, "orders").await, 1);
@@ -239,7 +301,10 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
 async fn tx_duplicate_gets_409_after_the_lock_timeout() {
     with_fixture(PgFixture::new(4).await, |fx| async move {
         let clock = ManualClock::starting_now();
-        let store = fx.store.clone().with_tx_lock_timeout(Duration::from_millis(200));
+        let store = fx
+            .store
+            .clone()
+            .with_tx_lock_timeout(Duration::from_millis(200));
         let idem = engine(&store, &clock);
         let scope = scope();
         let (started_tx, started) = tokio::sync::oneshot::channel();
@@ -266,7 +331,10 @@ async fn tx_duplicate_gets_409_after_the_lock_timeout() {
         .expect_err("409 after the lock timeout");
         assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
         assert_eq!(err.http_status(), 409);
-        assert!(t0.elapsed() >= Duration::from_millis(150), "it waited for the lock first");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(150),
+            "it waited for the lock first"
+        );
         // The non-transactional path behind an open transaction: same wait,
         // here bounded by the test's own patience.
         go.notify_one();
@@ -292,7 +360,9 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         let mut engines = Vec::new();
         for _ in 0..8 {
             let pool = common::pool(8, common::options()).await;
-            let store = PgStore::new(pool).with_schema_name(&fx.schema).expect("schema");
+            let store = PgStore::new(pool)
+                .with_schema_name(&fx.schema)
+                .expect("schema");
             engines.push(engine(&store, &clock));
         }
         let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
@@ -300,7 +370,12 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         let tasks: Vec<_> = (0..64)
             .map(|i| {
                 let idem = engines[i % 8].clone();
-                let (scope, key, runs, barrier) = (scope.clone(), key.clone(), runs.clone(), Arc::clone(&barrier));
+                let (scope, key, runs, barrier) = (
+                    scope.clone(),
+                    key.clone(),
+                    runs.clone(),
+                    Arc::clone(&barrier),
+                );
                 tokio::spawn(async move {
                     barrier.wait().await;
                     idem.execute(&scope, &key, &request(), move |_| async move {
@@ -349,10 +424,15 @@ async fn thousand_keys_from_thirty_two_tasks() {
                     for i in (t..1000).step_by(32) {
                         let runs = runs.clone();
                         let reply = idem
-                            .execute(&scope, format!("key-{i}"), &request(), move |_| async move {
-                                runs.hit();
-                                Out::Success(format!("ch_{i}"))
-                            })
+                            .execute(
+                                &scope,
+                                format!("key-{i}"),
+                                &request(),
+                                move |_| async move {
+                                    runs.hit();
+                                    Out::Success(format!("ch_{i}"))
+                                },
+                            )
                             .await
                             .expect("call");
                         assert!(!reply.is_replay());
@@ -375,7 +455,9 @@ async fn thousand_keys_from_thirty_two_tasks() {
         .expect("count");
         assert_eq!(done, 1000);
         let reply = idem
-            .execute(&scope, "key-777", &request(), |_| async { Out::Success("no".into()) })
+            .execute(&scope, "key-777", &request(), |_| async {
+                Out::Success("no".into())
+            })
             .await
             .expect("replay");
         assert_eq!(reply.into_result(), Ok("ch_777".to_owned()));
@@ -396,8 +478,11 @@ async fn terminate_when_waiting(app: String) -> i32 {
         .await
         .expect("pg_stat_activity");
         if let Some(pid) = pid {
-            let killed: bool =
-                sqlx::query_scalar("SELECT pg_terminate_backend($1)").bind(pid).fetch_one(&admin).await.expect("kill");
+            let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(&admin)
+                .await
+                .expect("kill");
             assert!(killed);
             admin.close().await;
             return pid;
@@ -421,7 +506,9 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
     let fx = PgFixture::with_options(2, common::options().application_name(&app)).await;
     with_fixture(fx, |fx| async move {
         let clock = ManualClock::starting_now();
-        let idem = Idem::new(fx.store.clone()).with_clock(clock.clone()).with_policy(policy(1));
+        let idem = Idem::new(fx.store.clone())
+            .with_clock(clock.clone())
+            .with_policy(policy(1));
         let (scope, runs) = (scope(), Counter::default());
         let id = RecordId::new(scope.clone(), IdempotencyKey::parse("k").expect("key"));
         let blocker = common::pool(1, common::options()).await;
@@ -443,7 +530,10 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
             lease_until: now.plus(LEASE),
             key_expires_at: now.plus(Duration::from_secs(86_400)),
         };
-        assert!(matches!(fx.store.claim(&req).await.expect("claim"), ClaimOutcome::Claimed(_)));
+        assert!(matches!(
+            fx.store.claim(&req).await.expect("claim"),
+            ClaimOutcome::Claimed(_)
+        ));
         fx.store.release(&id, t, now).await.expect("release");
         let mut lock = blocker.begin().await.expect("begin");
         sqlx::query(sqlx::AssertSqlSafe(lock_row.clone()))
@@ -463,7 +553,10 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
             .await
             .expect_err("killed mid-claim");
         killer.await.expect("killer");
-        assert!(matches!(err, Error::Store(StoreError::Unavailable { .. })), "{err:?}");
+        assert!(
+            matches!(err, Error::Store(StoreError::Unavailable { .. })),
+            "{err:?}"
+        );
         assert_eq!(err.http_status(), 503);
         assert_eq!(runs.get(), 0, "nothing ran");
         lock.rollback().await.expect("rollback");
@@ -493,8 +586,17 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
         killer.await.expect("killer");
         assert!(!reply.is_stored(), "the completion was killed");
         assert_eq!(reply.into_result(), Ok("ch_1".to_owned()));
-        hold.await.expect("lock").rollback().await.expect("rollback");
-        let rec = fx.store.fetch(&id, clock.now()).await.expect("fetch").expect("record");
+        hold.await
+            .expect("lock")
+            .rollback()
+            .await
+            .expect("rollback");
+        let rec = fx
+            .store
+            .fetch(&id, clock.now())
+            .await
+            .expect("fetch")
+            .expect("record");
         assert_eq!(rec.state, RecordState::InFlight, "left to lease expiry");
         let r = runs.clone();
         let err = idem
@@ -532,7 +634,10 @@ async fn pool_recovers_after_connections_are_dropped() {
         .next()
         .expect("address");
     let proxy = Proxy::start(target).await;
-    let options = upstream.host("127.0.0.1").port(proxy.addr.port()).ssl_mode(PgSslMode::Disable);
+    let options = upstream
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(PgSslMode::Disable);
     let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .test_before_acquire(false)
@@ -541,7 +646,9 @@ async fn pool_recovers_after_connections_are_dropped() {
         .await
         .expect("connect through proxy");
     let schema = common::schema_name();
-    let store = PgStore::new(pool).with_schema_name(&schema).expect("schema");
+    let store = PgStore::new(pool)
+        .with_schema_name(&schema)
+        .expect("schema");
     store.migrate().await.expect("migrate");
     let fx = PgFixture { store, schema };
     with_fixture(fx, move |fx| async move {
@@ -565,7 +672,10 @@ async fn pool_recovers_after_connections_are_dropped() {
         proxy.kill_all();
         for i in 0..3 {
             let err = call(format!("down-{i}")).await.expect_err("server away");
-            assert!(matches!(err, Error::Store(StoreError::Unavailable { .. })), "{err:?}");
+            assert!(
+                matches!(err, Error::Store(StoreError::Unavailable { .. })),
+                "{err:?}"
+            );
         }
         proxy.set_down(false);
         let mut failures = 0;
@@ -596,37 +706,53 @@ async fn hostile_values_go_through_bind_parameters_only() {
         let owner = "o'; DROP TABLE idem_records; --";
         let operation = "POST /\"x\"; SELECT pg_sleep(10); \\";
         let scope = Scope::new(owner, operation).expect("scope");
-        let long_key: String = (0..255).map(|i| ['\'', ';', '"', '\\', 'a', '%', '_', ' '][i % 8]).collect();
+        let long_key: String = (0..255)
+            .map(|i| ['\'', ';', '"', '\\', 'a', '%', '_', ' '][i % 8])
+            .collect();
         let long_key = format!("k{}z", &long_key[2..]);
         assert_eq!(long_key.len(), 255);
         let first = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async { Out::Success("one".into()) })
+            .execute(&scope, long_key.as_str(), &request(), |_| async {
+                Out::Success("one".into())
+            })
             .await
             .expect("hostile values are data");
         assert!(!first.is_replay());
         let again = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async { Out::Success("two".into()) })
+            .execute(&scope, long_key.as_str(), &request(), |_| async {
+                Out::Success("two".into())
+            })
             .await
             .expect("replay");
         assert_eq!(again.into_result(), Ok("one".to_owned()));
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT owner, operation, key FROM {}", fx.table())))
-            .fetch_one(fx.store.pool())
-            .await
-            .expect("the table is still there, with one row");
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT owner, operation, key FROM {}",
+            fx.table()
+        )))
+        .fetch_one(fx.store.pool())
+        .await
+        .expect("the table is still there, with one row");
         assert_eq!(row.get::<String, _>("owner"), owner);
         assert_eq!(row.get::<String, _>("operation"), operation);
         assert_eq!(row.get::<String, _>("key"), long_key);
         // A LIKE-ish neighbour owner never sees it.
         let other = Scope::new("o'; DROP TABLE idem_records; -%", operation).expect("scope");
         let mine = idem
-            .execute(&other, long_key.as_str(), &request(), |_| async { Out::Success("other".into()) })
+            .execute(&other, long_key.as_str(), &request(), |_| async {
+                Out::Success("other".into())
+            })
             .await
             .expect("other owner");
         assert!(!mine.is_replay());
-        assert!(Scope::new("own\0er", "op").is_err(), "NUL is refused before any SQL");
+        assert!(
+            Scope::new("own\0er", "op").is_err(),
+            "NUL is refused before any SQL"
+        );
         let too_long = "k".repeat(256);
         let err = idem
-            .execute(&scope, too_long.as_str(), &request(), |_| async { Out::Success("x".into()) })
+            .execute(&scope, too_long.as_str(), &request(), |_| async {
+                Out::Success("x".into())
+            })
             .await
             .expect_err("256 characters");
         assert_eq!(err.http_status(), 400);
@@ -641,20 +767,35 @@ async fn table_and_schema_names_are_validated_and_configurable() {
     with_fixture(fx, |fx| async move {
         for bad in ["x; DROP TABLE y", "a\"b", "", "1t", "pg_x", "t-1"] {
             assert!(
-                matches!(fx.store.clone().with_table_name(bad), Err(idem_postgres::Error::InvalidIdentifier { .. })),
+                matches!(
+                    fx.store.clone().with_table_name(bad),
+                    Err(idem_postgres::Error::InvalidIdentifier { .. })
+                ),
                 "{bad:?}"
             );
             assert!(fx.store.clone().with_schema_name(bad).is_err(), "{bad:?}");
         }
-        let custom = fx.store.clone().with_table_name("Payments_Idem").expect("valid");
+        let custom = fx
+            .store
+            .clone()
+            .with_table_name("Payments_Idem")
+            .expect("valid");
         custom.migrate().await.expect("migrate");
         custom.migrate().await.expect("migrate is idempotent");
         let clock = ManualClock::starting_now();
         let idem = engine(&custom, &clock);
-        idem.execute(&scope(), "k", &request(), |_| async { Out::Success("x".into()) }).await.expect("call");
+        idem.execute(&scope(), "k", &request(), |_| async {
+            Out::Success("x".into())
+        })
+        .await
+        .expect("call");
         assert_eq!(count_rows(&fx, "Payments_Idem").await, 1);
         assert_eq!(count_rows(&fx, "idem_records").await, 0);
-        assert!(custom.migration_sql().contains("\"Payments_Idem_key_expires_idx\""));
+        assert!(
+            custom
+                .migration_sql()
+                .contains("\"Payments_Idem_key_expires_idx\"")
+        );
     })
     .await;
 }
@@ -668,14 +809,20 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
         let idem = engine(&fx.store, &clock);
         let scope = scope();
         for k in ["state", "fingerprint", "outcome"] {
-            idem.execute(&scope, k, &request(), |_| async { Out::Success("x".into()) }).await.expect("call");
+            idem.execute(&scope, k, &request(), |_| async {
+                Out::Success("x".into())
+            })
+            .await
+            .expect("call");
         }
         let t = fx.table();
         let p = fx.store.table_name();
         for c in ["state_check", "fingerprint_check", "outcome_check"] {
             fx.store
                 .pool()
-                .execute(sqlx::AssertSqlSafe(format!("ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\"")))
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\""
+                )))
                 .await
                 .expect("drop check");
         }
@@ -684,14 +831,19 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
             ("fingerprint", "fingerprint = '\\x0102'::bytea"),
             ("outcome", "outcome = 'maybe'"),
         ] {
-            sqlx::query(sqlx::AssertSqlSafe(format!("UPDATE {t} SET {set} WHERE key = $1")))
-                .bind(k)
-                .execute(fx.store.pool())
-                .await
-                .expect("corrupt");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {t} SET {set} WHERE key = $1"
+            )))
+            .bind(k)
+            .execute(fx.store.pool())
+            .await
+            .expect("corrupt");
             let id = RecordId::new(scope.clone(), IdempotencyKey::parse(k).expect("key"));
             let fetched = fx.store.fetch(&id, clock.now()).await;
-            assert!(matches!(fetched, Err(StoreError::Corrupt { .. })), "{k}: {fetched:?}");
+            assert!(
+                matches!(fetched, Err(StoreError::Corrupt { .. })),
+                "{k}: {fetched:?}"
+            );
             let runs = Counter::default();
             let r = runs.clone();
             let err = idem
@@ -703,7 +855,11 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
                 .expect_err("corrupt");
             assert!(matches!(err, Error::CorruptRecord { .. }), "{k}: {err:?}");
             assert_eq!(err.http_status(), 500);
-            assert_eq!(runs.get(), 0, "{k}: the work does not run over a corrupted record");
+            assert_eq!(
+                runs.get(),
+                0,
+                "{k}: the work does not run over a corrupted record"
+            );
         }
     })
     .await;
@@ -766,10 +922,15 @@ async fn one_statement_per_transition() {
         .next()
         .expect("address");
     let proxy = Proxy::start(target).await;
-    let options = upstream.host("127.0.0.1").port(proxy.addr.port()).ssl_mode(PgSslMode::Disable);
+    let options = upstream
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(PgSslMode::Disable);
     let pool = common::pool(1, options).await;
     let schema = common::schema_name();
-    let store = PgStore::new(pool).with_schema_name(&schema).expect("schema");
+    let store = PgStore::new(pool)
+        .with_schema_name(&schema)
+        .expect("schema");
     store.migrate().await.expect("migrate");
     let fx = PgFixture { store, schema };
     with_fixture(fx, move |fx| async move {
@@ -778,16 +939,17 @@ async fn one_statement_per_transition() {
         let idem = engine(&store, &clock);
         let scope = scope();
         let fp = fingerprint(scope.operation(), &request(), &FieldFilter::All).expect("fp");
-        let measure = |name: &'static str, before: Snapshot, after: Snapshot, rows: &mut Vec<String>| {
-            let d = after - before;
-            rows.push(format!(
-                "{name:<34} statements {}  round trips {}  (+{} release ping)",
-                d.statements(),
-                d.round_trips(),
-                d.ping
-            ));
-            d
-        };
+        let measure =
+            |name: &'static str, before: Snapshot, after: Snapshot, rows: &mut Vec<String>| {
+                let d = after - before;
+                rows.push(format!(
+                    "{name:<34} statements {}  round trips {}  (+{} release ping)",
+                    d.statements(),
+                    d.round_trips(),
+                    d.ping
+                ));
+                d
+            };
         let mut rows = Vec::new();
         // Round trips count what the caller waits for; sqlx also pings each
         // connection as it goes back to the pool (a bare Sync, no statement),
@@ -822,7 +984,10 @@ async fn one_statement_per_transition() {
             store.checkpoint(&id, t1, "ch").await.expect("checkpoint");
             let checkpoint = measure("checkpoint", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
-            store.extend_lease(&id, t1, now.plus(LEASE * 2)).await.expect("extend");
+            store
+                .extend_lease(&id, t1, now.plus(LEASE * 2))
+                .await
+                .expect("extend");
             let extend = measure("extend_lease", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
             store.release(&id, t1, now).await.expect("release");
@@ -845,25 +1010,44 @@ async fn one_statement_per_transition() {
             let purge = measure("purge_expired (one batch)", s, proxy.snapshot(), &mut r);
             let key = IdempotencyKey::random();
             let s = proxy.snapshot();
-            idem.execute(&scope, &key, &request(), |_| async { Out::Success("x".into()) }).await.expect("execute");
+            idem.execute(&scope, &key, &request(), |_| async {
+                Out::Success("x".into())
+            })
+            .await
+            .expect("execute");
             let fresh = measure("Idem::execute, fresh key", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
-            idem.execute(&scope, &key, &request(), |_| async { Out::Success("x".into()) }).await.expect("replay");
+            idem.execute(&scope, &key, &request(), |_| async {
+                Out::Success("x".into())
+            })
+            .await
+            .expect("replay");
             let replayed = measure("Idem::execute, replay", s, proxy.snapshot(), &mut r);
             let key = IdempotencyKey::random();
             let s = proxy.snapshot();
-            execute_in_tx(&idem, &scope, &key, &request(), |_, _| Box::pin(async { Out::Success("x".into()) }))
-                .await
-                .expect("tx");
+            execute_in_tx(&idem, &scope, &key, &request(), |_, _| {
+                Box::pin(async { Out::Success("x".into()) })
+            })
+            .await
+            .expect("tx");
             let tx_fresh = measure("execute_in_tx, fresh key", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
-            execute_in_tx(&idem, &scope, &key, &request(), |_, _| Box::pin(async { Out::Success("x".into()) }))
-                .await
-                .expect("tx replay");
+            execute_in_tx(&idem, &scope, &key, &request(), |_, _| {
+                Box::pin(async { Out::Success("x".into()) })
+            })
+            .await
+            .expect("tx replay");
             let tx_replay = measure("execute_in_tx, replay", s, proxy.snapshot(), &mut r);
             if pass == 1 {
-                for d in [claim, checkpoint, extend, release, takeover, complete, replay, fetch, purge] {
-                    assert_eq!((d.statements(), d.round_trips(), d.parse), (1, 1, 0), "{d:?}\n{}", r.join("\n"));
+                for d in [
+                    claim, checkpoint, extend, release, takeover, complete, replay, fetch, purge,
+                ] {
+                    assert_eq!(
+                        (d.statements(), d.round_trips(), d.parse),
+                        (1, 1, 0),
+                        "{d:?}\n{}",
+                        r.join("\n")
+                    );
                 }
                 assert_eq!((fresh.statements(), fresh.round_trips()), (2, 2));
                 assert_eq!((replayed.statements(), replayed.round_trips()), (1, 1));
@@ -874,7 +1058,10 @@ async fn one_statement_per_transition() {
                 rows = r;
             }
         }
-        println!("statements per transition (warm connection):\n{}", rows.join("\n"));
+        println!(
+            "statements per transition (warm connection):\n{}",
+            rows.join("\n")
+        );
     })
     .await;
 }

@@ -12,13 +12,16 @@ use idem_postgres::sqlx::{self, Executor, PgPool};
 
 /// The server URL: `IDEM_POSTGRES_URL`, or the local default.
 pub fn url() -> String {
-    std::env::var("IDEM_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 /// Connect options for the test server; panics with what to start if the
 /// URL is malformed.
 pub fn options() -> PgConnectOptions {
-    url().parse().expect("IDEM_POSTGRES_URL is not a valid postgres:// URL")
+    url()
+        .parse()
+        .expect("IDEM_POSTGRES_URL is not a valid postgres:// URL")
 }
 
 fn unreachable(e: &dyn std::fmt::Display) -> ! {
@@ -43,7 +46,13 @@ pub async fn pool(max: u32, options: PgConnectOptions) -> PgPool {
 
 /// A fresh schema name.
 pub fn schema_name() -> String {
-    format!("idem_test_{}", IdempotencyKey::random().as_str().to_ascii_lowercase().replace('-', "_"))
+    format!(
+        "idem_test_{}",
+        IdempotencyKey::random()
+            .as_str()
+            .to_ascii_lowercase()
+            .replace('-', "_")
+    )
 }
 
 /// One test's store: its own schema, dropped on teardown.
@@ -78,7 +87,10 @@ impl PgFixture {
     pub async fn drop_schema(&self) {
         let admin = pool(1, options()).await;
         admin
-            .execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema)))
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            )))
             .await
             .expect("drop schema");
         admin.close().await;

@@ -179,7 +179,8 @@ impl Parser {
             if self.buf.len() < header + 4 {
                 return;
             }
-            let len = i32::from_be_bytes(self.buf[header..header + 4].try_into().expect("4 bytes")) as usize;
+            let len = i32::from_be_bytes(self.buf[header..header + 4].try_into().expect("4 bytes"))
+                as usize;
             if self.buf.len() < header + len {
                 return;
             }
