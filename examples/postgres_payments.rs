@@ -208,5 +208,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (1, 1),
         "charged once, recorded once"
     );
+    pool.execute(sqlx::AssertSqlSafe(format!("DROP SCHEMA {SCHEMA} CASCADE")))
+        .await?;
     Ok(())
 }
