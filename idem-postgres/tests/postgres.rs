@@ -408,6 +408,109 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
     .await;
 }
 
+/// Racing takeovers: 32 claimers over 4 pools on a released record, on an
+/// expired lease, and on an expired key (different requests): each time
+/// exactly one takes it, everyone else gets the standing record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_takeovers_have_exactly_one_winner() {
+    with_fixture(PgFixture::new(2).await, |fx| async move {
+        let mut stores = Vec::new();
+        for _ in 0..4 {
+            let pool = common::pool(8, common::options()).await;
+            stores.push(
+                PgStore::new(pool)
+                    .with_schema_name(&fx.schema)
+                    .expect("schema"),
+            );
+        }
+        let clock = ManualClock::starting_now();
+        let scope = scope();
+        let id = RecordId::new(scope.clone(), IdempotencyKey::random());
+        let fp = |amount: u64| {
+            fingerprint(
+                scope.operation(),
+                &serde_json::json!({ "amount": amount }),
+                &FieldFilter::All,
+            )
+            .expect("fp")
+        };
+        let race = |now: idem_core::Timestamp, distinct: bool| {
+            let barrier = Arc::new(tokio::sync::Barrier::new(32));
+            let tasks: Vec<_> = (0..32u64)
+                .map(|i| {
+                    let (store, id, barrier) = (
+                        stores[(i % 4) as usize].clone(),
+                        id.clone(),
+                        Arc::clone(&barrier),
+                    );
+                    let fingerprint = if distinct { fp(i) } else { fp(1) };
+                    tokio::spawn(async move {
+                        let token = Token::random();
+                        barrier.wait().await;
+                        let req = ClaimRequest {
+                            id: &id,
+                            fingerprint,
+                            token,
+                            now,
+                            lease_until: now.plus(LEASE),
+                            key_expires_at: now.plus(Duration::from_secs(86_400)),
+                        };
+                        (token, store.claim(&req).await.expect("claim"))
+                    })
+                })
+                .collect();
+            async move {
+                let mut winners = Vec::new();
+                for t in tasks {
+                    match t.await.expect("join") {
+                        (token, ClaimOutcome::Claimed(c)) => winners.push((token, c)),
+                        (_, ClaimOutcome::Existing(rec)) => {
+                            assert_eq!(rec.state, RecordState::InFlight)
+                        }
+                        (_, other) => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!(winners.len(), 1, "exactly one claimer wins: {winners:?}");
+                winners.remove(0)
+            }
+        };
+        let store = &stores[0];
+        let (t1, first) = race(clock.now(), false).await;
+        assert_eq!(first.attempt, 1);
+        store.release(&id, t1, clock.now()).await.expect("release");
+        let (t2, second) = race(clock.now(), false).await;
+        assert_eq!(second.attempt, 2);
+        assert_eq!(
+            second.previous.expect("previous").reason,
+            idem_core::store::TakeoverReason::Released
+        );
+        assert!(matches!(
+            store.release(&id, t1, clock.now()).await,
+            Err(StoreError::LeaseLost)
+        ));
+        clock.advance(LEASE);
+        let (_, third) = race(clock.now(), false).await;
+        assert_eq!(third.attempt, 3);
+        assert_eq!(
+            third.previous.expect("previous").reason,
+            idem_core::store::TakeoverReason::LeaseExpired
+        );
+        assert!(matches!(
+            store.checkpoint(&id, t2, "zombie").await,
+            Err(StoreError::LeaseLost)
+        ));
+        clock.advance(Duration::from_secs(86_400));
+        let (_, fresh) = race(clock.now(), true).await;
+        assert_eq!(fresh.attempt, 1, "an expired key is a new operation");
+        assert!(fresh.previous.is_none());
+        assert_eq!(count_rows(&fx, "idem_records").await, 1);
+        for s in &stores {
+            s.pool().close().await;
+        }
+    })
+    .await;
+}
+
 /// 1,000 distinct keys from 32 tasks: 1,000 executions, 1,000 records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousand_keys_from_thirty_two_tasks() {
