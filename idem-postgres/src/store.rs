@@ -204,7 +204,11 @@ impl Statements {
             .into(),
             // Both halves of a purge in one statement, each bounded by $2 and
             // each walking its own index (see the EXPLAIN test). Rows being
-            // claimed right now are skipped, not waited for. The two sets are
+            // claimed right now are skipped, not waited for; the rows picked
+            // are locked (`FOR UPDATE` re-checks the condition on the newest
+            // version), so the outer statement reaches exactly those by
+            // `ctid` (a Tid Scan): a backlog of millions of expired rows
+            // still costs one batch per call. The two sets are
             // disjoint (bodies are dropped only from rows whose key lives on),
             // as one statement may not change a row twice.
             purge: format!(
@@ -213,7 +217,6 @@ impl Statements {
                     WHERE ctid = ANY(ARRAY(
                         SELECT ctid FROM {t} WHERE key_expires_at <= $1
                         LIMIT $2 FOR UPDATE SKIP LOCKED))
-                      AND key_expires_at <= $1
                     RETURNING 1
                 ),
                 dropped AS (
@@ -222,7 +225,6 @@ impl Statements {
                         SELECT ctid FROM {t}
                         WHERE response_expires_at <= $1 AND response IS NOT NULL AND key_expires_at > $1
                         LIMIT $2 FOR UPDATE SKIP LOCKED))
-                      AND response_expires_at <= $1 AND response IS NOT NULL
                     RETURNING 1
                 )
                 SELECT (SELECT count(*) FROM gone) AS keys_removed, (SELECT count(*) FROM dropped) AS bodies_dropped"

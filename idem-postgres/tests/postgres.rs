@@ -1002,6 +1002,7 @@ async fn purge_uses_the_expiry_indexes() {
         assert!(plan.contains(&format!("{p}_key_expires_idx")), "key purge must use its index:\n{plan}");
         assert!(plan.contains(&format!("{p}_response_expires_idx")), "body purge must use its index:\n{plan}");
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+        assert_eq!(plan.matches("Tid Scan").count(), 2, "the batch is then reached by ctid:\n{plan}");
         let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
         let report = idem.purge_expired(30).await.expect("purge");
