@@ -297,6 +297,96 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
     .await;
 }
 
+/// A duplicate waiting behind a transaction that rolls back (transient
+/// failure) claims and runs the work itself; a plain `Idem::execute`
+/// duplicate waits behind an open transaction the same way and replays once
+/// it commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too() {
+    with_fixture(PgFixture::new(4).await, |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = engine(&fx.store, &clock);
+        let (scope, runs) = (scope(), Counter::default());
+        let spawn_first = |key: &'static str, outcome: Out| {
+            let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
+            let (started_tx, started) = tokio::sync::oneshot::channel();
+            let go = Arc::new(tokio::sync::Notify::new());
+            let g = Arc::clone(&go);
+            let task = tokio::spawn(async move {
+                execute_in_tx(&idem, &scope, key, &request(), move |_, _| {
+                    Box::pin(async move {
+                        runs.hit();
+                        let _ = started_tx.send(());
+                        g.notified().await;
+                        outcome
+                    })
+                })
+                .await
+            });
+            (task, started, go)
+        };
+        // 1. The first rolls back: the waiting duplicate runs.
+        let (first, started, go) = spawn_first("k", Out::Transient("provider 503".into()));
+        started.await.expect("started");
+        let second = {
+            let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
+            tokio::spawn(async move {
+                execute_in_tx(&idem, &scope, "k", &request(), move |attempt, _| {
+                    Box::pin(async move {
+                        runs.hit();
+                        Out::Success(format!("second, attempt {}", attempt.number()))
+                    })
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!second.is_finished(), "waits on the uncommitted claim");
+        go.notify_one();
+        assert!(
+            first
+                .await
+                .expect("join")
+                .expect("first")
+                .into_result()
+                .is_err()
+        );
+        let b = second.await.expect("join").expect("second");
+        assert!(
+            !b.is_replay(),
+            "the rollback left nothing: the duplicate runs"
+        );
+        assert_eq!(b.into_result(), Ok("second, attempt 1".to_owned()));
+        assert_eq!(runs.get(), 2);
+
+        // 2. A plain `Idem::execute` behind an open transaction on a new key.
+        let scope2 = scope.clone();
+        let (idem2, runs2) = (idem.clone(), runs.clone());
+        let (first, started, go) = spawn_first("k2", Out::Success("tx winner".into()));
+        started.await.expect("started");
+        let plain = tokio::spawn(async move {
+            idem2
+                .execute(&scope2, "k2", &request(), move |_| async move {
+                    runs2.hit();
+                    Out::Success("plain".into())
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !plain.is_finished(),
+            "a plain call waits on the uncommitted claim too"
+        );
+        go.notify_one();
+        assert!(!first.await.expect("join").expect("first").is_replay());
+        let p = plain.await.expect("join").expect("plain");
+        assert!(p.is_replay());
+        assert_eq!(p.into_result(), Ok("tx winner".to_owned()));
+        assert_eq!(runs.get(), 3);
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tx_duplicate_gets_409_after_the_lock_timeout() {
     with_fixture(PgFixture::new(4).await, |fx| async move {
