@@ -47,11 +47,12 @@ use crate::store::PgStore;
 ///
 /// # Concurrent duplicates
 ///
-/// A duplicate arriving while the first call's transaction is open (in this
-/// mode or through [`Idem::execute`]) **waits** on the record's unique index
-/// or row lock until that transaction ends, bounded by the store's
-/// [`tx_lock_timeout`](PgStore::with_tx_lock_timeout) (default 5 s, set with
-/// `SET LOCAL lock_timeout` for this transaction only). Then:
+/// A duplicate in this mode that arrives while another call's transaction
+/// holds the record (uncommitted insert or takeover) **waits** on the
+/// record's unique index or row lock until that transaction ends, bounded by
+/// the store's [`tx_lock_timeout`](PgStore::with_tx_lock_timeout) (default
+/// 5 s, set with `SET LOCAL lock_timeout` for its own transaction only).
+/// Then:
 ///
 /// * the first committed → the duplicate gets the replay (or 422 for another
 ///   request);
@@ -60,9 +61,11 @@ use crate::store::PgStore;
 ///   The other transaction's record is not visible yet, so this answer is
 ///   given without comparing fingerprints.
 ///
-/// Calls through [`Idem::execute`] on the same table wait the same way, but
-/// bounded only by the `lock_timeout` of their own connections (see
-/// [`PgStore::connect_with`] to set one). Keep transactional work short.
+/// Plain [`Idem::execute`] calls on the same key wait the same way, bounded
+/// only by the `lock_timeout` of their own connections (e.g.
+/// `PgConnectOptions::options([("lock_timeout", "5s")])` with
+/// [`PgStore::connect_with`]); without one they wait for the transaction to
+/// end. Keep transactional work short.
 ///
 /// Round trips: `BEGIN` + `SET LOCAL lock_timeout` (one), the claim (one),
 /// the work's own, the completion (one), `COMMIT` (one). A replay costs the
