@@ -968,12 +968,24 @@ async fn table_and_schema_names_are_validated_and_configurable() {
             );
             assert!(fx.store.clone().with_schema_name(bad).is_err(), "{bad:?}");
         }
-        let custom = fx
-            .store
-            .clone()
+        // `connect` builds its own pool; eight instances migrating at once
+        // are serialized by the advisory lock, and migrating again is a no-op.
+        let custom = PgStore::connect(&common::url())
+            .await
+            .expect("connect")
+            .with_schema_name(&fx.schema)
+            .expect("schema")
             .with_table_name("Payments_Idem")
             .expect("valid");
-        custom.migrate().await.expect("migrate");
+        let migrations: Vec<_> = (0..8)
+            .map(|_| {
+                let s = custom.clone();
+                tokio::spawn(async move { s.migrate().await })
+            })
+            .collect();
+        for m in migrations {
+            m.await.expect("join").expect("concurrent migrate");
+        }
         custom.migrate().await.expect("migrate is idempotent");
         let clock = ManualClock::starting_now();
         let idem = engine(&custom, &clock);
@@ -989,6 +1001,7 @@ async fn table_and_schema_names_are_validated_and_configurable() {
                 .migration_sql()
                 .contains("\"Payments_Idem_key_expires_idx\"")
         );
+        custom.pool().close().await;
     })
     .await;
 }
