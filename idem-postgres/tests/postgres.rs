@@ -16,7 +16,6 @@ use idem_core::{
     Clock, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy,
     RecordId, Scope, Store, StoreError, fingerprint,
 };
-use idem_postgres::sqlx::postgres::PgSslMode;
 use idem_postgres::sqlx::{self, Executor, Row};
 use idem_postgres::{PgStore, execute_in_tx};
 
@@ -447,9 +446,11 @@ async fn tx_duplicate_gets_409_after_the_lock_timeout() {
 async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let clock = ManualClock::starting_now();
+        // All 8 pools go through one counting proxy, to count statements.
+        let proxy = Proxy::start(common::upstream().await).await;
         let mut engines = Vec::new();
         for _ in 0..8 {
-            let pool = common::pool(8, common::options()).await;
+            let pool = common::pool(8, common::via(&proxy)).await;
             let store = PgStore::new(pool)
                 .with_schema_name(&fx.schema)
                 .expect("schema");
@@ -486,7 +487,14 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
                 Err(e) => panic!("unexpected error under contention: {e:?}"),
             }
         }
-        println!("64 racers / 8 pools: executed {executed}, replayed {replayed}, 409 {in_flight}");
+        let statements = proxy.snapshot().statements();
+        println!(
+            "64 racers / 8 pools: executed {executed}, replayed {replayed}, 409 {in_flight}; \
+             {statements} statements in all (64 calls, 1 completion)"
+        );
+        // Every call is one claim; only a loser of the race on the fresh key
+        // runs its claim a second time (never more under this race).
+        assert!(statements > 64 && statements <= 64 * 2 + 1, "{statements}");
         assert_eq!(runs.get(), 1, "the work must run exactly once");
         assert_eq!(executed, 1);
         assert_eq!(executed + replayed + in_flight, 64);
@@ -820,17 +828,8 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
 /// the pool recovers on its own once it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_recovers_after_connections_are_dropped() {
-    let upstream = common::options();
-    let target = tokio::net::lookup_host((upstream.get_host(), upstream.get_port()))
-        .await
-        .expect("resolve")
-        .next()
-        .expect("address");
-    let proxy = Proxy::start(target).await;
-    let options = upstream
-        .host("127.0.0.1")
-        .port(proxy.addr.port())
-        .ssl_mode(PgSslMode::Disable);
+    let proxy = Proxy::start(common::upstream().await).await;
+    let options = common::via(&proxy);
     let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .test_before_acquire(false)
@@ -1122,17 +1121,8 @@ async fn purge_uses_the_expiry_indexes() {
 /// counting proxy, on a warm connection (statements already prepared).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_per_transition() {
-    let upstream = common::options();
-    let target = tokio::net::lookup_host((upstream.get_host(), upstream.get_port()))
-        .await
-        .expect("resolve")
-        .next()
-        .expect("address");
-    let proxy = Proxy::start(target).await;
-    let options = upstream
-        .host("127.0.0.1")
-        .port(proxy.addr.port())
-        .ssl_mode(PgSslMode::Disable);
+    let proxy = Proxy::start(common::upstream().await).await;
+    let options = common::via(&proxy);
     let pool = common::pool(1, options).await;
     let schema = common::schema_name();
     let store = PgStore::new(pool)

@@ -33,6 +33,24 @@ fn unreachable(e: &dyn std::fmt::Display) -> ! {
     )
 }
 
+/// The server's socket address (for the proxy).
+pub async fn upstream() -> std::net::SocketAddr {
+    let o = options();
+    tokio::net::lookup_host((o.get_host(), o.get_port()))
+        .await
+        .unwrap_or_else(|e| unreachable(&e))
+        .next()
+        .unwrap_or_else(|| unreachable(&"the host name resolves to no address"))
+}
+
+/// Connect options that go through `proxy` (without TLS, so it can count).
+pub fn via(proxy: &proxy::Proxy) -> PgConnectOptions {
+    options()
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable)
+}
+
 /// A pool on the test server (fails the test, never skips, if unreachable).
 pub async fn pool(max: u32, options: PgConnectOptions) -> PgPool {
     PgPoolOptions::new()
