@@ -10,6 +10,12 @@ pub use idem_core::*;
 #[doc(inline)]
 pub use idem_sqlite as sqlite;
 
+/// The PostgreSQL backend.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use idem_postgres as postgres;
+
 /// The Redis backend (standalone and Redis Cluster).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
