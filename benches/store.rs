@@ -9,7 +9,12 @@
 //! 256-byte and 4 KiB bodies.
 //!
 //! Backends: `MemoryStore` (baseline: a `HashMap` behind a `Mutex`), SQLite
-//! file (WAL) and SQLite memory with the `sqlite` feature.
+//! file (WAL) and SQLite memory with the `sqlite` feature, Postgres with
+//! `postgres` (`IDEM_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`; schema `idem_bench`, dropped at
+//! the end) and Redis with `redis` (`IDEM_REDIS_URL`, default
+//! `redis://127.0.0.1:6379/`; keys under `idem-bench-<pid>:`, deleted at the
+//! end). An unreachable server is reported and its groups skipped.
 //!
 //! Run with: `cargo bench --bench store` (`IDEM_BENCH_QUICK=1` for a short
 //! run; a criterion filter such as `-- sqlite-file` picks groups). A table of
@@ -218,6 +223,92 @@ fn profile(which: &str, rt: &Runtime) {
     println!("{which}: 20000 calls in {took:?}");
 }
 
+/// The Postgres URL of the tests (`IDEM_POSTGRES_URL`).
+#[cfg(feature = "postgres")]
+fn postgres_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The bench's own schema: created here, dropped at the end.
+#[cfg(feature = "postgres")]
+const PG_SCHEMA: &str = "idem_bench";
+
+#[cfg(feature = "postgres")]
+fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    use common::stores::postgres::RawPostgres;
+    use idem_postgres::PgStore;
+
+    let url = postgres_url();
+    let store = match rt.block_on(PgStore::connect(&url)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("NOTE: Postgres at {url} unreachable ({e}): postgres groups NOT run");
+            return;
+        }
+    };
+    let store = store
+        .with_schema_name(PG_SCHEMA)
+        .and_then(|s| s.with_table_name("bench_records"))
+        .expect("valid names");
+    rt.block_on(store.migrate())
+        .expect("migrate the bench schema");
+    for body in common::stores::BODIES {
+        let raw = RawPostgres::new(&store, body);
+        bench_pair(
+            c,
+            rt,
+            summary,
+            "postgres",
+            body,
+            Lib::new(store.clone(), body),
+            raw,
+        );
+    }
+    let drop = format!("DROP SCHEMA IF EXISTS \"{PG_SCHEMA}\" CASCADE");
+    rt.block_on(
+        idem_postgres::sqlx::raw_sql(idem_postgres::sqlx::AssertSqlSafe(drop))
+            .execute(store.pool()),
+    )
+    .expect("drop the bench schema");
+}
+
+/// The Redis URL of the tests (`IDEM_REDIS_URL`).
+#[cfg(feature = "redis")]
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+}
+
+#[cfg(feature = "redis")]
+fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    use common::stores::redis::{RawRedis, clean};
+    use idem_redis::RedisStore;
+    use idem_redis::redis::aio::ConnectionManager;
+
+    let url = redis_url();
+    let conn = match rt.block_on(async {
+        let client = idem_redis::redis::Client::open(url.as_str())?;
+        ConnectionManager::new(client).await
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("NOTE: Redis at {url} unreachable ({e}): redis groups NOT run");
+            return;
+        }
+    };
+    // The bench's own key prefix; every key under it is deleted at the end.
+    let prefix = format!("idem-bench-{}:", std::process::id());
+    for body in common::stores::BODIES {
+        // The store and the baseline share one multiplexed connection.
+        let store = RedisStore::from_manager(conn.clone())
+            .with_prefix(&prefix)
+            .expect("valid prefix");
+        let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
+        bench_pair(c, rt, summary, "redis", body, Lib::new(store, body), raw);
+    }
+    rt.block_on(clean(&conn, &prefix));
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -232,6 +323,10 @@ fn main() {
     memory(&mut c, &rt, &summary);
     #[cfg(feature = "sqlite")]
     sqlite(&mut c, &rt, &summary);
+    #[cfg(feature = "postgres")]
+    postgres(&mut c, &rt, &summary);
+    #[cfg(feature = "redis")]
+    redis(&mut c, &rt, &summary);
     c.final_summary();
     let table = summary.table();
     println!("\n{table}");

@@ -9,3 +9,15 @@ pub use idem_core::*;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 #[doc(inline)]
 pub use idem_sqlite as sqlite;
+
+/// The PostgreSQL backend.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use idem_postgres as postgres;
+
+/// The Redis backend (standalone and Redis Cluster).
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use idem_redis as redis;

@@ -1,0 +1,143 @@
+//! This backend's errors, and the one place that maps them onto
+//! [`idem_core::StoreError`].
+
+use idem_core::StoreError;
+use sqlx::error::DatabaseError;
+
+/// The backend's name in [`StoreError`]s.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// An error of the PostgreSQL backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configured table or schema name is not a plain SQL identifier.
+    /// Permanent: fix the configuration.
+    #[error("invalid {what} name: {reason}")]
+    InvalidIdentifier {
+        /// `"table"` or `"schema"`.
+        what: &'static str,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The driver failed (connection, query, decoding). Temporary or
+    /// permanent depending on the cause (the `From<Error> for StoreError`
+    /// impl classifies it).
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    /// A stored row cannot be decoded into a record (unknown state, a
+    /// fingerprint that is not 32 bytes, ...). Permanent until repaired.
+    #[error("corrupted record: {detail}")]
+    Corrupt {
+        /// What is wrong with it (never the key or the body).
+        detail: String,
+    },
+    /// The claim kept losing races with concurrent writers on the same
+    /// record and gave up after a bounded number of tries. Temporary.
+    #[error("the claim lost {tries} races in a row on one record")]
+    ClaimContention {
+        /// How many times the statement was run.
+        tries: u32,
+    },
+}
+
+/// SQLSTATEs that mean "the server or the connection went away, or the call
+/// timed out": the call may succeed if retried.
+fn is_unavailable_state(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || matches!(
+            code,
+            "57P01" // admin_shutdown (pg_terminate_backend, fast shutdown)
+                | "57P02" // crash_shutdown
+                | "57P03" // cannot_connect_now
+                | "53300" // too_many_connections
+                | "55P03" // lock_not_available (lock_timeout)
+                | "57014" // query_canceled (statement_timeout)
+                | "40001" // serialization_failure
+                | "40P01" // deadlock_detected
+        )
+}
+
+/// Whether a database error is the `lock_timeout` expiring.
+pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+fn classify_database(db: &dyn DatabaseError) -> bool {
+    db.code().as_deref().is_some_and(is_unavailable_state)
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        let unavailable = |source: Error| Self::Unavailable {
+            backend: BACKEND,
+            source: Box::new(source),
+        };
+        match e {
+            Error::Corrupt { detail } => Self::Corrupt {
+                backend: BACKEND,
+                detail,
+            },
+            Error::Sqlx(
+                sqlx::Error::ColumnDecode { .. }
+                | sqlx::Error::Decode(_)
+                | sqlx::Error::ColumnNotFound(_)
+                | sqlx::Error::ColumnIndexOutOfBounds { .. }
+                | sqlx::Error::TypeNotFound { .. },
+            ) => Self::Corrupt {
+                backend: BACKEND,
+                detail: e.to_string(),
+            },
+            Error::Sqlx(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed,
+            )
+            | Error::ClaimContention { .. } => unavailable(e),
+            Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => {
+                unavailable(e)
+            }
+            other => Self::Backend {
+                backend: BACKEND,
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
+/// A driver error as a [`StoreError`].
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    Error::Sqlx(e).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_classifies_driver_errors() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(matches!(store_error(io), StoreError::Unavailable { .. }));
+        assert!(matches!(
+            store_error(sqlx::Error::PoolTimedOut),
+            StoreError::Unavailable { .. }
+        ));
+        let decode = sqlx::Error::Decode("bad".into());
+        assert!(matches!(store_error(decode), StoreError::Corrupt { .. }));
+        let corrupt = Error::Corrupt { detail: "x".into() };
+        assert!(matches!(
+            StoreError::from(corrupt),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            store_error(sqlx::Error::RowNotFound),
+            StoreError::Backend { .. }
+        ));
+        assert!(is_unavailable_state("08006"));
+        assert!(is_unavailable_state("57P01"));
+        assert!(!is_unavailable_state("23505"));
+    }
+}

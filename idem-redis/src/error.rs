@@ -1,0 +1,124 @@
+//! Errors: building a store, and the one mapping from Redis errors to
+//! [`StoreError`].
+
+use idem_core::StoreError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::config::PrefixError;
+
+/// The backend name carried by every [`StoreError`] this crate returns.
+pub(crate) const BACKEND: &str = "redis";
+
+/// Why a [`RedisStore`](crate::RedisStore) could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key prefix was refused.
+    #[error(transparent)]
+    Prefix(#[from] PrefixError),
+    /// Redis refused the URL or could not be reached.
+    #[error("cannot connect to redis")]
+    Connect(#[from] RedisError),
+}
+
+/// The one place that decides what a Redis failure means to the engine.
+///
+/// * lost, refused or timed-out connections, a cluster that is down, moving
+///   or has no node for the slot, a server still loading its data or a
+///   primary turned replica: [`StoreError::Unavailable`] (temporary);
+/// * `WRONGTYPE` (a key of ours holding another type, i.e. written by hand or
+///   by something else): [`StoreError::Corrupt`];
+/// * anything else: [`StoreError::Backend`].
+pub(crate) fn store_error(e: RedisError) -> StoreError {
+    let unavailable = e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::TryAgain
+                )
+        );
+    if unavailable {
+        return StoreError::Unavailable {
+            backend: BACKEND,
+            source: Box::new(e),
+        };
+    }
+    if e.code() == Some("WRONGTYPE") {
+        return corrupt(format!("a key of the record holds another type ({e})"));
+    }
+    StoreError::Backend {
+        backend: BACKEND,
+        source: Box::new(e),
+    }
+}
+
+/// A record that cannot be decoded.
+pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        backend: BACKEND,
+        detail: detail.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_and_the_rest_backend() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::ConnectionRefused,
+        ] {
+            let e = store_error(RedisError::from(io::Error::from(kind)));
+            assert!(
+                matches!(
+                    e,
+                    StoreError::Unavailable {
+                        backend: "redis",
+                        ..
+                    }
+                ),
+                "{kind:?}: {e:?}"
+            );
+        }
+        for kind in [
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::BusyLoading,
+        ] {
+            let e = store_error(RedisError::from((ErrorKind::Server(kind), "test")));
+            assert!(
+                matches!(e, StoreError::Unavailable { .. }),
+                "{kind:?}: {e:?}"
+            );
+        }
+        let e = store_error(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "ERR oops",
+        )));
+        assert!(
+            matches!(
+                e,
+                StoreError::Backend {
+                    backend: "redis",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = store_error(RedisError::from((ErrorKind::UnexpectedReturnType, "odd")));
+        assert!(matches!(e, StoreError::Backend { .. }), "{e:?}");
+    }
+}

@@ -1,0 +1,441 @@
+//! Faults and costs, on throwaway servers (never the shared one): scripts
+//! reloaded after `SCRIPT FLUSH`, a connection killed mid-call, a restart
+//! without persistence, and the commands each transition costs.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use idem_core::store::{ClaimOutcome, Completion, OutcomeKind, Store, StoreError};
+use idem_core::{Clock, Error, IdempotencyKey, ManualClock, RecordId};
+use idem_redis::RedisStore;
+use idem_redis::redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
+use idem_redis::redis::{self, Client};
+use support::scenario::{
+    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+};
+use support::server::Throwaway;
+
+/// A store on `url` that gives up reconnecting quickly (fault tests).
+async fn impatient_store(url: &str) -> RedisStore {
+    let config = ConnectionManagerConfig::new()
+        .set_number_of_retries(1)
+        .set_connection_timeout(Some(Duration::from_millis(500)))
+        .set_response_timeout(Some(Duration::from_secs(2)));
+    let manager = Client::open(url)
+        .expect("url")
+        .get_connection_manager_with_config(config)
+        .await
+        .expect("connect");
+    RedisStore::from_manager(manager)
+        .with_prefix(&support::unique_prefix())
+        .expect("prefix")
+}
+
+/// Polls until the store answers again (it reconnects on its own).
+async fn wait_until_reachable(store: &RedisStore, id: &RecordId, now: idem_core::Timestamp) {
+    for _ in 0..250 {
+        if store.fetch(id, now).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the store did not reconnect within 5 s");
+}
+
+/// Waits until another client has a parsed command waiting (`argv-mem`
+/// above zero in `CLIENT LIST`): the call is really in flight, held by the
+/// pause.
+async fn wait_until_a_command_is_paused(admin: &mut MultiplexedConnection) {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(admin)
+        .await
+        .expect("CLIENT ID");
+    for _ in 0..250 {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(admin)
+            .await
+            .expect("CLIENT LIST");
+        let waiting = list.lines().any(|l| {
+            let field = |name: &str| l.split(' ').find_map(|f| f.strip_prefix(name));
+            field("id=") != Some(me.to_string().as_str())
+                && field("argv-mem=")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|m| m > 0)
+        });
+        if waiting {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the claim never reached the paused server");
+}
+
+async fn kill_other_clients(admin: &mut MultiplexedConnection) -> i64 {
+    redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+        .query_async(admin)
+        .await
+        .expect("CLIENT KILL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = Throwaway::start();
+    let store = impatient_store(&server.url()).await;
+    let mut admin = support::admin(&server.url()).await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    for round in 0..3 {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut admin)
+            .await
+            .expect("SCRIPT FLUSH");
+        let r = runs.clone();
+        let reply = idem
+            .execute(&scope, "flush-key", &request(), |_| async move {
+                r.hit();
+                Out::Success("ch_1".into())
+            })
+            .await
+            .expect("EVALSHA falls back to loading the script");
+        assert_eq!(reply.is_replay(), round > 0);
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_kill_mid_call_is_a_typed_error_and_never_runs_twice() {
+    let server = Throwaway::start();
+    let store = impatient_store(&server.url()).await;
+    let mut admin = support::admin(&server.url()).await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    let id = RecordId::new(
+        scope.clone(),
+        IdempotencyKey::parse("kill-key").expect("key"),
+    );
+    store.fetch(&id, clock.now()).await.expect("connected");
+
+    // The claim is sent while writes are paused, then its connection is killed.
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "10000", "WRITE"][..])
+        .query_async(&mut admin)
+        .await
+        .expect("pause");
+    let call = {
+        let (idem, scope, r) = (idem.clone(), scope.clone(), runs.clone());
+        tokio::spawn(async move {
+            idem.execute(&scope, "kill-key", &request(), |_| async move {
+                r.hit();
+                Out::Success("ch_1".into())
+            })
+            .await
+        })
+    };
+    wait_until_a_command_is_paused(&mut admin).await;
+    assert!(
+        kill_other_clients(&mut admin).await >= 1,
+        "the store's connection was killed"
+    );
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .expect("unpause");
+    let err = call
+        .await
+        .expect("join")
+        .expect_err("the claim's connection died");
+    assert!(
+        matches!(
+            err,
+            Error::Store(StoreError::Unavailable {
+                backend: "redis",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.http_status(), 503);
+    assert_eq!(runs.get(), 0, "nothing ran");
+
+    // The store reconnects by itself; the killed claim left nothing behind.
+    wait_until_reachable(&store, &id, clock.now()).await;
+    assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
+
+    // Now the connection dies while the work runs (between claim and complete).
+    let r = runs.clone();
+    let mut killer = admin.clone();
+    let reply = idem
+        .execute(&scope, "kill-key", &request(), |_| async move {
+            r.hit();
+            kill_other_clients(&mut killer).await;
+            Out::Success("ch_1".into())
+        })
+        .await
+        .expect("the caller gets the work's result");
+    assert_eq!(reply.into_result(), Ok("ch_1".to_owned()));
+    wait_until_reachable(&store, &id, clock.now()).await;
+    for _ in 0..3 {
+        let r = runs.clone();
+        match idem
+            .execute(&scope, "kill-key", &request(), |_| async move {
+                r.hit();
+                Out::Success("again".into())
+            })
+            .await
+        {
+            Ok(replay) => {
+                assert!(replay.is_replay());
+                assert_eq!(replay.into_result(), Ok("ch_1".to_owned()));
+            }
+            Err(e) => assert!(matches!(e, Error::InFlight { .. }), "{e:?}"),
+        }
+    }
+    assert_eq!(runs.get(), 1, "the work ran exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_is_unavailable_then_forgets() {
+    let server = Throwaway::start();
+    let store = impatient_store(&server.url()).await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    let id = RecordId::new(
+        scope.clone(),
+        IdempotencyKey::parse("restart-key").expect("key"),
+    );
+    let req = request();
+    let run = || {
+        let r = runs.clone();
+        idem.execute(&scope, "restart-key", &req, |_| async move {
+            r.hit();
+            Out::Success("ch_1".into())
+        })
+    };
+    assert!(!run().await.expect("first").is_replay());
+    assert!(run().await.expect("replay").is_replay());
+
+    server.stop();
+    let err = store
+        .fetch(&id, clock.now())
+        .await
+        .expect_err("server down");
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    let err = run().await.expect_err("server down");
+    assert_eq!(err.http_status(), 503);
+    assert_eq!(runs.get(), 1);
+
+    server.start_again();
+    wait_until_reachable(&store, &id, clock.now()).await;
+    // What the durability section warns about: without AOF the claim is gone,
+    // so the retry runs the work again.
+    assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
+    assert!(!run().await.expect("after restart").is_replay());
+    assert_eq!(runs.get(), 2);
+}
+
+/// Counts of every command Redis ran (from `INFO commandstats`).
+async fn commandstats(admin: &mut MultiplexedConnection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(admin)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+async fn delta<F: std::future::Future>(
+    admin: &mut MultiplexedConnection,
+    f: F,
+) -> Vec<(String, u64)> {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(admin)
+        .await
+        .expect("RESETSTAT");
+    f.await;
+    let mut stats: Vec<(String, u64)> = commandstats(admin)
+        .await
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("config") && name != "info")
+        .collect();
+    stats.sort();
+    stats
+}
+
+fn counts(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = pairs.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_transition_is_one_evalsha_with_few_inner_commands() {
+    let server = Throwaway::start();
+    let store = impatient_store(&server.url()).await;
+    let mut admin = support::admin(&server.url()).await;
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    // Run every script once first, so the counts below are the steady state
+    // (no SCRIPT LOAD after NOSCRIPT).
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("warm");
+    store.checkpoint(&id, req.token, "x").await.expect("warm");
+    store
+        .extend_lease(&id, req.token, clock.now().plus(LEASE))
+        .await
+        .expect("warm");
+    store
+        .release(&id, req.token, clock.now())
+        .await
+        .expect("warm");
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("warm");
+    let now = clock.now();
+    let warm = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(b"warm"),
+        resource_id: None,
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    store.complete(&id, req.token, &warm).await.expect("warm");
+    store.fetch(&id, clock.now()).await.expect("warm");
+    let id = record_id(&scope());
+    let req = claim_req(&id, &clock);
+    let now = clock.now();
+    let done = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(&[7u8; 4096]),
+        resource_id: Some("ch_1"),
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    for (name, got, want) in [
+        (
+            "claim (new)",
+            delta(&mut admin, async {
+                assert!(matches!(
+                    store.claim(&req).await,
+                    Ok(ClaimOutcome::Claimed(_))
+                ));
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1), ("pexpire", 1)]),
+        ),
+        (
+            "claim (in flight)",
+            delta(&mut admin, async {
+                assert!(matches!(
+                    store.claim(&claim_req(&id, &clock)).await,
+                    Ok(ClaimOutcome::Existing(_))
+                ));
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1)]),
+        ),
+        (
+            "checkpoint",
+            delta(&mut admin, async {
+                store
+                    .checkpoint(&id, req.token, "ch_1")
+                    .await
+                    .expect("checkpoint")
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+        ),
+        (
+            "extend",
+            delta(&mut admin, async {
+                store
+                    .extend_lease(&id, req.token, now.plus(LEASE))
+                    .await
+                    .expect("extend")
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+        ),
+        (
+            "complete",
+            delta(&mut admin, async {
+                store
+                    .complete(&id, req.token, &done)
+                    .await
+                    .expect("complete")
+            })
+            .await,
+            counts(&[
+                ("evalsha", 1),
+                ("hmget", 1),
+                ("hset", 1),
+                ("pexpire", 1),
+                ("set", 1),
+            ]),
+        ),
+        (
+            "claim (replay)",
+            delta(&mut admin, async {
+                let Ok(ClaimOutcome::Existing(rec)) = store.claim(&claim_req(&id, &clock)).await
+                else {
+                    panic!("a completed record stands");
+                };
+                assert_eq!(rec.response.as_deref(), Some([7u8; 4096].as_slice()));
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1), ("get", 1)]),
+        ),
+        (
+            "fetch",
+            delta(&mut admin, async {
+                store
+                    .fetch(&id, clock.now())
+                    .await
+                    .expect("fetch")
+                    .expect("record")
+            })
+            .await,
+            counts(&[("evalsha", 1), ("hmget", 1), ("get", 1)]),
+        ),
+    ] {
+        assert_eq!(got, want, "{name}");
+        eprintln!("{name}: {got:?}");
+    }
+    let id2 = record_id(&scope());
+    let req2 = claim_req(&id2, &clock);
+    store.claim(&req2).await.expect("claim");
+    let got = delta(&mut admin, async {
+        store
+            .release(&id2, req2.token, clock.now())
+            .await
+            .expect("release")
+    })
+    .await;
+    assert_eq!(
+        got,
+        counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+        "release"
+    );
+}

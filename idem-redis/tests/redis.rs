@@ -1,0 +1,473 @@
+//! Redis-specific behaviour on the shared server and the cluster: NOSCRIPT
+//! reload on every primary, garbage records, the key layout, isolation,
+//! native expiry, contention and volume.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::store::{Completion, OutcomeKind, Store, StoreError, Token};
+use idem_core::{Clock, Error, IdempotencyKey, ManualClock, Scope};
+use idem_redis::RedisStore;
+use idem_redis::redis::{self, AsyncCommands};
+use support::scenario::{
+    Counter, KEY_TTL, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_every_cluster_node_after_script_flush() {
+    let fixture = support::cluster().await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(fixture.store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    // Keys spread over the slots of every primary.
+    let keys: Vec<String> = (0..24).map(|i| format!("flush-{i}")).collect();
+    for round in 0..2 {
+        for url in &fixture.nodes {
+            let mut node = support::admin(url).await;
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut node)
+                .await
+                .expect("SCRIPT FLUSH");
+        }
+        for key in &keys {
+            let r = runs.clone();
+            let reply = idem
+                .execute(&scope, key.as_str(), &request(), |_| async move {
+                    r.hit();
+                    Out::Success("ch".into())
+                })
+                .await
+                .expect("EVALSHA falls back to SCRIPT LOAD on the primaries");
+            assert_eq!(reply.is_replay(), round > 0);
+        }
+    }
+    assert_eq!(runs.get(), keys.len());
+    fixture.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let mut admin = support::admin(&support::standalone_url()).await;
+    let clock = ManualClock::starting_now();
+    let scope = scope();
+
+    let edits: [(&str, &[u8]); 7] = [
+        ("s", b"banana"),
+        ("f", b"short"),
+        ("a", b"many"),
+        ("l", b"soon"),
+        ("k", b"\xff\xfe"),
+        ("o", b"maybe"),
+        ("x", b"\xff not utf-8"),
+    ];
+    for (field, value) in edits {
+        let id = record_id(&scope);
+        let req = claim_req(&id, &clock);
+        store.claim(&req).await.expect("claim");
+        if field == "o" || field == "x" {
+            let now = clock.now();
+            store
+                .complete(
+                    &id,
+                    req.token,
+                    &Completion {
+                        outcome: OutcomeKind::Success,
+                        body: Some(b"ok"),
+                        resource_id: Some("r"),
+                        now,
+                        response_expires_at: now.plus(RESPONSE_TTL),
+                        key_expires_at: now.plus(KEY_TTL),
+                    },
+                )
+                .await
+                .expect("complete");
+        }
+        let _: i64 = admin
+            .hset(store.record_key(&id), field, value)
+            .await
+            .expect("HSET");
+        corrupt(store.fetch(&id, clock.now()).await, field);
+        corrupt(store.claim(&claim_req(&id, &clock)).await, field);
+    }
+
+    // A body replaced by another type.
+    let id = record_id(&scope);
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("claim");
+    let now = clock.now();
+    let done = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(b"ok"),
+        resource_id: None,
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    store
+        .complete(&id, req.token, &done)
+        .await
+        .expect("complete");
+    let _: () = admin.del(store.body_key(&id)).await.expect("DEL");
+    let _: i64 = admin
+        .rpush(store.body_key(&id), "garbage")
+        .await
+        .expect("RPUSH");
+    corrupt(store.fetch(&id, clock.now()).await, "body is a list");
+    corrupt(store.claim(&claim_req(&id, &clock)).await, "body is a list");
+
+    // A key of the record holding another type.
+    let id = record_id(&scope);
+    let _: () = admin
+        .set(store.record_key(&id), "garbage")
+        .await
+        .expect("SET");
+    corrupt(store.fetch(&id, clock.now()).await, "record is a string");
+    corrupt(
+        store.claim(&claim_req(&id, &clock)).await,
+        "record is a string",
+    );
+    let lost = store.release(&id, Token::random(), clock.now()).await;
+    corrupt(lost, "release on a string");
+
+    // Through the engine: a typed error, and the work does not run.
+    let idem = engine(store.clone(), &clock);
+    let runs = Counter::default();
+    let r = runs.clone();
+    let garbage_key = id.key().clone();
+    let err = idem
+        .execute(&scope, garbage_key, &request(), |_| async move {
+            r.hit();
+            Out::Success("no".into())
+        })
+        .await
+        .expect_err("corrupt record");
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    assert_eq!(err.http_status(), 500);
+    assert_eq!(runs.get(), 0);
+    fixture.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_identities_stay_inside_their_hash_tag() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let prefix = store.prefix().as_str().to_owned();
+    let clock = ManualClock::starting_now();
+    let idem = engine(store.clone(), &clock);
+    let long = "k".repeat(255);
+    let cases = [
+        ("owner with spaces", "POST /x y", "key with spaces"),
+        ("{owner}", "{op}", "{key}"),
+        ("}{", "{", "}"),
+        ("o*?[]\\", "op", "*"),
+        ("o", "op", long.as_str()),
+        ("\u{1F600} \u{00FC}ber", "op", "k"),
+    ];
+    for (i, (owner, op, key)) in cases.iter().enumerate() {
+        let scope = Scope::new(*owner, *op).expect("scope");
+        let reply = idem
+            .execute(&scope, *key, &request(), move |_| async move {
+                Out::Success(format!("case-{i}"))
+            })
+            .await
+            .expect("call");
+        assert!(!reply.is_replay(), "case {i} collided");
+    }
+    // Control characters never reach the store.
+    assert!(Scope::new("o\nx", "op").is_err());
+    assert!(Scope::new("o", "op\r\n").is_err());
+    let newline_key = idem
+        .execute(&scope(), "a\nb", &request(), |_| async {
+            Out::Success("no".into())
+        })
+        .await;
+    assert!(
+        matches!(newline_key, Err(Error::InvalidKey(_))),
+        "{newline_key:?}"
+    );
+
+    let keys = support::scan_keys(&fixture.nodes, &prefix).await;
+    assert_eq!(
+        keys.len(),
+        2 * cases.len(),
+        "one record and one body per case: {keys:?}"
+    );
+    for (_, key) in &keys {
+        let rest = key.strip_prefix(&prefix).expect("prefixed");
+        let (tag, suffix) = rest
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+            .expect("a hash tag");
+        assert_eq!(tag.len(), 64, "{key}");
+        assert!(
+            tag.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{key}"
+        );
+        assert!(suffix == ":r" || suffix == ":b", "{key}");
+    }
+    // Redis Cluster puts both keys of a record in one slot.
+    let mut admin = support::admin(&support::cluster::urls()[0]).await;
+    for (_, key) in &keys {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut admin)
+            .await
+            .expect("KEYSLOT");
+        let pair = if key.ends_with(":r") {
+            key.replace("}:r", "}:b")
+        } else {
+            key.replace("}:b", "}:r")
+        };
+        let other: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&pair)
+            .query_async(&mut admin)
+            .await
+            .expect("KEYSLOT");
+        assert_eq!(slot, other, "record and body share a slot");
+    }
+    fixture.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_and_prefixes_never_share_records() {
+    let a = support::standalone().await;
+    let b = support::standalone().await;
+    let clock = ManualClock::starting_now();
+    let (ia, ib) = (
+        engine(a.store.clone(), &clock),
+        engine(b.store.clone(), &clock),
+    );
+    let runs = Counter::default();
+    let owner1 = Scope::new("owner-1", "POST /charges").expect("scope");
+    let owner2 = Scope::new("owner-2", "POST /charges").expect("scope");
+    let key = IdempotencyKey::random();
+    for (idem, scope, name) in [
+        (&ia, &owner1, "a1"),
+        (&ia, &owner2, "a2"),
+        (&ib, &owner1, "b1"),
+    ] {
+        let r = runs.clone();
+        let reply = idem
+            .execute(scope, key.clone(), &request(), move |_| async move {
+                r.hit();
+                Out::Success(name.into())
+            })
+            .await
+            .expect("call");
+        assert!(
+            !reply.is_replay(),
+            "{name} must execute, not replay another's record"
+        );
+    }
+    assert_eq!(runs.get(), 3);
+    for (idem, scope, name) in [
+        (&ia, &owner1, "a1"),
+        (&ia, &owner2, "a2"),
+        (&ib, &owner1, "b1"),
+    ] {
+        let reply = idem
+            .execute(scope, key.clone(), &request(), |_| async {
+                Out::Success("no".into())
+            })
+            .await
+            .expect("replay");
+        assert_eq!(reply.into_result(), Ok(name.to_owned()));
+    }
+    a.teardown_checked().await;
+    // Deleting a's keys left b's alone.
+    assert_eq!(
+        support::scan_keys(&b.nodes, b.store.prefix().as_str())
+            .await
+            .len(),
+        2
+    );
+    b.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_and_record_expire_natively_on_their_own_clocks() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let mut admin = support::admin(&support::standalone_url()).await;
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("claim");
+    let in_flight: i64 = admin.pttl(store.record_key(&id)).await.expect("PTTL");
+    assert!(
+        in_flight > (KEY_TTL - Duration::from_secs(60)).as_millis() as i64,
+        "{in_flight}"
+    );
+    let now = clock.now();
+    let done = Completion {
+        outcome: OutcomeKind::Success,
+        body: Some(b"body"),
+        resource_id: None,
+        now,
+        response_expires_at: now.plus(Duration::from_millis(300)),
+        key_expires_at: now.plus(KEY_TTL),
+    };
+    store
+        .complete(&id, req.token, &done)
+        .await
+        .expect("complete");
+    let body_ttl: i64 = admin.pttl(store.body_key(&id)).await.expect("PTTL");
+    let record_ttl: i64 = admin.pttl(store.record_key(&id)).await.expect("PTTL");
+    assert!((1..=300).contains(&body_ttl), "body PTTL {body_ttl}");
+    assert!(
+        record_ttl > (KEY_TTL - Duration::from_secs(60)).as_millis() as i64,
+        "record PTTL {record_ttl}"
+    );
+    // Redis drops the body by itself; the record stays and still answers.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let exists: bool = admin.exists(store.body_key(&id)).await.expect("EXISTS");
+    assert!(!exists, "the body expired natively");
+    let rec = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record kept");
+    assert_eq!(rec.outcome, Some(OutcomeKind::Success));
+    assert_eq!(rec.response, None);
+    fixture.teardown_checked().await;
+}
+
+fn corrupt<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
+    assert!(
+        matches!(
+            r,
+            Err(StoreError::Corrupt {
+                backend: "redis",
+                ..
+            })
+        ),
+        "{what}: {r:?}"
+    );
+}
+
+/// 64 tasks on one key, spread over 8 separate connections, run the work
+/// exactly once.
+async fn sixty_four_tasks_on_eight_connections(fixture: support::RedisFixture, cluster: bool) {
+    let clock = ManualClock::starting_now();
+    let prefix = fixture.store.prefix().clone();
+    let mut engines = Vec::new();
+    for _ in 0..8 {
+        let store = if cluster {
+            RedisStore::connect_cluster(&fixture.nodes)
+                .await
+                .expect("cluster")
+        } else {
+            RedisStore::connect(&support::standalone_url())
+                .await
+                .expect("standalone")
+        };
+        engines.push(engine(store.with_key_prefix(prefix.clone()), &clock));
+    }
+    let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let (idem, scope, key, runs, barrier) = (
+                engines[i % 8].clone(),
+                scope.clone(),
+                key.clone(),
+                runs.clone(),
+                Arc::clone(&barrier),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                idem.execute(&scope, key, &request(), move |_| async move {
+                    runs.hit();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Out::Success(format!("winner-{i}"))
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut results: HashMap<&str, usize> = HashMap::new();
+    for t in tasks {
+        let kind = match t.await.expect("join") {
+            Ok(r) if r.is_replay() => "replayed",
+            Ok(_) => "executed",
+            Err(Error::InFlight { .. }) => "in_flight",
+            Err(e) => panic!("unexpected error under contention: {e:?}"),
+        };
+        *results.entry(kind).or_default() += 1;
+    }
+    assert_eq!(runs.get(), 1, "exactly one execution: {results:?}");
+    assert_eq!(results.get("executed"), Some(&1));
+    assert_eq!(results.values().sum::<usize>(), 64);
+    eprintln!("64 tasks / 8 connections (cluster: {cluster}): {results:?}");
+    fixture.teardown_checked().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_sixty_four_tasks_eight_connections_standalone() {
+    sixty_four_tasks_on_eight_connections(support::standalone().await, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_sixty_four_tasks_eight_connections_cluster() {
+    sixty_four_tasks_on_eight_connections(support::cluster().await, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_distinct_keys_run_ten_thousand_times() {
+    let fixture = support::standalone().await;
+    let clock = ManualClock::starting_now();
+    let idem = engine(fixture.store.clone(), &clock);
+    let (scope, runs) = (scope(), Counter::default());
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|t| {
+            let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
+            tokio::spawn(async move {
+                for i in (t..10_000).step_by(64) {
+                    let r = runs.clone();
+                    let reply = idem
+                        .execute(
+                            &scope,
+                            format!("key-{i}"),
+                            &request(),
+                            move |_| async move {
+                                r.hit();
+                                Out::Success(format!("ch_{i}"))
+                            },
+                        )
+                        .await
+                        .expect("call");
+                    assert!(!reply.is_replay() && reply.is_stored(), "key-{i}");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("join");
+    }
+    let took = started.elapsed();
+    assert_eq!(runs.get(), 10_000);
+    eprintln!("10,000 distinct keys (claim + complete each) in {took:?}");
+    let keys = support::scan_keys(&fixture.nodes, fixture.store.prefix().as_str()).await;
+    assert_eq!(keys.len(), 20_000, "one record and one body per key");
+    for i in (0..10_000).step_by(997) {
+        let reply = idem
+            .execute(&scope, format!("key-{i}"), &request(), |_| async {
+                Out::Success("no".into())
+            })
+            .await
+            .expect("replay");
+        assert_eq!(reply.into_result(), Ok(format!("ch_{i}")));
+    }
+    assert_eq!(runs.get(), 10_000);
+    fixture.teardown_checked().await;
+}

@@ -1,0 +1,74 @@
+//! What the backend tests share: a policy, engines, identities, a counter.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::store::{ClaimRequest, Token};
+use idem_core::{
+    Clock, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy, RecordId,
+    Scope, fingerprint,
+};
+use idem_redis::RedisStore;
+
+pub(crate) type Out = Outcome<String, String>;
+
+pub(crate) const LEASE: Duration = Duration::from_secs(60);
+pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const KEY_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+pub(crate) fn policy() -> Policy {
+    Policy::builder()
+        .lease(LEASE)
+        .response_ttl(RESPONSE_TTL)
+        .key_ttl(KEY_TTL)
+        .in_flight(InFlightMode::Reject)
+        .store_retries(5, Duration::from_millis(50))
+        .build()
+        .expect("valid policy")
+}
+
+pub(crate) fn engine(store: RedisStore, clock: &ManualClock) -> Idem<RedisStore> {
+    Idem::new(store)
+        .with_clock(clock.clone())
+        .with_policy(policy())
+}
+
+pub(crate) fn scope() -> Scope {
+    Scope::new(
+        format!("tenant-{}", IdempotencyKey::random()),
+        "POST /charges",
+    )
+    .expect("scope")
+}
+
+pub(crate) fn request() -> serde_json::Value {
+    serde_json::json!({"amount": 100, "currency": "eur"})
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct Counter(Arc<AtomicUsize>);
+impl Counter {
+    pub(crate) fn hit(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn claim_req<'a>(id: &'a RecordId, clock: &ManualClock) -> ClaimRequest<'a> {
+    let now = clock.now();
+    ClaimRequest {
+        id,
+        fingerprint: fingerprint("POST /charges", &request(), &FieldFilter::All).expect("fp"),
+        token: Token::random(),
+        now,
+        lease_until: now.plus(LEASE),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
+pub(crate) fn record_id(scope: &Scope) -> RecordId {
+    RecordId::new(scope.clone(), IdempotencyKey::random())
+}
