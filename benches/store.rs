@@ -19,6 +19,8 @@
 //! Run with: `cargo bench --bench store` (`IDEM_BENCH_QUICK=1` for a short
 //! run; a criterion filter such as `-- sqlite-file` picks groups). A table of
 //! ratios is printed at the end and written to `target/idem-bench-store.md`.
+//! `IDEM_BENCH_PAIRED=5` skips criterion and measures each group in 5
+//! alternating library/raw rounds instead (median of the per-round ratios).
 
 #[allow(dead_code, reason = "each bench uses a part of the shared helpers")]
 mod common;
@@ -45,6 +47,8 @@ struct Row {
     /// Nanoseconds per call of every sample, library and raw baseline.
     lib: Vec<f64>,
     raw: Vec<f64>,
+    /// raw time / library time of each alternating pair (paired mode).
+    pairs: Vec<f64>,
     mix: Option<String>,
 }
 
@@ -70,12 +74,23 @@ impl Summary {
         side.push(took.as_nanos() as f64 / calls.max(1) as f64);
     }
 
+    fn pair(&self, group: &str, ratio: f64) {
+        let mut rows = self
+            .rows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        rows.entry(group.to_owned()).or_default().pairs.push(ratio);
+    }
+
+    /// Notes how the contended calls ended, for a group that ran.
     fn mix(&self, group: &str, mix: String) {
         let mut rows = self
             .rows
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        rows.entry(group.to_owned()).or_default().mix = Some(mix);
+        if let Some(row) = rows.get_mut(group) {
+            row.mix = Some(mix);
+        }
     }
 
     fn table(&self) -> String {
@@ -88,7 +103,13 @@ impl Summary {
         );
         for (group, row) in rows.iter() {
             let (l, r) = (median_rate(&row.lib), median_rate(&row.raw));
-            let ratio = if r > 0.0 { l / r } else { 0.0 };
+            let ratio = if row.pairs.is_empty() {
+                if r > 0.0 { l / r } else { 0.0 }
+            } else {
+                let mut p = row.pairs.clone();
+                p.sort_by(f64::total_cmp);
+                p[p.len() / 2]
+            };
             out.push_str(&format!(
                 "| {group} | {l:.0} | {r:.0} | {ratio:.2} | {} |\n",
                 row.mix.as_deref().unwrap_or("")
@@ -103,6 +124,54 @@ fn concurrencies(scenario: Scenario) -> &'static [usize] {
         Scenario::Contended => &[64],
         _ => &[1, 8, 64],
     }
+}
+
+/// `IDEM_BENCH_PAIRED=N`: instead of criterion, N alternating rounds of
+/// library and raw baseline per group (order swapped every round), each
+/// about 0.3 s; the ratio reported is the median of the N per-round ratios,
+/// which cancels the slow drifts of a shared machine better than two
+/// criterion runs one after the other.
+fn paired_rounds() -> usize {
+    std::env::var("IDEM_BENCH_PAIRED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn paired<L: Target, R: Target>(
+    rt: &Runtime,
+    summary: &Summary,
+    group: &str,
+    lib: &Arc<Plan<L>>,
+    raw: &Arc<Plan<R>>,
+    scenario: Scenario,
+    tasks: usize,
+) {
+    // Calibrate on the library: enough calls for about 0.3 s per side.
+    let probe = rt.block_on(run(lib, scenario, tasks, 64, false)).elapsed;
+    let per_call = probe.as_secs_f64() / 64.0;
+    let calls = ((0.3 / per_call.max(1e-9)) as u64).clamp(64, 500_000);
+    eprint!("{group}: {} rounds of {calls} calls", paired_rounds());
+    for round in 0..paired_rounds() {
+        let (l, r) = if round % 2 == 0 {
+            let r = rt.block_on(run(raw, scenario, tasks, calls, false)).elapsed;
+            (
+                rt.block_on(run(lib, scenario, tasks, calls, false)).elapsed,
+                r,
+            )
+        } else {
+            let l = rt.block_on(run(lib, scenario, tasks, calls, false)).elapsed;
+            (
+                l,
+                rt.block_on(run(raw, scenario, tasks, calls, false)).elapsed,
+            )
+        };
+        summary.add(group, true, calls, l);
+        summary.add(group, false, calls, r);
+        summary.pair(group, r.as_secs_f64() / l.as_secs_f64());
+        eprint!(".");
+    }
+    eprintln!();
 }
 
 /// Every scenario and concurrency of one backend and body size.
@@ -123,6 +192,10 @@ fn bench_pair<L: Target, R: Target>(
     for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
         for &tasks in concurrencies(scenario) {
             let group = format!("{backend}/{}/{body}B/c{tasks}", scenario.name());
+            if paired_rounds() > 0 {
+                paired(rt, summary, &group, &lib, &raw, scenario, tasks);
+                continue;
+            }
             let mut g = c.benchmark_group(&group);
             g.throughput(Throughput::Elements(1));
             g.bench_function("idem", |b| {
