@@ -281,10 +281,59 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     }
 }
 
+/// Native cost of the engine's per-call pieces (`IDEM_STORE_PROFILE=parts`):
+/// best of 5 runs of 100,000 calls each.
+fn parts() {
+    use idem_core::store::Token;
+    use idem_core::{FieldFilter, IdempotencyKey, RecordId, Scope, fingerprint};
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    fn best(label: &str, mut f: impl FnMut()) {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..100_000 {
+                f();
+            }
+            best = best.min(t.elapsed().as_secs_f64() * 1e9 / 100_000.0);
+        }
+        println!("{label:<40} {best:>8.0} ns");
+    }
+    let request = common::stores::workload::request();
+    let scope = Scope::new("bench-owner", "POST /payments").expect("scope");
+    let id = RecordId::new(
+        scope.clone(),
+        IdempotencyKey::parse("order-7").expect("key"),
+    );
+    best("fingerprint(request)", || {
+        black_box(fingerprint(
+            "POST /payments",
+            black_box(&request),
+            &FieldFilter::All,
+        ))
+        .ok();
+    });
+    best("RecordId::log_hash", || {
+        black_box(black_box(&id).log_hash());
+    });
+    best("Token::random", || {
+        black_box(Token::random());
+    });
+    best("IdempotencyKey::parse + RecordId::new", || {
+        let key = IdempotencyKey::parse(black_box("order-7")).expect("key");
+        black_box(RecordId::new(scope.clone(), key));
+    });
+}
+
 /// `IDEM_STORE_PROFILE=fresh|replay` makes 20,000 such calls on
 /// `MemoryStore` through the library and exits: a fixed loop for
 /// `valgrind --tool=callgrind` to count what the engine adds.
 fn profile(which: &str, rt: &Runtime) {
+    if which == "parts" {
+        parts();
+        return;
+    }
     let scenario = if which == "fresh" {
         Scenario::Fresh
     } else {
