@@ -103,15 +103,15 @@ fn progress(backend: &str, what: &str) {
 fn print_table(rows: &[(String, [Figures; 3])]) {
     eprint!("\r\x1b[2K");
     println!(
-        "{:<14} | {:>27} | {:>27} | {:>27}",
+        "{:<14} | {:>31} | {:>31} | {:>31}",
         "backend", "fresh (8 tasks)", "replay (8 tasks)", "contended (64 on 16 keys)"
     );
-    println!(
-        "{:<14} | {}",
-        "",
-        ["ops/s    p50 µs   p99 µs  ×raw"; 3].join(" | ")
+    let sub = format!(
+        "{:>7} {:>8} {:>8} {:>5}",
+        "ops/s", "p50 µs", "p99 µs", "×raw"
     );
-    println!("{}", "-".repeat(14 + 3 * 30));
+    println!("{:<14} | {sub} | {sub} | {sub}", "");
+    println!("{}", "-".repeat(14 + 3 * 34));
     for (name, figs) in rows {
         let cells: Vec<String> = figs
             .iter()
