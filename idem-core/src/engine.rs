@@ -79,6 +79,15 @@ impl<S: fmt::Debug> fmt::Debug for Idem<S> {
     }
 }
 
+/// Formats a record's short hash only if a subscriber records the field.
+struct LogHash<'a>(&'a RecordId);
+
+impl fmt::Display for LogHash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.log_hash())
+    }
+}
+
 /// A request checked and fingerprinted, ready to claim.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -179,7 +188,7 @@ impl<S: Store> Idem<S> {
         let prepared = self.prepare(scope, key, request)?;
         let span = info_span!(
             "idem.execute",
-            record = %prepared.id.log_hash(),
+            record = %LogHash(&prepared.id),
             operation = %scope.operation(),
         );
         self.execute_prepared(prepared, work).instrument(span).await

@@ -86,11 +86,26 @@ use crate::scope::RecordId;
 pub struct Token(u64);
 
 impl Token {
-    /// A fresh random token in `1..2^63`.
+    /// A fresh token in `1..2^63`.
+    ///
+    /// A 64-bit seed is read from the operating system once per process;
+    /// each token is then the next step of a SplitMix64 sequence from that
+    /// seed, cut to 63 bits. A token only has to differ from the one that
+    /// held the record before, which this gives with probability
+    /// 1 - 2^-63, without a system call per claim.
     #[must_use]
     pub fn random() -> Self {
-        let v = u64::from_be_bytes(crate::key::random_bytes::<8>()) & (u64::MAX >> 1);
-        Self(v.max(1))
+        use std::sync::OnceLock;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SEED: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let seed = *SEED.get_or_init(|| u64::from_be_bytes(crate::key::random_bytes::<8>()));
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Self((z >> 1).max(1))
     }
 
     /// From a stored value. Backends store it as a signed 64-bit integer.
@@ -103,6 +118,21 @@ impl Token {
     #[must_use]
     pub const fn as_i64(self) -> i64 {
         self.0.cast_signed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_are_distinct_positive_and_spread() {
+        let tokens: std::collections::HashSet<i64> =
+            (0..100_000).map(|_| Token::random().as_i64()).collect();
+        assert_eq!(tokens.len(), 100_000);
+        assert!(tokens.iter().all(|&t| t > 0));
+        let high = tokens.iter().filter(|&&t| t > i64::MAX / 2).count();
+        assert!((40_000..60_000).contains(&high), "not spread: {high}");
     }
 }
 
