@@ -48,11 +48,32 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
+/// How many times a script call is made when Redis answers NOSCRIPT.
+///
+/// `invoke_async` already loads the script once after a NOSCRIPT; a
+/// `SCRIPT FLUSH` or a failover landing between that load and the second
+/// `EVALSHA` answers NOSCRIPT again. A NOSCRIPT reply means the script did not
+/// run, so calling again can never apply a transition twice.
+const NOSCRIPT_TRIES: u32 = 3;
+
 impl Connection {
     async fn invoke(&self, inv: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        match self {
-            Self::Standalone(c) => inv.invoke_async(&mut c.clone()).await,
-            Self::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        let mut tries = 1;
+        loop {
+            let result = match self {
+                Self::Standalone(c) => inv.invoke_async(&mut c.clone()).await,
+                Self::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+            };
+            match result {
+                Err(e)
+                    if tries < NOSCRIPT_TRIES
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
         }
     }
 }
