@@ -88,6 +88,23 @@ impl PgStore {
         self.tx_lock_timeout
     }
 
+    /// The claim statement, as the store runs it (`$1` owner, `$2` operation,
+    /// `$3` key, `$4` fingerprint, `$5` token, `$6` now, `$7` lease end,
+    /// `$8` key expiry; all times in Unix ms), to review, `EXPLAIN` or run as
+    /// a raw-driver baseline.
+    #[must_use]
+    pub fn claim_statement(&self) -> &str {
+        &self.sql.claim
+    }
+
+    /// The completion statement, as the store runs it (`$1`–`$3` the record,
+    /// `$4` token, `$5` outcome, `$6` body, `$7` response expiry, `$8` key
+    /// expiry, `$9` resource id or NULL).
+    #[must_use]
+    pub fn complete_statement(&self) -> &str {
+        &self.sql.complete
+    }
+
     /// The purge statement (`$1` now in Unix ms, `$2` the batch limit), to
     /// review or `EXPLAIN`: each half walks its expiry index.
     #[must_use]

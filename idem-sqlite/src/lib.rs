@@ -8,5 +8,11 @@ mod store;
 
 pub use config::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use schema::MIGRATION;
+
+/// The statements the store runs, exactly, for review, `EXPLAIN QUERY PLAN`
+/// or a raw-driver baseline.
+pub mod statements {
+    pub use crate::schema::{CLAIM, COMPLETE, FETCH};
+}
 pub use sqlx;
 pub use store::SqliteStore;

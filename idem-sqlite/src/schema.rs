@@ -3,10 +3,12 @@
 /// The DDL of `migrations/0001_idem.sql` (idempotent).
 pub const MIGRATION: &str = include_str!("../migrations/0001_idem.sql");
 
-/// The claim: insert when absent; overwrite when the key expired; take over a
+/// The claim (`?1` owner, `?2` operation, `?3` key, `?4` fingerprint,
+/// `?5` token, `?6` lease end, `?7` key expiry, `?8` now; times in Unix ms):
+/// insert when absent; overwrite when the key expired; take over a
 /// released record or an expired lease with the same fingerprint. Returns a
 /// row only when the caller won. `?8` is the engine's `now`.
-pub(crate) const CLAIM: &str = "
+pub const CLAIM: &str = "
 INSERT INTO idem_records
     (owner, operation, key, fingerprint, state, token, attempt, lease_until,
      takeover, resource_id, outcome, response, response_expires_at, key_expires_at)
@@ -33,8 +35,9 @@ WHERE idem_records.key_expires_at <= ?8
             OR (idem_records.state = 'in_flight' AND idem_records.lease_until <= ?8)))
 RETURNING attempt, takeover, resource_id";
 
-/// Reads a live record; the body only while `now < response_expires_at`.
-pub(crate) const FETCH: &str = "
+/// Reads a live record (`?1`–`?3` the record, `?4` now); the body only while
+/// `now < response_expires_at`.
+pub const FETCH: &str = "
 SELECT fingerprint, state, attempt, lease_until, resource_id, outcome,
        CASE WHEN response_expires_at > ?4 THEN response END AS response,
        response_expires_at, key_expires_at
@@ -52,7 +55,9 @@ macro_rules! guarded {
     };
 }
 
-pub(crate) const COMPLETE: &str = guarded!(
+/// The completion: `?1`–`?4` the record and token, `?5` outcome, `?6` body,
+/// `?7` response expiry, `?8` key expiry, `?9` resource id or NULL.
+pub const COMPLETE: &str = guarded!(
     "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
      key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)"
 );

@@ -1,9 +1,9 @@
 //! The raw baseline of `PgStore`: the same claim and completion statements
 //! through the same pool, without the engine.
 //!
-//! `idem-postgres` keeps its statements private (`store.rs`,
-//! `Statements::new`), so the claim and the completion are copied here for
-//! the bench's own table; keep them in step. A claim is one statement, so a
+//! The claim and the completion are the store's own statements for the
+//! bench's table (`PgStore::claim_statement`, `complete_statement`), so the
+//! baseline cannot drift from the store. A claim is one statement, so a
 //! replay is one round trip and a fresh key two (claim, complete).
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,67 +13,6 @@ use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
 use super::workload::{Ended, OPERATION, OWNER, Target, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
-
-/// The claim of `idem-postgres` for table `t` (quoted, qualified).
-fn claim_sql(t: &str) -> String {
-    let pk = "owner = $1 AND operation = $2 AND key = $3";
-    let cols = "fingerprint, state, attempt, lease_until, resource_id, outcome, \
-     CASE WHEN response_expires_at > $6 THEN response END AS response, response_expires_at, key_expires_at";
-    format!(
-        "WITH cur AS (
-            SELECT {cols},
-                   key_expires_at <= $6
-                   OR (fingerprint = $4
-                       AND (state = 'released' OR (state = 'in_flight' AND lease_until <= $6))) AS claimable
-            FROM {t} WHERE {pk}
-        ),
-        ins AS (
-            INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at)
-            SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, $8
-            WHERE NOT EXISTS (SELECT 1 FROM cur)
-            ON CONFLICT (owner, operation, key) DO NOTHING
-            RETURNING attempt
-        ),
-        upd AS (
-            UPDATE {t} AS r SET
-                fingerprint = $4,
-                state = 'in_flight',
-                token = $5,
-                lease_until = $7,
-                attempt = CASE WHEN r.key_expires_at <= $6 THEN 1 ELSE r.attempt + 1 END,
-                resource_id = CASE WHEN r.key_expires_at <= $6 THEN NULL ELSE r.resource_id END,
-                key_expires_at = CASE WHEN r.key_expires_at <= $6 THEN $8 ELSE r.key_expires_at END,
-                outcome = NULL,
-                response = NULL,
-                response_expires_at = NULL
-            FROM cur
-            WHERE r.owner = $1 AND r.operation = $2 AND r.key = $3 AND cur.claimable
-              AND (r.key_expires_at <= $6
-                   OR (r.fingerprint = $4
-                       AND (r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until <= $6))))
-            RETURNING r.attempt, r.resource_id, cur.state AS previous_state
-        )
-        SELECT 'claimed' AS kind, NULL::bytea AS fingerprint, previous_state AS state, attempt,
-               NULL::bigint AS lease_until, resource_id, NULL::text AS outcome, NULL::bytea AS response,
-               NULL::bigint AS response_expires_at, NULL::bigint AS key_expires_at
-        FROM upd
-        UNION ALL
-        SELECT 'claimed', NULL, NULL, attempt, NULL, NULL, NULL, NULL, NULL, NULL FROM ins
-        UNION ALL
-        SELECT 'existing', fingerprint, state, attempt, lease_until, resource_id, outcome, response,
-               response_expires_at, key_expires_at
-        FROM cur WHERE NOT claimable"
-    )
-}
-
-/// The completion of `idem-postgres` for table `t`.
-fn complete_sql(t: &str) -> String {
-    format!(
-        "UPDATE {t} SET state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
-         key_expires_at = $8, resource_id = COALESCE($9, resource_id) \
-         WHERE owner = $1 AND operation = $2 AND key = $3 AND token = $4 AND state = 'in_flight'"
-    )
-}
 
 /// The statements of `PgStore` on its own pool.
 #[derive(Debug)]
@@ -88,11 +27,10 @@ pub(crate) struct RawPostgres {
 
 impl RawPostgres {
     pub(crate) fn new(store: &PgStore, body_len: usize) -> Self {
-        let t = format!("\"{}\".\"{}\"", store.schema_name(), store.table_name());
         Self {
             pool: store.pool().clone(),
-            claim: claim_sql(&t),
-            complete: complete_sql(&t),
+            claim: store.claim_statement().to_owned(),
+            complete: store.complete_statement().to_owned(),
             fingerprint: [7; 32],
             body: body(body_len),
             tokens: AtomicI64::new(1),
