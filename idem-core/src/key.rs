@@ -117,7 +117,7 @@ impl IdempotencyKey {
     /// process id rather than panicking.
     #[must_use]
     pub fn random() -> Self {
-        Self(hex::encode(random_bytes::<16>()))
+        Self(hex::encode(crate::util::random_bytes::<16>()))
     }
 
     /// A key derived deterministically from an intent or a verified event id,
@@ -145,33 +145,8 @@ impl IdempotencyKey {
     /// A short hash of the key, safe to log (the raw key is never logged).
     #[must_use]
     pub fn log_hash(&self) -> String {
-        short_hash(self.0.as_bytes())
+        crate::util::short_hash(self.0.as_bytes())
     }
-}
-
-/// Eight hex characters of SHA-256: enough to correlate log lines, never the value.
-pub(crate) fn short_hash(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    hex::encode(&digest[..4])
-}
-
-/// Fills an array from the OS generator, falling back to hashing time and pid.
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    if getrandom::fill(&mut buf).is_err() {
-        let mut hasher = Sha256::new();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        hasher.update(nanos.to_be_bytes());
-        hasher.update(std::process::id().to_be_bytes());
-        let digest = hasher.finalize();
-        for (dst, src) in buf.iter_mut().zip(digest.iter().cycle()) {
-            *dst = *src;
-        }
-    }
-    buf
 }
 
 impl fmt::Debug for IdempotencyKey {

@@ -17,6 +17,7 @@ mod outcome;
 mod policy;
 mod scope;
 pub mod store;
+mod util;
 
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
