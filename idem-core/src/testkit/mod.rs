@@ -29,6 +29,7 @@ mod basic;
 mod concurrency;
 mod expiry;
 mod faults;
+mod lease_vs_key;
 mod recovery;
 mod store_level;
 mod support;
@@ -40,6 +41,7 @@ pub use basic::*;
 pub use concurrency::*;
 pub use expiry::*;
 pub use faults::*;
+pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
@@ -118,6 +120,9 @@ macro_rules! store_conformance {
             store_writes_are_fenced_by_token,
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
+            extended_lease_outlives_key_ttl,
+            takeover_lease_outlives_key_ttl,
+            claim_checks_the_lease_before_key_expiry,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
