@@ -206,8 +206,10 @@ impl<S: Store> Idem<S> {
         Fut: Future<Output = Outcome<T, E>> + Send,
     {
         let wait = match self.policy.in_flight() {
+            // `checked_add`: a deadline past what the clock can hold means
+            // "no deadline", never a panic (the policy caps it anyway).
             InFlightMode::Wait { timeout, poll } => {
-                Some((tokio::time::Instant::now() + timeout, poll))
+                Some((tokio::time::Instant::now().checked_add(timeout), poll))
             }
             InFlightMode::Reject => None,
         };
@@ -232,7 +234,9 @@ impl<S: Store> Idem<S> {
                         info!(?retry_after, "in flight: rejected");
                         return Err(Error::InFlight { retry_after });
                     };
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let left = deadline.map_or(poll, |d| {
+                        d.saturating_duration_since(tokio::time::Instant::now())
+                    });
                     if left.is_zero() {
                         info!(?retry_after, "in flight: wait timed out");
                         return Err(Error::InFlight { retry_after });

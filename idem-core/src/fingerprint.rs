@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::canonical::canonical_bytes;
+use crate::policy::PolicyError;
 
 /// The deepest request nesting accepted (serde_json's parser limit).
 pub const MAX_REQUEST_DEPTH: usize = 128;
@@ -59,6 +60,13 @@ impl fmt::Debug for Fingerprint {
 /// Which fields of a request count toward its fingerprint, as JSON pointers
 /// (RFC 6901).
 ///
+/// Array elements are addressed by canonical indexes only (`/items/1`, never
+/// `/items/01` or `/items/+1`), as RFC 6901 says: [`PolicyBuilder::build`](crate::PolicyBuilder::build)
+/// refuses a pointer with a token that looks like an index but is not
+/// canonical ([`PolicyError::InvalidPointer`]), so an object member named
+/// `01` cannot be filtered. A filter passed to [`fingerprint`] directly is not
+/// checked; such a token then matches no array element in either list.
+///
 /// # Examples
 ///
 /// ```
@@ -102,17 +110,14 @@ impl FieldFilter {
         Self::Ignore(pointers.into_iter().map(Into::into).collect())
     }
 
-    /// Checks that every pointer is syntactically a JSON pointer.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        match self {
-            Self::All => Ok(()),
-            Self::Only(ps) | Self::Ignore(ps) => ps
-                .iter()
-                .find(|p| !p.is_empty() && !p.starts_with('/'))
-                .map_or(Ok(()), |p| {
-                    Err(format!("`{p}` is not a JSON pointer (must start with `/`)"))
-                }),
-        }
+    /// Checks every pointer (called by [`PolicyBuilder::build`](crate::PolicyBuilder::build)):
+    /// RFC 6901 syntax, and no token that reads as an array index but is not
+    /// the canonical spelling RFC 6901 requires (`01`, `+1`, `-1`).
+    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+        let (Self::Only(pointers) | Self::Ignore(pointers)) = self else {
+            return Ok(());
+        };
+        pointers.iter().try_for_each(|p| check_pointer(p))
     }
 
     fn apply(&self, value: Value) -> Value {
@@ -139,6 +144,50 @@ impl FieldFilter {
     }
 }
 
+/// Refuses a pointer that is not RFC 6901, or whose token looks like an
+/// array index without being a canonical one.
+fn check_pointer(pointer: &str) -> Result<(), PolicyError> {
+    let bad = |reason| {
+        Err(PolicyError::InvalidPointer {
+            pointer: pointer.to_owned(),
+            reason,
+        })
+    };
+    if pointer.is_empty() {
+        return Ok(());
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return bad("must be empty or start with `/`");
+    };
+    for token in rest.split('/') {
+        let mut chars = token.chars();
+        while let Some(c) = chars.next() {
+            if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+                return bad("has a `~` not followed by `0` or `1`");
+            }
+        }
+        let digits = token.strip_prefix(['+', '-']).unwrap_or(token);
+        let index_like = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        if index_like && canonical_index(token).is_none() {
+            return bad(
+                "has an array index that is not canonical (a sign or a leading zero); \
+                 RFC 6901 indexes are `0` or digits without a leading zero",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The array index a reference token denotes, RFC 6901 §4: `0`, or digits
+/// without a leading zero (the rule `serde_json`'s own pointers follow).
+fn canonical_index(token: &str) -> Option<usize> {
+    let b = token.as_bytes();
+    let canonical = token == "0"
+        || (b.first().is_some_and(|c| (b'1'..=b'9').contains(c))
+            && b.iter().all(u8::is_ascii_digit));
+    canonical.then(|| token.parse().ok()).flatten()
+}
+
 fn remove_pointer(value: &mut Value, pointer: &str) {
     let Some(split) = pointer.rfind('/') else {
         return;
@@ -150,7 +199,7 @@ fn remove_pointer(value: &mut Value, pointer: &str) {
             map.remove(&token);
         }
         Some(Value::Array(items)) => {
-            if let Some(slot) = token.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+            if let Some(slot) = canonical_index(&token).and_then(|i| items.get_mut(i)) {
                 *slot = Value::Null;
             }
         }
@@ -320,6 +369,60 @@ mod tests {
             ok = json!({"a": ok});
         }
         assert!(fingerprint("op", &ok, &FieldFilter::All).is_ok());
+    }
+
+    #[test]
+    fn non_canonical_array_indexes_are_refused_and_never_match() {
+        use crate::Policy;
+        for p in [
+            "/items/01",
+            "/items/+1",
+            "/items/-1",
+            "/a/00",
+            "/a~2b",
+            "/a~",
+        ] {
+            let err = Policy::builder()
+                .fields(FieldFilter::ignore([p]))
+                .build()
+                .expect_err(p);
+            assert!(
+                matches!(err, PolicyError::InvalidPointer { .. }),
+                "{p}: {err:?}"
+            );
+            assert!(
+                Policy::builder()
+                    .fields(FieldFilter::only([p]))
+                    .build()
+                    .is_err()
+            );
+        }
+        for p in ["", "/items/0", "/items/10", "/items/-", "/a~0b~1c", "/x/1a"] {
+            assert!(
+                Policy::builder()
+                    .fields(FieldFilter::ignore([p]))
+                    .build()
+                    .is_ok(),
+                "{p}"
+            );
+        }
+        // Unchecked filters: one rule for both lists, the token matches no element.
+        let v = json!({"items": [1, 2, 3]});
+        let changed = json!({"items": [1, 9, 3]});
+        for p in ["/items/01", "/items/+1"] {
+            let ignore = FieldFilter::ignore([p]);
+            assert_ne!(
+                fingerprint("op", &v, &ignore).unwrap(),
+                fingerprint("op", &changed, &ignore).unwrap(),
+                "denylist {p} must not hide element 1"
+            );
+            let only = FieldFilter::only([p]);
+            assert_eq!(
+                fingerprint("op", &v, &only).unwrap(),
+                fingerprint("op", &changed, &only).unwrap(),
+                "allowlist {p} picks nothing"
+            );
+        }
     }
 
     #[test]
