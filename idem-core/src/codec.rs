@@ -27,7 +27,7 @@ pub trait Storable: Sized + Send + 'static {
 
 impl<T: Serialize + DeserializeOwned + Send + 'static> Storable for T {
     fn encode(&self) -> Result<Vec<u8>, BoxDynError> {
-        Ok(serde_json::to_vec(self)?)
+        crate::json_check::to_vec_checked(self)
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
