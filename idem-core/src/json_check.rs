@@ -92,7 +92,7 @@ impl Checker {
 
 type Res = Result<(), CheckError>;
 
-impl<'a> ser::Serializer for &'a mut Checker {
+impl ser::Serializer for &mut Checker {
     type Ok = ();
     type Error = CheckError;
     type SerializeSeq = Self;

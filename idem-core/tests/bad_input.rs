@@ -89,7 +89,9 @@ fn nested_raw(depth: usize) -> String {
 
 #[tokio::test]
 async fn key_missing() {
-    let err: Error = IdempotencyKey::from_header(None).unwrap_err().into();
+    let err: Error = IdempotencyKey::from_header(None)
+        .expect_err("refused")
+        .into();
     assert!(matches!(err, Error::InvalidKey(KeyError::Missing)));
     assert_eq!(err.http_status(), 400);
 }
@@ -156,14 +158,16 @@ async fn key_unicode_whitespace_around() {
 
 #[test]
 fn scope_empty_part() {
-    let err: Error = Scope::new("", "POST /x").unwrap_err().into();
+    let err: Error = Scope::new("", "POST /x").expect_err("refused").into();
     assert!(matches!(err, Error::InvalidScope(ScopeError::Empty { .. })));
     assert_eq!(err.http_status(), 400);
 }
 
 #[test]
 fn scope_too_long() {
-    let err: Error = Scope::new("o".repeat(1025), "POST /x").unwrap_err().into();
+    let err: Error = Scope::new("o".repeat(1025), "POST /x")
+        .expect_err("refused")
+        .into();
     assert!(matches!(
         err,
         Error::InvalidScope(ScopeError::TooLong { .. })
@@ -173,7 +177,7 @@ fn scope_too_long() {
 
 #[test]
 fn scope_control_character() {
-    let err: Error = Scope::new("acct", "POST /x\n").unwrap_err().into();
+    let err: Error = Scope::new("acct", "POST /x\n").expect_err("refused").into();
     assert!(matches!(
         err,
         Error::InvalidScope(ScopeError::ControlCharacter { .. })
@@ -326,8 +330,8 @@ async fn request_integers_differing_beyond_2_pow_53() {
     assert_eq!(runs.get(), 1);
     let (min, min1) = (json!({"n": i64::MIN}), json!({"n": i64::MIN + 1}));
     assert_ne!(
-        fingerprint("op", &min, &FieldFilter::All).unwrap(),
-        fingerprint("op", &min1, &FieldFilter::All).unwrap()
+        fingerprint("op", &min, &FieldFilter::All).expect("valid"),
+        fingerprint("op", &min1, &FieldFilter::All).expect("valid")
     );
 }
 
@@ -511,7 +515,7 @@ async fn response_at_the_depth_limit_replays() {
             .await
             .expect("stored and replayed");
         assert_eq!(
-            reply.into_result().unwrap(),
+            reply.into_result().expect("valid"),
             nested(idem_core::MAX_REQUEST_DEPTH)
         );
     }
@@ -522,12 +526,12 @@ async fn response_at_the_depth_limit_replays() {
 
 /// Writes a completed record with `body` under "k" through the Store API.
 async fn store_body(store: &MemoryStore, clock: &ManualClock, body: &[u8]) {
-    let id = RecordId::new(scope(), IdempotencyKey::parse("k").unwrap());
+    let id = RecordId::new(scope(), IdempotencyKey::parse("k").expect("valid"));
     let now = clock.now();
     let token = Token::random();
     let req = ClaimRequest {
         id: &id,
-        fingerprint: fingerprint("POST /charges", &json!({}), &FieldFilter::All).unwrap(),
+        fingerprint: fingerprint("POST /charges", &json!({}), &FieldFilter::All).expect("valid"),
         token,
         now,
         lease_until: now.plus(Duration::from_secs(60)),
@@ -617,7 +621,7 @@ impl Store for Canned {
 
 fn record(state: RecordState, outcome: Option<OutcomeKind>, lease_until: i64) -> StoredRecord {
     StoredRecord {
-        fingerprint: fingerprint("POST /charges", &json!({}), &FieldFilter::All).unwrap(),
+        fingerprint: fingerprint("POST /charges", &json!({}), &FieldFilter::All).expect("valid"),
         state,
         attempt: 1,
         lease_until: Timestamp::from_unix_millis(lease_until),

@@ -206,7 +206,7 @@ proptest! {
         let mut n = pick % leaves.max(1);
         prop_assume!(mutate_leaf(&mut changed, &mut n));
         prop_assert_ne!(fp(&v, &FieldFilter::All), fp(&changed, &FieldFilter::All));
-        prop_assert_ne!(fingerprint("POST /other", &v, &FieldFilter::All).unwrap(), fp(&v, &FieldFilter::All));
+        prop_assert_ne!(fingerprint("POST /other", &v, &FieldFilter::All).expect("valid"), fp(&v, &FieldFilter::All));
     }
 
     #[test]
@@ -238,11 +238,11 @@ proptest! {
             .store_retries(1, backoff)
             .build();
         if let Ok(policy) = built {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("valid");
             rt.block_on(async {
                 let clock = ManualClock::new(Timestamp::from_unix_millis(now));
                 let idem = Idem::new(MemoryStore::new()).with_policy(policy).with_clock(clock.clone());
-                let scope = Scope::new("o", "op").unwrap();
+                let scope = Scope::new("o", "op").expect("valid");
                 for _ in 0..2 {
                     let _ = idem
                         .execute(&scope, "k", &1, |a| async move {
