@@ -529,23 +529,23 @@ async fn store_body(store: &MemoryStore, clock: &ManualClock, body: &[u8]) {
     let id = RecordId::new(scope(), IdempotencyKey::parse("k").expect("valid"));
     let now = clock.now();
     let token = Token::random();
-    let req = ClaimRequest {
-        id: &id,
-        fingerprint: fingerprint("POST /charges", &json!({}), &FieldFilter::All).expect("valid"),
+    let req = ClaimRequest::new(
+        &id,
+        fingerprint("POST /charges", &json!({}), &FieldFilter::All).expect("valid"),
         token,
         now,
-        lease_until: now.plus(Duration::from_secs(60)),
-        key_expires_at: now.plus(Duration::from_secs(3600)),
-    };
+        now.plus(Duration::from_secs(60)),
+        now.plus(Duration::from_secs(3600)),
+    );
     store.claim(&req).await.expect("claim");
-    let c = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(body),
-        resource_id: None,
+    let c = Completion::new(
+        OutcomeKind::Success,
+        Some(body),
+        None,
         now,
-        response_expires_at: now.plus(Duration::from_secs(60)),
-        key_expires_at: now.plus(Duration::from_secs(3600)),
-    };
+        now.plus(Duration::from_secs(60)),
+        now.plus(Duration::from_secs(3600)),
+    );
     store.complete(&id, token, &c).await.expect("complete");
 }
 

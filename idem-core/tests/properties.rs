@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem_core::store::{OutcomeKind, RecordState, StoredRecord};
+use idem_core::store::{ClaimOutcome, OutcomeKind, RecordState, StoredRecord};
 use idem_core::{
     FieldFilter, Fingerprint, HttpResponse, Idem, IdempotencyKey, InFlightMode, ManualClock,
     MemoryStore, Outcome, Policy, RawJson, Scope, Storable, Timestamp, canonical_json, fingerprint,
@@ -305,9 +305,12 @@ proptest! {
         key_expires_at in any::<i64>(),
         now in any::<i64>(),
     ) {
-        let fingerprint = fp(&1, &FieldFilter::All);
+        let clock = ManualClock::new(Timestamp::from_unix_millis(now));
+        let idem = Idem::new(MemoryStore::new()).with_clock(clock);
+        let scope = Scope::new("o", "op").expect("scope");
+        let prepared = idem.prepare(&scope, "k", &1).expect("prepared");
         let record = StoredRecord {
-            fingerprint,
+            fingerprint: prepared.fingerprint,
             state: [RecordState::InFlight, RecordState::Released, RecordState::Completed][usize::from(state)],
             attempt,
             lease_until: Timestamp::from_unix_millis(lease_until),
@@ -317,11 +320,11 @@ proptest! {
             response_expires_at: None,
             key_expires_at: Timestamp::from_unix_millis(key_expires_at),
         };
-        let now = Timestamp::from_unix_millis(now);
-        let _ = Idem::<MemoryStore>::resolve_existing::<Value, String>(&record, &fingerprint, now);
-        let _ = Idem::<MemoryStore>::resolve_existing::<HttpResponse, HttpResponse>(&record, &fingerprint, now);
-        if let Err(e) = Idem::<MemoryStore>::resolve_existing::<Value, String>(&record, &fingerprint, now) {
+        let answer = || ClaimOutcome::Existing(record.clone());
+        let _ = idem.settle::<HttpResponse, HttpResponse>(idem.ticket(prepared.clone()), answer());
+        if let Err(e) = idem.settle::<Value, String>(idem.ticket(prepared), answer()) {
             let _ = e.to_http();
+            let _ = e.problem_json();
         }
     }
 }

@@ -20,7 +20,7 @@ use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, key, 
 /// `key_ttl` only twice the lease, so long work outlives the key easily.
 const SHORT_KEY_TTL: Duration = Duration::from_secs(120);
 
-fn short_key_engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<S> {
+fn short_key_engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<Arc<S>> {
     let policy = Policy::builder()
         .lease(LEASE)
         .response_ttl(LEASE)
@@ -28,7 +28,7 @@ fn short_key_engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<S> {
         .store_retries(2, Duration::from_millis(5))
         .build()
         .expect("test policy is valid");
-    Idem::from_arc(Arc::clone(store))
+    Idem::new(Arc::clone(store))
         .with_clock(clock.clone())
         .with_policy(policy)
 }
@@ -38,7 +38,7 @@ type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
 /// Starts an attempt that hands out its `Attempt`, counts its run, and waits
 /// to be told its outcome.
 fn start<S: Store>(
-    idem: &Idem<S>,
+    idem: &Idem<Arc<S>>,
     scope: &Scope,
     key: &IdempotencyKey,
     runs: &Counter,
@@ -69,7 +69,7 @@ fn charge(id: &str) -> Out {
 /// A duplicate of the same request and one of another request, both of which
 /// must be refused without running.
 async fn assert_duplicates_refused<S: Store>(
-    idem: &Idem<S>,
+    idem: &Idem<Arc<S>>,
     scope: &Scope,
     key: &IdempotencyKey,
     runs: &Counter,

@@ -29,6 +29,7 @@ mod basic;
 mod concurrency;
 mod expiry;
 mod faults;
+mod guard;
 mod lease_vs_key;
 mod recovery;
 mod store_level;
@@ -41,6 +42,7 @@ pub use basic::*;
 pub use concurrency::*;
 pub use expiry::*;
 pub use faults::*;
+pub use guard::*;
 pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
@@ -123,6 +125,10 @@ macro_rules! store_conformance {
             extended_lease_outlives_key_ttl,
             takeover_lease_outlives_key_ttl,
             claim_checks_the_lease_before_key_expiry,
+            guard_begin_runs_then_replays,
+            guard_dropped_claim_is_recovered_after_the_lease,
+            guard_release_makes_the_next_attempt_a_recovery,
+            guard_complete_not_stored_is_never_rerun,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
