@@ -12,7 +12,7 @@ use idem_core::store::{
     Store, StoreError, StoredRecord, Token,
 };
 use idem_core::{
-    Clock, Error, FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, KeyError,
+    Clock, Error, FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, KeyError,
     ManualClock, MemoryStore, Outcome, Policy, PolicyError, RawJson, RecordId, RequestError, Scope,
     ScopeError, Timestamp, fingerprint,
 };
@@ -433,7 +433,7 @@ async fn policy_longest_durations_execute() {
             a.extend_lease(Duration::MAX)
                 .await
                 .expect("extend by anything");
-            Outcome::<u8, u8>::Success(1)
+            Outcome::<u32, u32>::Success(1)
         })
         .await
         .expect("executes");
@@ -479,8 +479,8 @@ where
 
 #[tokio::test]
 async fn response_non_finite_float() {
-    not_stored(f64::NAN).await;
-    not_stored(vec![1.0_f32, f32::INFINITY]).await;
+    not_stored(Json(f64::NAN)).await;
+    not_stored(Json(vec![1.0_f32, f32::INFINITY])).await;
 }
 
 #[tokio::test]
@@ -493,7 +493,7 @@ async fn response_too_deep() {
 async fn response_not_serializable() {
     let mut m = BTreeMap::new();
     m.insert(vec![1u8], 1u8);
-    not_stored(m).await;
+    not_stored(Json(m)).await;
 }
 
 #[tokio::test]

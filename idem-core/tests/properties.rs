@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_core::store::{ClaimOutcome, OutcomeKind, RecordState, StoredRecord};
 use idem_core::{
-    FieldFilter, Fingerprint, HttpResponse, Idem, IdempotencyKey, InFlightMode, ManualClock,
+    FieldFilter, Fingerprint, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, ManualClock,
     MemoryStore, Outcome, Policy, RawJson, Scope, Storable, Timestamp, canonical_json, fingerprint,
 };
 use proptest::prelude::*;
@@ -247,7 +247,7 @@ proptest! {
                     let _ = idem
                         .execute(&scope, "k", &1, |a| async move {
                             let _ = a.extend_lease(extend).await;
-                            Outcome::<u8, u8>::Success(1)
+                            Outcome::<u32, u32>::Success(1)
                         })
                         .await;
                     clock.advance(extend);
@@ -287,7 +287,7 @@ proptest! {
         }
         let _ = <Value as Storable>::decode(&bytes);
         let _ = <String as Storable>::decode(&bytes);
-        let _ = <Vec<f64> as Storable>::decode(&bytes);
+        let _ = <Json<Vec<f64>> as Storable>::decode(&bytes);
         let _ = Fingerprint::from_slice(&bytes);
         let _ = RecordState::parse(&state);
         let _ = OutcomeKind::parse(&state);
