@@ -180,6 +180,7 @@ mod tests {
             include_str!("expiry.rs"),
             include_str!("faults.rs"),
             include_str!("guard.rs"),
+            include_str!("lease_vs_key.rs"),
             include_str!("recovery.rs"),
             include_str!("store_level.rs"),
         ];
