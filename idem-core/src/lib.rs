@@ -11,6 +11,7 @@ mod engine;
 mod error;
 mod fingerprint;
 mod http;
+mod json_check;
 mod key;
 mod memory;
 mod outcome;

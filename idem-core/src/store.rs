@@ -637,11 +637,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// * absent, or `key_expires_at <= now`: insert a new `in_flight` record
-    ///   (attempt 1, no checkpoint, the new fingerprint) → `Claimed`.
+    /// * absent, or expired (`key_expires_at <= now` and not `in_flight`
+    ///   with `lease_until > now`: a lease is never outlived by its key):
+    ///   insert a new `in_flight` record (attempt 1, no checkpoint, the new
+    ///   fingerprint) → `Claimed`.
     /// * same fingerprint and `released`, or `in_flight` with
     ///   `lease_until <= now`: take over with the new token and lease,
     ///   attempt + 1, keeping the checkpoint → `Claimed` with `previous`.
+    /// * whenever it claims, the key is kept at least until the new lease
+    ///   ends: `key_expires_at = max(key_expires_at, lease_until)` (and a
+    ///   native TTL to match).
     /// * anything else → `Existing(record)`, unchanged; its `response` is
     ///   `None` once `now >= response_expires_at`.
     fn claim(
@@ -693,7 +698,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// Only if `in_flight` under `token`: `lease_until` is set. Otherwise
+    /// Only if `in_flight` under `token`: `lease_until` is set, and the key
+    /// is kept at least as long (`key_expires_at = max(key_expires_at,
+    /// lease_until)`, with any native TTL moved to match). Otherwise
     /// [`StoreError::LeaseLost`].
     fn extend_lease(
         &self,
@@ -706,7 +713,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// `None` when absent or `key_expires_at <= now`; the response only while
+    /// `None` when absent or expired (as for `claim`: `key_expires_at <= now`
+    /// and no lease holds); the response only while
     /// `now < response_expires_at`.
     fn fetch(
         &self,
@@ -714,7 +722,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
 
-    /// Deletes up to `limit` records whose key expired, and drops up to
+    /// Deletes up to `limit` expired records (as for `claim`), and drops up to
     /// `limit` bodies whose response expired (the key rows stay).
     ///
     /// # Behavior
