@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod attempt;
 mod canonical;
 mod clock;
@@ -11,6 +12,7 @@ mod fingerprint;
 mod http;
 mod key;
 mod memory;
+mod ops;
 mod outcome;
 mod policy;
 mod scope;
@@ -20,6 +22,7 @@ pub mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
+pub use admin::AdminStore;
 pub use attempt::{Attempt, AttemptControl, BoxFuture, downstream_key};
 pub use canonical::canonical_json;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
@@ -34,6 +37,7 @@ pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use memory::MemoryStore;
+pub use ops::{AdminOutcome, RecordView};
 pub use outcome::{Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
 pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};

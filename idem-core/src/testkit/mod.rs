@@ -25,6 +25,7 @@
 //! some (purge) count every record in the store, so each test needs its own
 //! store (table, schema, file or key prefix): that is the fixture's job.
 
+mod admin;
 mod basic;
 mod concurrency;
 mod expiry;
@@ -36,6 +37,7 @@ mod support;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use admin::*;
 pub use basic::*;
 pub use concurrency::*;
 pub use expiry::*;
@@ -44,12 +46,12 @@ pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
 
-use crate::store::Store;
+use crate::admin::AdminStore;
 
 /// An isolated store for one test.
 pub trait Fixture: Send + Sized + 'static {
     /// The store under test.
-    type Store: Store + Clone;
+    type Store: AdminStore + Clone;
     /// A handle on the store (scenarios may open several engines on it).
     fn store(&self) -> Self::Store;
     /// Removes whatever the test created (its table, schema or keys).
@@ -118,6 +120,10 @@ macro_rules! store_conformance {
             store_writes_are_fenced_by_token,
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
+            admin_lists_stuck_records_in_pages,
+            admin_release_makes_the_next_attempt_a_recovery,
+            admin_delete_refuses_unfinished_records,
+            admin_counts_records_by_state,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
