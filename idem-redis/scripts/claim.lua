@@ -3,6 +3,8 @@
 -- ARGV[1] fingerprint (32 raw bytes)   ARGV[2] token
 -- ARGV[3] now (ms)                     ARGV[4] lease_until (ms)
 -- ARGV[5] key_expires_at (ms)          ARGV[6] key TTL for PEXPIRE (ms, >= 1)
+-- ARGV[7..9] owner, operation, key (optional): stored readable in a new
+--            record (`io`, `ip`, `ik`) so operators can list it
 -- Reply: {0, attempt, reason, checkpoint} when claimed
 --        (reason 0 new, 1 lease expired, 2 released),
 --        {1, f, s, a, l, k, x, o, e, body} for the standing record.
@@ -14,7 +16,12 @@ local present = r[1] or r[2] or r[5]
 if not present or (kexp and kexp <= now) then
   -- Absent, or its key expired on the engine's clock: a new operation.
   if present then redis.call('DEL', rec) end
-  redis.call('HSET', rec, 'f', ARGV[1], 's', 'in_flight', 't', ARGV[2], 'a', '1', 'l', ARGV[4], 'k', ARGV[5])
+  local fields = {'f', ARGV[1], 's', 'in_flight', 't', ARGV[2], 'a', '1', 'l', ARGV[4], 'k', ARGV[5]}
+  if ARGV[9] then
+    fields[13], fields[14], fields[15], fields[16], fields[17], fields[18] =
+      'io', ARGV[7], 'ip', ARGV[8], 'ik', ARGV[9]
+  end
+  redis.call('HSET', rec, unpack(fields))
   redis.call('PEXPIRE', rec, ARGV[6])
   return {0, 1, 0, false}
 end
