@@ -185,13 +185,19 @@ impl<S: Store> Idem<S> {
         F: FnOnce(Attempt) -> Fut + Send,
         Fut: Future<Output = Outcome<T, E>> + Send,
     {
-        let prepared = self.prepare(scope, key, request)?;
-        let span = info_span!(
-            "idem.execute",
-            record = %LogHash(&prepared.id),
-            operation = %scope.operation(),
-        );
-        self.execute_prepared(prepared, work).instrument(span).await
+        let result = match self.prepare(scope, key, request) {
+            Ok(prepared) => {
+                let span = info_span!(
+                    "idem.execute",
+                    record = %LogHash(&prepared.id),
+                    operation = %scope.operation(),
+                );
+                self.execute_prepared(prepared, work).instrument(span).await
+            }
+            Err(e) => Err(e),
+        };
+        crate::metrics::record_result(scope.operation(), &result);
+        result
     }
 
     async fn execute_prepared<T, E, F, Fut>(
@@ -222,7 +228,8 @@ impl<S: Store> Idem<S> {
                 lease_until: now.plus(self.policy.lease()),
                 key_expires_at: now.plus(self.policy.key_ttl()),
             };
-            let existing = match self.store.claim(&req).await? {
+            let existing = match crate::metrics::time_store("claim", self.store.claim(&req)).await?
+            {
                 ClaimOutcome::Claimed(claimed) => break (token, claimed),
                 ClaimOutcome::Existing(record) => record,
             };
@@ -270,7 +277,10 @@ impl<S: Store> Idem<S> {
     {
         let number = claimed.attempt;
         match &claimed.previous {
-            Some(p) => info!(attempt = number, reason = ?p.reason, "claimed: recovery"),
+            Some(p) => {
+                crate::metrics::record_recovery(id.operation(), p.reason);
+                info!(attempt = number, reason = ?p.reason, "claimed: recovery");
+            }
             None => debug!(attempt = number, "claimed"),
         }
         let attempt = Attempt::new(
@@ -282,12 +292,14 @@ impl<S: Store> Idem<S> {
             Arc::clone(&self.clock),
             Arc::new(StoreControl(Arc::clone(&self.store))),
         );
-        let outcome = work(attempt.clone()).await;
+        let outcome = crate::metrics::time_work(id.operation(), work(attempt.clone())).await;
         let encoded = match &outcome {
             Outcome::Transient(_) => {
                 let now = self.clock.now();
                 match self
-                    .with_retries(|| self.store.release(&id, token, now))
+                    .with_retries(|| {
+                        crate::metrics::time_store("release", self.store.release(&id, token, now))
+                    })
                     .await
                 {
                     Ok(()) => info!(attempt = number, "transient failure: key released"),
@@ -337,7 +349,9 @@ impl<S: Store> Idem<S> {
             key_expires_at: now.plus(self.policy.key_ttl()),
         };
         match self
-            .with_retries(|| self.store.complete(&id, token, &completion))
+            .with_retries(|| {
+                crate::metrics::time_store("complete", self.store.complete(&id, token, &completion))
+            })
             .await
         {
             Ok(()) => {
@@ -485,10 +499,11 @@ impl<S: Store> Idem<S> {
     pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
         let mut total = PurgeReport::default();
         loop {
-            let report = self
-                .store
-                .purge_expired(self.clock.now(), batch.max(1))
-                .await?;
+            let report = crate::metrics::time_store(
+                "purge",
+                self.store.purge_expired(self.clock.now(), batch.max(1)),
+            )
+            .await?;
             total.keys_removed += report.keys_removed;
             total.bodies_dropped += report.bodies_dropped;
             if report == PurgeReport::default() {

@@ -12,6 +12,7 @@ mod fingerprint;
 mod http;
 mod key;
 mod memory;
+pub mod metrics;
 mod ops;
 mod outcome;
 mod policy;
