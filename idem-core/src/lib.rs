@@ -16,6 +16,7 @@ pub mod metrics;
 mod ops;
 mod outcome;
 mod policy;
+mod purger;
 mod scope;
 pub mod store;
 
@@ -41,6 +42,7 @@ pub use memory::MemoryStore;
 pub use ops::{AdminOutcome, RecordView};
 pub use outcome::{Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
+pub use purger::{PurgerConfig, PurgerHandle};
 pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
 pub use store::{Store, StoreError};
 

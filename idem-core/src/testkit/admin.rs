@@ -350,3 +350,44 @@ pub async fn admin_counts_records_by_state<S: AdminStore>(store: Arc<S>) {
         assert_eq!(c.expired, 7, "{c:?}");
     }
 }
+
+/// A background purger removes expired keys by itself, batch after batch,
+/// and stops gracefully; on a store with native expiry it calls nothing.
+pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let sc = scope("POST /charges");
+    for _ in 0..5 {
+        let id = record_id(&sc, &key());
+        let t = claim(&*store, &id, &clock, Duration::from_secs(1)).await;
+        complete(&*store, &id, t, &clock).await;
+    }
+    clock.advance(KEY_TTL + Duration::from_secs(1));
+    let native = store.capabilities().native_expiry;
+    let purger = idem.spawn_purger(crate::PurgerConfig {
+        interval: Duration::from_millis(5),
+        batch: 2,
+        jitter: Duration::from_millis(5),
+    });
+    if !native {
+        let mut left = u64::MAX;
+        for _ in 0..1000 {
+            left = store
+                .count_states(clock.now())
+                .await
+                .expect("count")
+                .expired;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(left, 0, "the purger never emptied the store");
+    }
+    let total = purger.stop().await;
+    if native {
+        assert_eq!(total, crate::store::PurgeReport::default());
+    } else {
+        assert_eq!(total.keys_removed, 5, "{total:?}");
+    }
+}

@@ -124,6 +124,7 @@ macro_rules! store_conformance {
             admin_release_makes_the_next_attempt_a_recovery,
             admin_delete_refuses_unfinished_records,
             admin_counts_records_by_state,
+            purger_runs_by_itself_and_stops,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
