@@ -198,7 +198,7 @@ impl RedisStore {
     }
 }
 
-/// See the [module docs](self) for the cost of each operation.
+/// See the crate docs ("Cost per transition") for what each operation costs.
 impl AdminStore for RedisStore {
     async fn list_in_flight(&self, q: &InFlightQuery<'_>) -> Result<Page, StoreError> {
         let nodes = self.conn.primaries().await.map_err(store_error)?;
