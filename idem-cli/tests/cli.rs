@@ -62,7 +62,7 @@ async fn crash_in_flight<S: AdminStore>(
                 &serde_json::json!({"amount": 5}),
                 |a| async move {
                     runs2.fetch_add(1, Ordering::SeqCst);
-                    a.checkpoint("ch_1").await.expect("checkpoint");
+                    a.save_resource_id("ch_1").await.expect("checkpoint");
                     let _ = started_tx.send(());
                     std::future::pending::<Outcome<String, String>>().await
                 },
@@ -151,7 +151,7 @@ async fn stuck_release_recover<S: AdminStore + Clone>(store: S, args: Vec<String
                 |a| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
-                    assert_eq!(a.previous_checkpoint(), Some("ch_1"));
+                    assert_eq!(a.previous_resource_id(), Some("ch_1"));
                     Outcome::<String, String>::Success("ch_1".to_owned())
                 },
             )

@@ -7,11 +7,11 @@
 //!
 //! | name | kind | labels | counts |
 //! |---|---|---|---|
-//! | `idem_executions_total` | counter | `operation` | the work ran (a first attempt or a recovery) |
+//! | `idem_executions_total` | counter | `operation` | a claim was won and the work started (a first attempt or a recovery) |
 //! | `idem_replays_total` | counter | `operation` | a stored outcome was returned without running the work |
 //! | `idem_rejections_total` | counter | `operation`, `code` | a call was refused: `code` is [`Error::code`](crate::Error::code) (`in_flight`, `fingerprint_mismatch`, `response_expired`, `response_not_stored`, `lease_lost`, `invalid_key`, `invalid_request`, `store_unavailable`, …) |
 //! | `idem_recoveries_total` | counter | `operation`, `reason` | a claim took over a record: `lease_expired` (a crash, or an operator release) or `released` (after a transient failure) |
-//! | `idem_transient_releases_total` | counter | `operation` | the work failed transiently and the key was released |
+//! | `idem_transient_releases_total` | counter | `operation` | the work failed transiently and the key was released ([`Claim::complete`](crate::Claim::complete) with `Transient`) |
 //! | `idem_responses_not_stored_total` | counter | `operation` | the work finished but its outcome was not stored (too large, not encodable, or the store failed): retries get 409 or a recovery |
 //! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch`, `purge`…; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
 //! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
@@ -28,35 +28,57 @@ mod on {
     use std::future::Future;
     use std::time::{Duration, Instant};
 
+    use crate::claim::Begin;
     use crate::error::Error;
     use crate::outcome::{Outcome, Reply};
-    use crate::store::{PurgeReport, StoreError, TakeoverReason};
+    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
 
-    pub(crate) fn record_result<T, E>(op: &str, result: &Result<Reply<T, E>, Error>) {
-        let operation = op.to_owned();
+    /// The operation label, made once per call.
+    pub(crate) type Label = String;
+
+    pub(crate) fn label(op: &str) -> Label {
+        op.to_owned()
+    }
+
+    pub(crate) fn record_rejection(op: &str, e: &Error) {
+        metrics::counter!(
+            "idem_rejections_total",
+            "operation" => op.to_owned(),
+            "code" => e.code()
+        )
+        .increment(1);
+    }
+
+    /// A claim won (the work runs), a replay, or a rejection.
+    pub(crate) fn record_begin<S: Store, T, E>(
+        op: Label,
+        result: Result<Begin<S, T, E>, Error>,
+    ) -> Result<Begin<S, T, E>, Error> {
+        match &result {
+            Ok(Begin::Run(_)) => {
+                metrics::counter!("idem_executions_total", "operation" => op).increment(1);
+            }
+            Ok(Begin::Replay(_)) => {
+                metrics::counter!("idem_replays_total", "operation" => op).increment(1);
+            }
+            Err(e) => record_rejection(&op, e),
+        }
+        result
+    }
+
+    /// What became of an outcome: released (transient), not stored, or
+    /// refused (lease lost).
+    pub(crate) fn record_completion<T, E>(op: Label, result: &Result<Reply<T, E>, Error>) {
         match result {
-            Ok(reply) if reply.is_replay() => {
-                metrics::counter!("idem_replays_total", "operation" => operation).increment(1);
+            Ok(reply) if matches!(reply.outcome(), Outcome::Transient(_)) => {
+                metrics::counter!("idem_transient_releases_total", "operation" => op).increment(1);
             }
-            Ok(reply) => {
-                metrics::counter!("idem_executions_total", "operation" => operation.clone())
+            Ok(reply) if !reply.is_stored() => {
+                metrics::counter!("idem_responses_not_stored_total", "operation" => op)
                     .increment(1);
-                if matches!(reply.outcome(), Outcome::Transient(_)) {
-                    metrics::counter!("idem_transient_releases_total", "operation" => operation)
-                        .increment(1);
-                } else if !reply.is_stored() {
-                    metrics::counter!("idem_responses_not_stored_total", "operation" => operation)
-                        .increment(1);
-                }
             }
-            Err(e) => {
-                metrics::counter!(
-                    "idem_rejections_total",
-                    "operation" => operation,
-                    "code" => e.code()
-                )
-                .increment(1);
-            }
+            Ok(_) => {}
+            Err(e) => record_rejection(&op, e),
         }
     }
 
@@ -122,12 +144,30 @@ mod on {
 mod on {
     use std::future::Future;
 
+    use crate::claim::Begin;
     use crate::error::Error;
     use crate::outcome::Reply;
-    use crate::store::{PurgeReport, StoreError, TakeoverReason};
+    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
+
+    /// No label: nothing is made.
+    pub(crate) type Label = ();
 
     #[inline(always)]
-    pub(crate) fn record_result<T, E>(_op: &str, _result: &Result<Reply<T, E>, Error>) {}
+    pub(crate) fn label(_op: &str) -> Label {}
+
+    #[inline(always)]
+    pub(crate) fn record_rejection(_op: &str, _e: &Error) {}
+
+    #[inline(always)]
+    pub(crate) fn record_begin<S: Store, T, E>(
+        _op: Label,
+        result: Result<Begin<S, T, E>, Error>,
+    ) -> Result<Begin<S, T, E>, Error> {
+        result
+    }
+
+    #[inline(always)]
+    pub(crate) fn record_completion<T, E>(_op: Label, _result: &Result<Reply<T, E>, Error>) {}
 
     #[inline(always)]
     pub(crate) fn record_recovery(_op: &str, _reason: TakeoverReason) {}

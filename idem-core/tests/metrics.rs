@@ -63,14 +63,14 @@ fn a_scripted_run_counts_exactly() {
             let prepared = idem.prepare(&scope, "k2", &req).expect("prepare");
             let now = clock.now();
             idem.store()
-                .claim(&ClaimRequest {
-                    id: &prepared.id,
-                    fingerprint: prepared.fingerprint,
-                    token: Token::random(),
+                .claim(&ClaimRequest::new(
+                    &prepared.id,
+                    prepared.fingerprint,
+                    Token::random(),
                     now,
-                    lease_until: now.plus(idem.policy().lease()),
-                    key_expires_at: now.plus(idem.policy().key_ttl()),
-                })
+                    now.plus(idem.policy().lease()),
+                    now.plus(idem.policy().key_ttl()),
+                ))
                 .await
                 .expect("claim");
             let err = idem

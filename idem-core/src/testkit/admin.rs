@@ -177,7 +177,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
                 r.hit();
                 assert!(a.is_recovery(), "runs only as a recovery");
                 assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
-                assert_eq!(a.previous_checkpoint(), Some("ch_1"));
+                assert_eq!(a.previous_resource_id(), Some("ch_1"));
                 assert_eq!(a.number(), 2);
                 Out::Success(Charge {
                     id: "ch_1".into(),
