@@ -83,10 +83,7 @@ mod on {
     }
 
     pub(crate) fn record_recovery(op: &str, reason: TakeoverReason) {
-        let reason = match reason {
-            TakeoverReason::Released => "released",
-            _ => "lease_expired",
-        };
+        let reason = reason.as_str();
         metrics::counter!(
             "idem_recoveries_total",
             "operation" => op.to_owned(),
@@ -149,11 +146,13 @@ mod on {
     use crate::outcome::Reply;
     use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
 
-    /// No label: nothing is made.
-    pub(crate) type Label = ();
+    /// No label: nothing is made (zero-sized).
+    pub(crate) struct Label;
 
     #[inline(always)]
-    pub(crate) fn label(_op: &str) -> Label {}
+    pub(crate) fn label(_op: &str) -> Label {
+        Label
+    }
 
     #[inline(always)]
     pub(crate) fn record_rejection(_op: &str, _e: &Error) {}
