@@ -106,6 +106,14 @@ impl PgStore {
         &self.sql.complete
     }
 
+    /// The operator listing of in-flight records, first page (`$1` lease
+    /// bound, `$2` now, `$3` limit; Unix ms), to review or `EXPLAIN`: it walks
+    /// the `<table>_in_flight_idx` partial index.
+    #[must_use]
+    pub fn list_in_flight_statement(&self) -> &str {
+        &self.sql.list_in_flight
+    }
+
     /// The purge statement (`$1` now in Unix ms, `$2` the batch limit), to
     /// review or `EXPLAIN`: each half walks its expiry index.
     #[must_use]
