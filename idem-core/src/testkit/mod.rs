@@ -177,6 +177,7 @@ mod tests {
     #[test]
     fn every_scenario_is_listed() {
         let sources = [
+            include_str!("admin.rs"),
             include_str!("basic.rs"),
             include_str!("concurrency.rs"),
             include_str!("expiry.rs"),
