@@ -113,6 +113,16 @@ impl<S: Store> Claim<S> {
     /// [`Error::LeaseLost`] when a newer attempt took the record over (the
     /// newer attempt's outcome is the one replayed).
     pub async fn complete<T: Storable, E: Storable>(
+        self,
+        outcome: Outcome<T, E>,
+    ) -> Result<Reply<T, E>, Error> {
+        let label = crate::metrics::label(self.record().operation());
+        let result = self.complete_unmetered(outcome).await;
+        crate::metrics::record_completion(label, &result);
+        result
+    }
+
+    async fn complete_unmetered<T: Storable, E: Storable>(
         mut self,
         outcome: Outcome<T, E>,
     ) -> Result<Reply<T, E>, Error> {
@@ -140,7 +150,9 @@ impl<S: Store> Claim<S> {
         let (id, token, store) = (self.record(), self.token(), self.idem.store());
         match self
             .idem
-            .with_retries(|| store.complete(id, token, &completion))
+            .with_retries(|| {
+                crate::metrics::time_store("complete", store.complete(id, token, &completion))
+            })
             .await
         {
             Ok(()) => {
@@ -185,7 +197,9 @@ impl<S: Store> Claim<S> {
         let (id, token, store) = (self.record(), self.token(), self.idem.store());
         match self
             .idem
-            .with_retries(|| store.complete(id, token, &completion))
+            .with_retries(|| {
+                crate::metrics::time_store("complete", store.complete(id, token, &completion))
+            })
             .await
         {
             Ok(()) => Ok(true),
@@ -214,7 +228,7 @@ impl<S: Store> Claim<S> {
         let (id, token, store) = (self.record(), self.token(), self.idem.store());
         let now = self.idem.clock().now();
         self.idem
-            .with_retries(|| store.release(id, token, now))
+            .with_retries(|| crate::metrics::time_store("release", store.release(id, token, now)))
             .await
     }
 

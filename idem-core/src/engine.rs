@@ -248,7 +248,9 @@ impl<S: Store> Idem<S> {
         F: FnOnce(Attempt) -> Fut + Send,
         Fut: Future<Output = O> + Send,
     {
-        let prepared = self.prepare(scope, key, request)?;
+        let prepared = self
+            .prepare(scope, key, request)
+            .inspect_err(|e| crate::metrics::record_rejection(scope.operation(), e))?;
         self.execute_prepared(prepared, work).await
     }
 
@@ -275,10 +277,14 @@ impl<S: Store> Idem<S> {
             operation = %prepared.id.operation(),
         );
         async move {
-            match self.begin_inner(prepared).await? {
+            let op = crate::metrics::label(prepared.id.operation());
+            match crate::metrics::record_begin(op, self.begin_inner(prepared).await)? {
                 Begin::Replay(reply) => Ok(reply),
                 Begin::Run(claim) => {
-                    let outcome = work(claim.attempt().clone()).await.into();
+                    let op = claim.record().operation();
+                    let outcome = crate::metrics::time_work(op, work(claim.attempt().clone()))
+                        .await
+                        .into();
                     claim.complete(outcome).await
                 }
             }
@@ -334,7 +340,9 @@ impl<S: Store> Idem<S> {
     {
         // Checked and fingerprinted before the future exists, so it
         // captures neither the key nor the request.
-        let prepared = self.prepare(scope, key, request);
+        let prepared = self
+            .prepare(scope, key, request)
+            .inspect_err(|e| crate::metrics::record_rejection(scope.operation(), e));
         async move { self.begin_prepared(prepared?).await }
     }
 
@@ -354,7 +362,8 @@ impl<S: Store> Idem<S> {
             record = %LogHash(&prepared.id),
             operation = %prepared.id.operation(),
         );
-        self.begin_inner(prepared).instrument(span).await
+        let op = crate::metrics::label(prepared.id.operation());
+        crate::metrics::record_begin(op, self.begin_inner(prepared).instrument(span).await)
     }
 
     async fn begin_inner<T: Storable, E: Storable>(
@@ -367,7 +376,8 @@ impl<S: Store> Idem<S> {
         };
         let mut ticket = self.ticket(prepared);
         loop {
-            let answer = self.store.claim(&ticket.request()).await?;
+            let answer =
+                crate::metrics::time_store("claim", self.store.claim(&ticket.request())).await?;
             match self.settle_ref(&ticket, answer) {
                 Err(Error::InFlight { retry_after }) => {
                     let Some((deadline, poll)) = wait else {
@@ -435,7 +445,10 @@ impl<S: Store> Idem<S> {
         };
         let number = claimed.attempt;
         match &claimed.previous {
-            Some(p) => info!(attempt = number, reason = ?p.reason, "claimed: recovery"),
+            Some(p) => {
+                crate::metrics::record_recovery(ticket.prepared.id.operation(), p.reason);
+                info!(attempt = number, reason = ?p.reason, "claimed: recovery");
+            }
             None => debug!(attempt = number, "claimed"),
         }
         let control = if ticket.deferred {
@@ -522,10 +535,11 @@ impl<S: Store> Idem<S> {
     pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
         let mut total = PurgeReport::default();
         loop {
-            let report = self
-                .store
-                .purge_expired(self.clock.now(), batch.max(1))
-                .await?;
+            let report = crate::metrics::time_store(
+                "purge",
+                self.store.purge_expired(self.clock.now(), batch.max(1)),
+            )
+            .await?;
             total.keys_removed += report.keys_removed;
             total.bodies_dropped += report.bodies_dropped;
             if report == PurgeReport::default() {

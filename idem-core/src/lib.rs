@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 mod any;
 mod attempt;
 mod canonical;
@@ -14,8 +15,11 @@ mod http;
 mod json_check;
 mod key;
 mod memory;
+pub mod metrics;
+mod ops;
 mod outcome;
 mod policy;
+mod purger;
 mod scope;
 pub mod store;
 mod util;
@@ -24,6 +28,7 @@ mod util;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
+pub use admin::AdminStore;
 pub use any::AnyStore;
 pub use attempt::{Attempt, downstream_key};
 pub use canonical::canonical_json;
@@ -42,8 +47,10 @@ pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use memory::MemoryStore;
+pub use ops::{AdminOutcome, RecordView};
 pub use outcome::{Failure, Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
+pub use purger::{PurgerConfig, PurgerHandle};
 pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
 pub use store::{BoxDynError, Store, StoreError};
 

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
 use crate::clock::Timestamp;
 use crate::scope::RecordId;
 use crate::store::{
@@ -231,5 +232,115 @@ impl Store for MemoryStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+impl AdminStore for MemoryStore {
+    async fn list_in_flight(&self, q: &InFlightQuery<'_>) -> Result<Page, StoreError> {
+        let after = q.cursor.map(Cursor::keyset_position).transpose()?;
+        let map = self.lock();
+        let mut found: Vec<RecordSummary> = map
+            .iter()
+            .filter(|(id, e)| {
+                let r = &e.record;
+                r.state == RecordState::InFlight
+                    && r.lease_until <= q.lease_before
+                    && r.key_expires_at > q.now
+                    && after.as_ref().is_none_or(|a| {
+                        (r.lease_until, id.owner(), id.operation(), id.key().as_str())
+                            > (a.lease_until, &*a.owner, &*a.operation, &*a.key)
+                    })
+            })
+            .map(|(id, e)| summary(id, &e.record))
+            .collect();
+        drop(map);
+        found.sort_by(|a, b| {
+            (
+                a.lease_until,
+                a.id.owner(),
+                a.id.operation(),
+                a.id.key().as_str(),
+            )
+                .cmp(&(
+                    b.lease_until,
+                    b.id.owner(),
+                    b.id.operation(),
+                    b.id.key().as_str(),
+                ))
+        });
+        let limit = q.limit.max(1) as usize;
+        let next = (found.len() > limit).then(|| {
+            let last = &found[limit - 1];
+            Cursor::keyset(last.lease_until, &last.id)
+        });
+        found.truncate(limit);
+        Ok(Page {
+            records: found,
+            next,
+        })
+    }
+
+    async fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut map = self.lock();
+        match map.get_mut(id) {
+            Some(e)
+                if e.record.state == RecordState::InFlight
+                    && e.record.key_expires_at > now
+                    && attempt.is_none_or(|a| a == e.record.attempt) =>
+            {
+                e.record.lease_until = e.record.lease_until.min(now);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
+        let mut map = self.lock();
+        let deletable = map.get(id).is_some_and(|e| {
+            e.record.state == RecordState::Completed || e.record.key_expires_at <= now
+        });
+        if deletable {
+            map.remove(id);
+        }
+        Ok(deletable)
+    }
+
+    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
+        let mut c = StateCounts::default();
+        for e in self.lock().values() {
+            let r = &e.record;
+            if r.key_expires_at <= now {
+                c.expired += 1;
+                continue;
+            }
+            match r.state {
+                RecordState::InFlight => {
+                    c.in_flight += 1;
+                    if r.lease_until <= now {
+                        c.stuck += 1;
+                    }
+                }
+                RecordState::Released => c.released += 1,
+                RecordState::Completed => c.completed += 1,
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn summary(id: &RecordId, r: &StoredRecord) -> RecordSummary {
+    RecordSummary {
+        id: id.clone(),
+        state: r.state,
+        attempt: r.attempt,
+        lease_until: r.lease_until,
+        resource_id: r.resource_id.clone(),
+        key_expires_at: r.key_expires_at,
     }
 }

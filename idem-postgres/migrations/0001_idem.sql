@@ -36,3 +36,9 @@ CREATE INDEX IF NOT EXISTS "{prefix}_key_expires_idx"
 -- Dropping expired bodies walks this one; rows whose body is gone leave it.
 CREATE INDEX IF NOT EXISTS "{prefix}_response_expires_idx"
     ON {schema}.{table} (response_expires_at) WHERE response IS NOT NULL;
+
+-- Operators list records stuck in flight through this one, in keyset order
+-- (added with the operator API; `IF NOT EXISTS` adds it to an existing
+-- table on the next migrate).
+CREATE INDEX IF NOT EXISTS "{prefix}_in_flight_idx"
+    ON {schema}.{table} (lease_until, owner, operation, key) WHERE state = 'in_flight';

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
 use idem_core::store::Token;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
     PurgeReport, RecordState, StoredRecord, TakeoverReason, retry_claim_race,
 };
-use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
+use idem_core::{Fingerprint, IdempotencyKey, RecordId, Scope, Store, StoreError, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
 use tracing::debug;
@@ -98,6 +99,14 @@ impl PgStore {
         &self.sql.complete
     }
 
+    /// The operator listing of in-flight records, first page (`$1` lease
+    /// bound, `$2` now, `$3` limit; Unix ms), to review or `EXPLAIN`: it walks
+    /// the `<table>_in_flight_idx` partial index.
+    #[must_use]
+    pub fn list_in_flight_statement(&self) -> &str {
+        &self.sql.list_in_flight
+    }
+
     /// The purge statement (`$1` now in Unix ms, `$2` the batch limit), to
     /// review or `EXPLAIN`: each half walks its expiry index.
     #[must_use]
@@ -116,6 +125,11 @@ pub(crate) struct Statements {
     extend_lease: Arc<str>,
     fetch: Arc<str>,
     purge: Arc<str>,
+    list_in_flight: Arc<str>,
+    list_in_flight_after: Arc<str>,
+    release_in_flight: Arc<str>,
+    delete_completed: Arc<str>,
+    count_states: Arc<str>,
 }
 
 /// The columns a record is decoded from, in the order of [`decode_record`].
@@ -126,6 +140,7 @@ impl Statements {
     pub(crate) fn new(name: &TableName) -> Self {
         let t = name.qualified();
         let pk = "owner = $1 AND operation = $2 AND key = $3";
+        let summary = SUMMARY_COLUMNS;
         let guarded = |set: &str| {
             format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'")
         };
@@ -247,9 +262,49 @@ impl Statements {
                 SELECT (SELECT count(*) FROM gone) AS keys_removed, (SELECT count(*) FROM dropped) AS bodies_dropped"
             )
             .into(),
+            // The operator listing ($1 lease bound, $2 now, $3 limit; then
+            // $4..$7 the keyset position), walking the in-flight index.
+            list_in_flight: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+            )
+            .into(),
+            list_in_flight_after: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                   AND (lease_until, owner, operation, key) > ($4, $5, $6, $7)
+                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+            )
+            .into(),
+            // $4 now, $5 the attempt or NULL: the lease ends now; the token,
+            // checkpoint and attempt stay.
+            release_in_flight: format!(
+                "UPDATE {t} SET lease_until = LEAST(lease_until, $4)
+                 WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
+                   AND ($5::integer IS NULL OR attempt = $5::integer)"
+            )
+            .into(),
+            delete_completed: format!(
+                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
+            )
+            .into(),
+            count_states: format!(
+                "SELECT
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight' AND lease_until <= $1) AS stuck,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'released') AS released,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'completed') AS completed,
+                   count(*) FILTER (WHERE key_expires_at <= $1) AS expired
+                 FROM {t}"
+            )
+            .into(),
         }
     }
 }
+
+const SUMMARY_COLUMNS: &str =
+    "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
 
 fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
     // The text comes from `Statements::new`: fixed SQL around validated,
@@ -525,5 +580,114 @@ impl Store for PgStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
+    let corrupt = |detail: String| Error::Corrupt { detail };
+    let scope = Scope::new(
+        row.try_get::<String, _>("owner")?,
+        row.try_get::<String, _>("operation")?,
+    )
+    .map_err(|e| corrupt(format!("stored scope: {e}")))?;
+    let key = IdempotencyKey::parse(row.try_get::<&str, _>("key")?)
+        .map_err(|e| corrupt(format!("stored key: {e}")))?;
+    let state: String = row.try_get("state")?;
+    let attempt: i32 = row.try_get("attempt")?;
+    Ok(RecordSummary {
+        id: RecordId::new(scope, key),
+        state: RecordState::parse(&state)
+            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
+        attempt: u32::try_from(attempt)
+            .map_err(|_| corrupt(format!("negative attempt {attempt}")))?,
+        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
+        resource_id: row.try_get("resource_id")?,
+        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
+    })
+}
+
+/// Indexed listing with keyset pagination (the `_in_flight_idx` partial
+/// index); release, delete and counts are one statement each. Counting scans
+/// the table.
+impl AdminStore for PgStore {
+    async fn list_in_flight(&self, qr: &InFlightQuery<'_>) -> Result<Page, StoreError> {
+        let limit = qr.limit.max(1);
+        let after = qr.cursor.map(Cursor::keyset_position).transpose()?;
+        let query = match &after {
+            None => q(&self.sql.list_in_flight),
+            Some(_) => q(&self.sql.list_in_flight_after),
+        }
+        .bind(qr.lease_before.as_unix_millis())
+        .bind(qr.now.as_unix_millis())
+        .bind(i64::from(limit) + 1);
+        let query = match after {
+            None => query,
+            Some(a) => query
+                .bind(a.lease_until.as_unix_millis())
+                .bind(a.owner)
+                .bind(a.operation)
+                .bind(a.key),
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(store_error)?;
+        let mut records = rows
+            .iter()
+            .map(decode_summary)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = (records.len() > limit as usize).then(|| {
+            records.truncate(limit as usize);
+            let last = &records[records.len() - 1];
+            Cursor::keyset(last.lease_until, &last.id)
+        });
+        Ok(Page { records, next })
+    }
+
+    async fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
+        let done = q(&self.sql.release_in_flight)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .bind(attempt)
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
+        let done = q(&self.sql.delete_completed)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
+        let row = q(&self.sql.count_states)
+            .bind(now.as_unix_millis())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(store_error)?;
+        let n = |col: &str| -> Result<u64, StoreError> {
+            let v: i64 = row.try_get(col).map_err(store_error)?;
+            Ok(u64::try_from(v).unwrap_or(0))
+        };
+        Ok(StateCounts {
+            in_flight: n("in_flight")?,
+            stuck: n("stuck")?,
+            released: n("released")?,
+            completed: n("completed")?,
+            expired: n("expired")?,
+        })
     }
 }

@@ -1057,6 +1057,63 @@ async fn purge_uses_the_expiry_indexes() {
     .await;
 }
 
+/// The operator listing walks the partial in-flight index, never the
+/// table, and pages through exactly the stuck rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_listing_uses_the_in_flight_index() {
+    with_fixture(PgFixture::new(2).await, |fx| async move {
+        let t = fx.table();
+        let now: i64 = 1_000_000_000_000;
+        // 20,000 completed rows, 30 stuck in flight, 30 in flight under a live lease.
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                  outcome, response, response_expires_at, key_expires_at)
+                 SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea),
+                        CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
+                        CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
+                        CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000
+                 FROM generate_series(1, 20000) AS i;
+                 ANALYZE {t};"
+            )))
+            .await
+            .expect("seed");
+        let sql = fx
+            .store
+            .list_in_flight_statement()
+            .replace("$1", &now.to_string())
+            .replace("$2", &now.to_string())
+            .replace("$3", "8");
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .fetch_all(fx.store.pool())
+            .await
+            .expect("explain");
+        let plan = plan.join("\n");
+        let p = fx.store.table_name();
+        assert!(plan.contains(&format!("{p}_in_flight_idx")), "listing must use its index:\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+        let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
+        let idem = engine(&fx.store, &clock);
+        let (mut seen, mut cursor) = (Vec::new(), None);
+        loop {
+            let page = idem
+                .list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
+                .await
+                .expect("list");
+            assert!(page.records.len() <= 7);
+            seen.extend(page.records.into_iter().map(|r| r.id.key().as_str().to_owned()));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let want: Vec<String> = (1..=30).rev().map(|i| format!("k{i}")).collect();
+        assert_eq!(seen, want, "oldest lease first, each once");
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------- statements per transition
 
 /// Counts the statements and round trips each transition sends, through a

@@ -4,6 +4,8 @@
 -- ARGV[3] now (ms)                     ARGV[4] lease_until (ms)
 -- ARGV[5] key_expires_at (ms, >= lease_until)
 -- ARGV[6] key TTL for PEXPIRE (ms, >= 1)   ARGV[7] lease TTL for PEXPIRE (ms, >= 1)
+-- ARGV[8..10] owner, operation, key (optional): stored readable in a new
+--            record (`io`, `ip`, `ik`) so operators can list it
 -- Reply: {0, attempt, reason, checkpoint} when claimed
 --        (reason 0 new, 1 lease expired, 2 released),
 --        {1, f, s, a, l, k, x, o, e, body} for the standing record.
@@ -18,7 +20,12 @@ local leased = r[2] == 'in_flight' and lease and lease > now
 if not present or (kexp and kexp <= now and not leased) then
   -- Absent, or its key expired on the engine's clock: a new operation.
   if present then redis.call('DEL', rec) end
-  redis.call('HSET', rec, 'f', ARGV[1], 's', 'in_flight', 't', ARGV[2], 'a', '1', 'l', ARGV[4], 'k', ARGV[5])
+  local fields = {'f', ARGV[1], 's', 'in_flight', 't', ARGV[2], 'a', '1', 'l', ARGV[4], 'k', ARGV[5]}
+  if ARGV[10] then
+    fields[13], fields[14], fields[15], fields[16], fields[17], fields[18] =
+      'io', ARGV[8], 'ip', ARGV[9], 'ik', ARGV[10]
+  end
+  redis.call('HSET', rec, unpack(fields))
   redis.call('PEXPIRE', rec, ARGV[6])
   return {0, 1, 0, false}
 end

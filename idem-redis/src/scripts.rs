@@ -26,3 +26,9 @@ pub(crate) static EXTEND: LazyLock<Script> =
 /// Read a record as of the engine's `now`.
 pub(crate) static FETCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/fetch.lua")));
+/// End an in-flight record's lease now (operator).
+pub(crate) static RELEASE_IN_FLIGHT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/release_in_flight.lua")));
+/// Delete a completed record (operator).
+pub(crate) static DELETE_COMPLETED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/delete_completed.lua")));

@@ -37,13 +37,13 @@ use crate::scripts;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: Connection,
-    prefix: KeyPrefix,
+    pub(crate) conn: Connection,
+    pub(crate) prefix: KeyPrefix,
 }
 
 /// The connection behind a store: standalone (reconnecting) or cluster.
 #[derive(Clone)]
-enum Connection {
+pub(crate) enum Connection {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -180,7 +180,7 @@ impl RedisStore {
         RecordKeys::new(&self.prefix, id).body
     }
 
-    async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
+    pub(crate) async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         self.conn.invoke(inv).await.map_err(store_error)
     }
 
@@ -220,7 +220,10 @@ impl Store for RedisStore {
             .arg(req.lease_until.as_unix_millis())
             .arg(key_expires_at.as_unix_millis())
             .arg(ttl_ms(key_expires_at, req.now))
-            .arg(ttl_ms(req.lease_until, req.now));
+            .arg(ttl_ms(req.lease_until, req.now))
+            .arg(req.id.owner())
+            .arg(req.id.operation())
+            .arg(req.id.key().as_str());
         let reply = self.run(&inv).await?;
         let Value::Array(items) = reply else {
             return Err(unexpected(&reply));
@@ -407,7 +410,7 @@ fn missing(field: &str) -> StoreError {
     corrupt(format!("the {field} is missing"))
 }
 
-fn unexpected(v: &Value) -> StoreError {
+pub(crate) fn unexpected(v: &Value) -> StoreError {
     StoreError::Backend {
         backend: BACKEND,
         source: format!("unexpected reply from a script: {v:?}").into(),

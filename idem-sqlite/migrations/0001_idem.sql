@@ -24,3 +24,9 @@ CREATE INDEX IF NOT EXISTS idem_records_key_expiry
     ON idem_records (key_expires_at);
 CREATE INDEX IF NOT EXISTS idem_records_response_expiry
     ON idem_records (response_expires_at) WHERE response IS NOT NULL;
+
+-- Operators list records stuck in flight through this one, in keyset order
+-- (added with the operator API; `CREATE … IF NOT EXISTS` adds it to an
+-- existing database on the next migrate).
+CREATE INDEX IF NOT EXISTS idem_records_in_flight
+    ON idem_records (lease_until, owner, operation, key) WHERE state = 'in_flight';

@@ -81,3 +81,45 @@ pub(crate) const PURGE_BODIES: &str = "
 UPDATE idem_records SET response = NULL WHERE rowid IN (
     SELECT rowid FROM idem_records
     WHERE response IS NOT NULL AND response_expires_at <= ?1 LIMIT ?2)";
+
+/// The operator listing of in-flight records (`?1` lease bound, `?2` now,
+/// `?3` limit), first page; walks the `idem_records_in_flight` index.
+pub(crate) const LIST_IN_FLIGHT: &str = "
+SELECT owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at
+FROM idem_records
+WHERE state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2
+ORDER BY lease_until, owner, operation, key
+LIMIT ?3";
+
+/// The next pages: after the keyset position `(?4, ?5, ?6, ?7)`.
+pub(crate) const LIST_IN_FLIGHT_AFTER: &str = "
+SELECT owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at
+FROM idem_records
+WHERE state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2
+  AND (lease_until, owner, operation, key) > (?4, ?5, ?6, ?7)
+ORDER BY lease_until, owner, operation, key
+LIMIT ?3";
+
+/// The operator release (`?1`–`?3` the record, `?4` now, `?5` the attempt or
+/// NULL): the lease ends now; token, checkpoint and attempt stay.
+pub(crate) const RELEASE_IN_FLIGHT: &str = "
+UPDATE idem_records SET lease_until = MIN(lease_until, ?4)
+WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND state = 'in_flight'
+  AND key_expires_at > ?4 AND (?5 IS NULL OR attempt = ?5)";
+
+/// The operator delete (`?1`–`?3` the record, `?4` now): completed or
+/// expired records only.
+pub(crate) const DELETE_COMPLETED: &str = "
+DELETE FROM idem_records
+WHERE owner = ?1 AND operation = ?2 AND key = ?3
+  AND (state = 'completed' OR key_expires_at <= ?4)";
+
+/// Counts by state at `?1` (a full scan).
+pub(crate) const COUNT_STATES: &str = "
+SELECT
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight'), 0) AS in_flight,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight' AND lease_until <= ?1), 0) AS stuck,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'released'), 0) AS released,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'completed'), 0) AS completed,
+  COALESCE(SUM(key_expires_at <= ?1), 0) AS expired
+FROM idem_records";

@@ -30,6 +30,7 @@
 //! [`run`]) may change in any release: they exist to prove backends, not to be
 //! built upon.
 
+mod admin;
 mod basic;
 mod concurrency;
 mod expiry;
@@ -43,6 +44,7 @@ mod support;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use admin::*;
 pub use basic::*;
 pub use concurrency::*;
 pub use expiry::*;
@@ -53,12 +55,12 @@ pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
 
-use crate::store::Store;
+use crate::admin::AdminStore;
 
 /// An isolated store for one test.
 pub trait Fixture: Send + Sized + 'static {
     /// The store under test.
-    type Store: Store + Clone;
+    type Store: AdminStore + Clone;
     /// A handle on the store (scenarios may open several engines on it).
     fn store(&self) -> Self::Store;
     /// Removes whatever the test created (its table, schema or keys).
@@ -133,6 +135,11 @@ macro_rules! __idem_for_each_scenario {
             guard_dropped_claim_is_recovered_after_the_lease,
             guard_release_makes_the_next_attempt_a_recovery,
             guard_complete_not_stored_is_never_rerun,
+            admin_lists_stuck_records_in_pages,
+            admin_release_makes_the_next_attempt_a_recovery,
+            admin_delete_refuses_unfinished_records,
+            admin_counts_records_by_state,
+            purger_runs_by_itself_and_stops,
         }
     };
 }
@@ -175,6 +182,7 @@ mod tests {
     #[test]
     fn every_scenario_is_listed() {
         let sources = [
+            include_str!("admin.rs"),
             include_str!("basic.rs"),
             include_str!("concurrency.rs"),
             include_str!("expiry.rs"),

@@ -1,0 +1,268 @@
+//! Operator operations: find records stuck in flight, release or delete one,
+//! count records by state.
+//!
+//! These are the answers to the three pages an idem deployment gets: a client
+//! stuck on 409 because an attempt crashed holding a long lease, a surge of
+//! rejections, and a store that grows. They live in [`AdminStore`], a trait
+//! beside [`Store`] (not in it), so a wrapper or a custom backend that does
+//! not offer them still runs the engine.
+//!
+//! # Safety against a live system
+//!
+//! None of these operations can make the work run twice without going
+//! through a recovery:
+//!
+//! * [`AdminStore::release_in_flight`] only moves an in-flight record's lease
+//!   end to `now`. Its token is unchanged (the holder, if alive, may still
+//!   complete), and the next claim with the same fingerprint takes it over as
+//!   [`TakeoverReason::LeaseExpired`](crate::store::TakeoverReason) with the
+//!   checkpoint kept, under a new token that fences the old holder out: the
+//!   same path as a lease that ended by itself.
+//! * [`AdminStore::delete_completed`] removes only completed records (the key
+//!   becomes a new operation, as after `key_ttl`); it refuses records in
+//!   flight or released, whose work may have had effects that only a recovery
+//!   reconciles.
+//! * Listing and counting only read.
+
+use std::fmt;
+use std::future::Future;
+
+use crate::clock::Timestamp;
+use crate::scope::RecordId;
+use crate::store::{RecordState, Store, StoreError};
+
+/// Where a listing stopped; pass it back to get the next page.
+///
+/// Opaque: each backend writes its own position into it (a keyset position
+/// on SQL, a `SCAN` cursor per node on Redis). It is plain text, so a script
+/// can carry it between runs of the command-line tool.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Cursor(String);
+
+impl Cursor {
+    /// A cursor from its text (as printed by [`Cursor::as_str`]).
+    #[must_use]
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The cursor's text.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A keyset position after the record `(lease_until, id)`: the cursor of
+    /// the SQL backends and of [`MemoryStore`](crate::MemoryStore), which list
+    /// in `(lease_until, owner, operation, key)` order.
+    #[must_use]
+    pub fn keyset(lease_until: Timestamp, id: &RecordId) -> Self {
+        let position = serde_json::json!([
+            lease_until.as_unix_millis(),
+            id.owner(),
+            id.operation(),
+            id.key().as_str()
+        ]);
+        Self(position.to_string())
+    }
+
+    /// Reads a position written by [`Cursor::keyset`].
+    ///
+    /// # Errors
+    ///
+    /// [`CursorError`] when the text is not such a position.
+    pub fn keyset_position(&self) -> Result<KeysetPosition, CursorError> {
+        let (lease, owner, operation, key): (i64, String, String, String) =
+            serde_json::from_str(&self.0).map_err(|_| CursorError)?;
+        Ok(KeysetPosition {
+            lease_until: Timestamp::from_unix_millis(lease),
+            owner,
+            operation,
+            key,
+        })
+    }
+}
+
+/// A position in a keyset listing: the last record of the previous page.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeysetPosition {
+    /// Its lease end.
+    pub lease_until: Timestamp,
+    /// Its owner.
+    pub owner: String,
+    /// Its operation.
+    pub operation: String,
+    /// Its key.
+    pub key: String,
+}
+
+/// A cursor that this store did not write (or from another backend).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the cursor is not one this store wrote")]
+pub struct CursorError;
+
+impl From<CursorError> for StoreError {
+    fn from(e: CursorError) -> Self {
+        StoreError::Backend {
+            backend: "cursor",
+            source: Box::new(e),
+        }
+    }
+}
+
+impl fmt::Debug for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Cursor").field(&self.0).finish()
+    }
+}
+
+/// Which in-flight records to list.
+#[derive(Debug, Clone, Copy)]
+pub struct InFlightQuery<'a> {
+    /// The engine's time: records whose key expired are not listed.
+    pub now: Timestamp,
+    /// List records whose lease ends at or before this. `now` lists the
+    /// records stuck past their lease; a later time also lists live leases
+    /// that end soon (or a crashed attempt's long lease).
+    pub lease_before: Timestamp,
+    /// Where the previous page stopped (`None`: from the start).
+    pub cursor: Option<&'a Cursor>,
+    /// The page size (at least 1). SQL backends return at most this many;
+    /// Redis returns what a bounded `SCAN` found (see its crate docs).
+    pub limit: u32,
+}
+
+/// A record as an operator sees it in a listing (never its body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSummary {
+    /// Its identity.
+    pub id: RecordId,
+    /// Its state.
+    pub state: RecordState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// When its lease ends (or ended).
+    pub lease_until: Timestamp,
+    /// Its checkpoint or resource id.
+    pub resource_id: Option<String>,
+    /// When its key is forgotten.
+    pub key_expires_at: Timestamp,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// The records of this page.
+    pub records: Vec<RecordSummary>,
+    /// Where to continue; `None` when the listing is complete.
+    pub next: Option<Cursor>,
+}
+
+/// How many live records a store holds, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// In flight (including `stuck`).
+    pub in_flight: u64,
+    /// In flight with a lease that has ended: a crash nobody retried yet.
+    pub stuck: u64,
+    /// Released after a transient failure.
+    pub released: u64,
+    /// Completed.
+    pub completed: u64,
+    /// Whose key expired but that are still stored, waiting for a purge
+    /// (always 0 on a store with native expiry).
+    pub expired: u64,
+}
+
+/// The operator operations of a store. Every backend of this workspace
+/// implements them; the conformance suite proves them.
+///
+/// See the [module docs](self) for why each is safe on a live system.
+pub trait AdminStore: Store {
+    /// Lists in-flight records whose lease ends at or before
+    /// `query.lease_before` and whose key lives at `query.now`, one page at a
+    /// time.
+    ///
+    /// # Behavior
+    ///
+    /// Following `next` until it is `None` visits every matching record that
+    /// existed for the whole walk; records never hold a body here.
+    fn list_in_flight(
+        &self,
+        query: &InFlightQuery<'_>,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// Ends the lease of an in-flight record now, so that the next claim with
+    /// the same fingerprint takes it over as a recovery (checkpoint kept).
+    ///
+    /// # Behavior
+    ///
+    /// Atomically, only if the record is live, `in_flight`, and (when
+    /// `attempt` is given) at exactly that attempt: `lease_until` becomes
+    /// `min(lease_until, now)`; the token, checkpoint and attempt are kept.
+    /// Returns whether it did.
+    fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes a completed record (the key becomes a new operation).
+    ///
+    /// # Behavior
+    ///
+    /// Atomically, only if the record is `completed` or its key expired at
+    /// `now`: the record (and its body) is removed. Records in flight or
+    /// released are refused. Returns whether it deleted.
+    fn delete_completed(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Counts the records by state at `now`.
+    ///
+    /// # Behavior
+    ///
+    /// Reads every record (a full scan on every backend: for dashboards and
+    /// the command-line tool, not for a request path).
+    fn count_states(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<StateCounts, StoreError>> + Send;
+}
+
+/// A shared store is an admin store too (as it is a [`Store`]).
+impl<S: AdminStore> AdminStore for std::sync::Arc<S> {
+    fn list_in_flight(
+        &self,
+        query: &InFlightQuery<'_>,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
+        (**self).list_in_flight(query)
+    }
+
+    fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).release_in_flight(id, attempt, now)
+    }
+
+    fn delete_completed(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).delete_completed(id, now)
+    }
+
+    fn count_states(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<StateCounts, StoreError>> + Send {
+        (**self).count_states(now)
+    }
+}

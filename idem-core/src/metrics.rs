@@ -1,0 +1,193 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`). Without the feature every function here is an empty inline
+//! function: no clock read, no allocation, nothing.
+//!
+//! Install any exporter (Prometheus, OpenTelemetry, StatsD, …) as the global
+//! recorder and these appear:
+//!
+//! | name | kind | labels | counts |
+//! |---|---|---|---|
+//! | `idem_executions_total` | counter | `operation` | a claim was won and the work started (a first attempt or a recovery) |
+//! | `idem_replays_total` | counter | `operation` | a stored outcome was returned without running the work |
+//! | `idem_rejections_total` | counter | `operation`, `code` | a call was refused: `code` is [`Error::code`](crate::Error::code) (`in_flight`, `fingerprint_mismatch`, `response_expired`, `response_not_stored`, `lease_lost`, `invalid_key`, `invalid_request`, `store_unavailable`, …) |
+//! | `idem_recoveries_total` | counter | `operation`, `reason` | a claim took over a record: `lease_expired` (a crash, or an operator release) or `released` (after a transient failure) |
+//! | `idem_transient_releases_total` | counter | `operation` | the work failed transiently and the key was released ([`Claim::complete`](crate::Claim::complete) with `Transient`) |
+//! | `idem_responses_not_stored_total` | counter | `operation` | the work finished but its outcome was not stored (too large, not encodable, or the store failed): retries get 409 or a recovery |
+//! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch`, `purge`…; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
+//! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
+//! | `idem_work_seconds` | histogram | `operation` | how long the work ran |
+//! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
+//! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purger rounds, and rounds that failed |
+//!
+//! Labels are bounded: `operation` is the caller-chosen operation name of the
+//! [`Scope`](crate::Scope) (e.g. `POST /payments`): keep it a route template,
+//! never a URL with ids in it. The owner and the key are never labels.
+
+#[cfg(feature = "metrics")]
+mod on {
+    use std::future::Future;
+    use std::time::{Duration, Instant};
+
+    use crate::claim::Begin;
+    use crate::error::Error;
+    use crate::outcome::{Outcome, Reply};
+    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
+
+    /// The operation label, made once per call.
+    pub(crate) type Label = String;
+
+    pub(crate) fn label(op: &str) -> Label {
+        op.to_owned()
+    }
+
+    pub(crate) fn record_rejection(op: &str, e: &Error) {
+        metrics::counter!(
+            "idem_rejections_total",
+            "operation" => op.to_owned(),
+            "code" => e.code()
+        )
+        .increment(1);
+    }
+
+    /// A claim won (the work runs), a replay, or a rejection.
+    pub(crate) fn record_begin<S: Store, T, E>(
+        op: Label,
+        result: Result<Begin<S, T, E>, Error>,
+    ) -> Result<Begin<S, T, E>, Error> {
+        match &result {
+            Ok(Begin::Run(_)) => {
+                metrics::counter!("idem_executions_total", "operation" => op).increment(1);
+            }
+            Ok(Begin::Replay(_)) => {
+                metrics::counter!("idem_replays_total", "operation" => op).increment(1);
+            }
+            Err(e) => record_rejection(&op, e),
+        }
+        result
+    }
+
+    /// What became of an outcome: released (transient), not stored, or
+    /// refused (lease lost).
+    pub(crate) fn record_completion<T, E>(op: Label, result: &Result<Reply<T, E>, Error>) {
+        match result {
+            Ok(reply) if matches!(reply.outcome(), Outcome::Transient(_)) => {
+                metrics::counter!("idem_transient_releases_total", "operation" => op).increment(1);
+            }
+            Ok(reply) if !reply.is_stored() => {
+                metrics::counter!("idem_responses_not_stored_total", "operation" => op)
+                    .increment(1);
+            }
+            Ok(_) => {}
+            Err(e) => record_rejection(&op, e),
+        }
+    }
+
+    pub(crate) fn record_recovery(op: &str, reason: TakeoverReason) {
+        let reason = reason.as_str();
+        metrics::counter!(
+            "idem_recoveries_total",
+            "operation" => op.to_owned(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
+
+    pub(crate) async fn time_store<T, F>(call: &'static str, fut: F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let start = Instant::now();
+        let result = fut.await;
+        metrics::histogram!("idem_store_call_seconds", "call" => call)
+            .record(start.elapsed().as_secs_f64());
+        let kind = match &result {
+            Ok(_) | Err(StoreError::LeaseLost) => None,
+            Err(StoreError::Unavailable { .. }) => Some("unavailable"),
+            Err(StoreError::Corrupt { .. }) => Some("corrupt"),
+            Err(_) => Some("backend"),
+        };
+        if let Some(kind) = kind {
+            metrics::counter!("idem_store_errors_total", "call" => call, "kind" => kind)
+                .increment(1);
+        }
+        result
+    }
+
+    pub(crate) async fn time_work<F: Future>(op: &str, fut: F) -> F::Output {
+        let start = Instant::now();
+        let out = fut.await;
+        record_work(op, start.elapsed());
+        out
+    }
+
+    fn record_work(op: &str, d: Duration) {
+        metrics::histogram!("idem_work_seconds", "operation" => op.to_owned())
+            .record(d.as_secs_f64());
+    }
+
+    pub(crate) fn record_purge(result: &Result<PurgeReport, Error>) {
+        metrics::counter!("idem_purge_runs_total").increment(1);
+        match result {
+            Ok(r) => {
+                metrics::counter!("idem_purge_keys_removed_total").increment(r.keys_removed);
+                metrics::counter!("idem_purge_bodies_dropped_total").increment(r.bodies_dropped);
+            }
+            Err(_) => metrics::counter!("idem_purge_errors_total").increment(1),
+        }
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod on {
+    use std::future::Future;
+
+    use crate::claim::Begin;
+    use crate::error::Error;
+    use crate::outcome::Reply;
+    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
+
+    /// No label: nothing is made (zero-sized).
+    pub(crate) struct Label;
+
+    #[inline(always)]
+    pub(crate) fn label(_op: &str) -> Label {
+        Label
+    }
+
+    #[inline(always)]
+    pub(crate) fn record_rejection(_op: &str, _e: &Error) {}
+
+    #[inline(always)]
+    pub(crate) fn record_begin<S: Store, T, E>(
+        _op: Label,
+        result: Result<Begin<S, T, E>, Error>,
+    ) -> Result<Begin<S, T, E>, Error> {
+        result
+    }
+
+    #[inline(always)]
+    pub(crate) fn record_completion<T, E>(_op: Label, _result: &Result<Reply<T, E>, Error>) {}
+
+    #[inline(always)]
+    pub(crate) fn record_recovery(_op: &str, _reason: TakeoverReason) {}
+
+    /// The call itself, untouched.
+    #[inline(always)]
+    pub(crate) fn time_store<T, F>(_call: &'static str, fut: F) -> F
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        fut
+    }
+
+    /// The work itself, untouched.
+    #[inline(always)]
+    pub(crate) fn time_work<F: Future>(_op: &str, fut: F) -> F {
+        fut
+    }
+
+    #[inline(always)]
+    pub(crate) fn record_purge(_result: &Result<PurgeReport, Error>) {}
+}
+
+pub(crate) use on::*;

@@ -1,0 +1,125 @@
+//! Purging that runs by itself: [`Idem::spawn_purger`].
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::engine::Idem;
+use crate::error::Error;
+use crate::store::{PurgeReport, Store, Token};
+
+/// How a background purger runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgerConfig {
+    /// The pause between two rounds.
+    pub interval: Duration,
+    /// Records per store call; a round calls until a batch comes back empty.
+    pub batch: u32,
+    /// Up to this much is added at random to every pause, so instances
+    /// started together do not purge in lockstep.
+    pub jitter: Duration,
+}
+
+impl Default for PurgerConfig {
+    /// Every minute, 1,000 records per batch, up to 10 s of jitter.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            batch: 1000,
+            jitter: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running purger. [`PurgerHandle::stop`] ends it gracefully and waits
+/// for it; dropping the handle also ends it, without waiting.
+#[derive(Debug)]
+pub struct PurgerHandle {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<PurgeReport>,
+}
+
+impl PurgerHandle {
+    /// Stops the purger: a batch already sent to the store finishes, no
+    /// other starts. Returns what it purged over its whole life.
+    pub async fn stop(self) -> PurgeReport {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
+}
+
+fn pause(config: &PurgerConfig) -> Duration {
+    let jitter_ms = u64::try_from(config.jitter.as_millis()).unwrap_or(u64::MAX);
+    let extra = if jitter_ms == 0 {
+        0
+    } else {
+        Token::random().as_i64().unsigned_abs() % (jitter_ms + 1)
+    };
+    config.interval + Duration::from_millis(extra)
+}
+
+impl<S: Store> Idem<S> {
+    /// Spawns a task that purges expired keys and bodies every
+    /// `config.interval` (plus jitter), in batches of `config.batch`, until
+    /// [`PurgerHandle::stop`]. Safe to run on every instance at once (each
+    /// batch is bounded and skips rows another purger holds). A failed round
+    /// is logged and counted (`idem_purge_errors_total`), and the next round
+    /// runs as planned.
+    ///
+    /// On a store with native expiry
+    /// ([`Capabilities::native_expiry`](crate::store::Capabilities), Redis)
+    /// the task makes no store call at all: it only waits to be stopped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (like `tokio::spawn`).
+    pub fn spawn_purger(&self, config: PurgerConfig) -> PurgerHandle {
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let idem = self.clone();
+        let task = tokio::spawn(async move {
+            let mut total = PurgeReport::default();
+            if idem.store().capabilities().native_expiry {
+                let _ = stopped.await;
+                return total;
+            }
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return total,
+                    () = tokio::time::sleep(pause(&config)) => {}
+                }
+                loop {
+                    let now = idem.clock().now();
+                    let result: Result<PurgeReport, Error> = crate::metrics::time_store(
+                        "purge",
+                        idem.store().purge_expired(now, config.batch.max(1)),
+                    )
+                    .await
+                    .map_err(Error::from);
+                    crate::metrics::record_purge(&result);
+                    match result {
+                        Ok(r) if r == PurgeReport::default() => break,
+                        Ok(r) => {
+                            total.keys_removed += r.keys_removed;
+                            total.bodies_dropped += r.bodies_dropped;
+                            tracing::debug!(
+                                keys = r.keys_removed,
+                                bodies = r.bodies_dropped,
+                                "purged a batch"
+                            );
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "purge failed; next round as planned");
+                            break;
+                        }
+                    }
+                    match stopped.try_recv() {
+                        Err(oneshot::error::TryRecvError::Empty) => {}
+                        _ => return total,
+                    }
+                }
+            }
+        });
+        PurgerHandle { stop, task }
+    }
+}

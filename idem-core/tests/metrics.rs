@@ -1,0 +1,118 @@
+//! The metrics of a scripted run, read back from a recording exporter:
+//! first call, replay, mismatch, in flight, recovery, invalid key.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use idem_core::store::{ClaimRequest, Store, Token};
+use idem_core::{Clock, Idem, ManualClock, MemoryStore, Outcome, Scope};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+type Out = Outcome<String, String>;
+
+/// `name{label=value,…}` → the counter's value or the histogram's sample count.
+fn snapshot_map(recorder: &DebuggingRecorder) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let n = match value {
+            DebugValue::Counter(n) => n,
+            DebugValue::Histogram(samples) => samples.len() as u64,
+            DebugValue::Gauge(_) => continue,
+        };
+        out.insert(name, n);
+    }
+    out
+}
+
+#[test]
+fn a_scripted_run_counts_exactly() {
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let clock = ManualClock::starting_now();
+            let idem = Idem::new(MemoryStore::new()).with_clock(clock.clone());
+            let scope = Scope::new("acct_1", "POST /charges").expect("scope");
+            let work = |_| async { Out::Success("ch_1".to_owned()) };
+            let req = serde_json::json!({"amount": 1});
+
+            idem.execute(&scope, "k1", &req, work).await.expect("first");
+            let replay = idem
+                .execute(&scope, "k1", &req, work)
+                .await
+                .expect("replay");
+            assert!(replay.is_replay());
+            let other = serde_json::json!({"amount": 2});
+            let err = idem
+                .execute(&scope, "k1", &other, work)
+                .await
+                .expect_err("mismatch");
+            assert_eq!(err.code(), "fingerprint_mismatch");
+
+            // A crashed attempt on k2: claimed, never completed.
+            let prepared = idem.prepare(&scope, "k2", &req).expect("prepare");
+            let now = clock.now();
+            idem.store()
+                .claim(&ClaimRequest::new(
+                    &prepared.id,
+                    prepared.fingerprint,
+                    Token::random(),
+                    now,
+                    now.plus(idem.policy().lease()),
+                    now.plus(idem.policy().key_ttl()),
+                ))
+                .await
+                .expect("claim");
+            let err = idem
+                .execute(&scope, "k2", &req, work)
+                .await
+                .expect_err("in flight");
+            assert_eq!(err.code(), "in_flight");
+            clock.advance(idem.policy().lease() + Duration::from_secs(1));
+            let recovered = idem
+                .execute(&scope, "k2", &req, work)
+                .await
+                .expect("recovery");
+            assert_eq!(recovered.attempt(), 2);
+
+            let err = idem
+                .execute(&scope, " ", &req, work)
+                .await
+                .expect_err("invalid");
+            assert_eq!(err.code(), "invalid_key");
+        });
+    });
+    let m = snapshot_map(&recorder);
+    let op = "operation=POST /charges";
+    let want = [
+        (format!("idem_executions_total{{{op}}}"), 2),
+        (format!("idem_replays_total{{{op}}}"), 1),
+        (
+            format!("idem_rejections_total{{code=fingerprint_mismatch,{op}}}"),
+            1,
+        ),
+        (format!("idem_rejections_total{{code=in_flight,{op}}}"), 1),
+        (format!("idem_rejections_total{{code=invalid_key,{op}}}"), 1),
+        (
+            format!("idem_recoveries_total{{{op},reason=lease_expired}}"),
+            1,
+        ),
+        (format!("idem_work_seconds{{{op}}}"), 2),
+        ("idem_store_call_seconds{call=claim}".to_owned(), 5),
+        ("idem_store_call_seconds{call=complete}".to_owned(), 2),
+    ];
+    for (name, n) in &want {
+        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
+    }
+    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
+}
