@@ -13,6 +13,9 @@
 //! * `acked` lost nothing it acknowledged: writes made during the lag were
 //!   refused (503 before the work, or the outcome returned with
 //!   `is_stored() == false`), and what it confirmed before is still there.
+//!
+//! Also the option on standalone Redis (a primary and its replica): every
+//! acknowledged write, then each of them refused once the replica is gone.
 
 mod support;
 
@@ -25,7 +28,7 @@ use idem_core::{
     Error, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy, Scope, StoreError,
 };
 use idem_redis::{NotAcknowledged, RedisStore};
-use support::replicated::{ReplicatedCluster, Shard};
+use support::replicated::{ReplicatedCluster, ReplicatedPair, Shard};
 use support::scenario::{Counter, Out, request};
 use tokio::sync::{Notify, watch};
 
@@ -278,4 +281,84 @@ async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
     // Plain and acked stores share the key prefix; the cluster goes away
     // with its keys when `cluster` drops.
     drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
+    let pair = ReplicatedPair::start();
+    let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(1_800_000_000_000));
+    // A fresh server: the first call of each script also takes the NOSCRIPT
+    // reload path of the pipeline.
+    let store = RedisStore::connect(&pair.url())
+        .await
+        .expect("connect")
+        .with_prefix("idem-ack:")
+        .expect("prefix")
+        .with_replica_ack(1, Duration::from_millis(200));
+    assert_eq!(store.replica_ack().map(|a| a.replicas()), Some(1));
+    let idem: Engine = Arc::new(
+        Idem::new(store)
+            .with_clock(clock.clone())
+            .with_policy(policy()),
+    );
+    let scope = Scope::new("tenant", "POST /charges").expect("scope");
+
+    // With the replica: claim, checkpoint, extension and completion are
+    // confirmed; the replay needs nothing.
+    let runs = Counter::default();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (r, s) = (runs.clone(), Arc::clone(&seen));
+    let done = idem
+        .execute(&scope, "k1", &request(), |attempt| async move {
+            r.hit();
+            let checkpoint = attempt
+                .checkpoint("ch_1")
+                .await
+                .map_err(|e| e.http_status());
+            let extend = attempt.renew_lease().await.map_err(|e| e.http_status());
+            s.lock().expect("seen").extend([checkpoint, extend]);
+            Out::Success("ch_1".to_owned())
+        })
+        .await
+        .expect("k1");
+    assert!(done.is_stored() && !done.is_replay());
+    assert_eq!(*seen.lock().expect("seen"), vec![Ok(()), Ok(())]);
+    let replay = call(&idem, &scope, "k1", &runs).await.expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(runs.get(), 1);
+
+    // The replica dies during the work: the checkpoint and the completion
+    // are refused (the outcome still reaches the caller, not stored).
+    let (r, s, p) = (runs.clone(), Arc::clone(&seen), &pair);
+    s.lock().expect("seen").clear();
+    let unconfirmed = idem
+        .execute(&scope, "k2", &request(), |attempt| async move {
+            r.hit();
+            p.kill_replica();
+            let checkpoint = attempt
+                .checkpoint("ch_2")
+                .await
+                .map_err(|e| e.http_status());
+            s.lock().expect("seen").push(checkpoint);
+            Out::Success("ch_2".to_owned())
+        })
+        .await
+        .expect("k2 returns its outcome");
+    assert!(!unconfirmed.is_stored());
+    assert_eq!(unconfirmed.outcome(), &Outcome::Success("ch_2".to_owned()));
+    assert_eq!(*seen.lock().expect("seen"), vec![Err(503)]);
+    assert_eq!(runs.get(), 2);
+
+    // No replica: a new claim is refused with 503 before the work, and given
+    // back (released) so the next retry need not wait for the lease.
+    let refused = call(&idem, &scope, "k3", &runs).await.expect_err("503");
+    assert!(is_unacknowledged(&refused), "{refused:?}");
+    assert_eq!(runs.get(), 2, "the work did not run");
+    assert_eq!(
+        state(&idem, &scope, "k3").await,
+        Some((RecordState::Released, 1))
+    );
+    // Reads and replays still work.
+    let replay = call(&idem, &scope, "k1", &runs).await.expect("replay");
+    assert!(replay.is_replay());
 }

@@ -41,16 +41,26 @@ pub(crate) struct ReplicatedCluster {
     dir: PathBuf,
 }
 
-/// Six consecutive ports of [`PORTS`] whose bus ports are free too.
+/// Ports handed out by [`free_block`] in this process (tests run in parallel).
+static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// `n` consecutive ports of [`PORTS`] whose bus ports are free too.
 fn free_block(n: u16) -> Vec<u16> {
+    let mut taken = TAKEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let free = |p: u16| {
-        TcpListener::bind(("127.0.0.1", p)).is_ok()
+        !taken.contains(&p)
+            && TcpListener::bind(("127.0.0.1", p)).is_ok()
             && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
     };
     let mut start = PORTS.start;
     while start + n <= PORTS.end {
         match (start..start + n).find(|&p| !free(p)) {
-            None => return (start..start + n).collect(),
+            None => {
+                taken.extend(start..start + n);
+                return (start..start + n).collect();
+            }
             Some(busy) => start = busy + 1,
         }
     }
@@ -293,6 +303,82 @@ impl Drop for ReplicatedCluster {
             .pids
             .get_mut()
             .map_or_else(|e| e.into_inner().clone(), |p| p.clone());
+        for pid in pids.into_iter().flatten() {
+            sigkill(pid);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A standalone primary and its replica (`--replicaof`), owned by one test.
+#[derive(Debug)]
+pub(crate) struct ReplicatedPair {
+    pub(crate) primary: u16,
+    pub(crate) replica: u16,
+    pids: Mutex<[Option<u32>; 2]>,
+    dir: PathBuf,
+}
+
+impl ReplicatedPair {
+    /// Starts both and waits until the replica is in sync.
+    pub(crate) fn start() -> Self {
+        let ports = free_block(2);
+        let (primary, replica) = (ports[0], ports[1]);
+        let dir = scratch_dir("pair");
+        watchdog(&ports, &dir);
+        let pid = |port: u16| {
+            std::fs::read_to_string(dir.join(format!("{port}.pid")))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no pid file for the server on {port}"))
+        };
+        start_server(primary, &dir, &["--repl-diskless-sync-delay", "0"]);
+        let primary_pid = pid(primary);
+        start_server(
+            replica,
+            &dir,
+            &["--replicaof", "127.0.0.1", &primary.to_string()],
+        );
+        let pair = Self {
+            primary,
+            replica,
+            pids: Mutex::new([Some(primary_pid), Some(pid(replica))]),
+            dir,
+        };
+        wait_for(Duration::from_secs(20), "the replica to sync", || {
+            cli(replica, &["info", "replication"])
+                .is_some_and(|i| i.contains("master_link_status:up"))
+        });
+        pair
+    }
+
+    /// The primary's URL.
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.primary)
+    }
+
+    /// SIGKILLs the replica and waits until the primary has noticed.
+    pub(crate) fn kill_replica(&self) {
+        if let Some(pid) = self.pids.lock().expect("pids")[1].take() {
+            sigkill(pid);
+        }
+        wait_for(
+            Duration::from_secs(10),
+            "the primary to lose its replica",
+            || {
+                cli(self.primary, &["info", "replication"])
+                    .is_some_and(|i| i.contains("connected_slaves:0"))
+            },
+        );
+    }
+}
+
+impl Drop for ReplicatedPair {
+    fn drop(&mut self) {
+        let pids = *self
+            .pids
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for pid in pids.into_iter().flatten() {
             sigkill(pid);
         }
