@@ -220,6 +220,10 @@ impl ReplicatedCluster {
     /// the sleeping replica cannot reconnect before it wakes. Returns the
     /// sleeping thread and the moment the replica wakes.
     pub(crate) fn lag(&self, shard: &Shard, secs: u32) -> (JoinHandle<()>, Instant) {
+        assert!(
+            self.ports.contains(&shard.primary) && self.ports.contains(&shard.replica),
+            "a shard of this cluster"
+        );
         let replica = shard.replica;
         let wakes = Instant::now() + Duration::from_secs(secs.into());
         let sleeper = std::thread::spawn(move || {
