@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::BoxDynError;
+use crate::store::BoxDynError;
 
 /// A value that can be stored as bytes and replayed.
 ///

@@ -78,8 +78,10 @@ impl Error {
             "application/problem+json".to_owned(),
         )];
         if let Some(d) = self.retry_after() {
-            let secs = d.as_millis().div_ceil(1000).max(1);
-            headers.push(("Retry-After".to_owned(), secs.to_string()));
+            headers.push((
+                "Retry-After".to_owned(),
+                crate::error::retry_after_secs(d).to_string(),
+            ));
         }
         HttpResponse::new(
             self.http_status(),

@@ -489,7 +489,10 @@ fn decode_claim(reply: Value) -> Result<ClaimOutcome, StoreError> {
             let checkpoint = opt_text(checkpoint, "resource id")?;
             Ok(ClaimOutcome::Claimed(Claimed {
                 attempt,
-                previous: reason.map(|reason| Previous { reason, checkpoint }),
+                previous: reason.map(|reason| Previous {
+                    reason,
+                    resource_id: checkpoint,
+                }),
             }))
         }
         Some((Value::Int(1), fields)) => Ok(ClaimOutcome::Existing(decode_record(fields)?)),

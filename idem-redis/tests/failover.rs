@@ -312,7 +312,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
         .execute(&scope, "k1", &request(), |attempt| async move {
             r.hit();
             let checkpoint = attempt
-                .checkpoint("ch_1")
+                .save_resource_id("ch_1")
                 .await
                 .map_err(|e| e.http_status());
             let extend = attempt.renew_lease().await.map_err(|e| e.http_status());
@@ -336,7 +336,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
             r.hit();
             p.kill_replica();
             let checkpoint = attempt
-                .checkpoint("ch_2")
+                .save_resource_id("ch_2")
                 .await
                 .map_err(|e| e.http_status());
             s.lock().expect("seen").push(checkpoint);

@@ -51,8 +51,8 @@ pub(crate) fn policy(in_flight: InFlightMode) -> Policy {
         .expect("test policy is valid")
 }
 
-pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<S> {
-    Idem::from_arc(Arc::clone(store))
+pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<Arc<S>> {
+    Idem::new(Arc::clone(store))
         .with_clock(clock.clone())
         .with_policy(policy(InFlightMode::Reject))
 }
