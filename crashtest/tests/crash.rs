@@ -10,7 +10,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test`, in a schema of its own dropped
 //! at the end); a Redis server of the test's own with `appendonly yes`,
 //! `appendfsync always` on a loopback port in 17300-17399, SIGKILLed and
-//! restarted once mid-run.
+//! restarted once mid-run. And once a Redis without persistence, restarted
+//! mid-run, which the checker must catch forgetting.
 
 use std::hash::BuildHasher;
 use std::net::TcpListener;
@@ -185,22 +186,28 @@ fn postgres_survives_crashed_workers() {
     both_variants(&format!("postgres:{url}#{schema}"), &mut || {});
 }
 
-/// A `redis-server` with AOF fsynced on every write, in a directory of its
-/// own; SIGKILLed on drop.
+/// A `redis-server` in a directory of its own, with AOF fsynced on every
+/// write (or, to show what the checker catches, no persistence at all);
+/// SIGKILLed on drop.
 struct AofRedis {
     port: u16,
     dir: TempDir,
+    persistent: bool,
     child: Option<Child>,
 }
 
 impl AofRedis {
-    fn start() -> Self {
-        let port = (17_300..17_400)
+    /// Starts one on the first free port of `ports` (each test its own
+    /// range: they run in parallel).
+    fn start(persistent: bool, ports: std::ops::Range<u16>) -> Self {
+        let port = ports
+            .clone()
             .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-            .expect("a free port in 17300-17399");
+            .unwrap_or_else(|| panic!("no free port in {ports:?}"));
         let mut redis = Self {
             port,
             dir: TempDir::new("redis"),
+            persistent,
             child: None,
         };
         redis.restart();
@@ -215,14 +222,8 @@ impl AofRedis {
         }
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
+            .args(["--save", "", "--appendfsync", "always", "--appendonly"])
+            .arg(if self.persistent { "yes" } else { "no" })
             .arg("--dir")
             .arg(&self.dir.0)
             .stdin(Stdio::null())
@@ -267,8 +268,30 @@ impl Drop for AofRedis {
 
 #[test]
 fn redis_with_aof_survives_crashed_workers_and_a_crashed_server() {
-    let mut redis = AofRedis::start();
+    let mut redis = AofRedis::start(true, 17_300..17_350);
     let url = redis.url();
     both_variants(&format!("redis:{url}"), &mut || redis.restart());
     assert!(Path::new(&redis.dir.0).join("appendonlydir").exists());
+}
+
+/// The same real worker on a Redis without persistence, restarted mid-run:
+/// the store forgets, and the checker must say so.
+#[test]
+fn redis_without_persistence_is_caught_forgetting() {
+    let mut redis = AofRedis::start(false, 17_350..17_400);
+    let url = redis.url();
+    let report = crash_run(
+        &format!("redis:{url}"),
+        false,
+        Duration::from_secs(6),
+        &mut || redis.restart(),
+    );
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.contains("ran twice") || v.contains("forgotten")),
+        "a restart without persistence went unnoticed: {report:?}"
+    );
+    eprintln!("redis without persistence: {:?}", report.violations.first());
 }
