@@ -40,6 +40,8 @@ struct Charge {
     amount: i64,
 }
 
+idem::storable_as_json!(Charge);
+
 /// A payment provider that, like Stripe, deduplicates on an idempotency key.
 #[derive(Debug, Default)]
 struct Provider {

@@ -41,12 +41,12 @@ use crate::store::{
 ///
 /// let first = idem
 ///     .execute(&scope, "order-7", &request, |_attempt| async {
-///         Outcome::<String, String>::Success("ch_1".to_owned())
+///         Outcome::<_, String>::Success("ch_1".to_owned())
 ///     })
 ///     .await?;
 /// let retry = idem
 ///     .execute(&scope, "order-7", &request, |_attempt| async {
-///         Outcome::<String, String>::Success("ch_2".to_owned()) // never runs
+///         Outcome::<_, String>::Success("ch_2".to_owned()) // never runs
 ///     })
 ///     .await?;
 /// assert!(!first.is_replay());
@@ -203,6 +203,11 @@ impl<S: Store> Idem<S> {
     /// Runs `work` at most once per `(scope, key)` and returns its outcome, or
     /// replays the stored one.
     ///
+    /// The work returns an [`Outcome`], or a `Result<T, Failure<E>>` so it
+    /// can use `?` ([`Failure::permanent`](crate::Failure::permanent) is
+    /// stored, [`Failure::transient`](crate::Failure::transient) releases the
+    /// key).
+    ///
     /// The closure convenience over [`Idem::begin`]: begin, run the work on
     /// [`Begin::Run`], [`Claim::complete`] with its outcome.
     ///
@@ -227,7 +232,7 @@ impl<S: Store> Idem<S> {
     /// [`Error::FingerprintMismatch`], [`Error::InFlight`],
     /// [`Error::ResponseExpired`], ...), each with its
     /// [`http_status`](Error::http_status).
-    pub async fn execute<K, R, T, E, F, Fut>(
+    pub async fn execute<K, R, T, E, O, F, Fut>(
         &self,
         scope: &Scope,
         key: K,
@@ -239,8 +244,9 @@ impl<S: Store> Idem<S> {
         R: Serialize + Sync + ?Sized,
         T: Storable,
         E: Storable,
+        O: Into<Outcome<T, E>>,
         F: FnOnce(Attempt) -> Fut + Send,
-        Fut: Future<Output = Outcome<T, E>> + Send,
+        Fut: Future<Output = O> + Send,
     {
         let prepared = self.prepare(scope, key, request)?;
         self.execute_prepared(prepared, work).await
@@ -251,7 +257,7 @@ impl<S: Store> Idem<S> {
     /// # Errors
     ///
     /// As [`Idem::execute`], except the input checks.
-    pub async fn execute_prepared<T, E, F, Fut>(
+    pub async fn execute_prepared<T, E, O, F, Fut>(
         &self,
         prepared: Prepared,
         work: F,
@@ -259,8 +265,9 @@ impl<S: Store> Idem<S> {
     where
         T: Storable,
         E: Storable,
+        O: Into<Outcome<T, E>>,
         F: FnOnce(Attempt) -> Fut + Send,
-        Fut: Future<Output = Outcome<T, E>> + Send,
+        Fut: Future<Output = O> + Send,
     {
         let span = info_span!(
             "idem.execute",
@@ -271,7 +278,7 @@ impl<S: Store> Idem<S> {
             match self.begin_inner(prepared).await? {
                 Begin::Replay(reply) => Ok(reply),
                 Begin::Run(claim) => {
-                    let outcome = work(claim.attempt().clone()).await;
+                    let outcome = work(claim.attempt().clone()).await.into();
                     claim.complete(outcome).await
                 }
             }

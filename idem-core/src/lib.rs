@@ -27,7 +27,9 @@ pub use attempt::{Attempt, downstream_key};
 pub use canonical::canonical_json;
 pub use claim::{Begin, Claim, PendingCompletion};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use codec::{HttpResponse, Storable};
+pub use codec::{HttpResponse, Json, Storable};
+#[doc(hidden)]
+pub use codec::{json_decode as codec_json_decode, json_encode as codec_json_encode};
 pub use engine::{ClaimTicket, Idem, Prepared};
 pub use error::{Error, ErrorKind, Result};
 pub use fingerprint::{
@@ -38,7 +40,7 @@ pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use memory::MemoryStore;
-pub use outcome::{Outcome, Reply};
+pub use outcome::{Failure, Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
 pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
 pub use store::{BoxDynError, Store, StoreError};

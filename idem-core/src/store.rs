@@ -60,7 +60,7 @@
 //! let idem = Idem::new(Counted::default());
 //! let scope = Scope::new("acct", "POST /x")?;
 //! for _ in 0..2 {
-//!     idem.execute(&scope, "k", &1, |_| async { Outcome::<u8, u8>::Success(1) }).await?;
+//!     idem.execute(&scope, "k", &1, |_| async { Outcome::<_, String>::Success(String::new()) }).await?;
 //! }
 //! assert_eq!(idem.store().claims.load(Ordering::Relaxed), 2); // one claim per call
 //! # Ok(()) }

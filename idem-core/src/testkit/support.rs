@@ -32,6 +32,8 @@ pub struct Decline {
     pub code: String,
 }
 
+crate::storable_as_json!(Charge, Decline);
+
 pub(crate) type Out = crate::Outcome<Charge, Decline>;
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
