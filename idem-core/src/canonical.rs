@@ -14,9 +14,11 @@
 //! function: an integer whose magnitude is above 2^53 is rounded to the
 //! nearest double, exactly as a JavaScript client would read it
 //! (`18446744073709551615` → `18446744073709552000`). Two such integers that
-//! differ only beyond double precision therefore canonicalise (and
-//! fingerprint) alike. Send identifiers of that size as strings. Integers up
-//! to 2^53 in magnitude are written exactly.
+//! differ only beyond double precision therefore canonicalise alike. The
+//! request *fingerprint* still tells them apart: it hashes integers that
+//! serde_json holds exactly (`i64`/`u64`) by their exact digits (see
+//! [`fingerprint`](crate::fingerprint)). Integers up to 2^53 in magnitude are
+//! written exactly.
 
 use std::cmp::Ordering;
 
@@ -46,16 +48,43 @@ pub fn canonical_json(value: &Value) -> String {
 /// `String`.
 pub(crate) fn canonical_bytes(value: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    write_value(value, &mut out);
+    let mut ints = Ints {
+        exact: false,
+        wrote_exact: false,
+    };
+    write_value(value, &mut out, &mut ints);
     out
 }
 
-pub(crate) fn write_value(value: &Value, out: &mut Vec<u8>) {
+/// The bytes the fingerprint hashes: [`canonical_bytes`], except that an
+/// integer serde_json holds exactly (`i64`/`u64`) beyond 2^53 in magnitude is
+/// written as its exact decimal digits instead of the nearest double. The
+/// flag says whether any such integer was written; when it is `false` the
+/// bytes are exactly [`canonical_bytes`].
+pub(crate) fn fingerprint_bytes(value: &Value) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(256);
+    let mut ints = Ints {
+        exact: true,
+        wrote_exact: false,
+    };
+    write_value(value, &mut out, &mut ints);
+    (out, ints.wrote_exact)
+}
+
+/// How integers beyond 2^53 are written.
+pub(crate) struct Ints {
+    /// Exact digits (fingerprints) instead of the nearest double (RFC 8785).
+    exact: bool,
+    /// Set once an integer beyond 2^53 was written as exact digits.
+    wrote_exact: bool,
+}
+
+pub(crate) fn write_value(value: &Value, out: &mut Vec<u8>, ints: &mut Ints) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => write_number(n, out),
+        Value::Number(n) => write_number(n, out, ints),
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
             out.push(b'[');
@@ -65,15 +94,15 @@ pub(crate) fn write_value(value: &Value, out: &mut Vec<u8>) {
                     out.push(b',');
                 }
                 first = false;
-                write_value(item, out);
+                write_value(item, out, ints);
             }
             out.push(b']');
         }
-        Value::Object(map) => write_object(map, out),
+        Value::Object(map) => write_object(map, out, ints),
     }
 }
 
-fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
+fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>, ints: &mut Ints) {
     out.push(b'{');
     // serde_json's default map is a BTreeMap (UTF-8 byte order), which agrees
     // with UTF-16 order unless a name holds characters at or above U+E000.
@@ -94,7 +123,7 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
         prev = Some(name);
         write_string(name, out);
         out.push(b':');
-        write_value(value, out);
+        write_value(value, out, ints);
     }
     if !in_order {
         out.truncate(start);
@@ -108,7 +137,7 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) {
             first = false;
             write_string(name, out);
             out.push(b':');
-            write_value(value, out);
+            write_value(value, out, ints);
         }
     }
     out.push(b'}');
@@ -140,16 +169,18 @@ pub(crate) fn utf16_cmp(a: &str, b: &str) -> Ordering {
 /// Largest magnitude below which every integer is exactly a double.
 const EXACT_INT: u64 = 1 << 53;
 
-fn write_number(n: &Number, out: &mut Vec<u8>) {
+fn write_number(n: &Number, out: &mut Vec<u8>, ints: &mut Ints) {
     if let Some(u) = n.as_u64() {
-        if u <= EXACT_INT {
+        if u <= EXACT_INT || ints.exact {
+            ints.wrote_exact |= u > EXACT_INT;
             out.extend_from_slice(itoa::Buffer::new().format(u).as_bytes());
             return;
         }
         #[allow(clippy::cast_precision_loss)] // documented: RFC 8785 numbers are doubles
         write_f64(u as f64, out);
     } else if let Some(i) = n.as_i64() {
-        if i.unsigned_abs() <= EXACT_INT {
+        if i.unsigned_abs() <= EXACT_INT || ints.exact {
+            ints.wrote_exact |= i.unsigned_abs() > EXACT_INT;
             out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
             return;
         }

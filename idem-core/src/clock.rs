@@ -95,10 +95,14 @@ impl ManualClock {
         Self::new(SystemClock.now())
     }
 
-    /// Moves time forward.
+    /// Moves time forward (saturating at the largest [`Timestamp`]).
     pub fn advance(&self, d: Duration) {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(ms))
+            });
     }
 
     /// Sets the time.

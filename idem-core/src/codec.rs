@@ -112,7 +112,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Storable for Json<T> {
 /// whether a value can be replayed.
 #[doc(hidden)]
 pub fn json_encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, BoxDynError> {
-    Ok(serde_json::to_vec(value)?)
+    crate::json_check::to_vec_checked(value)
 }
 
 /// How every JSON-stored value is decoded.

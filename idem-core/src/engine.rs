@@ -144,7 +144,7 @@ impl ClaimTicket {
         &self.prepared
     }
 
-    /// Makes the attempt's store writes *deferred*: [`Attempt::checkpoint`]
+    /// Makes the attempt's store writes *deferred*: [`Attempt::save_resource_id`]
     /// keeps the resource id in memory, to be written with the completion,
     /// and [`Attempt::extend_lease`] does nothing. For a claim held by an
     /// open transaction, whose row lock (not the lease) keeps duplicates out

@@ -1,19 +1,28 @@
 //! Request fingerprints: SHA-256 over the operation and the canonical JSON of
 //! the request, after the caller's field filter.
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::canonical::canonical_bytes;
+use crate::canonical::fingerprint_bytes;
+use crate::policy::PolicyError;
 
-/// The deepest request nesting accepted (serde_json's parser limit).
-pub const MAX_REQUEST_DEPTH: usize = 128;
+/// The deepest nesting of arrays and objects accepted in a request, the same
+/// for every form (a `Serialize` value, a `serde_json::Value`, [`RawJson`]):
+/// 127, the deepest serde_json's parser reads back. One more is
+/// [`RequestError::TooDeep`].
+pub const MAX_REQUEST_DEPTH: usize = crate::json_check::MAX_DEPTH;
 
-/// Version tag of the fingerprint encoding; bumping it changes every fingerprint.
-const FINGERPRINT_VERSION: &[u8] = b"idem-fp-v1\0";
+/// Version tags of the fingerprint encoding. `v1`: the RFC 8785 canonical
+/// JSON. `v2`: the same, except that integers beyond 2^53 in magnitude are
+/// hashed by their exact digits. A request without such an integer is hashed
+/// as `v1`, byte for byte as before `v2` existed.
+const FINGERPRINT_V1: &[u8] = b"idem-fp-v1\0";
+const FINGERPRINT_V2: &[u8] = b"idem-fp-v2\0";
 
 /// SHA-256 identifying "the same request" under one key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +68,13 @@ impl fmt::Debug for Fingerprint {
 /// Which fields of a request count toward its fingerprint, as JSON pointers
 /// (RFC 6901).
 ///
+/// Array elements are addressed by canonical indexes only (`/items/1`, never
+/// `/items/01` or `/items/+1`), as RFC 6901 says: [`PolicyBuilder::build`](crate::PolicyBuilder::build)
+/// refuses a pointer with a token that looks like an index but is not
+/// canonical ([`PolicyError::InvalidPointer`]), so an object member named
+/// `01` cannot be filtered. A filter passed to [`fingerprint`] directly is not
+/// checked; such a token then matches no array element in either list.
+///
 /// # Examples
 ///
 /// ```
@@ -102,17 +118,14 @@ impl FieldFilter {
         Self::Ignore(pointers.into_iter().map(Into::into).collect())
     }
 
-    /// Checks that every pointer is syntactically a JSON pointer.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        match self {
-            Self::All => Ok(()),
-            Self::Only(ps) | Self::Ignore(ps) => ps
-                .iter()
-                .find(|p| !p.is_empty() && !p.starts_with('/'))
-                .map_or(Ok(()), |p| {
-                    Err(format!("`{p}` is not a JSON pointer (must start with `/`)"))
-                }),
-        }
+    /// Checks every pointer (called by [`PolicyBuilder::build`](crate::PolicyBuilder::build)):
+    /// RFC 6901 syntax, and no token that reads as an array index but is not
+    /// the canonical spelling RFC 6901 requires (`01`, `+1`, `-1`).
+    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+        let (Self::Only(pointers) | Self::Ignore(pointers)) = self else {
+            return Ok(());
+        };
+        pointers.iter().try_for_each(|p| check_pointer(p))
     }
 
     fn apply(&self, value: Value) -> Value {
@@ -139,6 +152,50 @@ impl FieldFilter {
     }
 }
 
+/// Refuses a pointer that is not RFC 6901, or whose token looks like an
+/// array index without being a canonical one.
+fn check_pointer(pointer: &str) -> Result<(), PolicyError> {
+    let bad = |reason| {
+        Err(PolicyError::InvalidPointer {
+            pointer: pointer.to_owned(),
+            reason,
+        })
+    };
+    if pointer.is_empty() {
+        return Ok(());
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return bad("must be empty or start with `/`");
+    };
+    for token in rest.split('/') {
+        let mut chars = token.chars();
+        while let Some(c) = chars.next() {
+            if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+                return bad("has a `~` not followed by `0` or `1`");
+            }
+        }
+        let digits = token.strip_prefix(['+', '-']).unwrap_or(token);
+        let index_like = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        if index_like && canonical_index(token).is_none() {
+            return bad(
+                "has an array index that is not canonical (a sign or a leading zero); \
+                 RFC 6901 indexes are `0` or digits without a leading zero",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The array index a reference token denotes, RFC 6901 §4: `0`, or digits
+/// without a leading zero (the rule `serde_json`'s own pointers follow).
+fn canonical_index(token: &str) -> Option<usize> {
+    let b = token.as_bytes();
+    let canonical = token == "0"
+        || (b.first().is_some_and(|c| (b'1'..=b'9').contains(c))
+            && b.iter().all(u8::is_ascii_digit));
+    canonical.then(|| token.parse().ok()).flatten()
+}
+
 fn remove_pointer(value: &mut Value, pointer: &str) {
     let Some(split) = pointer.rfind('/') else {
         return;
@@ -150,7 +207,7 @@ fn remove_pointer(value: &mut Value, pointer: &str) {
             map.remove(&token);
         }
         Some(Value::Array(items)) => {
-            if let Some(slot) = token.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+            if let Some(slot) = canonical_index(&token).and_then(|i| items.get_mut(i)) {
                 *slot = Value::Null;
             }
         }
@@ -169,29 +226,79 @@ pub enum RequestError {
     /// The request nests deeper than [`MAX_REQUEST_DEPTH`].
     #[error("request nests deeper than {MAX_REQUEST_DEPTH} levels")]
     TooDeep,
+    /// The request holds a NaN or infinite float: it has no RFC 8785 form
+    /// (serde_json would silently write `null`).
+    #[error("request holds a NaN or infinite number, which JSON cannot represent")]
+    NonFiniteNumber,
+    /// A [`RawJson`] object names the same member twice: not I-JSON
+    /// (RFC 7493), which RFC 8785 requires.
+    #[error("request object has a duplicate member name")]
+    DuplicateMember,
 }
 
 /// Fingerprints `request` for `operation` under `filter`.
 ///
+/// SHA-256 over a version tag, the operation (length-prefixed) and the
+/// RFC 8785 canonical JSON of the filtered request, except that an integer
+/// beyond 2^53 in magnitude that serde_json holds exactly (`i64`/`u64`) is
+/// hashed by its exact digits (tag `idem-fp-v2`), so `9007199254740993` and
+/// `9007199254740992` are different requests. Requests without such an
+/// integer keep the `idem-fp-v1` fingerprint they always had.
+///
 /// # Errors
 ///
-/// [`RequestError`] when the request is not JSON or nests too deep.
+/// [`RequestError`] when the request is not JSON, holds a non-finite
+/// number, names an object member twice ([`RawJson`]) or nests deeper than
+/// [`MAX_REQUEST_DEPTH`].
 pub fn fingerprint<R: Serialize + ?Sized>(
     operation: &str,
     request: &R,
     filter: &FieldFilter,
 ) -> Result<Fingerprint, RequestError> {
-    let value = serde_json::to_value(request).map_err(RequestError::NotJson)?;
-    if exceeds_depth(&value, MAX_REQUEST_DEPTH) {
-        return Err(RequestError::TooDeep);
-    }
-    let canonical = canonical_bytes(&filter.apply(value));
+    let value = to_request_value(request)?;
+    let (canonical, exact_ints) = fingerprint_bytes(&filter.apply(value));
     let mut hasher = Sha256::new();
-    hasher.update(FINGERPRINT_VERSION);
+    hasher.update(if exact_ints {
+        FINGERPRINT_V2
+    } else {
+        FINGERPRINT_V1
+    });
     hasher.update((operation.len() as u64).to_be_bytes());
     hasher.update(operation.as_bytes());
     hasher.update(&canonical);
     Ok(Fingerprint(hasher.finalize().into()))
+}
+
+/// The request as a `Value`, refusing what has no RFC 8785 form: a first,
+/// allocation-free pass refuses non-finite floats and deep nesting (which
+/// `serde_json::to_value` would turn into `null` or recurse into), then the
+/// conversion; a [`RawJson`] parse reports its own typed failure.
+fn to_request_value<R: Serialize + ?Sized>(request: &R) -> Result<Value, RequestError> {
+    use crate::json_check::{CheckError, check};
+    check(request).map_err(|e| match e {
+        CheckError::NonFinite => RequestError::NonFiniteNumber,
+        CheckError::TooDeep => RequestError::TooDeep,
+        CheckError::Custom(msg) => RequestError::NotJson(serde::ser::Error::custom(msg)),
+    })?;
+    RAW_JSON_FAILURE.with(Cell::take);
+    let value = serde_json::to_value(request).map_err(|e| {
+        RAW_JSON_FAILURE
+            .with(Cell::take)
+            .unwrap_or(RequestError::NotJson(e))
+    })?;
+    // A RawJson nested inside another value adds its own depth.
+    if exceeds_depth(&value, MAX_REQUEST_DEPTH) {
+        return Err(RequestError::TooDeep);
+    }
+    Ok(value)
+}
+
+thread_local! {
+    /// The typed reason of the last [`RawJson`] parse failure on this thread:
+    /// `Serialize` can only report a message, so the parse leaves its
+    /// reason here for [`to_request_value`], which takes it right after the
+    /// (synchronous) conversion returns.
+    static RAW_JSON_FAILURE: Cell<Option<RequestError>> = const { Cell::new(None) };
 }
 
 /// Iterative depth check, so a hostile value cannot overflow the stack here.
@@ -219,25 +326,162 @@ fn exceeds_depth(value: &Value, limit: usize) -> bool {
 
 /// A raw JSON request body (e.g. an HTTP body) to fingerprint as JSON.
 ///
-/// Invalid JSON, or nesting deeper than serde_json accepts, becomes
+/// Invalid JSON, an object naming a member twice (not I-JSON), or nesting
+/// deeper than [`MAX_REQUEST_DEPTH`] becomes
 /// [`Error::InvalidRequest`](crate::Error::InvalidRequest) before anything is
 /// stored.
 ///
 /// ```
-/// use idem_core::{FieldFilter, RawJson, fingerprint};
+/// use idem_core::{FieldFilter, RawJson, RequestError, fingerprint};
 ///
 /// let a = fingerprint("op", &RawJson(br#"{"a":1,"b":2}"#), &FieldFilter::All).unwrap();
 /// let b = fingerprint("op", &RawJson(br#"{ "b":2.0, "a":1 }"#), &FieldFilter::All).unwrap();
 /// assert_eq!(a, b);
 /// assert!(fingerprint("op", &RawJson(b"{not json"), &FieldFilter::All).is_err());
+/// assert!(matches!(
+///     fingerprint("op", &RawJson(br#"{"amount":1,"amount":1000}"#), &FieldFilter::All),
+///     Err(RequestError::DuplicateMember)
+/// ));
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RawJson<'a>(pub &'a [u8]);
 
+impl RawJson<'_> {
+    /// Parses the body, refusing what [`fingerprint`] refuses.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestError::NotJson`], [`RequestError::DuplicateMember`],
+    /// [`RequestError::TooDeep`].
+    pub fn parse(&self) -> Result<Value, RequestError> {
+        let failure = Cell::new(None);
+        let mut de = serde_json::Deserializer::from_slice(self.0);
+        // The seed counts depth itself and stops at MAX_REQUEST_DEPTH, so
+        // serde_json's own limit (one level deeper) is never the one hit.
+        de.disable_recursion_limit();
+        let seed = Strict {
+            depth: 0,
+            failure: &failure,
+        };
+        let value = serde::de::DeserializeSeed::deserialize(seed, &mut de)
+            .and_then(|v| de.end().map(|()| v));
+        value.map_err(|e| match failure.take() {
+            Some(Failure::TooDeep) => RequestError::TooDeep,
+            Some(Failure::Duplicate) => RequestError::DuplicateMember,
+            None => RequestError::NotJson(e),
+        })
+    }
+}
+
 impl Serialize for RawJson<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let value: Value = serde_json::from_slice(self.0).map_err(serde::ser::Error::custom)?;
-        value.serialize(serializer)
+        serializer.serialize_newtype_struct(crate::json_check::RAW_JSON_TOKEN, &Parsed(self.0))
+    }
+}
+
+/// The body of a [`RawJson`], parsed when serialized.
+struct Parsed<'a>(&'a [u8]);
+
+impl Serialize for Parsed<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match RawJson(self.0).parse() {
+            Ok(value) => value.serialize(serializer),
+            Err(e) => {
+                let msg = e.to_string();
+                RAW_JSON_FAILURE.with(|f| f.set(Some(e)));
+                Err(serde::ser::Error::custom(msg))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    TooDeep,
+    Duplicate,
+}
+
+/// Builds a `Value` like serde_json's own, but refuses duplicate member
+/// names and nesting past [`MAX_REQUEST_DEPTH`], noting which in `failure`.
+#[derive(Clone, Copy)]
+struct Strict<'f> {
+    depth: usize,
+    failure: &'f Cell<Option<Failure>>,
+}
+
+impl Strict<'_> {
+    fn fail<E: serde::de::Error>(self, why: Failure) -> E {
+        self.failure.set(Some(why));
+        E::custom(match why {
+            Failure::TooDeep => "request nests too deep",
+            Failure::Duplicate => "duplicate member name",
+        })
+    }
+
+    fn child<E: serde::de::Error>(self) -> Result<Self, E> {
+        if self.depth + 1 > MAX_REQUEST_DEPTH {
+            return Err(self.fail(Failure::TooDeep));
+        }
+        Ok(Self {
+            depth: self.depth + 1,
+            failure: self.failure,
+        })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let child = self.child()?;
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(child)? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let child = self.child()?;
+        let mut members = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            if members.contains_key(&name) {
+                return Err(self.fail(Failure::Duplicate));
+            }
+            let v = map.next_value_seed(child)?;
+            members.insert(name, v);
+        }
+        Ok(Value::Object(members))
     }
 }
 
@@ -304,7 +548,7 @@ mod tests {
         let deep = "[".repeat(200) + &"]".repeat(200);
         assert!(matches!(
             fingerprint("op", &RawJson(deep.as_bytes()), &FieldFilter::All),
-            Err(RequestError::NotJson(_))
+            Err(RequestError::TooDeep)
         ));
         // Built in code (no parser limit): caught by the depth check.
         let mut v = json!(1);
@@ -320,6 +564,60 @@ mod tests {
             ok = json!({"a": ok});
         }
         assert!(fingerprint("op", &ok, &FieldFilter::All).is_ok());
+    }
+
+    #[test]
+    fn non_canonical_array_indexes_are_refused_and_never_match() {
+        use crate::Policy;
+        for p in [
+            "/items/01",
+            "/items/+1",
+            "/items/-1",
+            "/a/00",
+            "/a~2b",
+            "/a~",
+        ] {
+            let err = Policy::builder()
+                .fields(FieldFilter::ignore([p]))
+                .build()
+                .expect_err(p);
+            assert!(
+                matches!(err, PolicyError::InvalidPointer { .. }),
+                "{p}: {err:?}"
+            );
+            assert!(
+                Policy::builder()
+                    .fields(FieldFilter::only([p]))
+                    .build()
+                    .is_err()
+            );
+        }
+        for p in ["", "/items/0", "/items/10", "/items/-", "/a~0b~1c", "/x/1a"] {
+            assert!(
+                Policy::builder()
+                    .fields(FieldFilter::ignore([p]))
+                    .build()
+                    .is_ok(),
+                "{p}"
+            );
+        }
+        // Unchecked filters: one rule for both lists, the token matches no element.
+        let v = json!({"items": [1, 2, 3]});
+        let changed = json!({"items": [1, 9, 3]});
+        for p in ["/items/01", "/items/+1"] {
+            let ignore = FieldFilter::ignore([p]);
+            assert_ne!(
+                fingerprint("op", &v, &ignore).unwrap(),
+                fingerprint("op", &changed, &ignore).unwrap(),
+                "denylist {p} must not hide element 1"
+            );
+            let only = FieldFilter::only([p]);
+            assert_eq!(
+                fingerprint("op", &v, &only).unwrap(),
+                fingerprint("op", &changed, &only).unwrap(),
+                "allowlist {p} picks nothing"
+            );
+        }
     }
 
     #[test]

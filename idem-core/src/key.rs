@@ -14,7 +14,8 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key: 1 to [`MAX_KEY_LEN`] printable ASCII characters
-/// (`0x20..=0x7E`) after trimming surrounding whitespace.
+/// (`0x20..=0x7E`) after trimming surrounding ASCII spaces and tabs (only
+/// those: a key wrapped in any other whitespace is invalid).
 ///
 /// The client makes the key once per *intent* (not per attempt) and stores it
 /// next to the intent, so a retry carries the same key.
@@ -47,9 +48,9 @@ pub enum KeyError {
     /// The request carries no key on a route that requires one.
     #[error("the {IDEMPOTENCY_KEY_HEADER} header is required on this route")]
     Missing,
-    /// The key is empty or only whitespace.
+    /// The key is empty or only spaces and tabs.
     #[error(
-        "idempotency key is empty (after trimming whitespace); send 1 to 255 printable ASCII characters"
+        "idempotency key is empty (after trimming spaces and tabs); send 1 to 255 printable ASCII characters"
     )]
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`] characters.
@@ -78,7 +79,10 @@ impl IdempotencyKey {
     /// [`KeyError`] when the trimmed key is empty, longer than 255 characters
     /// or holds anything but printable ASCII.
     pub fn parse(raw: &str) -> Result<Self, KeyError> {
-        let trimmed = raw.trim();
+        // ASCII space and tab only: any other whitespace (`\n`, U+00A0,
+        // U+2003, ...) is not printable ASCII, so it is an invalid key,
+        // never silently dropped.
+        let trimmed = raw.trim_matches([' ', '\t']);
         if trimmed.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -117,7 +121,7 @@ impl IdempotencyKey {
     /// process id rather than panicking.
     #[must_use]
     pub fn random() -> Self {
-        Self(hex::encode(random_bytes::<16>()))
+        Self(hex::encode(crate::util::random_bytes::<16>()))
     }
 
     /// A key derived deterministically from an intent or a verified event id,
@@ -145,33 +149,8 @@ impl IdempotencyKey {
     /// A short hash of the key, safe to log (the raw key is never logged).
     #[must_use]
     pub fn log_hash(&self) -> String {
-        short_hash(self.0.as_bytes())
+        crate::util::short_hash(self.0.as_bytes())
     }
-}
-
-/// Eight hex characters of SHA-256: enough to correlate log lines, never the value.
-pub(crate) fn short_hash(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    hex::encode(&digest[..4])
-}
-
-/// Fills an array from the OS generator, falling back to hashing time and pid.
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut buf = [0u8; N];
-    if getrandom::fill(&mut buf).is_err() {
-        let mut hasher = Sha256::new();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        hasher.update(nanos.to_be_bytes());
-        hasher.update(std::process::id().to_be_bytes());
-        let digest = hasher.finalize();
-        for (dst, src) in buf.iter_mut().zip(digest.iter().cycle()) {
-            *dst = *src;
-        }
-    }
-    buf
 }
 
 impl fmt::Debug for IdempotencyKey {
@@ -255,7 +234,24 @@ mod tests {
     #[test]
     fn rejects_bad_keys_with_typed_errors() {
         assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse(" \t\n "), Err(KeyError::Empty));
+        assert_eq!(IdempotencyKey::parse(" \t "), Err(KeyError::Empty));
+        for raw in [
+            " \t\n ",
+            "\u{a0}k1",
+            "k1\u{a0}",
+            "\u{2003}k1",
+            "\nk1",
+            "k1\r\n",
+            "\u{feff}k1",
+        ] {
+            assert!(
+                matches!(
+                    IdempotencyKey::parse(raw),
+                    Err(KeyError::InvalidCharacter { .. })
+                ),
+                "{raw:?} must be an invalid key"
+            );
+        }
         assert_eq!(
             IdempotencyKey::parse(&"k".repeat(256)),
             Err(KeyError::TooLong { len: 256 })

@@ -11,12 +11,14 @@ mod engine;
 mod error;
 mod fingerprint;
 mod http;
+mod json_check;
 mod key;
 mod memory;
 mod outcome;
 mod policy;
 mod scope;
 pub mod store;
+mod util;
 
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]

@@ -71,6 +71,14 @@ impl MemoryStore {
     }
 }
 
+/// Whether the record still counts at `now`: its key has not expired, or it
+/// is in flight under a lease that has not ended (a lease is never outlived
+/// by its key).
+fn live(record: &StoredRecord, now: Timestamp) -> bool {
+    record.key_expires_at > now
+        || (record.state == RecordState::InFlight && record.lease_until > now)
+}
+
 fn visible(record: &StoredRecord, now: Timestamp) -> StoredRecord {
     let mut r = record.clone();
     if r.response_expires_at.is_none_or(|t| t <= now) {
@@ -93,7 +101,7 @@ impl Store for MemoryStore {
                 outcome: None,
                 response: None,
                 response_expires_at: None,
-                key_expires_at: req.key_expires_at,
+                key_expires_at: req.key_expires_at.max(req.lease_until),
             },
         };
         let Some(entry) = map.get_mut(req.id) else {
@@ -104,7 +112,7 @@ impl Store for MemoryStore {
             }));
         };
         let r = &mut entry.record;
-        if r.key_expires_at <= req.now {
+        if !live(r, req.now) {
             *entry = fresh;
             return Ok(ClaimOutcome::Claimed(Claimed {
                 attempt: 1,
@@ -124,6 +132,7 @@ impl Store for MemoryStore {
         r.state = RecordState::InFlight;
         r.attempt += 1;
         r.lease_until = req.lease_until;
+        r.key_expires_at = r.key_expires_at.max(req.lease_until);
         Ok(ClaimOutcome::Claimed(Claimed {
             attempt: r.attempt,
             previous: Some(Previous {
@@ -173,7 +182,10 @@ impl Store for MemoryStore {
         token: Token,
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
-        self.guarded(id, token, |r| r.lease_until = lease_until)
+        self.guarded(id, token, |r| {
+            r.lease_until = lease_until;
+            r.key_expires_at = r.key_expires_at.max(lease_until);
+        })
     }
 
     async fn fetch(
@@ -184,7 +196,7 @@ impl Store for MemoryStore {
         Ok(self
             .lock()
             .get(id)
-            .filter(|e| e.record.key_expires_at > now)
+            .filter(|e| live(&e.record, now))
             .map(|e| visible(&e.record, now)))
     }
 
@@ -193,7 +205,7 @@ impl Store for MemoryStore {
         let limit = limit as usize;
         let expired: Vec<RecordId> = map
             .iter()
-            .filter(|(_, e)| e.record.key_expires_at <= now)
+            .filter(|(_, e)| !live(&e.record, now))
             .map(|(id, _)| id.clone())
             .take(limit)
             .collect();

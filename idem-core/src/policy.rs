@@ -80,10 +80,56 @@ impl Default for Policy {
 /// An impossible [`Policy`], refused by [`PolicyBuilder::build`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-#[error("invalid idem policy: {0}")]
-pub struct PolicyError(String);
+pub enum PolicyError {
+    /// A duration is under its minimum (1 ms for TTLs, the lease and the
+    /// wait mode's timeout and poll).
+    #[error("invalid idem policy: {setting} must be at least 1 ms")]
+    TooShort {
+        /// Which setting (`response_ttl`, `key_ttl`, `lease`, `wait timeout`, `wait poll`).
+        setting: &'static str,
+    },
+    /// A duration is above [`Policy::MAX_DURATION`].
+    #[error("invalid idem policy: {setting} must be at most {} days", Policy::MAX_DURATION.as_secs() / 86_400)]
+    TooLong {
+        /// Which setting.
+        setting: &'static str,
+    },
+    /// `key_ttl < response_ttl` (the key must outlive the body).
+    #[error(
+        "invalid idem policy: key_ttl must be at least response_ttl (the key outlives the body)"
+    )]
+    KeyTtlBelowResponseTtl,
+    /// `lease >= key_ttl`.
+    #[error("invalid idem policy: lease must be shorter than key_ttl")]
+    LeaseNotBelowKeyTtl,
+    /// `max_response_bytes` is zero or above 256 MiB.
+    #[error(
+        "invalid idem policy: max_response_bytes must be between 1 byte and 256 MiB, not {bytes}"
+    )]
+    ResponseLimit {
+        /// The value given.
+        bytes: usize,
+    },
+    /// `store_retries` is zero.
+    #[error("invalid idem policy: store_retries must be at least 1")]
+    NoStoreTries,
+    /// A field filter pointer is not an RFC 6901 JSON pointer, or has an
+    /// array-index-like token that is not canonical (`01`, `+1`).
+    #[error("invalid idem policy: field pointer `{pointer}` {reason}")]
+    InvalidPointer {
+        /// The pointer as given.
+        pointer: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
 
 impl Policy {
+    /// The longest duration any setting accepts: 100 years (of 365 days).
+    /// Longer ones are refused by [`PolicyBuilder::build`], so no deadline
+    /// arithmetic can overflow.
+    pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
     /// A builder starting from the defaults.
     #[must_use]
     pub fn builder() -> PolicyBuilder {
@@ -185,36 +231,47 @@ impl PolicyBuilder {
     ///
     /// # Errors
     ///
-    /// [`PolicyError`] when a TTL or the lease is under a millisecond,
-    /// `key_ttl < response_ttl`, the lease is not shorter than `key_ttl`,
-    /// the wait mode's timeout or poll is zero, the response limit is zero or
-    /// above 256 MiB, `store_retries` is zero, or a field pointer is not a
-    /// JSON pointer.
+    /// [`PolicyError`] when a TTL, the lease, or the wait mode's timeout or
+    /// poll is under a millisecond; any duration (the store retry pause
+    /// included) is above [`Policy::MAX_DURATION`]; `key_ttl < response_ttl`;
+    /// the lease is not shorter than `key_ttl`; the response limit is zero or
+    /// above 256 MiB; `store_retries` is zero; or a field pointer is not a
+    /// JSON pointer or has a non-canonical array index (see [`FieldFilter`]).
     pub fn build(self) -> Result<Policy, PolicyError> {
         let p = self.0;
-        let ms = Duration::from_millis(1);
-        let err = |m: &str| Err(PolicyError(m.to_owned()));
-        if p.response_ttl < ms || p.key_ttl < ms || p.lease < ms {
-            return err("response_ttl, key_ttl and lease must each be at least 1 ms");
+        let mut durations = vec![
+            ("response_ttl", p.response_ttl, true),
+            ("key_ttl", p.key_ttl, true),
+            ("lease", p.lease, true),
+            ("store_retry_backoff", p.store_retry_backoff, false),
+        ];
+        if let InFlightMode::Wait { timeout, poll } = p.in_flight {
+            durations.push(("wait timeout", timeout, true));
+            durations.push(("wait poll", poll, true));
+        }
+        for (setting, d, positive) in durations {
+            if positive && d < Duration::from_millis(1) {
+                return Err(PolicyError::TooShort { setting });
+            }
+            if d > Policy::MAX_DURATION {
+                return Err(PolicyError::TooLong { setting });
+            }
         }
         if p.key_ttl < p.response_ttl {
-            return err("key_ttl must be at least response_ttl (the key outlives the body)");
+            return Err(PolicyError::KeyTtlBelowResponseTtl);
         }
         if p.lease >= p.key_ttl {
-            return err("lease must be shorter than key_ttl");
-        }
-        if let InFlightMode::Wait { timeout, poll } = p.in_flight
-            && (timeout.is_zero() || poll.is_zero())
-        {
-            return err("wait mode needs a non-zero timeout and poll interval");
+            return Err(PolicyError::LeaseNotBelowKeyTtl);
         }
         if p.max_response_bytes == 0 || p.max_response_bytes > 256 << 20 {
-            return err("max_response_bytes must be between 1 byte and 256 MiB");
+            return Err(PolicyError::ResponseLimit {
+                bytes: p.max_response_bytes,
+            });
         }
         if p.store_retries == 0 {
-            return err("store_retries must be at least 1");
+            return Err(PolicyError::NoStoreTries);
         }
-        p.fields.validate().map_err(PolicyError)?;
+        p.fields.validate()?;
         Ok(p)
     }
 }
@@ -235,40 +292,108 @@ mod tests {
     }
 
     #[test]
-    fn impossible_policies_are_refused() {
+    fn impossible_policies_are_refused_with_typed_errors() {
         let s = Duration::from_secs;
-        assert!(
-            Policy::builder()
-                .response_ttl(s(10))
-                .key_ttl(s(5))
-                .build()
-                .is_err()
-        );
-        assert!(Policy::builder().lease(Duration::ZERO).build().is_err());
-        assert!(
-            Policy::builder()
-                .response_ttl(s(10))
-                .key_ttl(s(10))
-                .lease(s(10))
-                .build()
-                .is_err()
-        );
-        assert!(
-            Policy::builder()
-                .in_flight(InFlightMode::Wait {
-                    timeout: Duration::ZERO,
-                    poll: s(1)
-                })
-                .build()
-                .is_err()
-        );
-        assert!(Policy::builder().max_response_bytes(0).build().is_err());
-        assert!(Policy::builder().store_retries(0, s(1)).build().is_err());
-        assert!(
-            Policy::builder()
-                .fields(FieldFilter::ignore(["client_ts"]))
-                .build()
-                .is_err()
-        );
+        let wait = |timeout, poll| InFlightMode::Wait { timeout, poll };
+        let cases: Vec<(PolicyBuilder, PolicyError)> = vec![
+            (
+                Policy::builder()
+                    .response_ttl(s(10))
+                    .key_ttl(s(5))
+                    .lease(s(1)),
+                PolicyError::KeyTtlBelowResponseTtl,
+            ),
+            (
+                Policy::builder().lease(Duration::ZERO),
+                PolicyError::TooShort { setting: "lease" },
+            ),
+            (
+                Policy::builder()
+                    .response_ttl(s(10))
+                    .key_ttl(s(10))
+                    .lease(s(10)),
+                PolicyError::LeaseNotBelowKeyTtl,
+            ),
+            (
+                Policy::builder().in_flight(wait(Duration::ZERO, s(1))),
+                PolicyError::TooShort {
+                    setting: "wait timeout",
+                },
+            ),
+            (
+                Policy::builder().in_flight(wait(s(1), Duration::ZERO)),
+                PolicyError::TooShort {
+                    setting: "wait poll",
+                },
+            ),
+            (
+                Policy::builder().in_flight(wait(Duration::MAX, s(1))),
+                PolicyError::TooLong {
+                    setting: "wait timeout",
+                },
+            ),
+            (
+                Policy::builder().in_flight(wait(s(1), Duration::MAX)),
+                PolicyError::TooLong {
+                    setting: "wait poll",
+                },
+            ),
+            (
+                Policy::builder().key_ttl(Duration::MAX),
+                PolicyError::TooLong { setting: "key_ttl" },
+            ),
+            (
+                Policy::builder()
+                    .response_ttl(Duration::MAX)
+                    .key_ttl(Duration::MAX),
+                PolicyError::TooLong {
+                    setting: "response_ttl",
+                },
+            ),
+            (
+                Policy::builder().lease(Duration::MAX),
+                PolicyError::TooLong { setting: "lease" },
+            ),
+            (
+                Policy::builder().store_retries(3, Duration::MAX),
+                PolicyError::TooLong {
+                    setting: "store_retry_backoff",
+                },
+            ),
+            (
+                Policy::builder().max_response_bytes(0),
+                PolicyError::ResponseLimit { bytes: 0 },
+            ),
+            (
+                Policy::builder().store_retries(0, s(1)),
+                PolicyError::NoStoreTries,
+            ),
+            (
+                Policy::builder().fields(FieldFilter::ignore(["client_ts"])),
+                PolicyError::InvalidPointer {
+                    pointer: "client_ts".into(),
+                    reason: "must be empty or start with `/`",
+                },
+            ),
+        ];
+        for (builder, expected) in cases {
+            assert_eq!(builder.build().expect_err("refused"), expected);
+        }
+    }
+
+    #[test]
+    fn the_longest_durations_build() {
+        let max = Policy::MAX_DURATION;
+        let p = Policy::builder()
+            .response_ttl(max - Duration::from_secs(1))
+            .key_ttl(max)
+            .lease(max - Duration::from_secs(1))
+            .in_flight(InFlightMode::Wait {
+                timeout: max,
+                poll: max,
+            })
+            .store_retries(1, max)
+            .build();
+        assert!(p.is_ok(), "{p:?}");
     }
 }

@@ -4,7 +4,8 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::key::{IdempotencyKey, short_hash};
+use crate::key::IdempotencyKey;
+use crate::util::short_hash;
 
 /// The longest owner or operation accepted, in bytes.
 pub const MAX_SCOPE_PART_LEN: usize = 1024;

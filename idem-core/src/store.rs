@@ -17,8 +17,47 @@
 //!
 //! # Implementing a Store
 //!
-//! A backend implements the eight methods; wrappers (metrics, fault
-//! injection) forward every one of them. This one counts claims:
+//! [`MemoryStore`](crate::MemoryStore) (`memory.rs`, about 200 lines) is the
+//! reference implementation: read it first. A new backend (MySQL, DynamoDB,
+//! ...) needs:
+//!
+//! 1. **An atomic claim.** One conditional write that inserts the record or
+//!    takes it over, guarded by a unique key: `INSERT … ON CONFLICT`, a Lua
+//!    script, a conditional `PutItem`. Never a read followed by a separate
+//!    insert. The rule it implements is [`StoredRecord::is_expired`] (an
+//!    expired key is a new operation, but never while a lease holds) and
+//!    [`StoredRecord::takeover_reason`] (released, or lease expired, with the
+//!    same fingerprint). Encode the reason with [`TakeoverReason::as_str`] if
+//!    it travels as text.
+//! 2. **Races.** A backend whose claim is "conditional write, then read the
+//!    standing record" can lose a race between the two (the record changed in
+//!    between, and is claimable after all). Run the claim again through
+//!    [`retry_claim_race`], which bounds it and classifies exhaustion as
+//!    [`StoreError::Unavailable`] like every other backend.
+//! 3. **Token-guarded writes.** `complete`, `release`, `checkpoint` and
+//!    `extend_lease` change the record only if it is `in_flight` under the
+//!    caller's [`Token`] (one conditional update each); otherwise
+//!    [`StoreError::LeaseLost`].
+//! 4. **Decoding.** Build each [`StoredRecord`] through
+//!    [`StoredRecord::validate`], and parse states with
+//!    [`RecordState::parse`] / [`OutcomeKind::parse`]: anything else is
+//!    [`StoreError::Corrupt`], never a panic.
+//! 5. **Errors.** [`StoreError::Unavailable`] only for what a retry can fix
+//!    (connection lost, timeout, contention): the engine retries it and
+//!    answers 503. Everything else is [`StoreError::Backend`] (500, not
+//!    retried).
+//! 6. **Proof.** Implement `testkit::Fixture` and expand
+//!    `idem_core::store_conformance!(setup())` in the backend's tests, against
+//!    a real server.
+//!
+//! The inputs ([`ClaimRequest`], [`Completion`]) are `#[non_exhaustive]`
+//! (a field added later does not break a backend); the state enums
+//! ([`RecordState`], [`OutcomeKind`], [`ClaimOutcome`], [`TakeoverReason`])
+//! are exhaustive (a state added later must not compile silently).
+//!
+//! Wrappers (metrics, fault injection) forward every method; put
+//! `#[deny(clippy::missing_trait_methods)]` on the impl so a method added
+//! later cannot be forgotten. This one counts claims:
 //!
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,7 +140,7 @@ impl Token {
         use std::sync::atomic::{AtomicU64, Ordering};
         static SEED: OnceLock<u64> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let seed = *SEED.get_or_init(|| u64::from_be_bytes(crate::key::random_bytes::<8>()));
+        let seed = *SEED.get_or_init(|| u64::from_be_bytes(crate::util::random_bytes::<8>()));
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -598,11 +637,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// * absent, or `key_expires_at <= now`: insert a new `in_flight` record
-    ///   (attempt 1, no checkpoint, the new fingerprint) → `Claimed`.
+    /// * absent, or expired (`key_expires_at <= now` and not `in_flight`
+    ///   with `lease_until > now`: a lease is never outlived by its key):
+    ///   insert a new `in_flight` record (attempt 1, no checkpoint, the new
+    ///   fingerprint) → `Claimed`.
     /// * same fingerprint and `released`, or `in_flight` with
     ///   `lease_until <= now`: take over with the new token and lease,
     ///   attempt + 1, keeping the checkpoint → `Claimed` with `previous`.
+    /// * whenever it claims, the key is kept at least until the new lease
+    ///   ends: `key_expires_at = max(key_expires_at, lease_until)` (and a
+    ///   native TTL to match).
     /// * anything else → `Existing(record)`, unchanged; its `response` is
     ///   `None` once `now >= response_expires_at`.
     fn claim(
@@ -654,7 +698,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// Only if `in_flight` under `token`: `lease_until` is set. Otherwise
+    /// Only if `in_flight` under `token`: `lease_until` is set, and the key
+    /// is kept at least as long (`key_expires_at = max(key_expires_at,
+    /// lease_until)`, with any native TTL moved to match). Otherwise
     /// [`StoreError::LeaseLost`].
     fn extend_lease(
         &self,
@@ -667,7 +713,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// `None` when absent or `key_expires_at <= now`; the response only while
+    /// `None` when absent or expired (as for `claim`: `key_expires_at <= now`
+    /// and no lease holds); the response only while
     /// `now < response_expires_at`.
     fn fetch(
         &self,
@@ -675,7 +722,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
 
-    /// Deletes up to `limit` records whose key expired, and drops up to
+    /// Deletes up to `limit` expired records (as for `claim`), and drops up to
     /// `limit` bodies whose response expired (the key rows stay).
     ///
     /// # Behavior

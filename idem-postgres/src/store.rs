@@ -135,8 +135,10 @@ impl Statements {
             // $8 key_expires_at.
             //
             // * `cur` reads the record as of the statement's snapshot and says
-            //   whether this request may claim it (key expired; or same
-            //   fingerprint and released or lease ended).
+            //   whether this request may claim it (key expired and no lease
+            //   holds; or same fingerprint and released or lease ended). An
+            //   in-flight record is never expired while its lease holds, and
+            //   a claim keeps the key at least until its lease ends.
             // * absent → `ins` inserts it. `ON CONFLICT DO NOTHING` covers a
             //   concurrent first claim: the insert waits on the unique index
             //   until the other transaction ends; if it committed, nothing is
@@ -155,14 +157,14 @@ impl Statements {
             claim: format!(
                 "WITH cur AS (
                     SELECT {cols},
-                           key_expires_at <= $6
+                           (key_expires_at <= $6 AND (state <> 'in_flight' OR lease_until <= $6))
                            OR (fingerprint = $4
                                AND (state = 'released' OR (state = 'in_flight' AND lease_until <= $6))) AS claimable
                     FROM {t} WHERE {pk}
                 ),
                 ins AS (
                     INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at)
-                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, $8
+                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7)
                     WHERE NOT EXISTS (SELECT 1 FROM cur)
                     ON CONFLICT (owner, operation, key) DO NOTHING
                     RETURNING attempt
@@ -173,15 +175,16 @@ impl Statements {
                         state = 'in_flight',
                         token = $5,
                         lease_until = $7,
-                        attempt = CASE WHEN r.key_expires_at <= $6 THEN 1 ELSE r.attempt + 1 END,
-                        resource_id = CASE WHEN r.key_expires_at <= $6 THEN NULL ELSE r.resource_id END,
-                        key_expires_at = CASE WHEN r.key_expires_at <= $6 THEN $8 ELSE r.key_expires_at END,
+                        attempt = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN 1 ELSE r.attempt + 1 END,
+                        resource_id = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN NULL ELSE r.resource_id END,
+                        key_expires_at = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
+                            THEN GREATEST($8, $7) ELSE GREATEST(r.key_expires_at, $7) END,
                         outcome = NULL,
                         response = NULL,
                         response_expires_at = NULL
                     FROM cur
                     WHERE r.owner = $1 AND r.operation = $2 AND r.key = $3 AND cur.claimable
-                      AND (r.key_expires_at <= $6
+                      AND ((r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
                            OR (r.fingerprint = $4
                                AND (r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until <= $6))))
                     RETURNING r.attempt, r.resource_id, cur.state AS previous_state
@@ -206,9 +209,12 @@ impl Statements {
             .into(),
             release: guarded("state = 'released', lease_until = $5").into(),
             checkpoint: guarded("resource_id = $5").into(),
-            extend_lease: guarded("lease_until = $5").into(),
+            // The key is kept at least until the lease ends.
+            extend_lease: guarded("lease_until = $5, key_expires_at = GREATEST(key_expires_at, $5)")
+                .into(),
             fetch: format!(
-                "SELECT {cols} FROM {t} WHERE {pk} AND key_expires_at > $4",
+                "SELECT {cols} FROM {t} WHERE {pk} \
+                 AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
                 cols = RECORD_COLUMNS.replace("$N", "$4")
             )
             .into(),
@@ -226,6 +232,7 @@ impl Statements {
                     DELETE FROM {t}
                     WHERE ctid = ANY(ARRAY(
                         SELECT ctid FROM {t} WHERE key_expires_at <= $1
+                          AND (state <> 'in_flight' OR lease_until <= $1)
                         LIMIT $2 FOR UPDATE SKIP LOCKED))
                     RETURNING 1
                 ),

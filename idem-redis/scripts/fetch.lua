@@ -1,10 +1,13 @@
 -- fetch: read a record as of the engine's now (read only).
 -- KEYS[1] record hash, KEYS[2] response body   ARGV[1] now (ms)
--- Reply: nil when absent or its key expired, else {f, s, a, l, k, x, o, e, body}.
+-- Reply: nil when absent or its key expired (and no lease holds), else {f, s, a, l, k, x, o, e, body}.
 local now = tonumber(ARGV[1])
 local r = redis.call('HMGET', KEYS[1], 'f', 's', 'a', 'l', 'k', 'x', 'o', 'e')
 local kexp = tonumber(r[5])
-if not (r[1] or r[2] or r[5]) or (kexp and kexp <= now) then return false end
+local lease = tonumber(r[4])
+-- In flight under a lease is live, whatever the key's expiry says.
+local leased = r[2] == 'in_flight' and lease and lease > now
+if not (r[1] or r[2] or r[5]) or (kexp and kexp <= now and not leased) then return false end
 local body = false
 local e = tonumber(r[8])
 if r[2] == 'completed' and e and now < e then body = redis.call('GET', KEYS[2]) end

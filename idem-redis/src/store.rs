@@ -363,14 +363,17 @@ fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
 impl Store for RedisStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let keys = RecordKeys::new(&self.prefix, req.id);
+        // A lease is never outlived by its key.
+        let key_expires_at = req.key_expires_at.max(req.lease_until);
         let mut inv = scripts::CLAIM.key(&keys.record);
         inv.key(&keys.body)
             .arg(req.fingerprint.as_bytes().as_slice())
             .arg(req.token.as_i64())
             .arg(req.now.as_unix_millis())
             .arg(req.lease_until.as_unix_millis())
-            .arg(req.key_expires_at.as_unix_millis())
-            .arg(ttl_ms(req.key_expires_at, req.now));
+            .arg(key_expires_at.as_unix_millis())
+            .arg(ttl_ms(key_expires_at, req.now))
+            .arg(ttl_ms(req.lease_until, req.now));
         let (reply, acked) = self.write(&inv, &keys.record).await?;
         let outcome = decode_claim(reply)?;
         if let (ClaimOutcome::Claimed(_), Err(e)) = (&outcome, acked) {

@@ -341,6 +341,46 @@ async fn body_and_record_expire_natively_on_their_own_clocks() {
     fixture.teardown_checked().await;
 }
 
+/// A lease extended past the key's expiry moves the native TTL too, so Redis
+/// cannot drop an in-flight record while its lease holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extending_a_lease_past_the_key_moves_the_native_ttl() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let mut admin = support::admin(&support::standalone_url()).await;
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    let mut req = claim_req(&id, &clock);
+    req.key_expires_at = req.now.plus(Duration::from_secs(120));
+    store.claim(&req).await.expect("claim");
+    let before: i64 = admin.pttl(store.record_key(&id)).await.expect("PTTL");
+    assert!((110_000..=120_000).contains(&before), "{before}");
+    let until = req.now.plus(Duration::from_secs(3600));
+    store
+        .extend_lease(&id, req.token, until)
+        .await
+        .expect("extend");
+    let after: i64 = admin.pttl(store.record_key(&id)).await.expect("PTTL");
+    assert!(
+        (3_590_000..=3_600_000).contains(&after),
+        "native TTL must cover the lease: {after}"
+    );
+    let rec = store
+        .fetch(&id, req.now.plus(Duration::from_secs(3000)))
+        .await
+        .expect("fetch")
+        .expect("leased record visible past key_ttl");
+    assert_eq!(rec.key_expires_at, until);
+    // A shorter extension leaves the (longer) key expiry alone.
+    store
+        .extend_lease(&id, req.token, req.now.plus(Duration::from_secs(60)))
+        .await
+        .expect("extend");
+    let kept: i64 = admin.pttl(store.record_key(&id)).await.expect("PTTL");
+    assert!(kept >= 3_590_000, "{kept}");
+    fixture.teardown_checked().await;
+}
+
 fn corrupt<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
     assert!(
         matches!(

@@ -5,23 +5,26 @@ pub const MIGRATION: &str = include_str!("../migrations/0001_idem.sql");
 
 /// The claim (`?1` owner, `?2` operation, `?3` key, `?4` fingerprint,
 /// `?5` token, `?6` lease end, `?7` key expiry, `?8` now; times in Unix ms):
-/// insert when absent; overwrite when the key expired; take over a
-/// released record or an expired lease with the same fingerprint. Returns a
-/// row only when the caller won. `?8` is the engine's `now`.
+/// insert when absent; overwrite when the key expired (and no lease holds:
+/// an in-flight record is never expired while `lease_until > now`); take
+/// over a released record or an expired lease with the same fingerprint.
+/// The key is kept at least until the new lease ends
+/// (`key_expires_at = MAX(key_expires_at, lease_until)`). Returns a row only
+/// when the caller won. `?8` is the engine's `now`.
 pub const CLAIM: &str = "
 INSERT INTO idem_records
     (owner, operation, key, fingerprint, state, token, attempt, lease_until,
      takeover, resource_id, outcome, response, response_expires_at, key_expires_at)
-VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, ?7)
+VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6))
 ON CONFLICT (owner, operation, key) DO UPDATE SET
     takeover = CASE
-        WHEN idem_records.key_expires_at <= ?8 THEN NULL
+        WHEN (idem_records.key_expires_at <= ?8 AND (idem_records.state <> 'in_flight' OR idem_records.lease_until <= ?8)) THEN NULL
         WHEN idem_records.state = 'released' THEN 'released'
         ELSE 'lease_expired' END,
-    attempt = CASE WHEN idem_records.key_expires_at <= ?8 THEN 1 ELSE idem_records.attempt + 1 END,
-    resource_id = CASE WHEN idem_records.key_expires_at <= ?8 THEN NULL ELSE idem_records.resource_id END,
-    key_expires_at = CASE WHEN idem_records.key_expires_at <= ?8
-        THEN excluded.key_expires_at ELSE idem_records.key_expires_at END,
+    attempt = CASE WHEN (idem_records.key_expires_at <= ?8 AND (idem_records.state <> 'in_flight' OR idem_records.lease_until <= ?8)) THEN 1 ELSE idem_records.attempt + 1 END,
+    resource_id = CASE WHEN (idem_records.key_expires_at <= ?8 AND (idem_records.state <> 'in_flight' OR idem_records.lease_until <= ?8)) THEN NULL ELSE idem_records.resource_id END,
+    key_expires_at = CASE WHEN (idem_records.key_expires_at <= ?8 AND (idem_records.state <> 'in_flight' OR idem_records.lease_until <= ?8))
+        THEN excluded.key_expires_at ELSE MAX(idem_records.key_expires_at, excluded.lease_until) END,
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     token = excluded.token,
@@ -29,20 +32,22 @@ ON CONFLICT (owner, operation, key) DO UPDATE SET
     outcome = NULL,
     response = NULL,
     response_expires_at = NULL
-WHERE idem_records.key_expires_at <= ?8
+WHERE (idem_records.key_expires_at <= ?8 AND (idem_records.state <> 'in_flight' OR idem_records.lease_until <= ?8))
    OR (idem_records.fingerprint = excluded.fingerprint
        AND (idem_records.state = 'released'
             OR (idem_records.state = 'in_flight' AND idem_records.lease_until <= ?8)))
 RETURNING attempt, takeover, resource_id";
 
-/// Reads a live record (`?1`–`?3` the record, `?4` now); the body only while
+/// Reads a live record (`?1`–`?3` the record, `?4` now): its key has not
+/// expired, or it is in flight under a lease; the body only while
 /// `now < response_expires_at`.
 pub const FETCH: &str = "
 SELECT fingerprint, state, attempt, lease_until, resource_id, outcome,
        CASE WHEN response_expires_at > ?4 THEN response END AS response,
        response_expires_at, key_expires_at
 FROM idem_records
-WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND key_expires_at > ?4";
+WHERE owner = ?1 AND operation = ?2 AND key = ?3
+  AND (key_expires_at > ?4 OR (state = 'in_flight' AND lease_until > ?4))";
 
 /// Every guarded write ends with this condition on `?1..?4`.
 macro_rules! guarded {
@@ -63,12 +68,15 @@ pub const COMPLETE: &str = guarded!(
 );
 pub(crate) const RELEASE: &str = guarded!("state = 'released', lease_until = ?5");
 pub(crate) const CHECKPOINT: &str = guarded!("resource_id = ?5");
-pub(crate) const EXTEND: &str = guarded!("lease_until = ?5");
+/// Extending a lease keeps the key at least until the lease ends.
+pub(crate) const EXTEND: &str =
+    guarded!("lease_until = ?5, key_expires_at = MAX(key_expires_at, ?5)");
 
 /// Bounded purges, each driven by its index.
 pub(crate) const PURGE_KEYS: &str = "
 DELETE FROM idem_records WHERE rowid IN (
-    SELECT rowid FROM idem_records WHERE key_expires_at <= ?1 LIMIT ?2)";
+    SELECT rowid FROM idem_records WHERE key_expires_at <= ?1
+        AND (state <> 'in_flight' OR lease_until <= ?1) LIMIT ?2)";
 pub(crate) const PURGE_BODIES: &str = "
 UPDATE idem_records SET response = NULL WHERE rowid IN (
     SELECT rowid FROM idem_records

@@ -1,5 +1,5 @@
 //! The store workload shared by `benches/store.rs` and
-//! `examples/compare_backends.rs`: each backend as the library (`Lib`) and as
+//! `benches/compare_backends.rs`: each backend as the library (`Lib`) and as
 //! its raw-driver baseline doing the same statements or script calls.
 
 pub(crate) mod memory;

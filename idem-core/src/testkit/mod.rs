@@ -35,6 +35,7 @@ mod concurrency;
 mod expiry;
 mod faults;
 mod guard;
+mod lease_vs_key;
 mod recovery;
 mod store_level;
 mod support;
@@ -47,6 +48,7 @@ pub use concurrency::*;
 pub use expiry::*;
 pub use faults::*;
 pub use guard::*;
+pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
@@ -124,6 +126,9 @@ macro_rules! __idem_for_each_scenario {
             store_writes_are_fenced_by_token,
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
+            extended_lease_outlives_key_ttl,
+            takeover_lease_outlives_key_ttl,
+            claim_checks_the_lease_before_key_expiry,
             guard_begin_runs_then_replays,
             guard_dropped_claim_is_recovered_after_the_lease,
             guard_release_makes_the_next_attempt_a_recovery,
@@ -175,6 +180,7 @@ mod tests {
             include_str!("expiry.rs"),
             include_str!("faults.rs"),
             include_str!("guard.rs"),
+            include_str!("lease_vs_key.rs"),
             include_str!("recovery.rs"),
             include_str!("store_level.rs"),
         ];

@@ -1,8 +1,10 @@
 //! Choosing storage: the same short workload on every backend this build
 //! enables and can reach, through the library and through the raw driver.
 //!
-//! Run with: `cargo run --release --example compare_backends` (MemoryStore and
-//! SQLite), or `cargo run --release --example compare_backends --all-features`
+//! A bench binary (it reuses the store bench's workload), not an example.
+//!
+//! Run with: `cargo bench --bench compare_backends` (MemoryStore and
+//! SQLite), or `cargo bench --bench compare_backends --all-features`
 //! to add Postgres (`IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`) and Redis (`IDEM_REDIS_URL`,
 //! default `redis://127.0.0.1:6379/`). `IDEM_COMPARE_CALLS` sets the calls
@@ -17,8 +19,8 @@
 //! `idem_bench` and Redis its own key prefix, both removed at the end. The
 //! workload is the store bench's (`benches/common/stores`).
 
-#[allow(dead_code, reason = "the example uses a part of the bench workload")]
-#[path = "../benches/common/stores/mod.rs"]
+#[allow(dead_code, reason = "this bench uses a part of the shared workload")]
+#[path = "common/stores/mod.rs"]
 mod stores;
 
 use std::io::Write;
