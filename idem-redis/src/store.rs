@@ -1,17 +1,20 @@
 //! [`RedisStore`]: the [`Store`] trait as one Lua script call per transition.
 
 use std::fmt;
+use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
     PurgeReport, RecordState, Store, StoreError, StoredRecord, TakeoverReason, Token,
 };
 use idem_core::{Fingerprint, RecordId, Timestamp};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, RedisResult, ScriptInvocation, Value};
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Client, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value};
 
+use crate::ack::ReplicaAck;
 use crate::config::KeyPrefix;
 use crate::error::{BACKEND, Error, corrupt, store_error};
 use crate::keys::RecordKeys;
@@ -39,6 +42,7 @@ use crate::scripts;
 pub struct RedisStore {
     pub(crate) conn: Connection,
     pub(crate) prefix: KeyPrefix,
+    ack: Option<ReplicaAck>,
 }
 
 /// The connection behind a store: standalone (reconnecting) or cluster.
@@ -76,6 +80,67 @@ impl Connection {
             }
         }
     }
+
+    /// Runs a script and `WAIT <replicas> <timeout>` in one pipeline on the
+    /// connection to the primary of `key`'s slot; returns both replies.
+    ///
+    /// `WAIT` counts the replicas holding every write made so far *on its own
+    /// connection*, so it must follow the script on the same connection with
+    /// no reconnection in between: one pipeline gives both (a dropped
+    /// connection fails the pair). In a cluster redis-rs would send a lone
+    /// `WAIT` to every primary and keep the smallest answer, so the pipeline
+    /// is routed explicitly to the slot's primary.
+    async fn invoke_then_wait(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        key: &str,
+        ack: ReplicaAck,
+    ) -> RedisResult<(Value, Value)> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(inv)
+            .cmd("WAIT")
+            .arg(ack.replicas())
+            .arg(ack.timeout_ms());
+        let mut tries = 1;
+        loop {
+            let replies = match self {
+                Self::Standalone(c) => c.clone().req_packed_commands(&pipe, 0, 2).await?,
+                Self::Cluster(c) => {
+                    let route = Route::with_key(key, SlotAddr::Master);
+                    c.clone()
+                        .route_pipeline(
+                            pipe.clone(),
+                            0,
+                            2,
+                            SingleNodeRoutingInfo::SpecificNode(route),
+                        )
+                        .await?
+                }
+            };
+            let [script, wait]: [Value; 2] = replies.try_into().map_err(|r: Vec<Value>| {
+                RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "script and WAIT",
+                    format!("{} replies instead of 2", r.len()),
+                ))
+            })?;
+            match script.extract_error() {
+                Err(e)
+                    if tries < NOSCRIPT_TRIES
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    match self {
+                        Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
+                        Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
+                    };
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+                Ok(script) => return Ok((script, wait.extract_error()?)),
+            }
+        }
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -87,6 +152,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("connection", &kind)
             .field("prefix", &self.prefix)
+            .field("replica_ack", &self.ack)
             .finish()
     }
 }
@@ -119,6 +185,7 @@ impl RedisStore {
         Self {
             conn: Connection::Standalone(manager),
             prefix: KeyPrefix::default(),
+            ack: None,
         }
     }
 
@@ -143,6 +210,7 @@ impl RedisStore {
         Self {
             conn: Connection::Cluster(conn),
             prefix: KeyPrefix::default(),
+            ack: None,
         }
     }
 
@@ -180,13 +248,98 @@ impl RedisStore {
         RecordKeys::new(&self.prefix, id).body
     }
 
+    /// Reports a claim, completion, checkpoint or lease extension done only
+    /// once `replicas` replicas have received it: each of those scripts is
+    /// followed by `WAIT <replicas> <timeout>` in one pipeline, on the
+    /// connection that wrote. When fewer replicas confirm within `timeout`,
+    /// the call fails with [`StoreError::Unavailable`] (HTTP 503, retryable)
+    /// whose source is a [`NotAcknowledged`](crate::NotAcknowledged): the
+    /// write is on the primary but a failover may lose it, so it is never
+    /// reported as done. `replicas == 0` turns the option off.
+    ///
+    /// * A claim not acknowledged is released again (best effort) and the
+    ///   work does not run; the caller gets the 503.
+    /// * A completion not acknowledged is retried by the engine
+    ///   ([`Policy`](idem_core::Policy)'s `store_retries`; a retry by the
+    ///   same attempt re-confirms instead of answering "lease lost"), then the
+    ///   caller gets the work's outcome with
+    ///   [`Reply::is_stored`](idem_core::Reply::is_stored) `false` and the
+    ///   record is left to its lease and a recovery.
+    /// * A release is sent without `WAIT`: losing it in a failover leaves the
+    ///   record `in_flight` until its lease ends, which delays the next
+    ///   attempt but never lets the work run twice.
+    /// * Reads and replays send no `WAIT` (nothing to confirm).
+    ///
+    /// `WAIT` confirms the write reached the replicas' memory, not their
+    /// disks, and Redis still promotes whichever replica it likes: see the
+    /// durability table in the [crate docs](crate). Every write then costs a
+    /// replica round trip more (measured in the crate docs).
+    #[must_use]
+    pub fn with_replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.ack = (replicas > 0).then(|| ReplicaAck::new(replicas, timeout));
+        self
+    }
+
+    /// The replication acknowledgement required, if any.
+    #[must_use]
+    pub fn replica_ack(&self) -> Option<ReplicaAck> {
+        self.ack
+    }
+
     pub(crate) async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
         self.conn.invoke(inv).await.map_err(store_error)
     }
 
-    /// Runs a token-guarded write: `1` done, `0` lease lost.
-    async fn guarded(&self, inv: &ScriptInvocation<'_>) -> Result<(), StoreError> {
-        match self.run(inv).await? {
+    /// Runs a script that may write to the record at `record_key`; with the
+    /// acknowledgement option, `WAIT` follows on the same connection. Returns
+    /// the script's reply and whether enough replicas confirmed (always `Ok`
+    /// without the option). The caller decides whether the confirmation
+    /// matters (it does not when the script wrote nothing).
+    async fn write(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        record_key: &str,
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        let Some(ack) = self.ack else {
+            return Ok((self.run(inv).await?, Ok(())));
+        };
+        let (reply, waited) = self
+            .conn
+            .invoke_then_wait(inv, record_key, ack)
+            .await
+            .map_err(store_error)?;
+        let acked = match waited {
+            Value::Int(n) => ack.check(n),
+            other => Err(unexpected(&other)),
+        };
+        Ok((reply, acked))
+    }
+
+    /// Runs a token-guarded write that must be acknowledged: `1` done, `0`
+    /// lease lost.
+    async fn guarded(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        record_key: &str,
+    ) -> Result<(), StoreError> {
+        let (reply, acked) = self.write(inv, record_key).await?;
+        match reply {
+            Value::Int(1) => acked,
+            Value::Int(0) => Err(StoreError::LeaseLost),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Releases under `token` without `WAIT` (see [`Self::with_replica_ack`]).
+    async fn release_keys(
+        &self,
+        keys: &RecordKeys,
+        token: Token,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut inv = scripts::RELEASE.key(&keys.record);
+        inv.arg(token.as_i64()).arg(now.as_unix_millis());
+        match self.run(&inv).await? {
             Value::Int(1) => Ok(()),
             Value::Int(0) => Err(StoreError::LeaseLost),
             other => Err(unexpected(&other)),
@@ -224,33 +377,16 @@ impl Store for RedisStore {
             .arg(req.id.owner())
             .arg(req.id.operation())
             .arg(req.id.key().as_str());
-        let reply = self.run(&inv).await?;
-        let Value::Array(items) = reply else {
-            return Err(unexpected(&reply));
-        };
-        match items.split_first() {
-            Some((Value::Int(0), [attempt, reason, checkpoint])) => {
-                let attempt = int(attempt, "attempt").and_then(|a| {
-                    u32::try_from(a).map_err(|_| corrupt(format!("attempt {a} is out of range")))
-                })?;
-                let reason = match reason {
-                    Value::Int(0) => None,
-                    Value::Int(1) => Some(TakeoverReason::LeaseExpired),
-                    Value::Int(2) => Some(TakeoverReason::Released),
-                    other => return Err(unexpected(other)),
-                };
-                let checkpoint = opt_text(checkpoint, "resource id")?;
-                Ok(ClaimOutcome::Claimed(Claimed {
-                    attempt,
-                    previous: reason.map(|reason| Previous {
-                        reason,
-                        resource_id: checkpoint,
-                    }),
-                }))
-            }
-            Some((Value::Int(1), fields)) => Ok(ClaimOutcome::Existing(decode_record(fields)?)),
-            _ => Err(corrupt("the claim script gave an unexpected reply")),
+        let (reply, acked) = self.write(&inv, &keys.record).await?;
+        let outcome = decode_claim(reply)?;
+        if let (ClaimOutcome::Claimed(_), Err(e)) = (&outcome, acked) {
+            // Not acknowledged: the work must not run. Give the key back so
+            // the next retry need not wait for the lease (a lost release only
+            // delays it).
+            let _ = self.release_keys(&keys, req.token, req.now).await;
+            return Err(e);
         }
+        Ok(outcome)
     }
 
     async fn complete(
@@ -272,14 +408,22 @@ impl Store for RedisStore {
             .arg(c.body.unwrap_or_default())
             .arg(if c.resource_id.is_some() { "1" } else { "0" })
             .arg(c.resource_id.unwrap_or_default());
-        self.guarded(&inv).await
+        let (reply, acked) = self.write(&inv, &keys.record).await?;
+        match reply {
+            Value::Int(1) => acked,
+            // Already completed under this token: a retry after a lost reply
+            // or a missing acknowledgement. The script rewrote the token, so
+            // the `WAIT` after it covers the completion: with the option, a
+            // confirmation now is the confirmation the first call lacked.
+            Value::Int(2) if self.ack.is_some() => acked,
+            Value::Int(0 | 2) => Err(StoreError::LeaseLost),
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::RELEASE.key(&keys.record);
-        inv.arg(token.as_i64()).arg(now.as_unix_millis());
-        self.guarded(&inv).await
+        self.release_keys(&RecordKeys::new(&self.prefix, id), token, now)
+            .await
     }
 
     async fn checkpoint(
@@ -291,7 +435,7 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         let mut inv = scripts::CHECKPOINT.key(&keys.record);
         inv.arg(token.as_i64()).arg(resource_id);
-        self.guarded(&inv).await
+        self.guarded(&inv, &keys.record).await
     }
 
     async fn extend_lease(
@@ -303,7 +447,7 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         let mut inv = scripts::EXTEND.key(&keys.record);
         inv.arg(token.as_i64()).arg(lease_until.as_unix_millis());
-        self.guarded(&inv).await
+        self.guarded(&inv, &keys.record).await
     }
 
     async fn fetch(
@@ -329,6 +473,36 @@ impl Store for RedisStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::native_expiry()
+    }
+}
+
+/// Decodes the claim script's reply.
+fn decode_claim(reply: Value) -> Result<ClaimOutcome, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(unexpected(&reply));
+    };
+    match items.split_first() {
+        Some((Value::Int(0), [attempt, reason, checkpoint])) => {
+            let attempt = int(attempt, "attempt").and_then(|a| {
+                u32::try_from(a).map_err(|_| corrupt(format!("attempt {a} is out of range")))
+            })?;
+            let reason = match reason {
+                Value::Int(0) => None,
+                Value::Int(1) => Some(TakeoverReason::LeaseExpired),
+                Value::Int(2) => Some(TakeoverReason::Released),
+                other => return Err(unexpected(other)),
+            };
+            let checkpoint = opt_text(checkpoint, "resource id")?;
+            Ok(ClaimOutcome::Claimed(Claimed {
+                attempt,
+                previous: reason.map(|reason| Previous {
+                    reason,
+                    resource_id: checkpoint,
+                }),
+            }))
+        }
+        Some((Value::Int(1), fields)) => Ok(ClaimOutcome::Existing(decode_record(fields)?)),
+        _ => Err(corrupt("the claim script gave an unexpected reply")),
     }
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub(crate) mod cluster;
+pub(crate) mod replicated;
 pub(crate) mod scenario;
 pub(crate) mod server;
 

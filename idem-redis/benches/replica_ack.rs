@@ -1,0 +1,133 @@
+//! What [`RedisStore::with_replica_ack`] costs: `Idem::execute` on a fresh
+//! key (claim + complete, each followed by `WAIT 1`) and on a replay (no
+//! `WAIT`), with and without the option, on a standalone primary with one
+//! replica started by the bench on loopback ports 17200-17299 and SIGKILLed
+//! at the end (no server is shared, nothing is left behind).
+//!
+//! Run with `cargo bench -p idem-redis --bench replica_ack` (a short run:
+//! 20 samples of 2 s per function); figures are in the crate README.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use idem_core::{Idem, IdempotencyKey, Outcome, Scope};
+use idem_redis::RedisStore;
+use support::replicated::ReplicatedPair;
+use tokio::runtime::Runtime;
+
+type Engine = Arc<Idem<RedisStore>>;
+
+async fn fresh(idem: &Engine, scope: &Scope) {
+    let key = IdempotencyKey::random();
+    let reply = idem
+        .execute(scope, key, &1, |_| async {
+            Outcome::<String, String>::Success("x".repeat(256))
+        })
+        .await
+        .expect("fresh");
+    assert!(reply.is_stored());
+}
+
+async fn replay(idem: &Engine, scope: &Scope, key: &IdempotencyKey) {
+    let reply = idem
+        .execute(scope, key.clone(), &1, |_| async {
+            Outcome::<String, String>::Success(String::new())
+        })
+        .await
+        .expect("replay");
+    assert!(reply.is_replay());
+}
+
+fn bench(c: &mut Criterion) {
+    let pair = ReplicatedPair::start();
+    let rt = Runtime::new().expect("runtime");
+    let scope = Scope::new("bench", "POST /charges").expect("scope");
+    let engines: Vec<(&str, Engine)> = ["no-wait", "wait-1-replica"]
+        .into_iter()
+        .map(|name| {
+            let store = rt
+                .block_on(RedisStore::connect(&pair.url()))
+                .expect("connect")
+                .with_prefix("idem-bench-ack:")
+                .expect("prefix");
+            let store = if name == "no-wait" {
+                store
+            } else {
+                store.with_replica_ack(1, Duration::from_secs(1))
+            };
+            (name, Arc::new(Idem::new(store)))
+        })
+        .collect();
+
+    let mut group = c.benchmark_group("replica-ack/fresh");
+    for (name, idem) in &engines {
+        group.bench_function(*name, |b| b.to_async(&rt).iter(|| fresh(idem, &scope)));
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("replica-ack/replay");
+    for (name, idem) in &engines {
+        let keys: Vec<IdempotencyKey> = (0..256).map(|_| IdempotencyKey::random()).collect();
+        rt.block_on(async {
+            for key in &keys {
+                idem.execute(&scope, key.clone(), &1, |_| async {
+                    Outcome::<String, String>::Success("x".repeat(256))
+                })
+                .await
+                .expect("seed");
+            }
+        });
+        let mut i = 0;
+        group.bench_function(*name, |b| {
+            b.to_async(&rt).iter(|| {
+                i = (i + 1) % keys.len();
+                replay(idem, &scope, &keys[i])
+            });
+        });
+    }
+    group.finish();
+
+    // 8 tasks share the store's one multiplexed connection: Redis holds a
+    // client's later commands while its WAIT blocks, so the WAITs of the
+    // tasks queue behind one another.
+    let mut group = c.benchmark_group("replica-ack/fresh-8-tasks");
+    for (name, idem) in &engines {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    let tasks: Vec<_> = (0..8)
+                        .map(|t| {
+                            let (idem, scope) = (Arc::clone(idem), scope.clone());
+                            tokio::spawn(async move {
+                                for _ in (t..iters).step_by(8) {
+                                    fresh(&idem, &scope).await;
+                                }
+                            })
+                        })
+                        .collect();
+                    for task in tasks {
+                        task.await.expect("task");
+                    }
+                    start.elapsed()
+                })
+            });
+        });
+    }
+    group.finish();
+    drop(pair);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = bench
+}
+criterion_main!(benches);
