@@ -194,7 +194,13 @@ impl<S: Store> Idem<S> {
         self.execute_prepared(prepared, work).instrument(span).await
     }
 
-    async fn execute_prepared<T, E, F, Fut>(
+    /// [`Idem::execute`] for a request the caller checked and fingerprinted
+    /// itself (an HTTP adapter with its own envelope and field filter).
+    ///
+    /// # Errors
+    ///
+    /// As [`Idem::execute`].
+    pub async fn execute_prepared<T, E, F, Fut>(
         &self,
         prepared: Prepared,
         work: F,

@@ -1,0 +1,333 @@
+//! Steps 7 to 9: the engine, the handler, capture and the answer.
+//!
+//! This is the one place that talks to the engine. It uses
+//! `Idem::execute_prepared` with a work closure that hands the live response
+//! out through a slot; a response that must not be stored is signalled to the
+//! engine by a value whose encoding fails (the engine then completes the
+//! record "not stored", which is exactly the contract).
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::BodyExt;
+use idem_core::{Attempt, BoxDynError, HttpResponse, Outcome, Prepared, Storable, Store};
+use tower_service::Service;
+use tracing::{Instrument, warn};
+
+use crate::body::{BoxError, IdemBody};
+use crate::layer::Shared;
+use crate::pipeline::{Class, default_class, stored_headers};
+use crate::rejection::Rejection;
+use crate::service::{IdemAttempt, IdemKey};
+
+/// What goes to the engine: a response to store, or a marker that completes
+/// the record without a body.
+#[derive(Debug)]
+enum Captured {
+    Stored(HttpResponse),
+    NotStored,
+}
+
+impl Storable for Captured {
+    fn encode(&self) -> Result<Vec<u8>, BoxDynError> {
+        match self {
+            Self::Stored(r) => r.encode(),
+            Self::NotStored => {
+                Err("response not stored (streamed, oversized or not encodable)".into())
+            }
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
+        HttpResponse::decode(bytes).map(Self::Stored)
+    }
+}
+
+/// What the handler side produced for this caller.
+enum Done<B, E> {
+    Response(Response<IdemBody<B>>),
+    Err(E),
+    Reject(Rejection),
+}
+
+pub(crate) enum Answer<B> {
+    Response(Response<IdemBody<B>>),
+    Reject(Rejection),
+}
+
+type Slot<B, E> = Arc<Mutex<Option<Done<B, E>>>>;
+
+pub(crate) async fn run<Svc, S, O, ReqB, ResB>(
+    shared: Arc<Shared<S, O>>,
+    inner: Svc,
+    mut req: Request<ReqB>,
+    prepared: Prepared,
+    key: idem_core::IdempotencyKey,
+) -> Result<Answer<ResB>, Svc::Error>
+where
+    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    Svc::Future: Send + 'static,
+    Svc::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+    S: Store,
+    O: Send + Sync + 'static,
+{
+    let slot: Slot<ResB, Svc::Error> = Arc::new(Mutex::new(None));
+    let detached = shared.cfg.detached;
+    let lease = shared.idem.policy().lease();
+    let task = {
+        let slot = Arc::clone(&slot);
+        let shared = Arc::clone(&shared);
+        async move {
+            let work_shared = Arc::clone(&shared);
+            let work_slot = Arc::clone(&slot);
+            let work = move |attempt: Attempt| async move {
+                req.extensions_mut().insert(IdemAttempt(attempt.clone()));
+                req.extensions_mut().insert(IdemKey(key));
+                let (outcome, done) = renewing(
+                    &attempt,
+                    lease,
+                    work_shared.cfg.auto_renew,
+                    call_and_capture(&work_shared, inner, req),
+                )
+                .await;
+                *work_slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(done);
+                outcome
+            };
+            let result = shared
+                .idem
+                .execute_prepared::<Captured, Captured, _, _>(prepared, work)
+                .await;
+            let done = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            (result, done)
+        }
+        .in_current_span()
+    };
+    let (result, done) = if detached {
+        match shared.tracker.spawn(task).await {
+            Ok(out) => out,
+            Err(e) => {
+                if e.is_panic() {
+                    warn!("handler panicked: record left in flight for recovery");
+                }
+                return Ok(Answer::Reject(Rejection::HandlerPanicked {
+                    retry_after: lease,
+                }));
+            }
+        }
+    } else {
+        task.await
+    };
+    let span = tracing::Span::current();
+    match result {
+        Ok(reply) if reply.is_replay() => {
+            span.record("outcome", "replayed");
+            let stored = match reply.into_outcome() {
+                Outcome::Success(c) | Outcome::Failure(c) | Outcome::Transient(c) => c,
+            };
+            match stored {
+                Captured::Stored(r) => {
+                    Ok(Answer::Response(replay(&shared.cfg.replayed_headers, r)))
+                }
+                Captured::NotStored => Ok(Answer::Reject(Rejection::Engine(
+                    idem_core::Error::ResponseNotStored { resource_id: None },
+                ))),
+            }
+        }
+        Ok(reply) => {
+            let released = matches!(reply.outcome(), Outcome::Transient(_));
+            span.record("outcome", if released { "released" } else { "executed" });
+            match done {
+                Some(Done::Response(r)) => {
+                    span.record("status", r.status().as_u16());
+                    Ok(Answer::Response(r))
+                }
+                Some(Done::Err(e)) => Err(e),
+                Some(Done::Reject(r)) => Ok(Answer::Reject(r)),
+                None => Ok(Answer::Reject(Rejection::HandlerPanicked {
+                    retry_after: lease,
+                })),
+            }
+        }
+        Err(e) => Ok(Answer::Reject(Rejection::Engine(e))),
+    }
+}
+
+/// Runs `fut`, renewing the lease every `lease / 3` until `ceiling`.
+async fn renewing<F: Future>(
+    attempt: &Attempt,
+    lease: Duration,
+    ceiling: Option<Duration>,
+    fut: F,
+) -> F::Output {
+    let Some(ceiling) = ceiling else {
+        return fut.await;
+    };
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let start = tokio::time::Instant::now();
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            () = tokio::time::sleep(every) => {
+                if start.elapsed() >= ceiling {
+                    return fut.await;
+                }
+                if let Err(e) = attempt.renew_lease().await {
+                    warn!(error = %e, "lease renewal failed; no more renewals");
+                    return fut.await;
+                }
+            }
+        }
+    }
+}
+
+fn is_streaming(parts: &http::response::Parts) -> bool {
+    parts.status == StatusCode::SWITCHING_PROTOCOLS
+        || parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+            })
+}
+
+/// Calls the handler and decides what the engine stores (spec 2.8, 2.9).
+async fn call_and_capture<Svc, S, O, ReqB, ResB>(
+    shared: &Shared<S, O>,
+    mut inner: Svc,
+    req: Request<ReqB>,
+) -> (Outcome<Captured, Captured>, Done<ResB, Svc::Error>)
+where
+    Svc: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<BoxError>,
+    S: Store,
+{
+    let res = match inner.call(req).await {
+        Ok(r) => r,
+        Err(e) => return (Outcome::Transient(Captured::NotStored), Done::Err(e)),
+    };
+    let cfg = &shared.cfg;
+    let (parts, body) = res.into_parts();
+    let class = parts.extensions.get::<Class>().copied().unwrap_or_else(|| {
+        cfg.classify
+            .as_ref()
+            .map_or_else(|| default_class(parts.status.as_u16()), |f| f(&parts))
+    });
+    let stored = |c: Captured| match class {
+        Class::Failure => Outcome::Failure(c),
+        _ => Outcome::Success(c),
+    };
+    let pass = |parts, body| Done::Response(Response::from_parts(parts, IdemBody::inner(body)));
+    if class == Class::Transient {
+        return (Outcome::Transient(Captured::NotStored), pass(parts, body));
+    }
+    let limit = shared.idem.policy().max_response_bytes();
+    if class == Class::CompleteWithoutBody
+        || is_streaming(&parts)
+        || body.size_hint().lower() > limit as u64
+    {
+        return (Outcome::Success(Captured::NotStored), pass(parts, body));
+    }
+    let mut body = Box::pin(body);
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(_)) => {
+                warn!("response body failed: key released");
+                return (
+                    Outcome::Transient(Captured::NotStored),
+                    Done::Reject(Rejection::ResponseBodyFailed),
+                );
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if buf.len() + data.len() <= limit => buf.extend_from_slice(&data),
+                Ok(data) => {
+                    warn!(
+                        limit,
+                        "response larger than max_response_bytes: streamed, not stored"
+                    );
+                    buf.extend_from_slice(&data);
+                    let r = IdemBody::resumed(buf.freeze(), None, body);
+                    return (
+                        Outcome::Success(Captured::NotStored),
+                        Done::Response(Response::from_parts(parts, r)),
+                    );
+                }
+                Err(frame) => {
+                    warn!("response has trailers: streamed, not stored");
+                    let r = IdemBody::resumed(buf.freeze(), frame.into_trailers().ok(), body);
+                    return (
+                        Outcome::Success(Captured::NotStored),
+                        Done::Response(Response::from_parts(parts, r)),
+                    );
+                }
+            },
+        }
+    }
+    let bytes: Bytes = buf.freeze();
+    let pairs: Vec<(&str, &[u8])> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    let replay_names: Vec<&str> = cfg.replayed_names.iter().map(String::as_str).collect();
+    let captured = match stored_headers(&pairs, &cfg.stored_headers, &replay_names) {
+        Ok(headers) => {
+            if headers.iter().any(|(n, _)| n == "content-encoding") {
+                warn!(
+                    "stored response carries Content-Encoding: place compression outside the idempotency layer"
+                );
+            }
+            Captured::Stored(HttpResponse::new(
+                parts.status.as_u16(),
+                headers,
+                bytes.to_vec(),
+            ))
+        }
+        Err(_) => {
+            warn!("response header value is not UTF-8: not stored");
+            Captured::NotStored
+        }
+    };
+    drop(pairs);
+    (
+        stored(captured),
+        Done::Response(Response::from_parts(parts, IdemBody::full(bytes))),
+    )
+}
+
+/// A stored response, replayed: stored status, headers in order, bytes, a
+/// recomputed `Content-Length` and the replay marker(s).
+fn replay<B>(markers: &[HeaderName], r: HttpResponse) -> Response<IdemBody<B>> {
+    let len = r.body.len();
+    let mut res = Response::new(IdemBody::full(r.body));
+    *res.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = res.headers_mut();
+    for (name, value) in &r.headers {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            (Ok(n), Ok(v)) => {
+                headers.append(n, v);
+            }
+            _ => warn!("stored header not valid HTTP: skipped"),
+        }
+    }
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    for m in markers {
+        headers.insert(m.clone(), HeaderValue::from_static("true"));
+    }
+    res
+}
