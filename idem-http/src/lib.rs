@@ -11,6 +11,9 @@ mod owner;
 pub mod pipeline;
 mod rejection;
 mod service;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 
 pub use body::{BoxError, IdemBody};
 pub use layer::{
