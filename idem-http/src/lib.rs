@@ -7,6 +7,9 @@ mod axum;
 mod body;
 mod exec;
 mod layer;
+#[cfg(feature = "openapi")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
+pub mod openapi;
 mod owner;
 pub mod pipeline;
 mod rejection;

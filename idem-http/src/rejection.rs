@@ -292,3 +292,61 @@ mod tests {
         }
     }
 }
+
+#[cfg(all(test, feature = "openapi"))]
+mod openapi_sync {
+    use super::*;
+
+    /// Every code a `Rejection` can carry is published in the OpenAPI
+    /// components the layer generates.
+    #[test]
+    fn every_rejection_code_is_in_the_openapi_components() {
+        let layer =
+            crate::IdempotencyLayer::builder(idem_core::Idem::new(idem_core::MemoryStore::new()))
+                .owner(crate::owner_fixed("t"))
+                .build()
+                .expect("layer");
+        let doc = crate::openapi::components(&layer);
+        let codes =
+            &doc["components"]["schemas"]["IdempotencyProblem"]["properties"]["code"]["enum"];
+        let s = Duration::from_secs(1);
+        let all = [
+            Rejection::MissingKey,
+            Rejection::InvalidKey {
+                reason: KeyHeaderError::Empty,
+                received: None,
+            },
+            Rejection::OwnerUnavailable,
+            Rejection::RequestTooLarge { limit: 1 },
+            Rejection::RequestBodyUnreadable,
+            Rejection::ResponseBodyFailed,
+            Rejection::HandlerPanicked { retry_after: s },
+            Rejection::ShuttingDown,
+            Rejection::Engine(Error::FingerprintMismatch),
+            Rejection::Engine(Error::InFlight { retry_after: s }),
+            Rejection::Engine(Error::ResponseExpired { resource_id: None }),
+            Rejection::Engine(Error::ResponseNotStored { resource_id: None }),
+            Rejection::Engine(Error::LeaseLost { retry_after: s }),
+            Rejection::Engine(Error::Store(idem_core::StoreError::Unavailable {
+                backend: "x",
+                source: "x".into(),
+            })),
+            Rejection::Engine(Error::CorruptRecord {
+                detail: String::new(),
+            }),
+            Rejection::Engine(Error::InvalidRequest(idem_core::RequestError::TooDeep)),
+        ];
+        for r in &all {
+            assert!(
+                codes
+                    .as_array()
+                    .expect("enum")
+                    .iter()
+                    .any(|c| c == r.code()),
+                "{} missing from the OpenAPI components",
+                r.code()
+            );
+        }
+        assert_eq!(codes.as_array().map(Vec::len), Some(all.len()));
+    }
+}

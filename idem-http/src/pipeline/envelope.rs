@@ -287,3 +287,120 @@ fn hexval(c: u8) -> Option<u8> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn fp(
+        method: &str,
+        path: &str,
+        query: Option<&str>,
+        headers: &[(&str, &[u8])],
+        ct: &str,
+        body: &[u8],
+    ) -> Fingerprint {
+        let spec = FingerprintSpec::default().include_headers(["x-h"]);
+        let view = RequestView {
+            method,
+            route: "/r/{id}",
+            path,
+            query,
+            headers,
+            content_type: Some(ct.as_bytes()),
+            body,
+        };
+        fingerprint_request("POST /r/{id}", &view, &spec).expect("fingerprint")
+    }
+
+    #[test]
+    fn query_framing_does_not_collide() {
+        let a = fp("POST", "/r/1", Some("a=&a=b&c="), &[], "text/plain", b"");
+        let b = fp("POST", "/r/1", Some("a=&b=c&b="), &[], "text/plain", b"");
+        assert_ne!(a, b);
+        assert_eq!(
+            fp("POST", "/r/1", None, &[], "text/plain", b""),
+            fp("POST", "/r/1", Some(""), &[], "text/plain", b"")
+        );
+        assert_eq!(
+            fp("POST", "/r/1", Some("a=%20x"), &[], "text/plain", b""),
+            fp("POST", "/r/1", Some("a=+x"), &[], "text/plain", b"")
+        );
+        assert_ne!(
+            fp("POST", "/r/1", Some("a=%FF"), &[], "text/plain", b""),
+            fp("POST", "/r/1", Some("a=%FE"), &[], "text/plain", b"")
+        );
+    }
+
+    #[test]
+    fn json_spelling_and_ignored_fields_do_not_count() {
+        let spec = FingerprintSpec::default().ignore_fields(["/ts"]);
+        let view = |body: &'static [u8]| RequestView {
+            method: "POST",
+            route: "/r",
+            path: "/r",
+            query: None,
+            headers: &[],
+            content_type: Some(b"application/merge-patch+json; charset=utf-8"),
+            body,
+        };
+        let a = fingerprint_request("op", &view(br#"{"a":1,"b":[1,2],"ts":1}"#), &spec).unwrap();
+        let b = fingerprint_request("op", &view(br#"{ "b":[1.0,2], "ts":9, "a":1e0 }"#), &spec)
+            .unwrap();
+        let c = fingerprint_request("op", &view(br#"{"a":2,"b":[1,2]}"#), &spec).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let only = FingerprintSpec::default().only_fields(["/a"]);
+        let a = fingerprint_request("op", &view(br#"{"a":1,"b":1}"#), &only).unwrap();
+        let b = fingerprint_request("op", &view(br#"{"a":1,"b":2}"#), &only).unwrap();
+        assert_eq!(a, b);
+        // A too-deep JSON body still fingerprints, as raw bytes.
+        let deep: &'static [u8] = Box::leak(
+            format!("{}{}", "[".repeat(120), "]".repeat(120))
+                .into_bytes()
+                .into_boxed_slice(),
+        );
+        assert!(fingerprint_request("op", &view(deep), &spec).is_ok());
+    }
+
+    proptest! {
+        #[test]
+        fn any_single_change_changes_the_fingerprint(
+            path in "/[a-z0-9]{1,8}",
+            pairs in proptest::collection::vec(("[a-z]{1,4}", "[a-z0-9]{0,4}"), 0..5),
+            header in "[ -~]{0,12}",
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+            flip in any::<usize>(),
+        ) {
+            let query: String = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+            let h: &[(&str, &[u8])] = &[("x-h", header.as_bytes())];
+            let base = fp("POST", &path, Some(&query), h, "application/octet-stream", &body);
+            prop_assert_ne!(base, fp("PATCH", &path, Some(&query), h, "application/octet-stream", &body));
+            prop_assert_ne!(base, fp("POST", &format!("{path}x"), Some(&query), h, "application/octet-stream", &body));
+            prop_assert_ne!(base, fp("POST", &path, Some(&format!("{query}&zz=1")), h, "application/octet-stream", &body));
+            let h2: &[(&str, &[u8])] = &[("x-h", b"\x01other")];
+            prop_assert_ne!(base, fp("POST", &path, Some(&query), h2, "application/octet-stream", &body));
+            if !body.is_empty() {
+                let mut changed = body.clone();
+                let i = flip % changed.len();
+                changed[i] ^= 1;
+                prop_assert_ne!(base, fp("POST", &path, Some(&query), h, "application/octet-stream", &changed));
+            }
+        }
+
+        #[test]
+        fn permuting_distinct_query_names_does_not(
+            names in proptest::collection::btree_set("[a-z]{1,4}", 1..6),
+            seed in any::<u64>(),
+        ) {
+            let pairs: Vec<String> = names.iter().enumerate().map(|(i, n)| format!("{n}={i}")).collect();
+            let mut shuffled = pairs.clone();
+            let len = shuffled.len();
+            shuffled.rotate_left((seed as usize) % len);
+            let a = fp("POST", "/p", Some(&pairs.join("&")), &[], "text/plain", b"x");
+            let b = fp("POST", "/p", Some(&shuffled.join("&")), &[], "text/plain", b"x");
+            prop_assert_eq!(a, b);
+        }
+    }
+}
