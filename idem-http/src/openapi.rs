@@ -16,7 +16,7 @@ pub const YAML: &str = include_str!("../openapi/idempotency.yaml");
 /// ISO 8601 duration (`PT24H`, `P30D`, `PT1.5S`).
 fn iso(d: Duration) -> String {
     let s = d.as_secs();
-    if d.subsec_millis() == 0 && s > 0 && s % 86_400 == 0 {
+    if d.subsec_millis() == 0 && s >= 2 * 86_400 && s % 86_400 == 0 {
         format!("P{}D", s / 86_400)
     } else if d.subsec_millis() == 0 && s > 0 && s % 3600 == 0 {
         format!("PT{}H", s / 3600)
@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn iso_durations() {
         assert_eq!(iso(Duration::from_secs(86_400 * 30)), "P30D");
-        assert_eq!(iso(Duration::from_secs(86_400)), "P1D");
+        assert_eq!(iso(Duration::from_secs(86_400)), "PT24H");
         assert_eq!(iso(Duration::from_secs(7200)), "PT2H");
         assert_eq!(iso(Duration::from_secs(90)), "PT90S");
         assert_eq!(iso(Duration::from_millis(1500)), "PT1.5S");
