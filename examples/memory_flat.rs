@@ -91,7 +91,7 @@ async fn fresh_keys(idem: &Idem<DiscardStore>, from: u64, to: u64) {
                     }
                     let reply = idem
                         .execute(&scope, format!("order-{n}"), &request, |_| async {
-                            Outcome::<String, String>::Success("ch_1".repeat(64))
+                            Outcome::<_, String>::Success("ch_1".repeat(64))
                         })
                         .await
                         .expect("execute");

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use idem::postgres::sqlx::{self, Executor};
-use idem::postgres::{PgStore, execute_in_tx};
+use idem::postgres::{PgIdemExt, PgStore};
 use idem::{Idem, Outcome, Scope};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,8 @@ struct Charge {
     id: String,
     amount: i64,
 }
+
+idem::storable_as_json!(Charge);
 
 /// A payment provider that, like Stripe, deduplicates on an idempotency key.
 #[derive(Debug, Default)]
@@ -83,7 +85,7 @@ async fn pay(
 ) -> Result<idem::Reply<Charge, String>, idem::Error> {
     let provider = Arc::clone(provider);
     let request = serde_json::json!({ "amount": amount, "currency": "eur" });
-    execute_in_tx(idem, scope, key, &request, move |attempt, conn| {
+    idem.execute_in_tx(scope, key, &request, move |attempt, conn| {
         Box::pin(async move {
             let provider_key = attempt.downstream_key("provider-charge", 1);
             let charge = match provider.find(&provider_key) {

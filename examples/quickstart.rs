@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::sqlite::SqliteStore;
-use idem::{Attempt, Error, Idem, ManualClock, Outcome, Scope};
+use idem::{Attempt, Error, Failure, Idem, ManualClock, Outcome, Scope};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -29,6 +29,9 @@ struct Charge {
 struct PaymentError {
     code: String,
 }
+
+// Both are stored as their JSON.
+idem::storable_as_json!(Charge, PaymentError);
 
 /// A simulated payment provider that, like Stripe, dedups on an idempotency key.
 #[derive(Debug, Default)]
@@ -75,7 +78,7 @@ async fn charge_card(
     provider: Arc<Provider>,
     attempt: Attempt,
     amount: u64,
-) -> Outcome<Charge, PaymentError> {
+) -> Result<Charge, Failure<PaymentError>> {
     if attempt.is_recovery() {
         println!(
             "      (attempt {} is a recovery: reconciling with the provider first)",
@@ -84,13 +87,13 @@ async fn charge_card(
     }
     // Same value on every attempt of this record, so a re-run is a retry at the provider.
     let key = attempt.downstream_key("provider-charge", 1);
-    match provider.charge(&key, amount).await {
-        Ok(charge) => {
-            attempt.set_resource_id(&charge.id);
-            Outcome::Success(charge)
-        }
-        Err(e) => Outcome::Transient(e),
-    }
+    // A provider failure is transient here: the key is released for a retry.
+    let charge = provider
+        .charge(&key, amount)
+        .await
+        .map_err(Failure::transient)?;
+    attempt.set_resource_id(&charge.id);
+    Ok(charge)
 }
 
 fn show(label: &str, result: &Result<idem::Reply<Charge, PaymentError>, Error>) {

@@ -14,22 +14,17 @@ use crate::error::Error;
 use crate::scope::RecordId;
 use crate::store::{Previous, Store, StoreError, TakeoverReason, Token};
 
-/// A boxed, `Send` future (used where the store type is erased).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The token-guarded writes an [`Attempt`] can make while its work runs.
-///
-/// Implemented for every [`Store`]; a backend with its own execution path
-/// (e.g. a transactional mode) can supply another implementation.
-pub trait AttemptControl: Send + Sync + fmt::Debug + 'static {
-    /// Persists a checkpoint under `token`.
+/// The token-guarded writes an [`Attempt`] makes while its work runs,
+/// with the store's type erased so `Attempt` is not generic.
+pub(crate) trait AttemptControl: Send + Sync + fmt::Debug + 'static {
     fn checkpoint<'a>(
         &'a self,
         id: &'a RecordId,
         token: Token,
         resource_id: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Moves the lease's end under `token`.
     fn extend_lease<'a>(
         &'a self,
         id: &'a RecordId,
@@ -71,12 +66,12 @@ impl<S: Store> AttemptControl for StoreControl<S> {
 ///     .execute(&scope, "key-1", &serde_json::json!({"amount": 100}), |attempt| async move {
 ///         // The same id on every attempt for this record: the provider dedups a re-run.
 ///         let provider_key = attempt.downstream_key("provider-charge", 1);
-///         if let Some(charge) = attempt.previous_checkpoint() {
-///             return Outcome::<String, String>::Success(charge.to_owned()); // reconcile
+///         if let Some(charge) = attempt.previous_resource_id() {
+///             return Outcome::Success(charge.to_owned()); // reconcile
 ///         }
 ///         let charge = format!("ch_{}", &provider_key[..8]);
-///         if attempt.checkpoint(&charge).await.is_err() {
-///             return Outcome::Transient("lease lost".into());
+///         if attempt.save_resource_id(&charge).await.is_err() {
+///             return Outcome::Transient("lease lost".to_owned());
 ///         }
 ///         Outcome::Success(charge)
 ///     })
@@ -96,7 +91,8 @@ struct Inner {
     previous: Option<Previous>,
     lease: Duration,
     clock: Arc<dyn Clock>,
-    control: Arc<dyn AttemptControl>,
+    /// `None` when the writes are deferred (a claim held by a transaction).
+    control: Option<Arc<dyn AttemptControl>>,
     resource_id: Mutex<Option<String>>,
 }
 
@@ -112,17 +108,14 @@ impl fmt::Debug for Attempt {
 }
 
 impl Attempt {
-    /// Builds an attempt. The engine does this; a backend with its own
-    /// execution path (such as a transactional mode) may too.
-    #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         id: RecordId,
         token: Token,
         number: u32,
         previous: Option<Previous>,
         lease: Duration,
         clock: Arc<dyn Clock>,
-        control: Arc<dyn AttemptControl>,
+        control: Option<Arc<dyn AttemptControl>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -159,10 +152,11 @@ impl Attempt {
         self.inner.previous.as_ref().map(|p| p.reason)
     }
 
-    /// The checkpoint an earlier attempt persisted, if any.
+    /// The resource id an earlier attempt saved on this record (its
+    /// checkpoint), if any: what a recovery reconciles from.
     #[must_use]
-    pub fn previous_checkpoint(&self) -> Option<&str> {
-        self.inner.previous.as_ref()?.checkpoint.as_deref()
+    pub fn previous_resource_id(&self) -> Option<&str> {
+        self.inner.previous.as_ref()?.resource_id.as_deref()
     }
 
     /// The record this attempt works on.
@@ -177,17 +171,23 @@ impl Attempt {
         self.inner.token
     }
 
-    /// Persists a recovery point under this attempt's token, e.g. the id of
-    /// the charge just created, so a later recovery can reconcile. It also
-    /// becomes the record's resource id (kept after the body is dropped).
+    /// Saves the record's resource id *now*, under this attempt's token: a
+    /// checkpoint, e.g. the id of the charge just created, so a later
+    /// recovery can reconcile ([`Attempt::previous_resource_id`]). It is kept
+    /// after the response body is dropped. One round trip; use
+    /// [`Attempt::set_resource_id`] to save it with the outcome instead.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when a newer attempt took the record over;
     /// [`Error::Store`] when the store fails.
-    pub async fn checkpoint(&self, resource_id: &str) -> Result<(), Error> {
+    pub async fn save_resource_id(&self, resource_id: &str) -> Result<(), Error> {
         let i = &self.inner;
-        i.control
+        let Some(control) = &i.control else {
+            self.set_resource_id(resource_id);
+            return Ok(());
+        };
+        control
             .checkpoint(&i.id, i.token, resource_id)
             .await
             .map_err(Error::from)?;
@@ -202,8 +202,11 @@ impl Attempt {
     /// [`Error::Store`] when the store fails.
     pub async fn extend_lease(&self, by: Duration) -> Result<(), Error> {
         let i = &self.inner;
+        let Some(control) = &i.control else {
+            return Ok(());
+        };
         let until = i.clock.now().plus(by);
-        i.control
+        control
             .extend_lease(&i.id, i.token, until)
             .await
             .map_err(Error::from)?;
@@ -220,7 +223,9 @@ impl Attempt {
     }
 
     /// Names the resource the work created, saved with the outcome at no
-    /// extra round trip (use [`Attempt::checkpoint`] to save it right away).
+    /// extra round trip (use [`Attempt::save_resource_id`] to save it right
+    /// away). Retries after the body is dropped get it in
+    /// [`Error::ResponseExpired`].
     pub fn set_resource_id(&self, resource_id: impl Into<String>) {
         if let Ok(mut slot) = self.inner.resource_id.lock() {
             *slot = Some(resource_id.into());

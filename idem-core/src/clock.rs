@@ -112,3 +112,11 @@ impl Clock for ManualClock {
         Timestamp(self.0.load(Ordering::SeqCst))
     }
 }
+
+/// A shared clock is a clock (e.g. the `Arc<dyn Clock>` of
+/// [`Idem::clock`](crate::Idem::clock), to give a second engine the same time).
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Timestamp {
+        C::now(self)
+    }
+}

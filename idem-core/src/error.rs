@@ -7,8 +7,15 @@ use crate::key::KeyError;
 use crate::scope::ScopeError;
 use crate::store::StoreError;
 
-/// A boxed error source.
-pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// Whole seconds for a `Retry-After` header: rounded up, at least 1.
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    u64::try_from(d.as_millis().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// How long to wait after a lost lease or an unavailable store.
+pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,8 +69,9 @@ pub enum Error {
         /// When to ask again.
         retry_after: Duration,
     },
-    /// The store failed or could not be reached (503 + `Retry-After`).
-    /// Temporary.
+    /// The store failed. [`StoreError::Unavailable`] (unreachable, timed
+    /// out, contended) is temporary: 503 + `Retry-After`. Any other store
+    /// error ([`StoreError::Backend`]) is not: 500, not retried.
     #[error("idempotency store failure")]
     Store(#[source] StoreError),
     /// A stored record cannot be decoded (500). Permanent until repaired;
@@ -104,8 +112,8 @@ impl Error {
             | Self::ResponseExpired { .. }
             | Self::ResponseNotStored { .. }
             | Self::LeaseLost { .. } => ErrorKind::Conflict,
-            Self::Store(_) => ErrorKind::Unavailable,
-            Self::CorruptRecord { .. } => ErrorKind::Internal,
+            Self::Store(e) if e.is_retryable() => ErrorKind::Unavailable,
+            Self::Store(_) | Self::CorruptRecord { .. } => ErrorKind::Internal,
         }
     }
 
@@ -137,7 +145,7 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::InFlight { retry_after } | Self::LeaseLost { retry_after } => Some(*retry_after),
-            Self::Store(_) => Some(Duration::from_secs(1)),
+            Self::Store(e) if e.is_retryable() => Some(RETRY_SOON),
             _ => None,
         }
     }
@@ -161,7 +169,8 @@ impl Error {
             Self::ResponseExpired { .. } => "response_expired",
             Self::ResponseNotStored { .. } => "response_not_stored",
             Self::LeaseLost { .. } => "lease_lost",
-            Self::Store(_) => "store_unavailable",
+            Self::Store(e) if e.is_retryable() => "store_unavailable",
+            Self::Store(_) => "store_error",
             Self::CorruptRecord { .. } => "corrupt_record",
         }
     }
@@ -195,8 +204,7 @@ impl Error {
             body["resource_id"] = rid.into();
         }
         if let Some(d) = self.retry_after() {
-            let secs = u64::try_from(d.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
-            body["retry_after"] = secs.max(1).into();
+            body["retry_after"] = retry_after_secs(d).into();
         }
         body.to_string()
     }
@@ -217,7 +225,7 @@ impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::LeaseLost => Self::LeaseLost {
-                retry_after: Duration::from_secs(1),
+                retry_after: RETRY_SOON,
             },
             StoreError::Corrupt { backend, detail } => Self::CorruptRecord {
                 detail: format!("{backend}: {detail}"),
@@ -249,6 +257,14 @@ mod tests {
                 }),
                 503,
                 Some(Duration::from_secs(1)),
+            ),
+            (
+                Error::Store(StoreError::Backend {
+                    backend: "x",
+                    source: "relation does not exist".into(),
+                }),
+                500,
+                None,
             ),
             (
                 Error::CorruptRecord {

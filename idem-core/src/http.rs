@@ -39,7 +39,7 @@ impl Reply<HttpResponse, HttpResponse> {
     ///         .await?
     ///         .into_http();
     ///     assert_eq!(http.status, 201);
-    ///     assert_eq!(http.headers.iter().any(|(n, v)| n == "Idempotent-Replayed" && v == "true"), replayed);
+    ///     assert_eq!(http.header_values("idempotent-replayed").any(|v| v == b"true"), replayed);
     /// }
     /// # Ok(()) }
     /// ```
@@ -52,7 +52,7 @@ impl Reply<HttpResponse, HttpResponse> {
         if replayed {
             response
                 .headers
-                .push((REPLAYED_HEADER.to_owned(), "true".to_owned()));
+                .push((REPLAYED_HEADER.to_owned(), b"true".to_vec()));
         }
         response
     }
@@ -69,17 +69,19 @@ impl Error {
     ///
     /// let http = Error::InFlight { retry_after: Duration::from_millis(2500) }.to_http();
     /// assert_eq!(http.status, 409);
-    /// assert!(http.headers.contains(&("Retry-After".to_owned(), "3".to_owned())));
+    /// assert!(http.header_values("retry-after").eq([b"3".as_slice()]));
     /// ```
     #[must_use]
     pub fn to_http(&self) -> HttpResponse {
         let mut headers = vec![(
             "Content-Type".to_owned(),
-            "application/problem+json".to_owned(),
+            b"application/problem+json".to_vec(),
         )];
         if let Some(d) = self.retry_after() {
-            let secs = d.as_millis().div_ceil(1000).max(1);
-            headers.push(("Retry-After".to_owned(), secs.to_string()));
+            headers.push((
+                "Retry-After".to_owned(),
+                crate::error::retry_after_secs(d).to_string().into_bytes(),
+            ));
         }
         HttpResponse::new(
             self.http_status(),

@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod any;
 mod attempt;
 mod canonical;
+mod claim;
 mod clock;
 mod codec;
 mod engine;
@@ -20,12 +22,16 @@ pub mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
-pub use attempt::{Attempt, AttemptControl, BoxFuture, downstream_key};
+pub use any::AnyStore;
+pub use attempt::{Attempt, downstream_key};
 pub use canonical::canonical_json;
+pub use claim::{Begin, Claim, PendingCompletion};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use codec::{HttpResponse, Storable};
-pub use engine::{Idem, Prepared};
-pub use error::{BoxDynError, Error, ErrorKind, Result};
+pub use codec::{HttpResponse, Json, Storable};
+#[doc(hidden)]
+pub use codec::{json_decode as codec_json_decode, json_encode as codec_json_encode};
+pub use engine::{ClaimTicket, Idem, Prepared};
+pub use error::{Error, ErrorKind, Result};
 pub use fingerprint::{
     FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
 };
@@ -34,10 +40,10 @@ pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use memory::MemoryStore;
-pub use outcome::{Outcome, Reply};
+pub use outcome::{Failure, Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
 pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
-pub use store::{Store, StoreError};
+pub use store::{BoxDynError, Store, StoreError};
 
 #[cfg(all(test, feature = "testkit"))]
 mod memory_conformance {

@@ -128,7 +128,7 @@ impl Store for MemoryStore {
             attempt: r.attempt,
             previous: Some(Previous {
                 reason,
-                checkpoint: r.resource_id.clone(),
+                resource_id: r.resource_id.clone(),
             }),
         }))
     }

@@ -17,6 +17,63 @@ pub enum Outcome<T, E> {
     Transient(E),
 }
 
+/// The error side of a work that returns `Result<T, Failure<E>>`, so the
+/// work can use `?`: a permanent failure is stored and replayed, a transient
+/// one releases the key.
+///
+/// ```
+/// use idem_core::{Failure, Idem, MemoryStore, Scope};
+///
+/// async fn charge(amount: u64) -> Result<String, std::io::Error> {
+///     Ok(format!("ch_{amount}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+/// let idem = Idem::new(MemoryStore::new());
+/// let scope = Scope::new("acct_42", "POST /charges")?;
+/// let reply = idem
+///     .execute(&scope, "order-7", &serde_json::json!({"amount": 100}), |_attempt| async move {
+///         if 100 > 10_000 {
+///             return Err(Failure::permanent("amount too large".to_owned()));
+///         }
+///         // A provider outage is transient: the key is released for a retry.
+///         let id = charge(100).await.map_err(|e| Failure::transient(e.to_string()))?;
+///         Ok(id)
+///     })
+///     .await?;
+/// assert_eq!(reply.into_result(), Ok("ch_100".to_owned()));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure<E> {
+    /// Re-running would fail the same way: stored and replayed.
+    Permanent(E),
+    /// Re-running may succeed: the key is released.
+    Transient(E),
+}
+
+impl<E> Failure<E> {
+    /// A permanent failure (stored and replayed).
+    pub fn permanent(error: E) -> Self {
+        Self::Permanent(error)
+    }
+
+    /// A transient failure (the key is released).
+    pub fn transient(error: E) -> Self {
+        Self::Transient(error)
+    }
+}
+
+impl<T, E> From<Result<T, Failure<E>>> for Outcome<T, E> {
+    fn from(result: Result<T, Failure<E>>) -> Self {
+        match result {
+            Ok(value) => Self::Success(value),
+            Err(Failure::Permanent(e)) => Self::Failure(e),
+            Err(Failure::Transient(e)) => Self::Transient(e),
+        }
+    }
+}
+
 impl<T, E> Outcome<T, E> {
     /// `Success` as `Ok`, either failure as `Err`.
     ///
@@ -60,7 +117,9 @@ impl<T, E> Reply<T, E> {
         self.outcome
     }
 
-    /// `Success` as `Ok`, either failure as `Err`.
+    /// `Success` as `Ok`, either failure as `Err` (use
+    /// [`Reply::into_outcome`] to tell a permanent failure from a transient
+    /// one).
     ///
     /// # Errors
     ///

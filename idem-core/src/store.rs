@@ -60,7 +60,7 @@
 //! let idem = Idem::new(Counted::default());
 //! let scope = Scope::new("acct", "POST /x")?;
 //! for _ in 0..2 {
-//!     idem.execute(&scope, "k", &1, |_| async { Outcome::<u8, u8>::Success(1) }).await?;
+//!     idem.execute(&scope, "k", &1, |_| async { Outcome::<_, String>::Success(String::new()) }).await?;
 //! }
 //! assert_eq!(idem.store().claims.load(Ordering::Relaxed), 2); // one claim per call
 //! # Ok(()) }
@@ -73,9 +73,11 @@ use std::fmt;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::error::BoxDynError;
 use crate::fingerprint::Fingerprint;
 use crate::scope::RecordId;
+
+/// A boxed error source.
+pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A fencing token: whoever holds the record's current token may complete,
 /// release, checkpoint or extend it; anybody else is refused.
@@ -143,8 +145,10 @@ impl fmt::Debug for Token {
 }
 
 /// Where a record stands.
+///
+/// Exhaustive on purpose: a state added to the machine must fail to compile
+/// in every backend that branches on it, not slip through a `_ =>` arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum RecordState {
     /// An attempt holds the lease (or held it and vanished: the lease tells).
     InFlight,
@@ -177,9 +181,8 @@ impl RecordState {
     }
 }
 
-/// What a completed record holds.
+/// What a completed record holds. Exhaustive, like [`RecordState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum OutcomeKind {
     /// The work succeeded; the body is its encoded value.
     Success,
@@ -214,7 +217,11 @@ impl OutcomeKind {
 }
 
 /// A claim as the engine asks for it.
+///
+/// Built by the engine, read by stores: `#[non_exhaustive]` so that a field
+/// added later does not break a backend.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ClaimRequest<'a> {
     /// The record.
     pub id: &'a RecordId,
@@ -230,9 +237,32 @@ pub struct ClaimRequest<'a> {
     pub key_expires_at: Timestamp,
 }
 
-/// Why a claim took over an existing record.
+impl<'a> ClaimRequest<'a> {
+    /// A claim from its parts, for store tests and benches (the engine
+    /// builds its own through [`Idem::ticket`](crate::Idem::ticket)).
+    #[must_use]
+    pub fn new(
+        id: &'a RecordId,
+        fingerprint: Fingerprint,
+        token: Token,
+        now: Timestamp,
+        lease_until: Timestamp,
+        key_expires_at: Timestamp,
+    ) -> Self {
+        Self {
+            id,
+            fingerprint,
+            token,
+            now,
+            lease_until,
+            key_expires_at,
+        }
+    }
+}
+
+/// Why a claim took over an existing record. Exhaustive, like
+/// [`RecordState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum TakeoverReason {
     /// The previous attempt's lease ended without an outcome: its fate is
     /// *unknown*, so the work must reconcile before acting.
@@ -241,13 +271,35 @@ pub enum TakeoverReason {
     Released,
 }
 
+impl TakeoverReason {
+    /// The stable text a backend may store or return (`lease_expired`,
+    /// `released`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LeaseExpired => "lease_expired",
+            Self::Released => "released",
+        }
+    }
+
+    /// Parses [`TakeoverReason::as_str`]; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "lease_expired" => Some(Self::LeaseExpired),
+            "released" => Some(Self::Released),
+            _ => None,
+        }
+    }
+}
+
 /// The previous attempt, when a claim took a record over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Previous {
     /// Why the record could be taken over.
     pub reason: TakeoverReason,
-    /// The last checkpoint (resource id) written by an earlier attempt.
-    pub checkpoint: Option<String>,
+    /// The resource id an earlier attempt saved (its checkpoint).
+    pub resource_id: Option<String>,
 }
 
 /// The claim was won.
@@ -259,9 +311,8 @@ pub struct Claimed {
     pub previous: Option<Previous>,
 }
 
-/// The answer to a claim.
+/// The answer to a claim. Exhaustive, like [`RecordState`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum ClaimOutcome {
     /// The caller now holds the record under its token.
     Claimed(Claimed),
@@ -292,6 +343,108 @@ pub struct StoredRecord {
     pub key_expires_at: Timestamp,
 }
 
+impl StoredRecord {
+    /// Whether the record counts as absent at `now`: its key expired and no
+    /// attempt holds a lease on it. An `in_flight` record whose lease still
+    /// runs is never expired, whatever `key_expires_at` says (a lease is
+    /// never outlived by its key).
+    #[must_use]
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.key_expires_at <= now
+            && !(self.state == RecordState::InFlight && self.lease_until > now)
+    }
+
+    /// The claim rule every backend implements, as a reference: why a claim
+    /// for `fingerprint` at `now` may take this (unexpired) record over, or
+    /// `None` when the record stands and the caller gets it back.
+    ///
+    /// * same fingerprint and `released` → [`TakeoverReason::Released`];
+    /// * same fingerprint, `in_flight` and `lease_until <= now` →
+    ///   [`TakeoverReason::LeaseExpired`];
+    /// * anything else → `None`.
+    #[must_use]
+    pub fn takeover_reason(
+        &self,
+        fingerprint: &Fingerprint,
+        now: Timestamp,
+    ) -> Option<TakeoverReason> {
+        if self.fingerprint != *fingerprint {
+            return None;
+        }
+        match self.state {
+            RecordState::Released => Some(TakeoverReason::Released),
+            RecordState::InFlight if self.lease_until <= now => Some(TakeoverReason::LeaseExpired),
+            RecordState::InFlight | RecordState::Completed => None,
+        }
+    }
+
+    /// Checks the invariants a decoded record must hold, for backends that
+    /// assemble one from columns or fields: a completed record has an
+    /// outcome; a record that is not completed has none; the attempt count
+    /// is at least 1; a `not_stored` outcome has no body.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Corrupt`] naming the broken invariant.
+    pub fn validate(self, backend: &'static str) -> Result<Self, StoreError> {
+        let corrupt = |detail: &str| StoreError::Corrupt {
+            backend,
+            detail: detail.to_owned(),
+        };
+        match (self.state, self.outcome) {
+            (RecordState::Completed, None) => return Err(corrupt("completed without an outcome")),
+            (RecordState::InFlight | RecordState::Released, Some(_)) => {
+                return Err(corrupt("an outcome on a record that is not completed"));
+            }
+            _ => {}
+        }
+        if self.attempt == 0 {
+            return Err(corrupt("attempt 0"));
+        }
+        if self.outcome == Some(OutcomeKind::NotStored) && self.response.is_some() {
+            return Err(corrupt("a body on a not_stored outcome"));
+        }
+        Ok(self)
+    }
+}
+
+/// How many times a store runs its claim again when a concurrent writer
+/// made the read and the conditional write disagree (see
+/// [`retry_claim_race`]).
+pub const CLAIM_RACE_TRIES: u32 = 8;
+
+/// The bounded "lost a race, run again" loop of a backend whose claim is a
+/// conditional write followed by a read (SQL `INSERT … ON CONFLICT` plus a
+/// guarded `UPDATE`, DynamoDB conditional puts): `try_claim` returns
+/// `Ok(None)` when a concurrent writer changed the record between its steps,
+/// and is run again, at most [`CLAIM_RACE_TRIES`] times.
+///
+/// Exhaustion is [`StoreError::Unavailable`] on every backend: contention is
+/// temporary, so the caller gets 503 with `Retry-After`, and the work never
+/// runs.
+///
+/// # Errors
+///
+/// Whatever `try_claim` returns, or `Unavailable` on exhaustion.
+pub async fn retry_claim_race<F, Fut>(
+    backend: &'static str,
+    mut try_claim: F,
+) -> Result<ClaimOutcome, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<ClaimOutcome>, StoreError>>,
+{
+    for _ in 0..CLAIM_RACE_TRIES {
+        if let Some(outcome) = try_claim().await? {
+            return Ok(outcome);
+        }
+    }
+    Err(StoreError::Unavailable {
+        backend,
+        source: format!("the claim lost {CLAIM_RACE_TRIES} races in a row").into(),
+    })
+}
+
 impl fmt::Debug for StoredRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoredRecord")
@@ -308,8 +461,10 @@ impl fmt::Debug for StoredRecord {
     }
 }
 
-/// The outcome to store.
+/// The outcome to store. Built by the engine, read by stores
+/// (`#[non_exhaustive]`, like [`ClaimRequest`]).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Completion<'a> {
     /// What kind of outcome.
     pub outcome: OutcomeKind,
@@ -323,6 +478,28 @@ pub struct Completion<'a> {
     pub response_expires_at: Timestamp,
     /// When the key is forgotten.
     pub key_expires_at: Timestamp,
+}
+
+impl<'a> Completion<'a> {
+    /// A completion from its parts, for store tests and benches.
+    #[must_use]
+    pub fn new(
+        outcome: OutcomeKind,
+        body: Option<&'a [u8]>,
+        resource_id: Option<&'a str>,
+        now: Timestamp,
+        response_expires_at: Timestamp,
+        key_expires_at: Timestamp,
+    ) -> Self {
+        Self {
+            outcome,
+            body,
+            resource_id,
+            now,
+            response_expires_at,
+            key_expires_at,
+        }
+    }
 }
 
 /// What a purge removed.
@@ -388,7 +565,10 @@ pub enum StoreError {
         /// What is wrong with it.
         detail: String,
     },
-    /// Any other backend error.
+    /// Any other backend error: a failed statement, a missing table, a
+    /// permission error. Not temporary: the engine does not retry it and
+    /// answers 500 (not 503), since sending the request again will not help
+    /// until somebody fixes the store.
     #[error("{backend} store error")]
     Backend {
         /// Which backend.
@@ -397,6 +577,16 @@ pub enum StoreError {
         #[source]
         source: BoxDynError,
     },
+}
+
+impl StoreError {
+    /// Whether the same call may succeed if made again soon: only
+    /// [`StoreError::Unavailable`]. The engine retries only these (with the
+    /// policy's `store_retries`) and answers them with 503 + `Retry-After`.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
 }
 
 /// The atomic operations of an idempotency store.
@@ -501,4 +691,65 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// What this backend can do beyond the contract.
     fn capabilities(&self) -> Capabilities;
+}
+
+/// A shared store is a store: `Idem::new(Arc::clone(&store))` lets other
+/// code keep its own handle.
+#[deny(clippy::missing_trait_methods)]
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn claim(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        S::claim(self, req)
+    }
+    fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::complete(self, id, token, completion)
+    }
+    fn release(
+        &self,
+        id: &RecordId,
+        token: Token,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::release(self, id, token, now)
+    }
+    fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::checkpoint(self, id, token, resource_id)
+    }
+    fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::extend_lease(self, id, token, lease_until)
+    }
+    fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send {
+        S::fetch(self, id, now)
+    }
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<PurgeReport, StoreError>> + Send {
+        S::purge_expired(self, now, limit)
+    }
+    fn capabilities(&self) -> Capabilities {
+        S::capabilities(self)
+    }
 }

@@ -1,19 +1,20 @@
 //! Steps 7 to 9: the engine, the handler, capture and the answer.
 //!
-//! This is the one place that talks to the engine. It uses
-//! `Idem::execute_prepared` with a work closure that hands the live response
-//! out through a slot; a response that must not be stored is signalled to the
-//! engine by a value whose encoding fails (the engine then completes the
-//! record "not stored", which is exactly the contract).
+//! This is the one place that talks to the engine, through the claim guard:
+//! `Idem::begin_prepared` answers a replay or a rejection, or hands over the
+//! claim; the handler runs (in a tracked task when detached) and the claim
+//! is completed, completed without a body, or released, before the response
+//! goes out. A panic drops the claim mid-work: the record stays in flight
+//! and is recovered after the lease, as core's "a panic is a crash" rule says.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::{Attempt, BoxDynError, HttpResponse, Outcome, Prepared, Storable, Store};
+use idem_core::{Attempt, Begin, Error, HttpResponse, Outcome, Prepared, Store};
 use tower_service::Service;
 use tracing::{Instrument, warn};
 
@@ -23,27 +24,14 @@ use crate::pipeline::{Class, default_class, stored_headers};
 use crate::rejection::Rejection;
 use crate::service::{IdemAttempt, IdemKey};
 
-/// What goes to the engine: a response to store, or a marker that completes
-/// the record without a body.
-#[derive(Debug)]
-enum Captured {
-    Stored(HttpResponse),
+/// What the engine is told about the handler's response.
+enum Capture {
+    /// Release the key (transient).
+    Release,
+    /// Complete without a body (streamed, oversized, `CompleteWithoutBody`).
     NotStored,
-}
-
-impl Storable for Captured {
-    fn encode(&self) -> Result<Vec<u8>, BoxDynError> {
-        match self {
-            Self::Stored(r) => r.encode(),
-            Self::NotStored => {
-                Err("response not stored (streamed, oversized or not encodable)".into())
-            }
-        }
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
-        HttpResponse::decode(bytes).map(Self::Stored)
-    }
+    /// Store it (success or permanent failure).
+    Store(Outcome<HttpResponse, HttpResponse>),
 }
 
 /// What the handler side produced for this caller.
@@ -57,8 +45,6 @@ pub(crate) enum Answer<B> {
     Response(Response<IdemBody<B>>),
     Reject(Rejection),
 }
-
-type Slot<B, E> = Arc<Mutex<Option<Done<B, E>>>>;
 
 pub(crate) async fn run<Svc, S, O, ReqB, ResB>(
     shared: Arc<Shared<S, O>>,
@@ -77,38 +63,54 @@ where
     S: Store,
     O: Send + Sync + 'static,
 {
-    let slot: Slot<ResB, Svc::Error> = Arc::new(Mutex::new(None));
-    let detached = shared.cfg.detached;
+    let span = tracing::Span::current();
+    let begin = shared
+        .idem
+        .begin_prepared::<HttpResponse, HttpResponse>(prepared)
+        .await;
+    let claim = match begin {
+        Err(e) => return Ok(Answer::Reject(Rejection::Engine(e))),
+        Ok(Begin::Replay(reply)) => {
+            span.record("outcome", "replayed");
+            let stored = match reply.into_outcome() {
+                Outcome::Success(r) | Outcome::Failure(r) | Outcome::Transient(r) => r,
+            };
+            return Ok(Answer::Response(replay(
+                &shared.cfg.replayed_headers,
+                stored,
+            )));
+        }
+        Ok(Begin::Run(claim)) => claim,
+    };
     let lease = shared.idem.policy().lease();
     let task = {
-        let slot = Arc::clone(&slot);
         let shared = Arc::clone(&shared);
         async move {
-            let work_shared = Arc::clone(&shared);
-            let work_slot = Arc::clone(&slot);
-            let work = move |attempt: Attempt| async move {
-                req.extensions_mut().insert(IdemAttempt(attempt.clone()));
-                req.extensions_mut().insert(IdemKey(key));
-                let (outcome, done) = renewing(
-                    &attempt,
-                    lease,
-                    work_shared.cfg.auto_renew,
-                    call_and_capture(&work_shared, inner, req),
-                )
-                .await;
-                *work_slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(done);
-                outcome
+            let attempt = claim.attempt().clone();
+            req.extensions_mut().insert(IdemAttempt(attempt.clone()));
+            req.extensions_mut().insert(IdemKey(key));
+            let (capture, done) = renewing(
+                &attempt,
+                lease,
+                shared.cfg.auto_renew,
+                call_and_capture(&shared, inner, req),
+            )
+            .await;
+            let finished = match capture {
+                Capture::Release => {
+                    if let Err(e) = claim.release().await {
+                        warn!(error = %e, "transient answer: release failed; left to lease expiry");
+                    }
+                    Ok(false)
+                }
+                Capture::NotStored => claim.complete_not_stored().await.map(|_| true),
+                Capture::Store(outcome) => claim.complete(outcome).await.map(|_| true),
             };
-            let result = shared
-                .idem
-                .execute_prepared::<Captured, Captured, _, _>(prepared, work)
-                .await;
-            let done = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
-            (result, done)
+            (finished, done)
         }
         .in_current_span()
     };
-    let (result, done) = if detached {
+    let (finished, done) = if shared.cfg.detached {
         match shared.tracker.spawn(task).await {
             Ok(out) => out,
             Err(e) => {
@@ -123,38 +125,20 @@ where
     } else {
         task.await
     };
-    let span = tracing::Span::current();
-    match result {
-        Ok(reply) if reply.is_replay() => {
-            span.record("outcome", "replayed");
-            let stored = match reply.into_outcome() {
-                Outcome::Success(c) | Outcome::Failure(c) | Outcome::Transient(c) => c,
-            };
-            match stored {
-                Captured::Stored(r) => {
-                    Ok(Answer::Response(replay(&shared.cfg.replayed_headers, r)))
-                }
-                Captured::NotStored => Ok(Answer::Reject(Rejection::Engine(
-                    idem_core::Error::ResponseNotStored { resource_id: None },
-                ))),
-            }
+    match finished {
+        Err(e @ Error::LeaseLost { .. }) => return Ok(Answer::Reject(Rejection::Engine(e))),
+        Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
+        Ok(stored) => {
+            span.record("outcome", if stored { "executed" } else { "released" });
         }
-        Ok(reply) => {
-            let released = matches!(reply.outcome(), Outcome::Transient(_));
-            span.record("outcome", if released { "released" } else { "executed" });
-            match done {
-                Some(Done::Response(r)) => {
-                    span.record("status", r.status().as_u16());
-                    Ok(Answer::Response(r))
-                }
-                Some(Done::Err(e)) => Err(e),
-                Some(Done::Reject(r)) => Ok(Answer::Reject(r)),
-                None => Ok(Answer::Reject(Rejection::HandlerPanicked {
-                    retry_after: lease,
-                })),
-            }
+    }
+    match done {
+        Done::Response(r) => {
+            span.record("status", r.status().as_u16());
+            Ok(Answer::Response(r))
         }
-        Err(e) => Ok(Answer::Reject(Rejection::Engine(e))),
+        Done::Err(e) => Err(e),
+        Done::Reject(r) => Ok(Answer::Reject(r)),
     }
 }
 
@@ -205,7 +189,7 @@ async fn call_and_capture<Svc, S, O, ReqB, ResB>(
     shared: &Shared<S, O>,
     mut inner: Svc,
     req: Request<ReqB>,
-) -> (Outcome<Captured, Captured>, Done<ResB, Svc::Error>)
+) -> (Capture, Done<ResB, Svc::Error>)
 where
     Svc: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
@@ -214,7 +198,7 @@ where
 {
     let res = match inner.call(req).await {
         Ok(r) => r,
-        Err(e) => return (Outcome::Transient(Captured::NotStored), Done::Err(e)),
+        Err(e) => return (Capture::Release, Done::Err(e)),
     };
     let cfg = &shared.cfg;
     let (parts, body) = res.into_parts();
@@ -223,20 +207,16 @@ where
             .as_ref()
             .map_or_else(|| default_class(parts.status.as_u16()), |f| f(&parts))
     });
-    let stored = |c: Captured| match class {
-        Class::Failure => Outcome::Failure(c),
-        _ => Outcome::Success(c),
-    };
     let pass = |parts, body| Done::Response(Response::from_parts(parts, IdemBody::inner(body)));
     if class == Class::Transient {
-        return (Outcome::Transient(Captured::NotStored), pass(parts, body));
+        return (Capture::Release, pass(parts, body));
     }
     let limit = shared.idem.policy().max_response_bytes();
     if class == Class::CompleteWithoutBody
         || is_streaming(&parts)
         || body.size_hint().lower() > limit as u64
     {
-        return (Outcome::Success(Captured::NotStored), pass(parts, body));
+        return (Capture::NotStored, pass(parts, body));
     }
     let mut body = Box::pin(body);
     let mut buf = BytesMut::new();
@@ -246,7 +226,7 @@ where
             Some(Err(_)) => {
                 warn!("response body failed: key released");
                 return (
-                    Outcome::Transient(Captured::NotStored),
+                    Capture::Release,
                     Done::Reject(Rejection::ResponseBodyFailed),
                 );
             }
@@ -260,7 +240,7 @@ where
                     buf.extend_from_slice(&data);
                     let r = IdemBody::resumed(buf.freeze(), None, body);
                     return (
-                        Outcome::Success(Captured::NotStored),
+                        Capture::NotStored,
                         Done::Response(Response::from_parts(parts, r)),
                     );
                 }
@@ -268,7 +248,7 @@ where
                     warn!("response has trailers: streamed, not stored");
                     let r = IdemBody::resumed(buf.freeze(), frame.into_trailers().ok(), body);
                     return (
-                        Outcome::Success(Captured::NotStored),
+                        Capture::NotStored,
                         Done::Response(Response::from_parts(parts, r)),
                     );
                 }
@@ -282,27 +262,20 @@ where
         .map(|(n, v)| (n.as_str(), v.as_bytes()))
         .collect();
     let replay_names: Vec<&str> = cfg.replayed_names.iter().map(String::as_str).collect();
-    let captured = match stored_headers(&pairs, &cfg.stored_headers, &replay_names) {
-        Ok(headers) => {
-            if headers.iter().any(|(n, _)| n == "content-encoding") {
-                warn!(
-                    "stored response carries Content-Encoding: place compression outside the idempotency layer"
-                );
-            }
-            Captured::Stored(HttpResponse::new(
-                parts.status.as_u16(),
-                headers,
-                bytes.to_vec(),
-            ))
-        }
-        Err(_) => {
-            warn!("response header value is not UTF-8: not stored");
-            Captured::NotStored
-        }
-    };
+    let headers = stored_headers(&pairs, &cfg.stored_headers, &replay_names);
     drop(pairs);
+    if headers.iter().any(|(n, _)| n == "content-encoding") {
+        warn!(
+            "stored response carries Content-Encoding: place compression outside the idempotency layer"
+        );
+    }
+    let captured = HttpResponse::new(parts.status.as_u16(), headers, bytes.to_vec());
+    let outcome = match class {
+        Class::Failure => Outcome::Failure(captured),
+        _ => Outcome::Success(captured),
+    };
     (
-        stored(captured),
+        Capture::Store(outcome),
         Done::Response(Response::from_parts(parts, IdemBody::full(bytes))),
     )
 }
@@ -317,7 +290,7 @@ fn replay<B>(markers: &[HeaderName], r: HttpResponse) -> Response<IdemBody<B>> {
     for (name, value) in &r.headers {
         match (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value),
         ) {
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);

@@ -335,6 +335,10 @@ mod openapi_sync {
                 detail: String::new(),
             }),
             Rejection::Engine(Error::InvalidRequest(idem_core::RequestError::TooDeep)),
+            Rejection::Engine(Error::Store(idem_core::StoreError::Backend {
+                backend: "x",
+                source: "x".into(),
+            })),
         ];
         for r in &all {
             assert!(

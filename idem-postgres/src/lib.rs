@@ -14,4 +14,4 @@ pub use error::Error;
 pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::PgStore;
-pub use transactional::execute_in_tx;
+pub use transactional::{PgIdemExt, TxFuture};

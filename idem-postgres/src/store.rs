@@ -323,7 +323,7 @@ fn decode_claim(row: &PgRow) -> Result<ClaimOutcome, Error> {
         };
         Some(Previous {
             reason,
-            checkpoint: row.try_get("resource_id")?,
+            resource_id: row.try_get("resource_id")?,
         })
     };
     Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))

@@ -17,7 +17,7 @@ use idem_core::{
     RecordId, Scope, Store, StoreError, fingerprint,
 };
 use idem_postgres::sqlx::{self, Executor, Row};
-use idem_postgres::{PgStore, execute_in_tx};
+use idem_postgres::{PgIdemExt, PgStore};
 
 type Out = Outcome<String, String>;
 
@@ -117,15 +117,11 @@ async fn tx_commits_claim_writes_and_response_together() {
         let (scope, runs) = (scope(), Counter::default());
         for i in 0..3 {
             let (r, schema) = (runs.clone(), fx.schema.clone());
-            let reply = execute_in_tx(
-                &idem,
-                &scope,
-                "order-1",
-                &request(),
-                move |attempt, conn| {
+            let reply = idem
+                .execute_in_tx(&scope, "order-1", &request(), move |attempt, conn| {
                     Box::pin(async move {
                         r.hit();
-                        attempt.checkpoint("ord_1").await.expect("checkpoint");
+                        attempt.save_resource_id("ord_1").await.expect("checkpoint");
                         insert_order(&schema)
                             .bind("first")
                             .execute(&mut *conn)
@@ -133,10 +129,9 @@ async fn tx_commits_claim_writes_and_response_together() {
                             .expect("insert");
                         Out::Success(format!("order-{}", attempt.number()))
                     })
-                },
-            )
-            .await
-            .expect("call");
+                })
+                .await
+                .expect("call");
             assert_eq!(reply.is_replay(), i > 0);
             assert_eq!(reply.into_result(), Ok("order-1".to_owned()));
         }
@@ -169,18 +164,19 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         let idem = engine(&fx.store, &clock);
         let scope = scope();
         let schema = fx.schema.clone();
-        let reply = execute_in_tx(&idem, &scope, "k", &request(), move |_, conn| {
-            Box::pin(async move {
-                insert_order(&schema)
-                    .bind("rolled back")
-                    .execute(&mut *conn)
-                    .await
-                    .expect("insert");
-                Out::Transient("provider 503".into())
+        let reply = idem
+            .execute_in_tx(&scope, "k", &request(), move |_, conn| {
+                Box::pin(async move {
+                    insert_order(&schema)
+                        .bind("rolled back")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("insert");
+                    Out::Transient("provider 503".into())
+                })
             })
-        })
-        .await
-        .expect("transient is returned");
+            .await
+            .expect("transient is returned");
         assert_eq!(reply.into_result(), Err("provider 503".to_owned()));
         assert_eq!(count_rows(&fx, "orders").await, 0);
         assert_eq!(idem.lookup(&scope, "k").await.expect("lookup"), None);
@@ -189,18 +185,19 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         let (started_tx, started) = tokio::sync::oneshot::channel();
         let (idem2, scope2, schema) = (idem.clone(), scope.clone(), fx.schema.clone());
         let task = tokio::spawn(async move {
-            execute_in_tx(&idem2, &scope2, "k", &request(), move |_, conn| {
-                Box::pin(async move {
-                    insert_order(&schema)
-                        .bind("never committed")
-                        .execute(&mut *conn)
-                        .await
-                        .expect("insert");
-                    let _ = started_tx.send(());
-                    std::future::pending::<Out>().await
+            idem2
+                .execute_in_tx(&scope2, "k", &request(), move |_, conn| {
+                    Box::pin(async move {
+                        insert_order(&schema)
+                            .bind("never committed")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
+                        let _ = started_tx.send(());
+                        std::future::pending::<Out>().await
+                    })
                 })
-            })
-            .await
+                .await
         });
         started.await.expect("work started");
         task.abort();
@@ -209,19 +206,20 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         // retry claims (bounded by the lock timeout if it did not).
         let runs = Counter::default();
         let r = runs.clone();
-        let reply = execute_in_tx(&idem, &scope, "k", &request(), move |attempt, _| {
-            Box::pin(async move {
-                r.hit();
-                assert_eq!(
-                    attempt.number(),
-                    1,
-                    "nothing of the dropped attempt remains"
-                );
-                Out::Success("ok".into())
+        let reply = idem
+            .execute_in_tx(&scope, "k", &request(), move |attempt, _| {
+                Box::pin(async move {
+                    r.hit();
+                    assert_eq!(
+                        attempt.number(),
+                        1,
+                        "nothing of the dropped attempt remains"
+                    );
+                    Out::Success("ok".into())
+                })
             })
-        })
-        .await
-        .expect("retry");
+            .await
+            .expect("retry");
         assert!(!reply.is_replay());
         assert_eq!(runs.get(), 1);
         assert_eq!(count_rows(&fx, "orders").await, 0);
@@ -247,7 +245,7 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
                 fx.schema.clone(),
             );
             tokio::spawn(async move {
-                execute_in_tx(&idem, &scope, "k", &request(), move |_, conn| {
+                idem.execute_in_tx(&scope, "k", &request(), move |_, conn| {
                     Box::pin(async move {
                         runs.hit();
                         insert_order(&schema)
@@ -267,7 +265,7 @@ async fn tx_duplicate_waits_for_the_winner_then_replays() {
         let second = {
             let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
             tokio::spawn(async move {
-                execute_in_tx(&idem, &scope, "k", &request(), move |_, _| {
+                idem.execute_in_tx(&scope, "k", &request(), move |_, _| {
                     Box::pin(async move {
                         runs.hit();
                         Out::Success("second".into())
@@ -312,7 +310,7 @@ async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too() {
             let go = Arc::new(tokio::sync::Notify::new());
             let g = Arc::clone(&go);
             let task = tokio::spawn(async move {
-                execute_in_tx(&idem, &scope, key, &request(), move |_, _| {
+                idem.execute_in_tx(&scope, key, &request(), move |_, _| {
                     Box::pin(async move {
                         runs.hit();
                         let _ = started_tx.send(());
@@ -330,7 +328,7 @@ async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too() {
         let second = {
             let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
             tokio::spawn(async move {
-                execute_in_tx(&idem, &scope, "k", &request(), move |attempt, _| {
+                idem.execute_in_tx(&scope, "k", &request(), move |attempt, _| {
                     Box::pin(async move {
                         runs.hit();
                         Out::Success(format!("second, attempt {}", attempt.number()))
@@ -401,7 +399,7 @@ async fn tx_duplicate_gets_409_after_the_lock_timeout() {
         let first = {
             let (idem, scope, go) = (idem.clone(), scope.clone(), Arc::clone(&go));
             tokio::spawn(async move {
-                execute_in_tx(&idem, &scope, "k", &request(), move |_, _| {
+                idem.execute_in_tx(&scope, "k", &request(), move |_, _| {
                     Box::pin(async move {
                         let _ = started_tx.send(());
                         go.notified().await;
@@ -413,11 +411,12 @@ async fn tx_duplicate_gets_409_after_the_lock_timeout() {
         };
         started.await.expect("started");
         let t0 = Instant::now();
-        let err = execute_in_tx(&idem, &scope, "k", &request(), |_, _| {
-            Box::pin(async { Out::Success("never".into()) })
-        })
-        .await
-        .expect_err("409 after the lock timeout");
+        let err = idem
+            .execute_in_tx(&scope, "k", &request(), |_, _| {
+                Box::pin(async { Out::Success("never".into()) })
+            })
+            .await
+            .expect_err("409 after the lock timeout");
         assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
         assert_eq!(err.http_status(), 409);
         assert!(
@@ -428,11 +427,12 @@ async fn tx_duplicate_gets_409_after_the_lock_timeout() {
         // here bounded by the test's own patience.
         go.notify_one();
         assert!(!first.await.expect("join").expect("first").is_replay());
-        let replay = execute_in_tx(&idem, &scope, "k", &request(), |_, _| {
-            Box::pin(async { Out::Success("never".into()) })
-        })
-        .await
-        .expect("replay");
+        let replay = idem
+            .execute_in_tx(&scope, "k", &request(), |_, _| {
+                Box::pin(async { Out::Success("never".into()) })
+            })
+            .await
+            .expect("replay");
         assert_eq!(replay.into_result(), Ok("winner".to_owned()));
     })
     .await;
@@ -545,14 +545,14 @@ async fn racing_takeovers_have_exactly_one_winner() {
                     tokio::spawn(async move {
                         let token = Token::random();
                         barrier.wait().await;
-                        let req = ClaimRequest {
-                            id: &id,
+                        let req = ClaimRequest::new(
+                            &id,
                             fingerprint,
                             token,
                             now,
-                            lease_until: now.plus(LEASE),
-                            key_expires_at: now.plus(Duration::from_secs(86_400)),
-                        };
+                            now.plus(LEASE),
+                            now.plus(Duration::from_secs(86_400)),
+                        );
                         (token, store.claim(&req).await.expect("claim"))
                     })
                 })
@@ -565,7 +565,6 @@ async fn racing_takeovers_have_exactly_one_winner() {
                         (_, ClaimOutcome::Existing(rec)) => {
                             assert_eq!(rec.state, RecordState::InFlight)
                         }
-                        (_, other) => panic!("{other:?}"),
                     }
                 }
                 assert_eq!(winners.len(), 1, "exactly one claimer wins: {winners:?}");
@@ -723,14 +722,14 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
         let fp = fingerprint(scope.operation(), &request(), &FieldFilter::All).expect("fp");
         let t = Token::random();
         let now = clock.now();
-        let req = ClaimRequest {
-            id: &id,
-            fingerprint: fp,
-            token: t,
+        let req = ClaimRequest::new(
+            &id,
+            fp,
+            t,
             now,
-            lease_until: now.plus(LEASE),
-            key_expires_at: now.plus(Duration::from_secs(86_400)),
-        };
+            now.plus(LEASE),
+            now.plus(Duration::from_secs(86_400)),
+        );
         assert!(matches!(
             fx.store.claim(&req).await.expect("claim"),
             ClaimOutcome::Claimed(_)
@@ -1157,22 +1156,24 @@ async fn one_statement_per_transition() {
             let id = RecordId::new(scope.clone(), IdempotencyKey::random());
             let (t1, t2) = (Token::random(), Token::random());
             let now = clock.now();
-            let req = |t| ClaimRequest {
-                id: &id,
-                fingerprint: fp,
-                token: t,
-                now,
-                lease_until: now.plus(LEASE),
-                key_expires_at: now.plus(Duration::from_secs(86_400)),
+            let req = |t| {
+                ClaimRequest::new(
+                    &id,
+                    fp,
+                    t,
+                    now,
+                    now.plus(LEASE),
+                    now.plus(Duration::from_secs(86_400)),
+                )
             };
-            let done = Completion {
-                outcome: OutcomeKind::Success,
-                body: Some(b"body"),
-                resource_id: None,
+            let done = Completion::new(
+                OutcomeKind::Success,
+                Some(b"body"),
+                None,
                 now,
-                response_expires_at: now.plus(Duration::from_secs(3600)),
-                key_expires_at: now.plus(Duration::from_secs(86_400)),
-            };
+                now.plus(Duration::from_secs(3600)),
+                now.plus(Duration::from_secs(86_400)),
+            );
             let mut r = Vec::new();
             let s = proxy.snapshot();
             store.claim(&req(t1)).await.expect("claim");
@@ -1222,14 +1223,14 @@ async fn one_statement_per_transition() {
             let replayed = measure("Idem::execute, replay", s, proxy.snapshot(), &mut r);
             let key = IdempotencyKey::random();
             let s = proxy.snapshot();
-            execute_in_tx(&idem, &scope, &key, &request(), |_, _| {
+            idem.execute_in_tx(&scope, &key, &request(), |_, _| {
                 Box::pin(async { Out::Success("x".into()) })
             })
             .await
             .expect("tx");
             let tx_fresh = measure("execute_in_tx, fresh key", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
-            execute_in_tx(&idem, &scope, &key, &request(), |_, _| {
+            idem.execute_in_tx(&scope, &key, &request(), |_, _| {
                 Box::pin(async { Out::Success("x".into()) })
             })
             .await

@@ -236,7 +236,10 @@ impl Store for RedisStore {
                 let checkpoint = opt_text(checkpoint, "resource id")?;
                 Ok(ClaimOutcome::Claimed(Claimed {
                     attempt,
-                    previous: reason.map(|reason| Previous { reason, checkpoint }),
+                    previous: reason.map(|reason| Previous {
+                        reason,
+                        resource_id: checkpoint,
+                    }),
                 }))
             }
             Some((Value::Int(1), fields)) => Ok(ClaimOutcome::Existing(decode_record(fields)?)),

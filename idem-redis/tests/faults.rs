@@ -312,27 +312,27 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("warm");
     let now = clock.now();
-    let warm = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"warm"),
-        resource_id: None,
+    let warm = Completion::new(
+        OutcomeKind::Success,
+        Some(b"warm"),
+        None,
         now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
     store.complete(&id, req.token, &warm).await.expect("warm");
     store.fetch(&id, clock.now()).await.expect("warm");
     let id = record_id(&scope());
     let req = claim_req(&id, &clock);
     let now = clock.now();
-    let done = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(&[7u8; 4096]),
-        resource_id: Some("ch_1"),
+    let done = Completion::new(
+        OutcomeKind::Success,
+        Some(&[7u8; 4096]),
+        Some("ch_1"),
         now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
     for (name, got, want) in [
         (
             "claim (new)",

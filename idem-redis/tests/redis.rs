@@ -76,14 +76,14 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
                 .complete(
                     &id,
                     req.token,
-                    &Completion {
-                        outcome: OutcomeKind::Success,
-                        body: Some(b"ok"),
-                        resource_id: Some("r"),
+                    &Completion::new(
+                        OutcomeKind::Success,
+                        Some(b"ok"),
+                        Some("r"),
                         now,
-                        response_expires_at: now.plus(RESPONSE_TTL),
-                        key_expires_at: now.plus(KEY_TTL),
-                    },
+                        now.plus(RESPONSE_TTL),
+                        now.plus(KEY_TTL),
+                    ),
                 )
                 .await
                 .expect("complete");
@@ -101,14 +101,14 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("claim");
     let now = clock.now();
-    let done = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"ok"),
-        resource_id: None,
+    let done = Completion::new(
+        OutcomeKind::Success,
+        Some(b"ok"),
+        None,
         now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
     store
         .complete(&id, req.token, &done)
         .await
@@ -308,14 +308,14 @@ async fn body_and_record_expire_natively_on_their_own_clocks() {
         "{in_flight}"
     );
     let now = clock.now();
-    let done = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"body"),
-        resource_id: None,
+    let done = Completion::new(
+        OutcomeKind::Success,
+        Some(b"body"),
+        None,
         now,
-        response_expires_at: now.plus(Duration::from_millis(300)),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        now.plus(Duration::from_millis(300)),
+        now.plus(KEY_TTL),
+    );
     store
         .complete(&id, req.token, &done)
         .await

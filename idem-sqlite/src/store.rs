@@ -95,10 +95,13 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
         Some("lease_expired") => Some(TakeoverReason::LeaseExpired),
         Some(other) => return Err(corrupt(format!("unknown takeover {other:?}"))),
     };
-    let checkpoint: Option<String> = row.try_get("resource_id").map_err(map)?;
+    let resource_id: Option<String> = row.try_get("resource_id").map_err(map)?;
     Ok(Claimed {
         attempt,
-        previous: reason.map(|reason| Previous { reason, checkpoint }),
+        previous: reason.map(|reason| Previous {
+            reason,
+            resource_id,
+        }),
     })
 }
 

@@ -185,7 +185,9 @@ async fn memory_stores_are_private() {
     b.teardown().await;
 }
 
-/// A store whose file cannot be opened is a typed, retryable store error.
+/// A store whose file cannot be opened is a typed store error, and not a
+/// retryable one: a missing directory is a configuration fault (500), not an
+/// outage (503).
 #[tokio::test]
 async fn unopenable_file_is_a_typed_error() {
     let err = SqliteStore::open("/nonexistent-dir/idem.db")
@@ -193,5 +195,6 @@ async fn unopenable_file_is_a_typed_error() {
         .expect_err("no such dir");
     let err = Error::from(err);
     assert!(matches!(err, Error::Store(_)), "{err:?}");
-    assert_eq!(err.http_status(), 503);
+    assert_eq!(err.http_status(), 500);
+    assert!(!err.is_retryable());
 }

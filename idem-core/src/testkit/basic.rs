@@ -61,7 +61,9 @@ pub async fn replay_is_byte_for_byte<S: Store>(store: Arc<S>) {
         vec![
             ("Location".into(), "/charges/ch_1".into()),
             ("X-Weird".into(), "a: b; c=\"d\"".into()),
-            ("X-Empty".into(), String::new()),
+            ("X-Empty".into(), Vec::new()),
+            ("X-Bytes".into(), b"\xff\x00\x80 not utf-8".to_vec()),
+            ("Location".into(), "/charges/ch_1#repeated".into()),
         ],
         body,
     );

@@ -48,7 +48,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
-            a.checkpoint("ch_1").await.expect("checkpoint");
+            a.save_resource_id("ch_1").await.expect("checkpoint");
             Out::Success(Charge {
                 id: "ch_1".into(),
                 amount: 100,
@@ -82,7 +82,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             assert!(a.is_recovery());
-            let id = a.previous_checkpoint().expect("checkpoint").to_owned();
+            let id = a.previous_resource_id().expect("checkpoint").to_owned();
             Out::Success(Charge { id, amount: 100 })
         })
         .await

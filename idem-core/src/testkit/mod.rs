@@ -29,6 +29,7 @@ mod basic;
 mod concurrency;
 mod expiry;
 mod faults;
+mod guard;
 mod recovery;
 mod store_level;
 mod support;
@@ -40,6 +41,7 @@ pub use basic::*;
 pub use concurrency::*;
 pub use expiry::*;
 pub use faults::*;
+pub use guard::*;
 pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
@@ -118,6 +120,10 @@ macro_rules! store_conformance {
             store_writes_are_fenced_by_token,
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
+            guard_begin_runs_then_replays,
+            guard_dropped_claim_is_recovered_after_the_lease,
+            guard_release_makes_the_next_attempt_a_recovery,
+            guard_complete_not_stored_is_never_rerun,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {

@@ -160,7 +160,7 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
     let (scope, key) = (scope("POST /charges"), key());
     let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
     let dead = started.await.expect("first started");
-    dead.checkpoint("ch_created_before_crash")
+    dead.save_resource_id("ch_created_before_crash")
         .await
         .expect("checkpoint");
     first.abort(); // the process dies: no completion, no release
@@ -184,7 +184,7 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
             assert_ne!(attempt.token(), dead.token());
             // Reconcile: the charge exists, so return it instead of charging again.
             let id = attempt
-                .previous_checkpoint()
+                .previous_resource_id()
                 .expect("checkpoint survives")
                 .to_owned();
             Out::Success(Charge { id, amount: 100 })
@@ -252,7 +252,7 @@ pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store:
         .expect("takeover");
     assert_eq!(newer.attempt(), 2);
     let err = zombie
-        .checkpoint("ch_zombie")
+        .save_resource_id("ch_zombie")
         .await
         .expect_err("zombie checkpoint");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
@@ -341,7 +341,7 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
-            a.checkpoint("pi_pending").await.expect("checkpoint");
+            a.save_resource_id("pi_pending").await.expect("checkpoint");
             Out::Transient(Decline {
                 code: "provider_503".into(),
             })
@@ -366,7 +366,7 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
             assert_eq!(a.recovery_reason(), Some(TakeoverReason::Released));
-            assert_eq!(a.previous_checkpoint(), Some("pi_pending"));
+            assert_eq!(a.previous_resource_id(), Some("pi_pending"));
             assert_eq!(a.number(), 2);
             charge("ch_2")
         })

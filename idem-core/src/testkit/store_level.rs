@@ -152,7 +152,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     assert_eq!(c.attempt, 2);
     let prev = c.previous.expect("previous");
     assert_eq!(prev.reason, TakeoverReason::LeaseExpired);
-    assert_eq!(prev.checkpoint.as_deref(), Some("ch_a"));
+    assert_eq!(prev.resource_id.as_deref(), Some("ch_a"));
     lost(store.checkpoint(&id, t1, "zombie").await);
     store.release(&id, t2, clock.now()).await.expect("release");
     let t3 = Token::random();

@@ -32,6 +32,8 @@ pub struct Decline {
     pub code: String,
 }
 
+crate::storable_as_json!(Charge, Decline);
+
 pub(crate) type Out = crate::Outcome<Charge, Decline>;
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
@@ -51,8 +53,8 @@ pub(crate) fn policy(in_flight: InFlightMode) -> Policy {
         .expect("test policy is valid")
 }
 
-pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<S> {
-    Idem::from_arc(Arc::clone(store))
+pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<Arc<S>> {
+    Idem::new(Arc::clone(store))
         .with_clock(clock.clone())
         .with_policy(policy(InFlightMode::Reject))
 }

@@ -9,8 +9,6 @@ mod key;
 mod problem;
 
 pub use envelope::{BodyFingerprint, FingerprintSpec, RequestView, envelope, fingerprint_request};
-pub use headers::{
-    Class, DEFAULT_DENY, HeaderPolicy, NEVER_STORED, NotUtf8, default_class, stored_headers,
-};
+pub use headers::{Class, DEFAULT_DENY, HeaderPolicy, NEVER_STORED, default_class, stored_headers};
 pub use key::{KeyHeaderError, KeySyntax, parse_key_header};
 pub use problem::{CODES, DRAFT, Problem, ProblemTypes, Rendered, title};

@@ -28,6 +28,7 @@ pub const CODES: &[&str] = &[
     "handler_panicked",
     "response_body_failed",
     "invalid_request",
+    "store_error",
 ];
 
 /// The title of a code (the table of spec 2.11).
@@ -49,6 +50,7 @@ pub fn title(code: &str) -> &'static str {
         "handler_panicked" => "The operation failed unexpectedly",
         "response_body_failed" => "The response could not be completed",
         "invalid_request" => "Request cannot be fingerprinted",
+        "store_error" => "Idempotency store error",
         _ => "Idempotency error",
     }
 }

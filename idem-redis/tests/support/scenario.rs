@@ -59,14 +59,14 @@ impl Counter {
 
 pub(crate) fn claim_req<'a>(id: &'a RecordId, clock: &ManualClock) -> ClaimRequest<'a> {
     let now = clock.now();
-    ClaimRequest {
+    ClaimRequest::new(
         id,
-        fingerprint: fingerprint("POST /charges", &request(), &FieldFilter::All).expect("fp"),
-        token: Token::random(),
+        fingerprint("POST /charges", &request(), &FieldFilter::All).expect("fp"),
+        Token::random(),
         now,
-        lease_until: now.plus(LEASE),
-        key_expires_at: now.plus(KEY_TTL),
-    }
+        now.plus(LEASE),
+        now.plus(KEY_TTL),
+    )
 }
 
 pub(crate) fn record_id(scope: &Scope) -> RecordId {

@@ -1,0 +1,200 @@
+//! [`AnyStore`]: a backend chosen at run time.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::clock::Timestamp;
+use crate::scope::RecordId;
+use crate::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, Store, StoreError,
+    StoredRecord, Token,
+};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The dyn-compatible mirror of [`Store`], implemented for every store.
+/// Not meant to be implemented or called directly: wrap a store in
+/// [`AnyStore`].
+trait DynStore: Send + Sync + fmt::Debug + 'static {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        completion: &'a Completion<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        resource_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn fetch<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<StoredRecord>, StoreError>>;
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<PurgeReport, StoreError>>;
+    fn capabilities(&self) -> Capabilities;
+}
+
+impl<S: Store> DynStore for S {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
+        Box::pin(Store::claim(self, req))
+    }
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        completion: &'a Completion<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::complete(self, id, token, completion))
+    }
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::release(self, id, token, now))
+    }
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        resource_id: &'a str,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::checkpoint(self, id, token, resource_id))
+    }
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::extend_lease(self, id, token, lease_until))
+    }
+    fn fetch<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<StoredRecord>, StoreError>> {
+        Box::pin(Store::fetch(self, id, now))
+    }
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: u32,
+    ) -> BoxFuture<'_, Result<PurgeReport, StoreError>> {
+        Box::pin(Store::purge_expired(self, now, limit))
+    }
+    fn capabilities(&self) -> Capabilities {
+        Store::capabilities(self)
+    }
+}
+
+/// Any store, chosen at run time: SQLite in development and Postgres in
+/// production from one configuration value, without an enum of your own.
+///
+/// Costs one boxed future per store call (an allocation, next to a network
+/// round trip or a SQLite statement). Cheap to clone.
+///
+/// ```
+/// use idem_core::{AnyStore, Idem, MemoryStore};
+///
+/// fn store_from_config(kind: &str) -> AnyStore {
+///     match kind {
+///         // "sqlite" => AnyStore::new(idem::sqlite::SqliteStore::open(path).await?),
+///         // "postgres" => AnyStore::new(idem::postgres::PgStore::connect(url).await?),
+///         _ => AnyStore::new(MemoryStore::new()),
+///     }
+/// }
+/// let idem: Idem<AnyStore> = Idem::new(store_from_config("memory"));
+/// # let _ = idem;
+/// ```
+#[derive(Clone)]
+pub struct AnyStore(Arc<dyn DynStore>);
+
+impl AnyStore {
+    /// Wraps a store.
+    pub fn new<S: Store>(store: S) -> Self {
+        Self(Arc::new(store))
+    }
+}
+
+impl fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AnyStore").field(&self.0).finish()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl Store for AnyStore {
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(req).await
+    }
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        self.0.complete(id, token, completion).await
+    }
+    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
+        self.0.release(id, token, now).await
+    }
+    async fn checkpoint(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
+        self.0.checkpoint(id, token, resource_id).await
+    }
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.0.extend_lease(id, token, lease_until).await
+    }
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        self.0.fetch(id, now).await
+    }
+    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+        self.0.purge_expired(now, limit).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+}

@@ -1,0 +1,157 @@
+//! The claim guard: `Idem::begin`, `Claim::complete`, `release`, and a
+//! dropped claim.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::claim::Begin;
+use crate::error::Error;
+use crate::outcome::Outcome;
+use crate::store::{RecordState, Store, TakeoverReason};
+use crate::{Clock, ManualClock, RecordId};
+
+use super::support::{Charge, Decline, LEASE, charge_request, engine, key, scope};
+
+type Guarded<S> = Begin<Arc<S>, Charge, Decline>;
+
+fn charge(id: &str) -> Outcome<Charge, Decline> {
+    Outcome::Success(Charge {
+        id: id.into(),
+        amount: 100,
+    })
+}
+
+/// `begin` hands the first caller the claim; completing it stores the
+/// outcome, and the next `begin` is the replay, equal to what the first
+/// caller got.
+pub async fn guard_begin_runs_then_replays<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let first: Guarded<S> = idem
+        .begin(&scope, &key, &charge_request(100))
+        .await
+        .expect("begin");
+    let Begin::Run(claim) = first else {
+        panic!("a fresh key must be claimed");
+    };
+    assert_eq!(claim.attempt().number(), 1);
+    assert!(!claim.attempt().is_recovery());
+    let executed = claim.complete(charge("ch_1")).await.expect("complete");
+    assert!(!executed.is_replay());
+    assert!(executed.is_stored());
+    let again: Guarded<S> = idem
+        .begin(&scope, &key, &charge_request(100))
+        .await
+        .expect("begin again");
+    let Begin::Replay(replay) = again else {
+        panic!("a completed key must replay");
+    };
+    assert!(replay.is_replay());
+    assert_eq!(replay.outcome(), executed.outcome());
+}
+
+/// A claim dropped without completing is a crash: duplicates get 409 until
+/// the lease ends, then the next `begin` takes the record over as a recovery
+/// (lease expired). The record is never deleted.
+pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let first: Guarded<S> = idem
+        .begin(&scope, &key, &charge_request(100))
+        .await
+        .expect("begin");
+    let Begin::Run(claim) = first else {
+        panic!("a fresh key must be claimed");
+    };
+    claim
+        .attempt()
+        .save_resource_id("ch_before_crash")
+        .await
+        .expect("checkpoint");
+    drop(claim);
+    let id = RecordId::new(scope.clone(), key.clone());
+    let record = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("the record stays");
+    assert_eq!(record.state, RecordState::InFlight);
+    let dup: Result<Guarded<S>, Error> = idem.begin(&scope, &key, &charge_request(100)).await;
+    assert!(matches!(dup, Err(Error::InFlight { .. })), "{dup:?}");
+    clock.advance(LEASE + Duration::from_millis(1));
+    let later: Guarded<S> = idem
+        .begin(&scope, &key, &charge_request(100))
+        .await
+        .expect("begin after the lease");
+    let Begin::Run(recovery) = later else {
+        panic!("an expired lease must be taken over");
+    };
+    assert_eq!(recovery.attempt().number(), 2);
+    assert_eq!(
+        recovery.attempt().recovery_reason(),
+        Some(TakeoverReason::LeaseExpired)
+    );
+    assert_eq!(
+        recovery.attempt().previous_resource_id(),
+        Some("ch_before_crash")
+    );
+    let reply = recovery
+        .complete(charge("ch_before_crash"))
+        .await
+        .expect("complete");
+    assert!(reply.is_stored());
+}
+
+/// `release` frees the key at once: the next `begin` with the same request
+/// runs again as a recovery (released), keeping the attempt count.
+pub async fn guard_release_makes_the_next_attempt_a_recovery<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /charges"), key());
+    let Ok(Begin::Run(claim)) = idem
+        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(100))
+        .await
+    else {
+        panic!("a fresh key must be claimed");
+    };
+    claim.release().await.expect("release");
+    let Ok(Begin::Run(again)) = idem
+        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(100))
+        .await
+    else {
+        panic!("a released key must be claimable at once");
+    };
+    assert_eq!(again.attempt().number(), 2);
+    assert_eq!(
+        again.attempt().recovery_reason(),
+        Some(TakeoverReason::Released)
+    );
+    again.release().await.expect("release again");
+}
+
+/// `complete_not_stored` finishes the record without a body: retries get
+/// 409 "not stored" with the resource id, never a second run.
+pub async fn guard_complete_not_stored_is_never_rerun<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let (scope, key) = (scope("POST /secrets"), key());
+    let Ok(Begin::Run(claim)) = idem
+        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(1))
+        .await
+    else {
+        panic!("a fresh key must be claimed");
+    };
+    claim.attempt().set_resource_id("sk_1");
+    assert!(claim.complete_not_stored().await.expect("complete"));
+    let retry = idem
+        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(1))
+        .await;
+    match retry {
+        Err(Error::ResponseNotStored { resource_id }) => {
+            assert_eq!(resource_id.as_deref(), Some("sk_1"));
+        }
+        other => panic!("expected ResponseNotStored, got {other:?}"),
+    }
+}
