@@ -212,14 +212,14 @@ fn bad(msg: &str) -> Response {
 }
 
 /// `{"item": string, "qty": integer > 0, ...}`, or the handler's own 400.
-fn validate(body: &Value) -> Result<(), Response> {
+fn validate(body: &Value) -> Result<(), &'static str> {
     if !body.get("item").is_some_and(Value::is_string) {
-        return Err(bad("item must be a string"));
+        return Err("item must be a string");
     }
     match body.get("qty").and_then(Value::as_i64) {
         Some(q) if q > 0 => Ok(()),
-        Some(_) => Err(bad("qty must be positive")),
-        None => Err(bad("qty must be an integer")),
+        Some(_) => Err("qty must be positive"),
+        None => Err("qty must be an integer"),
     }
 }
 
@@ -236,8 +236,8 @@ async fn create(
     if let Some(s) = knobs.status.and_then(|s| StatusCode::from_u16(s).ok()) {
         return (s, Json(json!({"error": "requested failure"}))).into_response();
     }
-    if let Err(r) = validate(&body) {
-        return r;
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
     }
     let id = format!("ord_{}", st.next.fetch_add(1, Ordering::SeqCst) + 1);
     let order = json!({"id": id, "item": body["item"], "qty": body["qty"]});
@@ -259,8 +259,8 @@ async fn update(
     Json(body): Json<Value>,
 ) -> Response {
     st.executions.fetch_add(1, Ordering::SeqCst);
-    if let Err(r) = validate(&body) {
-        return r;
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
     }
     let mut orders = st.orders.lock().unwrap_or_else(PoisonError::into_inner);
     match orders.get_mut(&id) {
@@ -287,8 +287,8 @@ async fn put(
     Path(id): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
-    if let Err(r) = validate(&body) {
-        return r;
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
     }
     let order = json!({"id": id, "item": body["item"], "qty": body["qty"]});
     let created = st

@@ -35,12 +35,20 @@ enum Capture {
 }
 
 /// What the handler side produced for this caller.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per request, moved once; boxing would add an allocation per request"
+)]
 enum Done<B, E> {
     Response(Response<IdemBody<B>>),
     Err(E),
     Reject(Rejection),
 }
 
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per request, moved once; boxing would add an allocation per request"
+)]
 pub(crate) enum Answer<B> {
     Response(Response<IdemBody<B>>),
     Reject(Rejection),
@@ -143,7 +151,7 @@ where
 }
 
 /// Runs `fut`, renewing the lease every `lease / 3` until `ceiling`.
-async fn renewing<F: Future>(
+async fn renewing<F: Future + Send>(
     attempt: &Attempt,
     lease: Duration,
     ceiling: Option<Duration>,
@@ -191,10 +199,14 @@ async fn call_and_capture<Svc, S, O, ReqB, ResB>(
     req: Request<ReqB>,
 ) -> (Capture, Done<ResB, Svc::Error>)
 where
-    Svc: Service<Request<ReqB>, Response = Response<ResB>>,
-    ResB: Body<Data = Bytes>,
+    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Send,
+    Svc::Future: Send,
+    Svc::Error: Send,
+    ReqB: Send,
+    ResB: Body<Data = Bytes> + Send,
     ResB::Error: Into<BoxError>,
     S: Store,
+    O: Sync,
 {
     let res = match inner.call(req).await {
         Ok(r) => r,

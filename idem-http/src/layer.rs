@@ -209,7 +209,11 @@ impl<S, O> IdempotencyLayer<S, O> {
     /// [`close`](Self::close), then waits for every detached handler to
     /// finish and store its outcome. Call it after the server stopped
     /// accepting connections (`axum::serve(..).with_graceful_shutdown(..)`).
-    pub async fn shutdown(&self) {
+    pub async fn shutdown(&self)
+    where
+        S: Send + Sync,
+        O: Send + Sync,
+    {
         self.close();
         self.shared.tracker.wait().await;
     }

@@ -16,9 +16,9 @@ pub const YAML: &str = include_str!("../openapi/idempotency.yaml");
 /// ISO 8601 duration (`PT24H`, `P30D`, `PT1.5S`).
 fn iso(d: Duration) -> String {
     let s = d.as_secs();
-    if d.subsec_millis() == 0 && s >= 2 * 86_400 && s % 86_400 == 0 {
+    if d.subsec_millis() == 0 && s >= 2 * 86_400 && s.is_multiple_of(86_400) {
         format!("P{}D", s / 86_400)
-    } else if d.subsec_millis() == 0 && s > 0 && s % 3600 == 0 {
+    } else if d.subsec_millis() == 0 && s > 0 && s.is_multiple_of(3600) {
         format!("PT{}H", s / 3600)
     } else if d.subsec_millis() == 0 {
         format!("PT{s}S")
