@@ -108,6 +108,12 @@ impl From<Error> for StoreError {
     }
 }
 
+impl From<Error> for idem_core::Error {
+    fn from(e: Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
 /// A driver error as a [`StoreError`].
 pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
     Error::Sqlx(e).into()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use idem_core::store::Token;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, TakeoverReason,
+    PurgeReport, RecordState, StoredRecord, TakeoverReason, retry_claim_race,
 };
 use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
 use sqlx::postgres::PgRow;
@@ -15,14 +15,7 @@ use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
 use tracing::debug;
 
 use crate::config::TableName;
-use crate::error::{Error, store_error};
-
-/// How often the claim statement is run when it lost a race (see
-/// [`Statements::claim`]) before giving up with
-/// [`Error::ClaimContention`]. Each retry needs a concurrent writer to
-/// change the same record within one statement's time, so this is never
-/// reached in practice.
-pub(crate) const CLAIM_TRIES: u32 = 8;
+use crate::error::{BACKEND, Error, store_error};
 
 /// The PostgreSQL idempotency store. Cheap to clone (a pool and two `Arc`s).
 ///
@@ -273,13 +266,10 @@ fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
                 .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
         ),
     };
-    if state == RecordState::Completed && outcome.is_none() {
-        return Err(corrupt("completed record without an outcome".to_owned()));
-    }
     let attempt: i32 = row.try_get("attempt")?;
     let attempt =
         u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
-    Ok(StoredRecord {
+    StoredRecord {
         fingerprint,
         state,
         attempt,
@@ -291,6 +281,11 @@ fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
             .try_get::<Option<i64>, _>("response_expires_at")?
             .map(Timestamp::from_unix_millis),
         key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
+    }
+    .validate(BACKEND)
+    .map_err(|e| match e {
+        StoreError::Corrupt { detail, .. } => corrupt(detail),
+        other => corrupt(other.to_string()),
     })
 }
 
@@ -438,16 +433,14 @@ impl Store for PgStore {
     /// when it lost a race to a concurrent writer on the same record, which
     /// the next run, with a fresh snapshot, sees committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        for attempt in 1..=CLAIM_TRIES {
-            if let Some(outcome) = self.claim_once(&self.pool, req).await? {
-                return Ok(outcome);
+        retry_claim_race(BACKEND, || async {
+            let outcome = self.claim_once(&self.pool, req).await?;
+            if outcome.is_none() {
+                debug!("claim lost a race; running it again with a fresh snapshot");
             }
-            debug!(
-                attempt,
-                "claim lost a race; running it again with a fresh snapshot"
-            );
-        }
-        Err(Error::ClaimContention { tries: CLAIM_TRIES }.into())
+            Ok(outcome)
+        })
+        .await
     }
 
     async fn complete(

@@ -608,63 +608,6 @@ async fn racing_takeovers_have_exactly_one_winner() {
     .await;
 }
 
-/// 1,000 distinct keys from 32 tasks: 1,000 executions, 1,000 records.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn thousand_keys_from_thirty_two_tasks() {
-    with_fixture(PgFixture::new(16).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let scope = scope();
-        let runs = Counter::default();
-        let t0 = Instant::now();
-        let tasks: Vec<_> = (0..32)
-            .map(|t| {
-                let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
-                tokio::spawn(async move {
-                    for i in (t..1000).step_by(32) {
-                        let runs = runs.clone();
-                        let reply = idem
-                            .execute(
-                                &scope,
-                                format!("key-{i}"),
-                                &request(),
-                                move |_| async move {
-                                    runs.hit();
-                                    Out::Success(format!("ch_{i}"))
-                                },
-                            )
-                            .await
-                            .expect("call");
-                        assert!(!reply.is_replay());
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("join");
-        }
-        println!("1,000 keys / 32 tasks: {:?}", t0.elapsed());
-        assert_eq!(runs.get(), 1000);
-        assert_eq!(count_rows(&fx, "idem_records").await, 1000);
-        let done: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {} WHERE state = 'completed'",
-            fx.table()
-        )))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("count");
-        assert_eq!(done, 1000);
-        let reply = idem
-            .execute(&scope, "key-777", &request(), |_| async {
-                Out::Success("no".into())
-            })
-            .await
-            .expect("replay");
-        assert_eq!(reply.into_result(), Ok("ch_777".to_owned()));
-    })
-    .await;
-}
-
 // ---------------------------------------------------------------- faults
 
 async fn terminate_when_waiting(app: String) -> i32 {

@@ -9,7 +9,9 @@ use crate::config::PrefixError;
 /// The backend name carried by every [`StoreError`] this crate returns.
 pub(crate) const BACKEND: &str = "redis";
 
-/// Why a [`RedisStore`](crate::RedisStore) could not be built.
+/// Why a [`RedisStore`](crate::RedisStore) could not be built. Converts into
+/// [`StoreError`] and [`idem_core::Error`], so `?` works in a `main`
+/// returning either.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -19,6 +21,24 @@ pub enum Error {
     /// Redis refused the URL or could not be reached.
     #[error("cannot connect to redis")]
     Connect(#[from] RedisError),
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Connect(e) => store_error(e),
+            prefix @ Error::Prefix(_) => StoreError::Backend {
+                backend: BACKEND,
+                source: Box::new(prefix),
+            },
+        }
+    }
+}
+
+impl From<Error> for idem_core::Error {
+    fn from(e: Error) -> Self {
+        StoreError::from(e).into()
+    }
 }
 
 /// The one place that decides what a Redis failure means to the engine.

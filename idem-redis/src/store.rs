@@ -12,7 +12,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, RedisResult, ScriptInvocation, Value};
 
-use crate::config::{KeyPrefix, PrefixError};
+use crate::config::KeyPrefix;
 use crate::error::{BACKEND, Error, corrupt, store_error};
 use crate::keys::RecordKeys;
 use crate::scripts;
@@ -150,8 +150,8 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// [`PrefixError`] when the prefix is refused (see [`KeyPrefix`]).
-    pub fn with_prefix(self, prefix: &str) -> Result<Self, PrefixError> {
+    /// [`Error::Prefix`] when the prefix is refused (see [`KeyPrefix`]).
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, Error> {
         Ok(self.with_key_prefix(KeyPrefix::new(prefix)?))
     }
 

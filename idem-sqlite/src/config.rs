@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use crate::Error;
 use crate::SqliteStore;
-use crate::error::map;
 
 /// How long a writer waits for SQLite's write lock before giving up
 /// (then the call fails with a retryable store error).
@@ -34,11 +34,11 @@ impl SqliteStore {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), idem_core::StoreError> {
+    /// # async fn f() -> Result<(), idem_sqlite::Error> {
     /// let store = idem_sqlite::SqliteStore::open("idem.db").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn open(path: impl AsRef<Path>) -> Result<Self, idem_core::StoreError> {
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -54,18 +54,17 @@ impl SqliteStore {
     /// # Errors
     ///
     /// The database cannot be created.
-    pub async fn memory() -> Result<Self, idem_core::StoreError> {
+    pub async fn memory() -> Result<Self, Error> {
         // One connection, kept forever: an in-memory database lives exactly
         // as long as its connection.
-        let options = SqliteConnectOptions::from_str("sqlite::memory:").map_err(map)?;
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(options)
-            .await
-            .map_err(map)?;
+            .await?;
         let store = Self::new(pool);
         store.migrate().await?;
         Ok(store)
@@ -79,12 +78,11 @@ impl SqliteStore {
     pub async fn open_with(
         options: SqliteConnectOptions,
         max_connections: u32,
-    ) -> Result<Self, idem_core::StoreError> {
+    ) -> Result<Self, Error> {
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
             .connect_with(options)
-            .await
-            .map_err(map)?;
+            .await?;
         let store = Self::new(pool);
         store.migrate().await?;
         Ok(store)

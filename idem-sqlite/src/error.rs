@@ -1,8 +1,34 @@
-//! The one place that decides what a sqlx error means to the engine.
+//! This backend's error, and the one place that decides what a sqlx error
+//! means to the engine.
 
 use idem_core::StoreError;
 
 pub(crate) const BACKEND: &str = "sqlite";
+
+/// An error of the SQLite backend: opening, migrating or configuring a
+/// store. Converts into [`StoreError`] and [`idem_core::Error`], so `?`
+/// works in a `main` returning either.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver failed (the file cannot be opened, a statement failed).
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Sqlx(e) => map(e),
+        }
+    }
+}
+
+impl From<Error> for idem_core::Error {
+    fn from(e: Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
 
 /// Maps a sqlx error to the engine's classification.
 pub(crate) fn map(e: sqlx::Error) -> StoreError {

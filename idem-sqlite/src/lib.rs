@@ -7,6 +7,7 @@ mod schema;
 mod store;
 
 pub use config::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+pub use error::Error;
 pub use schema::MIGRATION;
 
 /// The statements the store runs, exactly, for review, `EXPLAIN QUERY PLAN`

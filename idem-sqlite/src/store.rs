@@ -2,7 +2,7 @@
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, TakeoverReason, Token,
+    PurgeReport, RecordState, StoredRecord, TakeoverReason, Token, retry_claim_race,
 };
 use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
 use sqlx::sqlite::SqliteRow;
@@ -10,10 +10,6 @@ use sqlx::{Row, SqlitePool};
 
 use crate::error::{corrupt, map};
 use crate::schema;
-
-/// How many times a claim re-runs when the record changed between its
-/// conditional insert and the read of the standing record.
-const CLAIM_RACE_RETRIES: u32 = 8;
 
 /// An idempotency store in one SQLite table, `idem_records`.
 ///
@@ -47,13 +43,10 @@ impl SqliteStore {
     /// # Errors
     ///
     /// The DDL fails.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(map)?;
-        sqlx::raw_sql(schema::MIGRATION)
-            .execute(&mut *tx)
-            .await
-            .map_err(map)?;
-        tx.commit().await.map_err(map)
+    pub async fn migrate(&self) -> Result<(), crate::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::raw_sql(schema::MIGRATION).execute(&mut *tx).await?;
+        Ok(tx.commit().await?)
     }
 
     async fn guarded(
@@ -89,12 +82,11 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
     let attempt =
         u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt} out of range")))?;
     let takeover: Option<String> = row.try_get("takeover").map_err(map)?;
-    let reason = match takeover.as_deref() {
-        None => None,
-        Some("released") => Some(TakeoverReason::Released),
-        Some("lease_expired") => Some(TakeoverReason::LeaseExpired),
-        Some(other) => return Err(corrupt(format!("unknown takeover {other:?}"))),
-    };
+    let reason = takeover
+        .map(|t| {
+            TakeoverReason::parse(&t).ok_or_else(|| corrupt(format!("unknown takeover {t:?}")))
+        })
+        .transpose()?;
     let resource_id: Option<String> = row.try_get("resource_id").map_err(map)?;
     Ok(Claimed {
         attempt,
@@ -118,11 +110,8 @@ fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
     let outcome = outcome
         .map(|o| OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {o:?}"))))
         .transpose()?;
-    if state == RecordState::Completed && outcome.is_none() {
-        return Err(corrupt("completed record without an outcome"));
-    }
     let response_expires_at: Option<i64> = row.try_get("response_expires_at").map_err(map)?;
-    Ok(StoredRecord {
+    StoredRecord {
         fingerprint,
         state,
         attempt: u32::try_from(attempt)
@@ -133,20 +122,19 @@ fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
         response: row.try_get("response").map_err(map)?,
         response_expires_at: response_expires_at.map(Timestamp::from_unix_millis),
         key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    })
+    }
+    .validate(crate::error::BACKEND)
 }
 
 /// Whether `claim` would have taken this record (it changed under us).
 fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
-    r.fingerprint == req.fingerprint
-        && (r.state == RecordState::Released
-            || (r.state == RecordState::InFlight && r.lease_until <= req.now))
+    r.takeover_reason(&req.fingerprint, req.now).is_some()
 }
 
 impl Store for SqliteStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let id = req.id;
-        for _ in 0..CLAIM_RACE_RETRIES {
+        retry_claim_race(crate::error::BACKEND, || async {
             let won = sqlx::query(schema::CLAIM)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -160,18 +148,18 @@ impl Store for SqliteStore {
                 .await
                 .map_err(map)?;
             if let Some(row) = won {
-                return Ok(ClaimOutcome::Claimed(decode_claimed(&row)?));
+                return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
             }
             match self.fetch(id, req.now).await? {
-                Some(r) if !claimable(&r, req) => return Ok(ClaimOutcome::Existing(r)),
+                Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
                 // Gone or claimable since the insert ran: claim again.
-                _ => tracing::debug!("claim raced with another write; retrying"),
+                _ => {
+                    tracing::debug!("claim raced with another write; retrying");
+                    Ok(None)
+                }
             }
-        }
-        Err(StoreError::Backend {
-            backend: crate::error::BACKEND,
-            source: "claim kept racing with concurrent writes".into(),
         })
+        .await
     }
 
     async fn complete(

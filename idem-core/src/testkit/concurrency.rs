@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ManualClock;
 use crate::error::Error;
-use crate::store::Store;
+use crate::store::{RecordState, Store};
+use crate::{Clock, ManualClock};
 
-use super::support::{Charge, Counter, Out, charge_request, engine, key, scope};
+use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope};
 
 /// 64 tasks racing on one key: the work runs exactly once; every other caller
 /// gets 409 (in flight) or the replay; afterwards everyone gets the replay.
@@ -72,20 +72,22 @@ pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
     assert_eq!(runs.get(), 1);
 }
 
-/// 200 distinct keys from 16 tasks: 200 executions, 200 records, each
-/// replaying its own response.
+/// 1,000 distinct keys from 32 tasks at once: 1,000 executions, 1,000
+/// completed records, each replaying its own response.
 pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
+    const KEYS: usize = 1000;
+    const TASKS: usize = 32;
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let scope = scope("POST /charges");
-    let keys: Arc<Vec<_>> = Arc::new((0..200).map(|_| key()).collect());
+    let keys: Arc<Vec<_>> = Arc::new((0..KEYS).map(|_| key()).collect());
     let runs = Counter::default();
-    let tasks: Vec<_> = (0..16)
+    let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let (idem, scope, keys, runs) =
                 (idem.clone(), scope.clone(), Arc::clone(&keys), runs.clone());
             tokio::spawn(async move {
-                for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 16 == t) {
+                for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % TASKS == t) {
                     let runs = runs.clone();
                     let reply = idem
                         .execute(&scope, k, &charge_request(100), move |_| async move {
@@ -98,6 +100,7 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
                         .await
                         .expect("call");
                     assert!(!reply.is_replay());
+                    assert!(reply.is_stored());
                 }
             })
         })
@@ -105,8 +108,19 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
     for t in tasks {
         t.await.expect("join");
     }
-    assert_eq!(runs.get(), 200);
-    for (i, k) in keys.iter().enumerate().step_by(17) {
+    assert_eq!(runs.get(), KEYS);
+    let now = clock.now();
+    let mut completed = 0;
+    for k in keys.iter() {
+        let record = store
+            .fetch(&record_id(&scope, k), now)
+            .await
+            .expect("fetch")
+            .expect("a record per key");
+        completed += usize::from(record.state == RecordState::Completed);
+    }
+    assert_eq!(completed, KEYS);
+    for (i, k) in keys.iter().enumerate().step_by(97) {
         let reply = idem
             .execute(&scope, k, &charge_request(100), |_| async {
                 Out::Success(Charge {
@@ -118,4 +132,5 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
             .expect("replay");
         assert_eq!(reply.into_result().expect("ok").id, format!("ch_{i}"));
     }
+    assert_eq!(runs.get(), KEYS);
 }

@@ -24,6 +24,11 @@
 //! that clock instead of sleeping. Scenarios use random owners and keys, but
 //! some (purge) count every record in the store, so each test needs its own
 //! store (table, schema, file or key prefix): that is the fixture's job.
+//!
+//! **Not covered by semver.** Like object_store's integration tests, this
+//! module's items (scenarios, [`Charge`], [`Decline`], [`FailingStore`],
+//! [`run`]) may change in any release: they exist to prove backends, not to be
+//! built upon.
 
 mod basic;
 mod concurrency;
@@ -82,16 +87,15 @@ where
     }
 }
 
-/// Expands one `#[tokio::test]` per conformance scenario, each calling
-/// `$setup` (an expression giving a future of a [`Fixture`]) for a fresh,
-/// isolated store.
-///
-/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a
-/// dev-dependency.
+/// The scenario list, in one place: every `pub async fn` scenario of this
+/// module is named here (a unit test reads the sources and fails on one that
+/// is not), and both [`store_conformance!`](crate::store_conformance) and
+/// [`SCENARIOS`] expand from it.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! store_conformance {
-    ($setup:expr) => {
-        $crate::store_conformance!(@each $setup;
+macro_rules! __idem_for_each_scenario {
+    ($callback:ident { $($prefix:tt)* }) => {
+        $crate::$callback! { $($prefix)* ;
             first_call_executes_and_stores,
             replay_is_byte_for_byte,
             typed_replay_round_trips,
@@ -124,7 +128,31 @@ macro_rules! store_conformance {
             guard_dropped_claim_is_recovered_after_the_lease,
             guard_release_makes_the_next_attempt_a_recovery,
             guard_complete_not_stored_is_never_rerun,
-        );
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_scenario_names {
+    (; $($name:ident),+ $(,)?) => {
+        /// The names of every conformance scenario, in the order they run.
+        pub const SCENARIOS: &[&str] = &[$(stringify!($name)),+];
+    };
+}
+
+crate::__idem_for_each_scenario!(__idem_scenario_names {});
+
+/// Expands one `#[tokio::test]` per conformance scenario, each calling
+/// `$setup` (an expression giving a future of a [`Fixture`]) for a fresh,
+/// isolated store.
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a
+/// dev-dependency.
+#[macro_export]
+macro_rules! store_conformance {
+    ($setup:expr) => {
+        $crate::__idem_for_each_scenario!(store_conformance { @each $setup });
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -134,4 +162,43 @@ macro_rules! store_conformance {
             }
         )+
     };
+}
+
+#[cfg(test)]
+mod tests {
+    /// A scenario written but not listed would never run on any backend.
+    #[test]
+    fn every_scenario_is_listed() {
+        let sources = [
+            include_str!("basic.rs"),
+            include_str!("concurrency.rs"),
+            include_str!("expiry.rs"),
+            include_str!("faults.rs"),
+            include_str!("guard.rs"),
+            include_str!("recovery.rs"),
+            include_str!("store_level.rs"),
+        ];
+        let mut found = 0;
+        for src in sources {
+            for line in src.lines() {
+                let Some(rest) = line.strip_prefix("pub async fn ") else {
+                    continue;
+                };
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                found += 1;
+                assert!(
+                    super::SCENARIOS.contains(&name.as_str()),
+                    "scenario `{name}` is not in __idem_for_each_scenario!"
+                );
+            }
+        }
+        assert_eq!(
+            found,
+            super::SCENARIOS.len(),
+            "a listed scenario has no source"
+        );
+    }
 }
