@@ -21,3 +21,11 @@ pub use idem_postgres as postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[doc(inline)]
 pub use idem_redis as redis;
+
+/// The HTTP adapter (feature `http`): a tower layer that puts the engine in
+/// front of POST/PATCH handlers (`Idempotency-Key`, problem+json,
+/// `Idempotent-Replayed`); axum integration with feature `axum`.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+#[doc(inline)]
+pub use idem_http as http;

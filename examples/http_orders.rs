@@ -1,0 +1,318 @@
+//! An orders API behind the idempotency layer.
+//!
+//! Run with: `cargo run --example http_orders --features axum`
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `IDEM_HTTP_ADDR` | `127.0.0.1:3000` | where to listen |
+//! | `IDEM_STORE` | `sqlite` | `sqlite`, `memory`, `postgres` (feature `postgres`), `redis` (feature `redis`) |
+//! | `IDEM_SQLITE_PATH` | a file in a temp dir | the SQLite database |
+//! | `IDEM_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` | schema `idem_http_orders` |
+//! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | prefix `idem-http-orders:` |
+//! | `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS` | 60 s, 24 h, 30 days | the policy |
+//! | `IDEM_IN_FLIGHT` | `reject` | `wait`: duplicates wait up to 10 s for the first |
+//!
+//! Try it:
+//!
+//! ```text
+//! curl -i -X POST localhost:3000/orders -H 'X-Account: acme' -H 'Idempotency-Key: order-1' \
+//!      -H 'Content-Type: application/json' -d '{"item":"book","qty":1}'
+//! ```
+//!
+//! `POST /orders` and `PATCH /orders/{id}` are protected; `GET`, `PUT` and
+//! `DELETE` pass through. `?delay_ms=N` makes a POST take N ms, `?status=503`
+//! makes it fail transiently. `GET /stats` counts handler executions.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem::http::{IdemAttempt, IdempotencyLayer, OwnerId, owner_from_extension};
+use idem::{Idem, InFlightMode, Policy, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The caller, set by the auth layer from `X-Account`.
+#[derive(Clone)]
+struct Account(String);
+
+impl OwnerId for Account {
+    fn owner_id(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.0)
+    }
+}
+
+#[derive(Default)]
+struct Orders {
+    orders: Mutex<BTreeMap<String, Value>>,
+    next: AtomicU64,
+    executions: AtomicU64,
+}
+
+#[derive(Deserialize)]
+struct Knobs {
+    delay_ms: Option<u64>,
+    status: Option<u16>,
+}
+
+fn env_ms(name: &str) -> Result<Option<Duration>, BoxError> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(Duration::from_millis(
+            v.parse().map_err(|e| format!("{name}: {e}"))?,
+        ))),
+        Err(_) => Ok(None),
+    }
+}
+
+fn policy() -> Result<Policy, BoxError> {
+    let mut b = Policy::builder();
+    if let Some(d) = env_ms("IDEM_LEASE_MS")? {
+        b = b.lease(d);
+    }
+    if let Some(d) = env_ms("IDEM_RESPONSE_TTL_MS")? {
+        b = b.response_ttl(d);
+    }
+    if let Some(d) = env_ms("IDEM_KEY_TTL_MS")? {
+        b = b.key_ttl(d);
+    }
+    if std::env::var("IDEM_IN_FLIGHT").as_deref() == Ok("wait") {
+        b = b.in_flight(InFlightMode::Wait {
+            timeout: Duration::from_secs(10),
+            poll: Duration::from_millis(25),
+        });
+    }
+    Ok(b.build()?)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let policy = policy()?;
+    let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
+    match which.as_str() {
+        "memory" => serve(Idem::new(idem::MemoryStore::new()).with_policy(policy)).await,
+        "sqlite" => sqlite(policy).await,
+        "postgres" => postgres(policy).await,
+        "redis" => redis(policy).await,
+        other => Err(format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into()),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(policy: Policy) -> Result<(), BoxError> {
+    let path = match std::env::var("IDEM_SQLITE_PATH") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(_) => std::env::temp_dir().join(format!("idem-http-orders-{}.db", std::process::id())),
+    };
+    println!("store: sqlite {}", path.display());
+    let store = idem::sqlite::SqliteStore::open(&path).await?;
+    serve(Idem::new(store).with_policy(policy)).await
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn sqlite(_: Policy) -> Result<(), BoxError> {
+    Err("IDEM_STORE=sqlite needs the `sqlite` feature (on by default)".into())
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(policy: Policy) -> Result<(), BoxError> {
+    let url = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let store = idem::postgres::PgStore::connect(&url)
+        .await?
+        .with_schema_name("idem_http_orders")?;
+    store.migrate().await?;
+    println!("store: postgres, schema idem_http_orders");
+    serve(Idem::new(store).with_policy(policy)).await
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_: Policy) -> Result<(), BoxError> {
+    Err("IDEM_STORE=postgres needs `--features axum,postgres`".into())
+}
+
+#[cfg(feature = "redis")]
+async fn redis(policy: Policy) -> Result<(), BoxError> {
+    let url =
+        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let store = idem::redis::RedisStore::connect(&url)
+        .await?
+        .with_prefix("idem-http-orders:")?;
+    println!("store: redis, prefix idem-http-orders:");
+    serve(Idem::new(store).with_policy(policy)).await
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis(_: Policy) -> Result<(), BoxError> {
+    Err("IDEM_STORE=redis needs `--features axum,redis`".into())
+}
+
+async fn serve<S: Store>(idem: Idem<S>) -> Result<(), BoxError> {
+    let layer = IdempotencyLayer::builder(idem)
+        .owner(owner_from_extension::<Account>())
+        .build()?;
+    let state = Arc::new(Orders::default());
+    let orders = Router::new()
+        .route("/orders", post(create).get(list))
+        .route(
+            "/orders/{id}",
+            axum::routing::patch(update).put(put).delete(delete),
+        )
+        .route_layer(layer.clone())
+        .layer(middleware::from_fn(auth));
+    let app = Router::new()
+        .route("/stats", get(stats))
+        .merge(orders)
+        .with_state(state);
+    let addr = std::env::var("IDEM_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    // Let detached handlers finish and store their outcomes.
+    layer.shutdown().await;
+    Ok(())
+}
+
+/// Auth, outside the idempotency layer: the owner is `X-Account`.
+async fn auth(mut req: Request, next: Next) -> Response {
+    let Some(account) = req
+        .headers()
+        .get("x-account")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(|v| Account(v.to_owned()))
+    else {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "X-Account header required"})),
+        )
+            .into_response();
+    };
+    req.extensions_mut().insert(account);
+    next.run(req).await
+}
+
+fn bad(msg: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response()
+}
+
+/// `{"item": string, "qty": integer > 0, ...}`, or the handler's own 400.
+fn validate(body: &Value) -> Result<(), &'static str> {
+    if !body.get("item").is_some_and(Value::is_string) {
+        return Err("item must be a string");
+    }
+    match body.get("qty").and_then(Value::as_i64) {
+        Some(q) if q > 0 => Ok(()),
+        Some(_) => Err("qty must be positive"),
+        None => Err("qty must be an integer"),
+    }
+}
+
+async fn create(
+    State(st): State<Arc<Orders>>,
+    Query(knobs): Query<Knobs>,
+    attempt: IdemAttempt,
+    Json(body): Json<Value>,
+) -> Response {
+    st.executions.fetch_add(1, Ordering::SeqCst);
+    if let Some(ms) = knobs.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(s) = knobs.status.and_then(|s| StatusCode::from_u16(s).ok()) {
+        return (s, Json(json!({"error": "requested failure"}))).into_response();
+    }
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
+    }
+    let id = format!("ord_{}", st.next.fetch_add(1, Ordering::SeqCst) + 1);
+    let order = json!({"id": id, "item": body["item"], "qty": body["qty"]});
+    st.orders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id.clone(), order.clone());
+    attempt.0.set_resource_id(&id);
+    let mut res = (StatusCode::CREATED, Json(order)).into_response();
+    if let Ok(loc) = HeaderValue::from_str(&format!("/orders/{id}")) {
+        res.headers_mut().insert(header::LOCATION, loc);
+    }
+    res
+}
+
+async fn update(
+    State(st): State<Arc<Orders>>,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    st.executions.fetch_add(1, Ordering::SeqCst);
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
+    }
+    let mut orders = st.orders.lock().unwrap_or_else(PoisonError::into_inner);
+    match orders.get_mut(&id) {
+        Some(o) => {
+            o["item"] = body["item"].clone();
+            o["qty"] = body["qty"].clone();
+            (StatusCode::OK, Json(o.clone())).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "no such order"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn list(State(st): State<Arc<Orders>>) -> Json<Value> {
+    let orders = st.orders.lock().unwrap_or_else(PoisonError::into_inner);
+    Json(Value::Array(orders.values().cloned().collect()))
+}
+
+async fn put(
+    State(st): State<Arc<Orders>>,
+    Path(id): Path<String>,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Err(msg) = validate(&body) {
+        return bad(msg);
+    }
+    let order = json!({"id": id, "item": body["item"], "qty": body["qty"]});
+    let created = st
+        .orders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, order.clone())
+        .is_none();
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, Json(order)).into_response()
+}
+
+async fn delete(State(st): State<Arc<Orders>>, Path(id): Path<String>) -> StatusCode {
+    st.orders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&id);
+    StatusCode::NO_CONTENT
+}
+
+async fn stats(State(st): State<Arc<Orders>>) -> Json<Value> {
+    Json(json!({"executions": st.executions.load(Ordering::SeqCst)}))
+}

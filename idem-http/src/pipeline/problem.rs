@@ -1,0 +1,245 @@
+//! RFC 9457 problem rendering for every answer the layer gives on its own
+//! (spec 2.11), to `(status, headers, bytes)`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+/// The draft every key rule comes from.
+pub const DRAFT: &str =
+    "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
+
+/// Every problem `code` the layer can answer with, in table order.
+pub const CODES: &[&str] = &[
+    "missing_key",
+    "invalid_key",
+    "fingerprint_mismatch",
+    "in_flight",
+    "response_expired",
+    "response_not_stored",
+    "lease_lost",
+    "request_too_large",
+    "request_body_unreadable",
+    "owner_unavailable",
+    "store_unavailable",
+    "shutting_down",
+    "corrupt_record",
+    "handler_panicked",
+    "response_body_failed",
+    "invalid_request",
+    "store_error",
+];
+
+/// The title of a code (the table of spec 2.11).
+#[must_use]
+pub fn title(code: &str) -> &'static str {
+    match code {
+        "missing_key" => "Idempotency-Key is missing",
+        "invalid_key" => "Idempotency-Key is invalid",
+        "fingerprint_mismatch" => "Idempotency-Key is already used",
+        "in_flight" => "A request is outstanding for this Idempotency-Key",
+        "response_expired" | "response_not_stored" => "This request was already processed",
+        "lease_lost" => "A newer attempt took over this Idempotency-Key",
+        "request_too_large" => "Request body too large for idempotency",
+        "request_body_unreadable" => "Request body could not be read",
+        "owner_unavailable" => "Caller identity unavailable",
+        "store_unavailable" => "Idempotency store unavailable",
+        "shutting_down" => "Server is shutting down",
+        "corrupt_record" => "Idempotency record unreadable",
+        "handler_panicked" => "The operation failed unexpectedly",
+        "response_body_failed" => "The response could not be completed",
+        "invalid_request" => "Request cannot be fingerprinted",
+        "store_error" => "Idempotency store error",
+        _ => "Idempotency error",
+    }
+}
+
+/// How problem `type` URIs are formed.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum ProblemTypes {
+    /// The draft's section anchors for `missing_key`/`invalid_key` (§2.1),
+    /// `fingerprint_mismatch` (§2.2) and `in_flight` (§2.6);
+    /// `urn:idem:problem:<code>` for the others (the default).
+    #[default]
+    Draft,
+    /// `base + code` for every code (your own docs).
+    Base(String),
+    /// Your own mapping from code to URI.
+    Custom(Arc<dyn Fn(&str) -> String + Send + Sync>),
+}
+
+impl fmt::Debug for ProblemTypes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Draft => f.write_str("Draft"),
+            Self::Base(b) => f.debug_tuple("Base").field(b).finish(),
+            Self::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+impl ProblemTypes {
+    /// The `type` of `code`.
+    #[must_use]
+    pub fn uri(&self, code: &str) -> String {
+        match self {
+            Self::Draft => match code {
+                "missing_key" | "invalid_key" => format!("{DRAFT}#section-2.1"),
+                "fingerprint_mismatch" => format!("{DRAFT}#section-2.2"),
+                "in_flight" => format!("{DRAFT}#section-2.6"),
+                other => format!("urn:idem:problem:{other}"),
+            },
+            Self::Base(base) => format!("{base}{code}"),
+            Self::Custom(f) => f(code),
+        }
+    }
+}
+
+/// One problem, before rendering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The stable code.
+    pub code: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// A human sentence.
+    pub detail: String,
+    /// Whether the same request may succeed later, unchanged.
+    pub retryable: bool,
+    /// Whole seconds for `Retry-After` (≥ 1), when sent.
+    pub retry_after: Option<u64>,
+    /// The received key (after unquoting; lossy UTF-8; at most 300 bytes).
+    pub idempotency_key: Option<String>,
+    /// The resource the first attempt created.
+    pub resource_id: Option<String>,
+    /// The body limit (`request_too_large`).
+    pub limit: Option<usize>,
+}
+
+/// A rendered problem: status, headers, body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The status.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(&'static str, String)>,
+    /// The `application/problem+json` body.
+    pub body: Vec<u8>,
+    /// The `instance` (`urn:uuid:<v4>`), for logs.
+    pub instance: String,
+}
+
+impl Problem {
+    /// Renders the problem: `Content-Type: application/problem+json`,
+    /// `Cache-Control: no-store`, `Content-Language: en`, `Retry-After` when
+    /// retryable, `Link rel="describedby"` when `docs_url` is set.
+    #[must_use]
+    pub fn render(&self, types: &ProblemTypes, docs_url: Option<&str>) -> Rendered {
+        let instance = format!("urn:uuid:{}", uuid_v4());
+        let mut body = Map::new();
+        body.insert("type".into(), types.uri(self.code).into());
+        body.insert("title".into(), title(self.code).into());
+        body.insert("status".into(), self.status.into());
+        body.insert("detail".into(), self.detail.clone().into());
+        body.insert("instance".into(), instance.clone().into());
+        body.insert("code".into(), self.code.into());
+        body.insert("retryable".into(), self.retryable.into());
+        if let Some(k) = &self.idempotency_key {
+            body.insert("idempotency_key".into(), truncate(k, 300).into());
+        }
+        if let Some(r) = &self.resource_id {
+            body.insert("resource_id".into(), r.clone().into());
+        }
+        if let Some(s) = self.retry_after {
+            body.insert("retry_after".into(), s.max(1).into());
+        }
+        if let Some(l) = self.limit {
+            body.insert("limit".into(), l.into());
+        }
+        let mut headers = vec![
+            ("content-type", "application/problem+json".to_owned()),
+            ("cache-control", "no-store".to_owned()),
+            ("content-language", "en".to_owned()),
+        ];
+        if let Some(s) = self.retry_after {
+            headers.push(("retry-after", s.max(1).to_string()));
+        }
+        if let Some(url) = docs_url {
+            headers.push((
+                "link",
+                format!("<{url}>; rel=\"describedby\"; type=\"text/html\""),
+            ));
+        }
+        Rendered {
+            status: self.status,
+            headers,
+            body: Value::Object(body).to_string().into_bytes(),
+            instance,
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A random (version 4) UUID from the operating system's generator.
+fn uuid_v4() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No entropy source: still unique enough for a support reference.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = t.to_be_bytes();
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_is_v4() {
+        for _ in 0..100 {
+            let u = uuid_v4();
+            let b = u.as_bytes();
+            assert_eq!(u.len(), 36);
+            assert_eq!(b[14], b'4');
+            assert!(matches!(b[19], b'8' | b'9' | b'a' | b'b'));
+        }
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        assert_eq!(truncate("ab", 300), "ab");
+        assert_eq!(truncate("aé", 2), "a");
+    }
+
+    #[test]
+    fn every_code_has_a_title() {
+        for c in CODES {
+            assert_ne!(title(c), "Idempotency error", "{c}");
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The test app: a real axum server on `127.0.0.1:0` with handlers that
+//! count executions, can be held in flight, answer chosen statuses, bodies
+//! and headers, and can panic; an auth layer that sets the owner.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{patch, post};
+use bytes::Bytes;
+use http_body::Frame;
+use idem_core::testkit::FailingStore;
+use idem_core::{Idem, InFlightMode, ManualClock, Policy, Store};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::{
+    Class, ExtensionOwner, FingerprintSpec, IdemAttempt, IdempotencyLayer, KeyNamespace,
+    KeyRequirement, OwnerId, owner_from_extension,
+};
+
+/// The lease the test policy uses.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// The response TTL of the test policy.
+pub const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+/// The key TTL of the test policy.
+pub const KEY_TTL: Duration = Duration::from_secs(86_400);
+/// `max_response_bytes` of the test policy.
+pub const MAX_RESPONSE: usize = 16 * 1024;
+/// `max_request_body` of the test layer.
+pub const MAX_REQUEST: usize = 8 * 1024;
+
+/// The owner the test auth layer inserts (from the `x-owner` header).
+#[derive(Debug, Clone)]
+pub struct Owner(pub String);
+
+impl OwnerId for Owner {
+    fn owner_id(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.0)
+    }
+}
+
+/// Handler executions and the gate that holds a handler in flight.
+#[derive(Debug)]
+pub struct Counts {
+    executions: AtomicUsize,
+    entered: Notify,
+    release: Semaphore,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Self {
+            executions: AtomicUsize::new(0),
+            entered: Notify::new(),
+            release: Semaphore::new(0),
+        }
+    }
+}
+
+impl Counts {
+    /// How many times a handler ran.
+    pub fn executions(&self) -> usize {
+        self.executions.load(Ordering::SeqCst)
+    }
+    /// Waits until a handler holding on `x-hold` has entered.
+    pub async fn entered(&self) {
+        self.entered.notified().await;
+    }
+    /// Lets `n` held handlers go on.
+    pub fn release(&self, n: usize) {
+        self.release.add_permits(n);
+    }
+}
+
+/// How the test app is configured.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Wait mode instead of reject.
+    pub wait: bool,
+    /// Detached handlers.
+    pub detached: bool,
+    /// Key namespace.
+    pub namespace: KeyNamespace,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            wait: false,
+            detached: true,
+            namespace: KeyNamespace::PerRoute,
+        }
+    }
+}
+
+/// The layer type of the test app.
+pub type TestLayer<S> = IdempotencyLayer<FailingStore<S>, ExtensionOwner<Owner>>;
+
+/// A running test app.
+#[derive(Debug)]
+pub struct App<S: Store> {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// A real HTTP client.
+    pub client: reqwest::Client,
+    /// The engine's clock.
+    pub clock: ManualClock,
+    /// The store, with fault switches.
+    pub store: FailingStore<S>,
+    /// The layer (to shut it down).
+    pub layer: TestLayer<S>,
+    /// Executions and the gate.
+    pub counts: Arc<Counts>,
+    /// The router (to drive it in-process).
+    pub router: Router,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl<S: Store> Drop for App<S> {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// The engine of the test app: a manual clock and the test policy.
+pub fn engine<S: Store>(
+    store: FailingStore<S>,
+    clock: &ManualClock,
+    wait: bool,
+) -> Idem<FailingStore<S>> {
+    let in_flight = if wait {
+        InFlightMode::Wait {
+            timeout: Duration::from_secs(10),
+            poll: Duration::from_millis(5),
+        }
+    } else {
+        InFlightMode::Reject
+    };
+    let policy = Policy::builder()
+        .lease(LEASE)
+        .response_ttl(RESPONSE_TTL)
+        .key_ttl(KEY_TTL)
+        .max_response_bytes(MAX_RESPONSE)
+        .in_flight(in_flight)
+        .store_retries(1, Duration::from_millis(1))
+        .build()
+        .expect("test policy");
+    Idem::new(store)
+        .with_clock(clock.clone())
+        .with_policy(policy)
+}
+
+impl<S: Store> App<S> {
+    /// Starts the app over `store` with the default options.
+    pub async fn start(store: Arc<S>) -> Self {
+        Self::with(store, Options::default()).await
+    }
+
+    /// Starts the app over `store`.
+    pub async fn with(store: Arc<S>, opts: Options) -> Self {
+        let clock = ManualClock::starting_now();
+        let store = FailingStore::new(store);
+        let idem = engine(store.clone(), &clock, opts.wait);
+        let fp = FingerprintSpec::default()
+            .ignore_fields(["/client_ts"])
+            .include_headers(["x-fp"]);
+        let layer = IdempotencyLayer::builder(idem.clone())
+            .owner(owner_from_extension::<Owner>())
+            .max_request_body(MAX_REQUEST)
+            .fingerprint(fp.clone())
+            .detached(opts.detached)
+            .key_namespace(opts.namespace)
+            .build()
+            .expect("layer");
+        let optional = IdempotencyLayer::builder(idem)
+            .owner(owner_from_extension::<Owner>())
+            .key(KeyRequirement::Optional)
+            .fingerprint(fp)
+            .build()
+            .expect("layer");
+        let counts = Arc::new(Counts::default());
+        let router = Router::new()
+            .route("/orders", post(order).get(order))
+            .route("/orders/{id}", patch(order).put(order).delete(order))
+            .route("/accounts/{id}/charges", post(order))
+            .route("/other", post(order))
+            .route_layer(layer.clone())
+            .route("/optional", post(order).layer(optional))
+            .layer(middleware::from_fn(auth))
+            .with_state(Arc::clone(&counts));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let app = router.clone();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            clock,
+            store,
+            layer,
+            counts,
+            router,
+            server,
+        }
+    }
+
+    /// The server's `host:port`.
+    pub fn addr(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    /// A JSON POST as owner `alice` with `key` (sent as given).
+    pub fn post(&self, path: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        self.request(reqwest::Method::POST, path, key, body)
+    }
+
+    /// A JSON request as owner `alice`.
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::RequestBuilder {
+        self.build(method, path, key, body, "alice", "application/json")
+    }
+
+    /// A POST as `owner` with `content_type`.
+    pub fn post_with(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+        owner: &str,
+        content_type: &str,
+    ) -> reqwest::RequestBuilder {
+        self.build(reqwest::Method::POST, path, key, body, owner, content_type)
+    }
+
+    fn build(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: &str,
+        owner: &str,
+        content_type: &str,
+    ) -> reqwest::RequestBuilder {
+        let mut r = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .header("x-owner", owner)
+            .header("content-type", content_type)
+            .body(body.to_owned());
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k);
+        }
+        r
+    }
+
+    /// Moves the engine's clock past the lease.
+    pub fn expire_lease(&self) {
+        self.clock.advance(LEASE + Duration::from_secs(1));
+    }
+}
+
+async fn auth(mut req: Request, next: Next) -> Response {
+    if let Some(owner) = req.headers().get("x-owner").and_then(|v| v.to_str().ok()) {
+        let owner = Owner(owner.to_owned());
+        req.extensions_mut().insert(owner);
+    }
+    next.run(req).await
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The test handler. Behaviour comes from request headers (not part of the
+/// fingerprint): `x-hold`, `x-panic`, `x-status`, `x-size`, `x-chunked`,
+/// `x-sse`, `x-bin`, `x-cookie`, `x-nonutf8`, `x-resource`, `x-class`,
+/// `x-body-error`.
+async fn order(
+    State(counts): State<Arc<Counts>>,
+    attempt: Option<IdemAttempt>,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let n = counts.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if headers.contains_key("x-hold") {
+        counts.entered.notify_one();
+        if let Ok(p) = counts.release.acquire().await {
+            p.forget();
+        }
+    }
+    assert!(!headers.contains_key("x-panic"), "handler panic (test)");
+    if let (Some(a), Some(r)) = (&attempt, header(&headers, "x-resource")) {
+        a.0.set_resource_id(r);
+    }
+    let status = header(&headers, "x-status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(201);
+    let size: Option<usize> = header(&headers, "x-size").and_then(|s| s.parse().ok());
+    let mut res = if headers.contains_key("x-sse") {
+        let mut r = Response::new(Body::from("data: 1\n\ndata: 2\n\n"));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else if headers.contains_key("x-body-error") {
+        Response::new(Body::new(Chunks {
+            left: 2,
+            chunk: 16,
+            fail: true,
+        }))
+    } else if let Some(size) = size {
+        let b = if headers.contains_key("x-chunked") {
+            Body::new(Chunks {
+                left: size.div_ceil(1024),
+                chunk: 1024,
+                fail: false,
+            })
+        } else {
+            Body::from(vec![b'x'; size])
+        };
+        Response::new(b)
+    } else if headers.contains_key("x-bin") {
+        Response::new(Body::from(vec![0u8, 0xff, 0xfe, b'{', n as u8]))
+    } else {
+        let v = serde_json::json!({
+            "id": format!("ord_{n}"),
+            "path": uri.path(),
+            "body": String::from_utf8_lossy(&body),
+        });
+        let mut r = Response::new(Body::from(v.to_string()));
+        r.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/json"));
+        r
+    };
+    *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::CREATED);
+    let h = res.headers_mut();
+    let recovery = attempt.as_ref().is_some_and(|a| a.0.is_recovery());
+    h.insert(
+        "x-recovery",
+        HeaderValue::from_static(if recovery { "true" } else { "false" }),
+    );
+    h.insert("x-execution", HeaderValue::from(n));
+    h.append("link", HeaderValue::from_static("</a>; rel=\"a\""));
+    h.append("link", HeaderValue::from_static("</b>; rel=\"b\""));
+    if headers.contains_key("x-cookie") {
+        h.insert(
+            "set-cookie",
+            HeaderValue::from_static("session=first; HttpOnly"),
+        );
+    }
+    if headers.contains_key("x-nonutf8") {
+        h.insert(
+            "x-bin-header",
+            HeaderValue::from_bytes(b"caf\xe9").expect("obs-text"),
+        );
+    }
+    if header(&headers, "x-class") == Some("complete-without-body") {
+        res.extensions_mut().insert(Class::CompleteWithoutBody);
+    }
+    res
+}
+
+/// A body of `left` chunks of `chunk` bytes with no size hint; with `fail`,
+/// an error after the first chunk.
+struct Chunks {
+    left: usize,
+    chunk: usize,
+    fail: bool,
+}
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        if self.fail && self.left == 0 {
+            return Poll::Ready(Some(Err(std::io::Error::other("body failed (test)"))));
+        }
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'y'; self.chunk])))))
+    }
+}
