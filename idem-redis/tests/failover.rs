@@ -289,18 +289,26 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(1_800_000_000_000));
     // A fresh server: the first call of each script also takes the NOSCRIPT
     // reload path of the pipeline.
-    let store = RedisStore::connect(&pair.url())
-        .await
-        .expect("connect")
-        .with_prefix("idem-ack:")
-        .expect("prefix")
-        .with_replica_ack(1, Duration::from_millis(200));
-    assert_eq!(store.replica_ack().map(|a| a.replicas()), Some(1));
-    let idem: Engine = Arc::new(
-        Idem::new(store)
-            .with_clock(clock.clone())
-            .with_policy(policy()),
-    );
+    // Two engines on one server: the first writes (which also take the
+    // NOSCRIPT reload path on a fresh server) get a generous acknowledgement
+    // timeout; the refusals below use one under the connection's 500 ms
+    // response timeout, which would otherwise answer first ("timed out").
+    let engine = |ack: Duration| {
+        let (url, clock) = (pair.url(), clock.clone());
+        async move {
+            let store = RedisStore::connect(&url)
+                .await
+                .expect("connect")
+                .with_prefix("idem-ack:")
+                .expect("prefix")
+                .with_replica_ack(1, ack);
+            assert_eq!(store.replica_ack().map(|a| a.replicas()), Some(1));
+            let idem: Engine = Arc::new(Idem::new(store).with_clock(clock).with_policy(policy()));
+            idem
+        }
+    };
+    let warm = engine(Duration::from_millis(2000)).await;
+    let idem = engine(Duration::from_millis(300)).await;
     let scope = Scope::new("tenant", "POST /charges").expect("scope");
 
     // With the replica: claim, checkpoint, extension and completion are
@@ -308,7 +316,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let runs = Counter::default();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let (r, s) = (runs.clone(), Arc::clone(&seen));
-    let done = idem
+    let done = warm
         .execute(&scope, "k1", &request(), |attempt| async move {
             r.hit();
             let checkpoint = attempt

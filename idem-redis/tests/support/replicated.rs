@@ -353,6 +353,16 @@ impl ReplicatedPair {
             cli(replica, &["info", "replication"])
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
+        // The replica's side is up before the primary counts it: WAIT only
+        // counts replicas the primary sees online.
+        wait_for(
+            Duration::from_secs(20),
+            "the primary to see its replica online",
+            || {
+                cli(primary, &["info", "replication"])
+                    .is_some_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
+            },
+        );
         pair
     }
 
