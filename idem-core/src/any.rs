@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::admin::{AdminStore, InFlightQuery, Page, StateCounts};
 use crate::clock::Timestamp;
 use crate::scope::RecordId;
 use crate::store::{
@@ -14,9 +15,9 @@ use crate::store::{
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The dyn-compatible mirror of [`Store`], implemented for every store.
-/// Not meant to be implemented or called directly: wrap a store in
-/// [`AnyStore`].
+/// The dyn-compatible mirror of [`Store`] and [`AdminStore`], implemented
+/// for every admin store. Not meant to be implemented or called directly:
+/// wrap a store in [`AnyStore`].
 trait DynStore: Send + Sync + fmt::Debug + 'static {
     fn claim<'a>(
         &'a self,
@@ -57,9 +58,25 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         limit: u32,
     ) -> BoxFuture<'_, Result<PurgeReport, StoreError>>;
     fn capabilities(&self) -> Capabilities;
+    fn list_in_flight<'a>(
+        &'a self,
+        query: &'a InFlightQuery<'a>,
+    ) -> BoxFuture<'a, Result<Page, StoreError>>;
+    fn release_in_flight<'a>(
+        &'a self,
+        id: &'a RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn delete_completed<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn count_states(&self, now: Timestamp) -> BoxFuture<'_, Result<StateCounts, StoreError>>;
 }
 
-impl<S: Store> DynStore for S {
+impl<S: AdminStore> DynStore for S {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest<'a>,
@@ -115,6 +132,30 @@ impl<S: Store> DynStore for S {
     fn capabilities(&self) -> Capabilities {
         Store::capabilities(self)
     }
+    fn list_in_flight<'a>(
+        &'a self,
+        query: &'a InFlightQuery<'a>,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(AdminStore::list_in_flight(self, query))
+    }
+    fn release_in_flight<'a>(
+        &'a self,
+        id: &'a RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(AdminStore::release_in_flight(self, id, attempt, now))
+    }
+    fn delete_completed<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(AdminStore::delete_completed(self, id, now))
+    }
+    fn count_states(&self, now: Timestamp) -> BoxFuture<'_, Result<StateCounts, StoreError>> {
+        Box::pin(AdminStore::count_states(self, now))
+    }
 }
 
 /// Any store, chosen at run time: SQLite in development and Postgres in
@@ -122,6 +163,12 @@ impl<S: Store> DynStore for S {
 ///
 /// Costs one boxed future per store call (an allocation, next to a network
 /// round trip or a SQLite statement). Cheap to clone.
+///
+/// It is an [`AdminStore`] too, so the operator API
+/// ([`Idem::inspect`](crate::Idem::inspect), [`Idem::list_stuck`](crate::Idem::list_stuck),
+/// the purger) works on the store chosen at run time. Every backend of this
+/// workspace implements [`AdminStore`]; a third-party store implements it
+/// to be wrapped here.
 ///
 /// ```
 /// use idem_core::{AnyStore, Idem, MemoryStore};
@@ -141,7 +188,7 @@ pub struct AnyStore(Arc<dyn DynStore>);
 
 impl AnyStore {
     /// Wraps a store.
-    pub fn new<S: Store>(store: S) -> Self {
+    pub fn new<S: AdminStore>(store: S) -> Self {
         Self(Arc::new(store))
     }
 }
@@ -196,5 +243,26 @@ impl Store for AnyStore {
     }
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl AdminStore for AnyStore {
+    async fn list_in_flight(&self, query: &InFlightQuery<'_>) -> Result<Page, StoreError> {
+        self.0.list_in_flight(query).await
+    }
+    async fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.0.release_in_flight(id, attempt, now).await
+    }
+    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
+        self.0.delete_completed(id, now).await
+    }
+    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
+        self.0.count_states(now).await
     }
 }

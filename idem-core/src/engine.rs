@@ -512,20 +512,6 @@ impl<S: Store> Idem<S> {
         })
     }
 
-    /// Reads the record for `(scope, key)` as the store holds it now.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`], [`Error::Store`], [`Error::CorruptRecord`].
-    pub async fn lookup<K: IntoKey>(
-        &self,
-        scope: &Scope,
-        key: K,
-    ) -> Result<Option<StoredRecord>, Error> {
-        let id = RecordId::new(scope.clone(), key.into_key()?);
-        Ok(self.store.fetch(&id, self.clock.now()).await?)
-    }
-
     /// Deletes expired keys and drops expired bodies, `batch` at a time, until
     /// nothing is left; returns the totals. Safe to run from every instance.
     ///

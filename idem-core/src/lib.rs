@@ -73,3 +73,26 @@ mod memory_conformance {
 
     crate::store_conformance!(setup());
 }
+
+/// The same suite through [`AnyStore`]: the dyn-compatible mirror forwards
+/// every store and operator call, so a backend chosen at run time keeps every
+/// promise.
+#[cfg(all(test, feature = "testkit"))]
+mod any_store_conformance {
+    use crate::testkit::Fixture;
+    use crate::{AnyStore, MemoryStore};
+
+    struct Any(AnyStore);
+    impl Fixture for Any {
+        type Store = AnyStore;
+        fn store(&self) -> AnyStore {
+            self.0.clone()
+        }
+        async fn teardown(self) {}
+    }
+    async fn setup() -> Any {
+        Any(AnyStore::new(MemoryStore::new()))
+    }
+
+    crate::store_conformance!(setup());
+}

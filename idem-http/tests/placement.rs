@@ -103,12 +103,12 @@ async fn compression_outside_stores_identity_and_compresses_each_replay() {
     let scope = Scope::new("tenant", "POST /orders").expect("scope");
     let record = s
         .idem
-        .lookup(&scope, key.as_str())
+        .inspect(&scope, key.as_str(), true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("record");
     let stored =
-        HttpResponse::decode(record.response.as_deref().expect("stored body")).expect("decode");
+        HttpResponse::decode(record.body.as_deref().expect("stored body")).expect("decode");
     assert_eq!(stored.body, first);
     assert!(stored.headers.iter().all(|(n, _)| n != "content-encoding"));
     // Each replay is encoded for its own request.

@@ -142,9 +142,9 @@ async fn tx_commits_claim_writes_and_response_together() {
             "the work's write committed once"
         );
         let rec = idem
-            .lookup(&scope, "order-1")
+            .inspect(&scope, "order-1", true)
             .await
-            .expect("lookup")
+            .expect("inspect")
             .expect("record");
         assert_eq!(rec.state, RecordState::Completed);
         assert_eq!(
@@ -179,7 +179,10 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
             .expect("transient is returned");
         assert_eq!(reply.into_result(), Err("provider 503".to_owned()));
         assert_eq!(count_rows(&fx, "orders").await, 0);
-        assert_eq!(idem.lookup(&scope, "k").await.expect("lookup"), None);
+        assert_eq!(
+            idem.inspect(&scope, "k", true).await.expect("inspect"),
+            None
+        );
 
         // A future dropped mid-work (a crash, a cancelled request).
         let (started_tx, started) = tokio::sync::oneshot::channel();

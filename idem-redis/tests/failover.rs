@@ -138,9 +138,9 @@ fn is_unacknowledged(e: &Error) -> bool {
 
 async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
     engine
-        .lookup(scope, key)
+        .inspect(scope, key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .map(|r| (r.state, r.attempt))
 }
 
@@ -223,8 +223,14 @@ async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
     sleeper.join().expect("the sleeper thread");
     cluster.take_over(&shard);
     let started = Instant::now();
-    while plain.lookup(&scope, keys["a"].as_str()).await.is_err()
-        || acked.lookup(&scope, keys["a"].as_str()).await.is_err()
+    while plain
+        .inspect(&scope, keys["a"].as_str(), true)
+        .await
+        .is_err()
+        || acked
+            .inspect(&scope, keys["a"].as_str(), true)
+            .await
+            .is_err()
     {
         assert!(
             started.elapsed() < Duration::from_secs(20),

@@ -169,14 +169,14 @@ async fn memory_stores_are_private() {
     complete_one(&Idem::new(a.store()), &scope, "k").await;
     assert!(
         Idem::new(a.store())
-            .lookup(&scope, "k")
+            .inspect(&scope, "k", true)
             .await
             .unwrap()
             .is_some()
     );
     assert!(
         Idem::new(b.store())
-            .lookup(&scope, "k")
+            .inspect(&scope, "k", true)
             .await
             .unwrap()
             .is_none()

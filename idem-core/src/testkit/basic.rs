@@ -37,13 +37,13 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
     assert_eq!(reply.attempt(), 1);
     assert_eq!(runs.get(), 1);
     let record = idem
-        .lookup(&scope, &key)
+        .inspect(&scope, &key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("record exists");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.outcome, Some(OutcomeKind::Success));
-    assert!(record.response.is_some());
+    assert!(record.body.is_some());
 }
 
 /// Every retry gets the first response back byte for byte (status, headers,
@@ -131,7 +131,7 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     })
     .await
     .expect("first");
-    let before = idem.lookup(&scope, &key).await.expect("lookup");
+    let before = idem.inspect(&scope, &key, true).await.expect("inspect");
     let r = runs.clone();
     let err = idem
         .execute(&scope, &key, &charge_request(200), move |_| async move {
@@ -146,7 +146,10 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
     assert_eq!(err.http_status(), 422);
     assert_eq!(runs.get(), 0);
-    assert_eq!(idem.lookup(&scope, &key).await.expect("lookup"), before);
+    assert_eq!(
+        idem.inspect(&scope, &key, true).await.expect("inspect"),
+        before
+    );
     let again = idem
         .execute(&scope, &key, &charge_request(100), |_| async {
             unreachable_work()
@@ -231,7 +234,12 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
         assert_eq!(reply.into_result().expect("ok").id, id);
     }
     let c = Scope::new(format!("{}-c", a.owner()), a.operation()).expect("scope");
-    assert!(idem.lookup(&c, &key).await.expect("lookup").is_none());
+    assert!(
+        idem.inspect(&c, &key, true)
+            .await
+            .expect("inspect")
+            .is_none()
+    );
 }
 
 /// The same owner and key under another operation is another record.
@@ -348,5 +356,10 @@ pub async fn invalid_input_stores_nothing_and_runs_nothing<S: Store>(store: Arc<
         assert_eq!(err.http_status(), 400);
     }
     assert_eq!(runs.get(), 0);
-    assert!(idem.lookup(&scope, &key).await.expect("lookup").is_none());
+    assert!(
+        idem.inspect(&scope, &key, true)
+            .await
+            .expect("inspect")
+            .is_none()
+    );
 }

@@ -62,12 +62,12 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
     }
     assert_eq!(runs.get(), 0);
     let record = idem
-        .lookup(&scope, &key)
+        .inspect(&scope, &key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("key kept");
     assert_eq!(record.state, RecordState::Completed);
-    assert_eq!(record.response, None);
+    assert_eq!(record.body, None);
     let err = idem
         .execute(&scope, &key, &charge_request(1), |_| async { charge("no") })
         .await
@@ -89,7 +89,12 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
     .await
     .expect("first");
     clock.advance(KEY_TTL + Duration::from_secs(1));
-    assert!(idem.lookup(&scope, &key).await.expect("lookup").is_none());
+    assert!(
+        idem.inspect(&scope, &key, true)
+            .await
+            .expect("inspect")
+            .is_none()
+    );
     let r = runs.clone();
     let reply = idem
         .execute(&scope, &key, &charge_request(300), |a| async move {
@@ -156,11 +161,11 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     assert_eq!(bodies, if native { 0 } else { 25 });
     for k in &keys[..3] {
         let rec = idem
-            .lookup(&scope, k)
+            .inspect(&scope, k, true)
             .await
-            .expect("lookup")
+            .expect("inspect")
             .expect("key kept");
-        assert_eq!(rec.response, None);
+        assert_eq!(rec.body, None);
         assert_eq!(rec.outcome, Some(OutcomeKind::Success));
     }
     clock.advance(KEY_TTL);
@@ -188,7 +193,12 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         assert_eq!(calls, 4, "25 keys in batches of 10, then an empty call");
     }
     for k in &keys[..3] {
-        assert!(idem.lookup(&scope, k).await.expect("lookup").is_none());
+        assert!(
+            idem.inspect(&scope, k, true)
+                .await
+                .expect("inspect")
+                .is_none()
+        );
     }
     let total = idem.purge_expired(limit).await.expect("purge all");
     assert_eq!(total.keys_removed, 0);

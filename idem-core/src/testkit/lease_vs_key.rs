@@ -93,9 +93,9 @@ async fn assert_duplicates_refused<S: Store>(
         .expect_err("another request under a leased key");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
     let record = idem
-        .lookup(scope, key)
+        .inspect(scope, key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("a leased record is visible");
     assert_eq!(record.state, RecordState::InFlight);
 }

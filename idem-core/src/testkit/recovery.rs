@@ -274,9 +274,9 @@ pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store:
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_newer");
     let record = idem
-        .lookup(&scope, &key)
+        .inspect(&scope, &key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("record");
     assert_eq!(
         record.resource_id, None,
@@ -351,9 +351,9 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
     assert!(!reply.is_stored());
     assert!(matches!(reply.outcome(), Outcome::Transient(d) if d.code == "provider_503"));
     let record = idem
-        .lookup(&scope, &key)
+        .inspect(&scope, &key, true)
         .await
-        .expect("lookup")
+        .expect("inspect")
         .expect("record");
     assert_eq!(record.state, RecordState::Released);
     let err = idem
