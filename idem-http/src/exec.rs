@@ -7,10 +7,12 @@
 //! goes out. A panic drops the claim mid-work: the record stays in flight
 //! and is recovered after the lease, as core's "a panic is a crash" rule says.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
@@ -131,7 +133,19 @@ where
             }
         }
     } else {
-        task.await
+        // Not detached, the handler runs in this future: a panic is caught
+        // here (its claim dropped on the way, so the record stays in flight
+        // for recovery) and answered as in a detached task, not left to
+        // unwind into the server's connection task.
+        match AssertUnwindSafe(task).catch_unwind().await {
+            Ok(out) => out,
+            Err(_) => {
+                warn!("handler panicked: record left in flight for recovery");
+                return Ok(Answer::Reject(Rejection::HandlerPanicked {
+                    retry_after: lease,
+                }));
+            }
+        }
     };
     match finished {
         Err(e @ Error::LeaseLost { .. }) => return Ok(Answer::Reject(Rejection::Engine(e))),

@@ -365,7 +365,11 @@ impl<S: Store, O> Builder<S, O> {
 
     /// Whether handlers run in a spawned, tracked task (default `true`): a
     /// client disconnect or an outer timeout then cannot cut an operation in
-    /// half. Needs a tokio runtime.
+    /// half. Needs a tokio runtime. Either way a panicking handler is
+    /// answered with 500 `handler_panicked` and its record is left in flight
+    /// for recovery after the lease; `false` runs the handler inside the
+    /// request's own future, so a disconnect drops it mid-work (a crash,
+    /// recovered the same way).
     #[must_use]
     pub fn detached(mut self, on: bool) -> Self {
         self.cfg.detached = on;

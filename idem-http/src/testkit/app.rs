@@ -89,6 +89,8 @@ pub struct Options {
     pub detached: bool,
     /// Key namespace.
     pub namespace: KeyNamespace,
+    /// The layer's `docs_url`.
+    pub docs_url: Option<String>,
 }
 
 impl Default for Options {
@@ -97,6 +99,7 @@ impl Default for Options {
             wait: false,
             detached: true,
             namespace: KeyNamespace::PerRoute,
+            docs_url: None,
         }
     }
 }
@@ -172,14 +175,16 @@ impl<S: Store> App<S> {
         let fp = FingerprintSpec::default()
             .ignore_fields(["/client_ts"])
             .include_headers(["x-fp"]);
-        let layer = IdempotencyLayer::builder(idem.clone())
+        let mut layer = IdempotencyLayer::builder(idem.clone())
             .owner(owner_from_extension::<Owner>())
             .max_request_body(MAX_REQUEST)
             .fingerprint(fp.clone())
             .detached(opts.detached)
-            .key_namespace(opts.namespace)
-            .build()
-            .expect("layer");
+            .key_namespace(opts.namespace);
+        if let Some(url) = opts.docs_url {
+            layer = layer.docs_url(url);
+        }
+        let layer = layer.build().expect("layer");
         let optional = IdempotencyLayer::builder(idem)
             .owner(owner_from_extension::<Owner>())
             .key(KeyRequirement::Optional)

@@ -65,10 +65,10 @@ pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
     assert_eq!(app.counts.executions(), 10);
 }
 
-/// Row 2: a covered request without a key on a `Required` route: 400
+/// Row 2 (and `docs_url`): a covered request without a key on a `Required` route: 400
 /// `missing_key`, nothing runs.
 pub async fn row_02_missing_key_is_400<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
+    let app = App::start(Arc::clone(&store)).await;
     let g = send(app.post("/orders", None, "{}")).await;
     let p = g.assert_problem(400, "missing_key", None);
     assert_eq!(p["retryable"], false);
@@ -77,6 +77,24 @@ pub async fn row_02_missing_key_is_400<S: Store>(store: Arc<S>) {
             .as_str()
             .unwrap_or_default()
             .ends_with("#section-2.1")
+    );
+    assert_eq!(g.header("link"), None);
+    assert_eq!(app.counts.executions(), 0);
+
+    // With `docs_url`, every problem links to it (the draft's alternative).
+    let app = App::with(
+        store,
+        Options {
+            docs_url: Some("https://docs.example/idempotency".to_owned()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let g = send(app.post("/orders", None, "{}")).await;
+    g.assert_problem(400, "missing_key", None);
+    assert_eq!(
+        g.header("link"),
+        Some(r#"<https://docs.example/idempotency>; rel="describedby"; type="text/html""#)
     );
     assert_eq!(app.counts.executions(), 0);
 }
@@ -681,10 +699,11 @@ pub async fn row_24_dropped_when_not_detached_is_recovered<S: Store>(store: Arc<
     assert_eq!(app.counts.executions(), 2);
 }
 
-/// Row 25: the handler panics (detached): 500 `handler_panicked` with
-/// `Retry-After`; the record stays in flight and is recovered after the lease.
+/// Row 25: the handler panics (detached, then not detached): 500
+/// `handler_panicked` with `Retry-After`; the record stays in flight and is
+/// recovered after the lease.
 pub async fn row_25_panic_is_500_then_recovery<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
+    let app = App::start(Arc::clone(&store)).await;
     let k = key();
     let g = send(app.post("/orders", Some(&k), "{}").header("x-panic", "1")).await;
     g.assert_problem(500, "handler_panicked", Some(&k));
@@ -696,6 +715,32 @@ pub async fn row_25_panic_is_500_then_recovery<S: Store>(store: Arc<S>) {
     let g = send(app.post("/orders", Some(&k), "{}")).await;
     g.assert_executed(201);
     assert_eq!(g.header("x-recovery"), Some("true"));
+    assert_eq!(app.counts.executions(), 2);
+
+    // Not detached, the panic happens inside the request's own future: it is
+    // answered the same way and the record recovered the same way.
+    let app = App::with(
+        store,
+        Options {
+            detached: false,
+            ..Options::default()
+        },
+    )
+    .await;
+    let k = key();
+    let g = send(app.post("/orders", Some(&k), "{}").header("x-panic", "1")).await;
+    g.assert_problem(500, "handler_panicked", Some(&k));
+    assert_eq!(g.header("retry-after"), Some("60"));
+    send(app.post("/orders", Some(&k), "{}"))
+        .await
+        .assert_problem(409, "in_flight", Some(&k));
+    app.expire_lease();
+    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    g.assert_executed(201);
+    assert_eq!(g.header("x-recovery"), Some("true"));
+    send(app.post("/orders", Some(&k), "{}"))
+        .await
+        .assert_replay_of(&g);
     assert_eq!(app.counts.executions(), 2);
 }
 
