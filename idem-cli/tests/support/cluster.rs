@@ -1,5 +1,5 @@
-//! A throwaway Redis Cluster of three primaries on loopback ports 7300-7339
-//! (cluster bus ports 40 above), started once per test binary and shut down
+//! A throwaway Redis Cluster of three primaries on loopback ports 7300-7319
+//! (cluster bus ports 20 above), started once per test binary and shut down
 //! (without saving) when the binary ends, or by a watchdog shell if it is
 //! killed first.
 
@@ -44,7 +44,10 @@ impl Cluster {
     }
 }
 
-const BUS_OFFSET: u16 = 40;
+/// Where the primaries' client ports are taken from (this crate's share of
+/// the loopback range 7300-7399: idem-http's tests take 7340-7379).
+const NODE_PORTS: std::ops::Range<u16> = 7300..7320;
+const BUS_OFFSET: u16 = 20;
 
 fn free(port: u16) -> bool {
     TcpListener::bind(("127.0.0.1", port)).is_ok()
@@ -52,7 +55,7 @@ fn free(port: u16) -> bool {
 
 fn start() -> Cluster {
     let mut ports = Vec::new();
-    for port in 7300..7340 {
+    for port in NODE_PORTS {
         if free(port) && free(port + BUS_OFFSET) {
             ports.push(port);
             if ports.len() == 3 {
@@ -60,7 +63,7 @@ fn start() -> Cluster {
             }
         }
     }
-    assert_eq!(ports.len(), 3, "no three free ports in 7300-7339");
+    assert_eq!(ports.len(), 3, "no three free ports in {NODE_PORTS:?}");
     let dir = std::env::temp_dir().join(format!(
         "idem-cli-cluster-{}-{}",
         std::process::id(),
