@@ -213,6 +213,20 @@ impl<S: Store> App<S> {
             .route("/other", post(order))
             .route_layer(layer.clone())
             .route("/optional", post(order).layer(optional))
+            // Per-route layers derived from the main one with its setters.
+            .route(
+                "/strict",
+                post(order).layer(layer.clone().fingerprint(FingerprintSpec::default())),
+            )
+            .route(
+                "/small",
+                post(order).layer(
+                    layer
+                        .clone()
+                        .with_max_request_body(16)
+                        .expect("a valid limit"),
+                ),
+            )
             // The same handlers nested twice under a prefix, each with the
             // layer on the nested router (`Router::nest`).
             .nest("/v1", nested(&layer))

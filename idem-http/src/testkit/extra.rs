@@ -237,3 +237,67 @@ pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
         assert_ne!(record.fingerprint, fp("/accounts/1/charges"));
     }
 }
+
+/// Spec 2.2's per-route settings: a layer derived with the layer's own
+/// setters (`layer.clone().fingerprint(..)`, `with_max_request_body(..)`)
+/// changes only that setting, shares the engine and owner source, and is
+/// shut down with the layer it came from; the validated setters refuse what
+/// the builder refuses.
+pub async fn layer_setters_derive_per_route_layers<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    // `/strict` fingerprints every field; the main layer ignores /client_ts.
+    for (path, second) in [("/orders", 201), ("/strict", 422)] {
+        let k = IdempotencyKey::random().as_str().to_owned();
+        let first = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#)).await;
+        first.assert_executed(201);
+        let g = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":2}"#)).await;
+        if second == 422 {
+            g.assert_problem(422, "fingerprint_mismatch", Some(&k));
+        } else {
+            g.assert_replay_of(&first);
+        }
+        // The derived layer still runs once per key and replays.
+        send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#))
+            .await
+            .assert_replay_of(&first);
+    }
+    assert_eq!(app.counts.executions(), 2);
+    // `/small` has a 16-byte request limit; the main layer's is larger.
+    let big = r#"{"item":"a long enough body"}"#;
+    let k = IdempotencyKey::random().as_str().to_owned();
+    send(app.post("/small", Some(&k), big))
+        .await
+        .assert_problem(413, "request_too_large", Some(&k));
+    send(app.post("/orders", Some(&k), big))
+        .await
+        .assert_executed(201);
+    send(app.post("/small", Some(IdempotencyKey::random().as_str()), "{}"))
+        .await
+        .assert_executed(201);
+    assert_eq!(app.counts.executions(), 4);
+    // What the builder refuses, the layer's setters refuse.
+    assert!(app.layer.clone().with_max_request_body(0).is_err());
+    assert!(app.layer.clone().with_methods([]).is_err());
+    let key_header = app.layer.key_header().clone();
+    assert!(
+        app.layer
+            .clone()
+            .with_replayed_headers([key_header])
+            .is_err()
+    );
+    assert!(
+        app.layer
+            .clone()
+            .with_key_header(http::HeaderName::from_static("idempotent-replayed"))
+            .is_err()
+    );
+    // One shutdown stops the derived layers too.
+    app.layer.close();
+    for path in ["/strict", "/small", "/orders"] {
+        let k = IdempotencyKey::random().as_str().to_owned();
+        send(app.post(path, Some(&k), "{}"))
+            .await
+            .assert_problem(503, "shutting_down", Some(&k));
+    }
+    assert_eq!(app.counts.executions(), 4);
+}

@@ -79,6 +79,7 @@ macro_rules! http_conformance {
             problem_echoes_the_unquoted_key,
             wait_mode_timeout_is_409_with_retry_after,
             nested_router_names_the_full_route,
+            layer_setters_derive_per_route_layers,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
