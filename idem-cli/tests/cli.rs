@@ -57,10 +57,31 @@ fn main() -> ExitCode {
         ("cluster_killed_process", cluster_killed_process),
         ("silent_server_times_out", silent_server_times_out),
     ];
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    // Positional arguments filter by name; libtest's flags are accepted and
+    // ignored (with the value of those that take one).
+    let mut filters: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if [
+            "--test-threads",
+            "--skip",
+            "--color",
+            "--format",
+            "--logfile",
+            "-Z",
+        ]
+        .contains(&a.as_str())
+        {
+            args.next();
+        } else if a == "--list" {
+            for (name, _) in &tests {
+                println!("{name}: test");
+            }
+            return ExitCode::SUCCESS;
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
     let chosen: Vec<Test> = tests
         .into_iter()
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
