@@ -308,16 +308,28 @@ fn spawn_holder(backend: &Backend, owner: &str, long_key: &str, ended: &[String]
     let holder = Holder(child);
     let mut waiting: Vec<String> = ended.to_vec();
     waiting.push(long_key.to_owned());
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("child stdout");
-        if let Some(key) = line.strip_prefix("READY ") {
-            waiting.retain(|k| k != key);
-            if waiting.is_empty() {
-                return holder;
+    // Lines arrive through a thread, so a child that hangs before holding
+    // its keys fails the test after a minute instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line).is_err() {
+                return;
             }
         }
+    });
+    while !waiting.is_empty() {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => {
+                let line = line.expect("child stdout");
+                if let Some(key) = line.strip_prefix("READY ") {
+                    waiting.retain(|k| k != key);
+                }
+            }
+            Err(e) => panic!("the child did not hold {waiting:?}: {e}"),
+        }
     }
-    panic!("the child ended before holding {waiting:?}");
+    holder
 }
 
 /// Runs `idem <store args> <args> --json` with no standard input; the exit
