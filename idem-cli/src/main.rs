@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 ///
 /// Exit codes: 0 done; 1 store or connection error; 2 bad usage; 3 no such
 /// record; 4 refused (the record is in another state, or a destructive
-/// action was not confirmed).
+/// action was not confirmed); 5 the store did not answer within `--timeout`.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 struct Cli {
@@ -43,6 +43,12 @@ struct Cli {
     /// Do not ask before a destructive action (release, delete, purge).
     #[arg(long, short = 'y', global = true)]
     yes: bool,
+    /// How long to wait for the store, per call (connecting, each query or
+    /// script, each page of a listing, each purge batch): `500ms`, `30s`,
+    /// `2m`; a bare number is seconds. When it fires the command stops with
+    /// exit code 5.
+    #[arg(long, env = "IDEM_TIMEOUT", global = true, default_value = "30s", value_parser = parse_timeout)]
+    timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -116,6 +122,27 @@ enum Command {
     Migrate,
 }
 
+/// `500ms`, `30s`, `2m` or a bare number of seconds; at least 1 ms.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, "s"), |at| text.split_at(at));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s or 2m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{text:?}: the unit is ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err("the timeout must be at least 1ms".to_owned());
+    }
+    Ok(d)
+}
+
 /// Why the tool stops, and its exit code.
 #[derive(Debug)]
 enum Failure {
@@ -123,6 +150,7 @@ enum Failure {
     Usage(String),
     NotFound,
     Refused(String),
+    Timeout(String),
 }
 
 impl Failure {
@@ -132,6 +160,7 @@ impl Failure {
             Self::Usage(_) => 2,
             Self::NotFound => 3,
             Self::Refused(_) => 4,
+            Self::Timeout(_) => 5,
         }
     }
 
@@ -141,15 +170,38 @@ impl Failure {
             Self::Usage(_) => "usage",
             Self::NotFound => "not_found",
             Self::Refused(_) => "refused",
+            Self::Timeout(_) => "timeout",
         }
     }
 
     fn message(&self) -> String {
         match self {
-            Self::Store(m) | Self::Usage(m) | Self::Refused(m) => m.clone(),
+            Self::Store(m) | Self::Usage(m) | Self::Refused(m) | Self::Timeout(m) => m.clone(),
             Self::NotFound => "no such record".to_owned(),
         }
     }
+}
+
+/// Runs a store call that is not an engine operator call (connecting,
+/// migrating), abandoning it after `--timeout`.
+async fn within<T, E: std::error::Error>(
+    cli: &Cli,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(cli.timeout, fut).await {
+        Ok(result) => result.map_err(store_failure),
+        Err(_) => Err(Failure::Timeout(format!(
+            "{what}: the store did not answer within {} ms",
+            cli.timeout.as_millis()
+        ))),
+    }
+}
+
+/// A server-side bound a little past `--timeout`, so that a statement this
+/// tool abandoned (a lock wait) does not linger on the server either.
+fn backstop(cli: &Cli) -> Duration {
+    cli.timeout.saturating_add(Duration::from_secs(1))
 }
 
 fn store_failure(e: impl std::error::Error) -> Failure {
@@ -248,15 +300,19 @@ async fn dispatch(cli: &Cli) -> Result<(), Failure> {
             let options = SqliteConnectOptions::from_str(&url)
                 .map_err(|e| Failure::Usage(format!("bad sqlite URL: {e}")))?
                 .create_if_missing(migrate)
-                .busy_timeout(idem_sqlite::DEFAULT_BUSY_TIMEOUT);
-            let pool = SqlitePoolOptions::new()
-                .max_connections(2)
-                .connect_with(options)
-                .await
-                .map_err(store_failure)?;
+                .busy_timeout(backstop(cli));
+            let pool = within(
+                cli,
+                "connecting",
+                SqlitePoolOptions::new()
+                    .max_connections(2)
+                    .acquire_timeout(backstop(cli))
+                    .connect_with(options),
+            )
+            .await?;
             let store = idem_sqlite::SqliteStore::new(pool);
             if migrate {
-                store.migrate().await.map_err(store_failure)?;
+                within(cli, "migrate", store.migrate()).await?;
                 return done(
                     cli,
                     "migrated",
@@ -266,14 +322,25 @@ async fn dispatch(cli: &Cli) -> Result<(), Failure> {
             run(cli, Idem::new(store)).await
         }
         Target::Postgres(url) => {
-            let store = idem_postgres::PgStore::connect(&url)
-                .await
-                .map_err(store_failure)?
-                .with_schema_name(&cli.schema)
-                .and_then(|s| s.with_table_name(&cli.table))
-                .map_err(|e| Failure::Usage(e.to_string()))?;
+            use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+            let statement_timeout = backstop(cli).as_millis().to_string();
+            let options = PgConnectOptions::from_str(&url)
+                .map_err(|e| Failure::Usage(format!("bad postgres URL: {e}")))?
+                .options([("statement_timeout", statement_timeout.as_str())]);
+            let pool = PgPoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(backstop(cli));
+            let store = within(
+                cli,
+                "connecting",
+                idem_postgres::PgStore::connect_with(pool, options),
+            )
+            .await?
+            .with_schema_name(&cli.schema)
+            .and_then(|s| s.with_table_name(&cli.table))
+            .map_err(|e| Failure::Usage(e.to_string()))?;
             if migrate {
-                store.migrate().await.map_err(store_failure)?;
+                within(cli, "migrate", store.migrate()).await?;
                 return done(
                     cli,
                     "migrated",
@@ -283,19 +350,21 @@ async fn dispatch(cli: &Cli) -> Result<(), Failure> {
             run(cli, Idem::new(store)).await
         }
         Target::Redis(url) => {
-            let store = idem_redis::RedisStore::connect(&url)
-                .await
-                .map_err(store_failure)?
+            let store = within(cli, "connecting", idem_redis::RedisStore::connect(&url))
+                .await?
                 .with_prefix(&cli.prefix)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
             run_redis(cli, store).await
         }
         Target::Cluster(nodes) => {
-            let store = idem_redis::RedisStore::connect_cluster(&nodes)
-                .await
-                .map_err(store_failure)?
-                .with_prefix(&cli.prefix)
-                .map_err(|e| Failure::Usage(e.to_string()))?;
+            let store = within(
+                cli,
+                "connecting",
+                idem_redis::RedisStore::connect_cluster(&nodes),
+            )
+            .await?
+            .with_prefix(&cli.prefix)
+            .map_err(|e| Failure::Usage(e.to_string()))?;
             run_redis(cli, store).await
         }
     }
@@ -326,6 +395,9 @@ fn scope_of(r: &RecordArgs) -> Result<Scope, Failure> {
 }
 
 fn engine_failure(e: idem_core::Error) -> Failure {
+    if let Some(t) = idem_core::AdminTimeout::find(&e) {
+        return Failure::Timeout(t.to_string());
+    }
     match e {
         idem_core::Error::InvalidKey(k) => Failure::Usage(k.to_string()),
         other => store_failure(other),
@@ -445,10 +517,11 @@ fn summary_json(r: &RecordSummary) -> Value {
 
 async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
     let now = idem.clock().now();
+    let admin = idem.admin().timeout(cli.timeout);
     match &cli.command {
         Command::Inspect { record, body } => {
             let scope = scope_of(record)?;
-            let view = idem
+            let view = admin
                 .inspect(&scope, record.key.as_str(), *body)
                 .await
                 .map_err(engine_failure)?
@@ -473,7 +546,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                 let Page {
                     records: page,
                     next,
-                } = idem
+                } = admin
                     .list_stuck(within, cursor.as_ref(), *limit)
                     .await
                     .map_err(engine_failure)?;
@@ -511,7 +584,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
         }
         Command::Release { record, attempt } => {
             let scope = scope_of(record)?;
-            let view = idem
+            let view = admin
                 .inspect(&scope, record.key.as_str(), false)
                 .await
                 .map_err(engine_failure)?
@@ -527,7 +600,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                     view.state.as_str()
                 ),
             )?;
-            let outcome = idem
+            let outcome = admin
                 .release_stuck(&scope, record.key.as_str(), Some(attempt))
                 .await
                 .map_err(engine_failure)?;
@@ -542,7 +615,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                     record.owner, record.operation, record.key
                 ),
             )?;
-            let outcome = idem
+            let outcome = admin
                 .delete_record(&scope, record.key.as_str())
                 .await
                 .map_err(engine_failure)?;
@@ -558,7 +631,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                 );
             }
             confirm(cli, "purge expired keys and bodies")?;
-            let report = idem.purge_expired(*batch).await.map_err(engine_failure)?;
+            let report = admin.purge_expired(*batch).await.map_err(engine_failure)?;
             done(
                 cli,
                 &format!(
@@ -573,7 +646,7 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
             )
         }
         Command::Stats => {
-            let c = idem.count_states().await.map_err(engine_failure)?;
+            let c = admin.count_states().await.map_err(engine_failure)?;
             done(
                 cli,
                 &format!(

@@ -1,17 +1,339 @@
-//! The `idem` binary end to end, against a real SQLite file, Postgres and
-//! Redis: a record left in flight by a crashed attempt is listed by `stuck`,
-//! released by `release`, and the next attempt runs as a recovery.
+//! The `idem` binary end to end, against a real SQLite file, Postgres, Redis
+//! and a throwaway Redis Cluster: a **child process** claims keys, saves a
+//! checkpoint, says so on stdout and hangs; the test SIGKILLs it, then runs
+//! the real `idem` binary (`stuck`, `inspect`, `release`, `delete`, `stats`,
+//! `purge`, `migrate`, parsing `--json`), and the next attempt in the test
+//! runs as a recovery with the killed process's checkpoint, once.
+//!
+//! The child is this test binary itself, started again with
+//! `IDEM_CLI_TEST_CHILD` set (hence `harness = false`: `main` decides). It
+//! claims two kinds of keys: one under a one-hour lease on the system clock
+//! (stuck only in the sense that its holder is dead: `stuck` lists it only
+//! with `--within-secs`, and it takes a `release`), and others whose lease
+//! ended long ago, claimed through a clock two hours behind with a
+//! one-minute lease, so `stuck` lists them at once, with no sleep.
+//!
+//! Every store call of the tool is bounded by `--timeout`: each backend
+//! also holds its writes (a SQLite write transaction, a Postgres table lock,
+//! `CLIENT PAUSE WRITE` on the cluster) and checks that `release` stops with
+//! exit code 5, and a silent server (a listening socket that never answers)
+//! does the same for connecting.
+//!
+//! `cargo test -p idem-cli --test cli [NAME…]` runs the tests whose name
+//! contains one of the NAMEs (all by default), in parallel.
 
-use std::process::{Command, Output, Stdio};
+#[path = "support/cluster.rs"]
+mod cluster;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::store::TakeoverReason;
-use idem_core::{AdminStore, Error, Idem, IdempotencyKey, Outcome, Policy, Scope};
-use serde_json::Value;
+use idem_core::{
+    AdminStore, Clock, Error, Idem, IdempotencyKey, Outcome, Policy, RecordId, Scope, Store,
+    SystemClock, Timestamp,
+};
+use serde_json::{Value, json};
 
-/// Runs `idem <store args> <args> --json` with no standard input.
+/// Set in the child's environment: its instructions, as JSON.
+const CHILD_ENV: &str = "IDEM_CLI_TEST_CHILD";
+const OPERATION: &str = "POST /charges";
+const CHECKPOINT: &str = "ch_1";
+
+type Test = (&'static str, fn());
+
+fn main() -> ExitCode {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child::main(&spec);
+    }
+    let tests: [Test; 5] = [
+        ("sqlite_killed_process", sqlite_killed_process),
+        ("postgres_killed_process", postgres_killed_process),
+        ("redis_killed_process", redis_killed_process),
+        ("cluster_killed_process", cluster_killed_process),
+        ("silent_server_times_out", silent_server_times_out),
+    ];
+    // Positional arguments filter by name; libtest's flags are accepted and
+    // ignored (with the value of those that take one).
+    let mut filters: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if [
+            "--test-threads",
+            "--skip",
+            "--color",
+            "--format",
+            "--logfile",
+            "-Z",
+        ]
+        .contains(&a.as_str())
+        {
+            args.next();
+        } else if a == "--list" {
+            for (name, _) in &tests {
+                println!("{name}: test");
+            }
+            return ExitCode::SUCCESS;
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
+    let chosen: Vec<Test> = tests
+        .into_iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} tests", chosen.len());
+    let running: Vec<_> = chosen
+        .into_iter()
+        .map(|(name, test)| (name, std::thread::spawn(test)))
+        .collect();
+    let mut failed = Vec::new();
+    for (name, handle) in running {
+        let ok = handle.join().is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failed.push(name);
+        }
+    }
+    cluster::stop();
+    if failed.is_empty() {
+        println!("\ntest result: ok");
+        ExitCode::SUCCESS
+    } else {
+        println!("\ntest result: FAILED: {failed:?}");
+        ExitCode::FAILURE
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Where the child and the tool find the store.
+#[derive(Debug, Clone)]
+enum Backend {
+    Sqlite { path: String },
+    Postgres { url: String, schema: String },
+    Redis { url: String, prefix: String },
+    Cluster { nodes: Vec<String>, prefix: String },
+}
+
+impl Backend {
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Sqlite { path } => json!({"sqlite": path}),
+            Self::Postgres { url, schema } => json!({"postgres": url, "schema": schema}),
+            Self::Redis { url, prefix } => json!({"redis": url, "prefix": prefix}),
+            Self::Cluster { nodes, prefix } => json!({"cluster": nodes, "prefix": prefix}),
+        }
+    }
+
+    /// The tool's flags for this store.
+    fn cli_args(&self) -> Vec<String> {
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        match self {
+            Self::Sqlite { path } => s(&["--url", &format!("sqlite://{path}")]),
+            Self::Postgres { url, schema } => s(&["--url", url, "--schema", schema]),
+            Self::Redis { url, prefix } => s(&["--url", url, "--prefix", prefix]),
+            Self::Cluster { nodes, prefix } => {
+                let list: Vec<&str> = nodes
+                    .iter()
+                    .map(|n| n.trim_start_matches("redis://").trim_end_matches('/'))
+                    .collect();
+                s(&[
+                    "--url",
+                    &format!("redis+cluster://{}", list.join(",")),
+                    "--prefix",
+                    prefix,
+                ])
+            }
+        }
+    }
+}
+
+/// The child process: opens the store, claims the keys, checkpoints each,
+/// prints `READY <key>` per key, then hangs until it is killed.
+mod child {
+    use super::*;
+
+    /// A clock `behind` the system clock.
+    #[derive(Debug)]
+    struct Behind(Duration);
+
+    impl Clock for Behind {
+        fn now(&self) -> Timestamp {
+            let ms = i64::try_from(self.0.as_millis()).unwrap_or(i64::MAX);
+            Timestamp::from_unix_millis(SystemClock.now().as_unix_millis() - ms)
+        }
+    }
+
+    pub(super) fn main(spec: &str) -> ExitCode {
+        let spec: Value = serde_json::from_str(spec).expect("child spec");
+        match runtime().block_on(open(&spec)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("child: {e}");
+                ExitCode::from(3)
+            }
+        }
+    }
+
+    async fn open(spec: &Value) -> Result<(), String> {
+        let b = &spec["backend"];
+        let e = |e: &dyn std::fmt::Display| e.to_string();
+        if let Some(path) = b["sqlite"].as_str() {
+            let store = idem_sqlite::SqliteStore::open(path)
+                .await
+                .map_err(|x| e(&x))?;
+            hold(store, spec).await
+        } else if let Some(url) = b["postgres"].as_str() {
+            let store = idem_postgres::PgStore::connect(url)
+                .await
+                .map_err(|x| e(&x))?
+                .with_schema_name(b["schema"].as_str().unwrap_or_default())
+                .map_err(|x| e(&x))?;
+            hold(store, spec).await
+        } else if let Some(url) = b["redis"].as_str() {
+            let store = idem_redis::RedisStore::connect(url)
+                .await
+                .map_err(|x| e(&x))?
+                .with_prefix(b["prefix"].as_str().unwrap_or_default())
+                .map_err(|x| e(&x))?;
+            hold(store, spec).await
+        } else if let Some(nodes) = b["cluster"].as_array() {
+            let nodes: Vec<&str> = nodes.iter().filter_map(Value::as_str).collect();
+            let store = idem_redis::RedisStore::connect_cluster(nodes)
+                .await
+                .map_err(|x| e(&x))?
+                .with_prefix(b["prefix"].as_str().unwrap_or_default())
+                .map_err(|x| e(&x))?;
+            hold(store, spec).await
+        } else {
+            Err(format!("unknown backend {b}"))
+        }
+    }
+
+    async fn hold<S: Store>(store: S, spec: &Value) -> Result<(), String> {
+        let store = Arc::new(store);
+        let policy = |lease| {
+            Policy::builder()
+                .lease(lease)
+                .build()
+                .expect("valid policy")
+        };
+        // One hour on the system clock: alive as far as anyone can tell.
+        let live = Idem::new(Arc::clone(&store)).with_policy(policy(Duration::from_secs(3600)));
+        // A minute on a clock two hours behind: a lease that ended long ago.
+        let ended = Idem::new(Arc::clone(&store))
+            .with_policy(policy(Duration::from_secs(60)))
+            .with_clock(Behind(Duration::from_secs(7200)));
+        let scope = Scope::new(spec["owner"].as_str().unwrap_or_default(), OPERATION)
+            .map_err(|e| e.to_string())?;
+        let mut jobs = Vec::new();
+        jobs.push((
+            live,
+            spec["long_key"].as_str().unwrap_or_default().to_owned(),
+        ));
+        for k in spec["ended_keys"].as_array().into_iter().flatten() {
+            jobs.push((ended.clone(), k.as_str().unwrap_or_default().to_owned()));
+        }
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (idem, key) in jobs {
+            let (scope, ready, name) = (scope.clone(), ready_tx.clone(), key.clone());
+            tasks.spawn(async move {
+                idem.execute(
+                    &scope,
+                    key.as_str(),
+                    &json!({"amount": 5}),
+                    |a| async move {
+                        if let Err(e) = a.save_resource_id(CHECKPOINT).await {
+                            return Outcome::<String, String>::Failure(e.to_string());
+                        }
+                        let _ = ready.send(name);
+                        std::future::pending().await
+                    },
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            });
+        }
+        drop(ready_tx);
+        loop {
+            tokio::select! {
+                Some(key) = ready_rx.recv() => println!("READY {key}"),
+                Some(done) = tasks.join_next() => {
+                    return Err(format!("an attempt ended: {done:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// The child, SIGKILLed (and reaped) on drop.
+struct Holder(Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the child and waits until it holds every key.
+fn spawn_holder(backend: &Backend, owner: &str, long_key: &str, ended: &[String]) -> Holder {
+    let spec = json!({
+        "backend": backend.to_json(),
+        "owner": owner,
+        "long_key": long_key,
+        "ended_keys": ended,
+    });
+    let mut child = Command::new(std::env::current_exe().expect("this binary"))
+        .env(CHILD_ENV, spec.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the child");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let holder = Holder(child);
+    let mut waiting: Vec<String> = ended.to_vec();
+    waiting.push(long_key.to_owned());
+    // Lines arrive through a thread, so a child that hangs before holding
+    // its keys fails the test after a minute instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while !waiting.is_empty() {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => {
+                let line = line.expect("child stdout");
+                if let Some(key) = line.strip_prefix("READY ") {
+                    waiting.retain(|k| k != key);
+                }
+            }
+            Err(e) => panic!("the child did not hold {waiting:?}: {e}"),
+        }
+    }
+    holder
+}
+
+/// Runs `idem <store args> <args> --json` with no standard input; the exit
+/// code and the one JSON document it printed.
 fn idem(store: &[String], args: &[&str]) -> (i32, Value) {
     let out: Output = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(store)
@@ -31,273 +353,398 @@ fn idem(store: &[String], args: &[&str]) -> (i32, Value) {
     (code, doc)
 }
 
-fn policy(lease: Duration) -> Policy {
-    Policy::builder()
-        .lease(lease)
-        .build()
-        .expect("valid policy")
-}
-
-/// Starts an attempt that checkpoints `ch_1` and then hangs, and drops it
-/// (as a killed process would): the record stays in flight until its lease
-/// ends.
-async fn crash_in_flight<S: AdminStore>(
-    idem: &Idem<S>,
-    scope: &Scope,
-    key: &str,
-    runs: &Arc<AtomicUsize>,
-) {
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let (idem2, scope2, key2, runs2) = (
-        idem.clone(),
-        scope.clone(),
-        key.to_owned(),
-        Arc::clone(runs),
-    );
-    let task = tokio::spawn(async move {
-        idem2
-            .execute(
-                &scope2,
-                key2.as_str(),
-                &serde_json::json!({"amount": 5}),
-                |a| async move {
-                    runs2.fetch_add(1, Ordering::SeqCst);
-                    a.save_resource_id("ch_1").await.expect("checkpoint");
-                    let _ = started_tx.send(());
-                    std::future::pending::<Outcome<String, String>>().await
-                },
-            )
-            .await
-    });
-    started_rx.await.expect("attempt started");
-    task.abort();
-    let _ = task.await;
-}
-
 fn keys_of(doc: &Value) -> Vec<String> {
     doc["records"]
         .as_array()
-        .expect("records")
+        .unwrap_or_else(|| panic!("records in {doc}"))
         .iter()
         .map(|r| r["key"].as_str().expect("key").to_owned())
         .collect()
 }
 
-/// The whole operator story on one store.
-async fn stuck_release_recover<S: AdminStore + Clone>(store: S, args: Vec<String>) {
-    let scope = Scope::new(
-        format!("tenant-{}", IdempotencyKey::random()),
-        "POST /charges",
-    )
-    .expect("scope");
-    let owner = scope.owner().to_owned();
-    let (long_key, short_key) = (IdempotencyKey::random(), IdempotencyKey::random());
-    let (long_key, short_key) = (long_key.as_str(), short_key.as_str());
-    let runs = Arc::new(AtomicUsize::new(0));
-    let long = Idem::new(store.clone()).with_policy(policy(Duration::from_secs(3600)));
-    let short = Idem::new(store.clone()).with_policy(policy(Duration::from_millis(200)));
-    crash_in_flight(&long, &scope, long_key, &runs).await;
-    crash_in_flight(&short, &scope, short_key, &runs).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // the short lease ends for real
-    let rec = |key: &str| -> Vec<String> {
-        [
+/// Holds the store's writes for a moment (so a write waits), where the test
+/// can do that without touching a shared server.
+enum WriteHold {
+    Sqlite(idem_sqlite::sqlx::SqliteConnection),
+    Postgres(idem_postgres::sqlx::PgConnection),
+    Cluster(Vec<u16>),
+}
+
+async fn hold_writes(backend: &Backend) -> Option<WriteHold> {
+    match backend {
+        Backend::Sqlite { path } => {
+            use idem_sqlite::sqlx::Connection;
+            let mut conn =
+                idem_sqlite::sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
+                    .await
+                    .expect("connect");
+            idem_sqlite::sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .expect("BEGIN IMMEDIATE");
+            Some(WriteHold::Sqlite(conn))
+        }
+        Backend::Postgres { url, schema } => {
+            use idem_postgres::sqlx::Connection;
+            let mut conn = idem_postgres::sqlx::PgConnection::connect(url)
+                .await
+                .expect("connect");
+            idem_postgres::sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("BEGIN");
+            idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
+                "LOCK TABLE \"{schema}\".\"{}\" IN EXCLUSIVE MODE",
+                idem_postgres::DEFAULT_TABLE
+            )))
+            .execute(&mut conn)
+            .await
+            .expect("LOCK TABLE");
+            Some(WriteHold::Postgres(conn))
+        }
+        // The shared server is never paused.
+        Backend::Redis { .. } => None,
+        Backend::Cluster { .. } => {
+            let ports = cluster::get().ports.clone();
+            for &p in &ports {
+                let out = cluster::cli(p, &["client", "pause", "5000", "write"]);
+                assert_eq!(out.as_deref().map(str::trim), Some("OK"), "CLIENT PAUSE");
+            }
+            Some(WriteHold::Cluster(ports))
+        }
+    }
+}
+
+async fn let_go(hold: WriteHold) {
+    match hold {
+        WriteHold::Sqlite(mut conn) => {
+            idem_sqlite::sqlx::query("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .expect("ROLLBACK");
+        }
+        WriteHold::Postgres(mut conn) => {
+            idem_postgres::sqlx::query("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .expect("ROLLBACK");
+        }
+        WriteHold::Cluster(ports) => {
+            for p in ports {
+                let _ = cluster::cli(p, &["client", "unpause"]);
+            }
+        }
+    }
+}
+
+/// The whole operator story on one store, after a real process was killed
+/// holding `1 + ended.len()` records in flight.
+async fn killed_process<S: AdminStore>(
+    store: S,
+    backend: Backend,
+    owner: String,
+    ended: Vec<String>,
+    after_kill: impl FnOnce(),
+) {
+    let scope = Scope::new(owner.as_str(), OPERATION).expect("scope");
+    let long_key = IdempotencyKey::random().as_str().to_owned();
+    let args = backend.cli_args();
+    let call = |v: &[&str]| idem(&args, v);
+    let rec = |cmd: &'static str, key: &str, extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            cmd,
             "--owner",
             &owner,
             "--operation",
-            "POST /charges",
+            OPERATION,
             "--key",
             key,
         ]
         .iter()
         .map(|s| (*s).to_owned())
-        .collect()
+        .collect();
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v
     };
-    let with = |cmd: &str, extra: Vec<String>| -> Vec<String> {
-        std::iter::once(cmd.to_owned()).chain(extra).collect()
-    };
-    let call = |v: Vec<String>| {
+    let call_rec = |cmd: &'static str, key: &str, extra: &[&str]| {
+        let v = rec(cmd, key, extra);
         let refs: Vec<&str> = v.iter().map(String::as_str).collect();
         idem(&args, &refs)
     };
 
-    // `stuck` lists the crashed attempt whose lease ended, not the long lease...
-    let (code, doc) = call(vec!["stuck".into(), "--all".into()]);
+    // A real process claims, checkpoints, and is SIGKILLed.
+    let mut holder = spawn_holder(&backend, &owner, &long_key, &ended);
+    holder.0.kill().expect("SIGKILL");
+    let status = holder.0.wait().expect("reap");
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL: {status}");
+    after_kill();
+
+    // Nothing but the dead process's records is in this store (own file,
+    // schema or prefix): the counts are exact, and on a cluster they are
+    // the sum over every primary.
+    let n = ended.len() as u64;
+    let (code, doc) = call(&["stats"]);
     assert_eq!(code, 0, "{doc}");
-    let listed = keys_of(&doc);
-    assert!(listed.contains(&short_key.to_owned()), "{doc}");
-    assert!(!listed.contains(&long_key.to_owned()), "{doc}");
-    // ...unless asked for leases ending within two hours.
-    let (code, doc) = call(vec![
-        "stuck".into(),
-        "--all".into(),
-        "--within-secs".into(),
-        "7200".into(),
-    ]);
-    assert_eq!(code, 0, "{doc}");
-    let listed = keys_of(&doc);
-    assert!(
-        listed.contains(&short_key.to_owned()) && listed.contains(&long_key.to_owned()),
+    assert_eq!(
+        (
+            doc["in_flight"].as_u64(),
+            doc["stuck"].as_u64(),
+            doc["completed"].as_u64()
+        ),
+        (Some(n + 1), Some(n), Some(0)),
         "{doc}"
     );
 
-    // The client is stuck on 409.
-    let retry = |runs: Arc<AtomicUsize>| {
-        let (long, scope) = (long.clone(), scope.clone());
+    // `stuck` lists every record whose lease ended (from every primary),
+    // not the one under a live-looking lease...
+    let (code, doc) = call(&["stuck", "--all"]);
+    assert_eq!(code, 0, "{doc}");
+    let mut listed = keys_of(&doc);
+    listed.sort();
+    let mut expected = ended.clone();
+    expected.sort();
+    assert_eq!(listed, expected, "{doc}");
+    for r in doc["records"].as_array().expect("records") {
+        assert_eq!(r["state"], "in_flight", "{r}");
+        assert_eq!(r["attempt"], 1, "{r}");
+        assert_eq!(r["resource_id"], CHECKPOINT, "{r}");
+        assert_eq!(r["owner"], owner.as_str(), "{r}");
+    }
+    // ...which shows up when asked for leases ending within two hours.
+    let (code, doc) = call(&["stuck", "--all", "--within-secs", "7200"]);
+    assert_eq!(code, 0, "{doc}");
+    let listed = keys_of(&doc);
+    assert_eq!(listed.len(), ended.len() + 1, "{doc}");
+    assert!(listed.contains(&long_key), "{doc}");
+    // Pages of one walk to the same set.
+    let mut walked = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10_000 {
+        let mut v = vec!["stuck", "--limit", "1"];
+        if let Some(c) = &cursor {
+            v.extend(["--cursor", c.as_str()]);
+        }
+        let (code, doc) = call(&v);
+        assert_eq!(code, 0, "{doc}");
+        walked.extend(keys_of(&doc));
+        cursor = doc["next"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    walked.sort();
+    walked.dedup();
+    assert_eq!(walked, expected);
+
+    // The client is stuck on 409 for the long lease.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let idem_engine = Idem::new(store);
+    let retry = |key: String| {
+        let (idem_engine, scope, runs) = (idem_engine.clone(), scope.clone(), Arc::clone(&runs));
         async move {
-            long.execute(
-                &scope,
-                long_key,
-                &serde_json::json!({"amount": 5}),
-                |a| async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
-                    assert_eq!(a.previous_resource_id(), Some("ch_1"));
-                    Outcome::<String, String>::Success("ch_1".to_owned())
-                },
-            )
-            .await
+            idem_engine
+                .execute(
+                    &scope,
+                    key.as_str(),
+                    &json!({"amount": 5}),
+                    |a| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
+                        assert_eq!(a.previous_resource_id(), Some(CHECKPOINT));
+                        Outcome::<String, String>::Success(CHECKPOINT.to_owned())
+                    },
+                )
+                .await
         }
     };
-    assert!(matches!(
-        retry(Arc::clone(&runs)).await,
-        Err(Error::InFlight { .. })
-    ));
+    assert!(
+        matches!(retry(long_key.clone()).await, Err(Error::InFlight { .. })),
+        "the long lease looks alive"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 
-    let (code, doc) = call(with("inspect", rec(long_key)));
+    let (code, doc) = call_rec("inspect", &long_key, &[]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["state"], "in_flight");
     assert_eq!(doc["attempt"], 1);
     assert_eq!(doc["lease_expired"], false);
-    assert_eq!(doc["resource_id"], "ch_1");
+    assert_eq!(doc["resource_id"], CHECKPOINT);
+    assert!(doc.get("body").is_none(), "no body unless asked: {doc}");
 
-    // Destructive commands need --yes without a terminal: refused, nothing changes.
-    let (code, doc) = call(with("release", rec(long_key)));
+    // A store that does not answer in time: exit code 5, typed, per call.
+    if let Some(hold) = hold_writes(&backend).await {
+        let (code, doc) = call_rec("release", &long_key, &["--yes", "--timeout", "300ms"]);
+        let_go(hold).await;
+        assert_eq!((code, doc["error"].as_str()), (5, Some("timeout")), "{doc}");
+        assert!(
+            doc["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("300 ms")),
+            "{doc}"
+        );
+    }
+
+    // Destructive commands need --yes without a terminal: refused.
+    let (code, doc) = call_rec("release", &long_key, &[]);
     assert_eq!((code, doc["error"].as_str()), (4, Some("refused")), "{doc}");
-    let mut release = with("release", rec(long_key));
-    release.push("--yes".into());
-    let (code, doc) = call(release.clone());
+    let (code, doc) = call_rec("release", &long_key, &["--yes"]);
     assert_eq!(code, 0, "{doc}");
-    assert_eq!(doc["released"], true);
+    assert_eq!(
+        (doc["released"].as_bool(), doc["attempt"].as_u64()),
+        (Some(true), Some(1))
+    );
 
-    // The next attempt runs as a recovery, once.
-    let reply = retry(Arc::clone(&runs)).await.expect("recovery");
+    // Released: `stuck` lists it now, without --within-secs.
+    let (code, doc) = call(&["stuck", "--all"]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(keys_of(&doc).contains(&long_key), "{doc}");
+    let (code, doc) = call_rec("inspect", &long_key, &[]);
+    assert_eq!(
+        (code, doc["lease_expired"].as_bool()),
+        (0, Some(true)),
+        "{doc}"
+    );
+
+    // The next attempt runs as a recovery with the dead process's
+    // checkpoint: the work runs once after the kill, and only once.
+    let reply = retry(long_key.clone()).await.expect("recovery");
     assert!(!reply.is_replay());
     assert_eq!(reply.attempt(), 2);
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        3,
-        "two crashed attempts and one recovery"
-    );
-    let (code, doc) = call(with("inspect", rec(long_key)));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let again = retry(long_key.clone()).await.expect("replay");
+    assert!(again.is_replay());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a replay runs nothing");
+    let (code, doc) = call_rec("inspect", &long_key, &["--body"]);
     assert_eq!(
         (code, doc["state"].as_str()),
         (0, Some("completed")),
         "{doc}"
     );
-    // Releasing again is refused: the record completed.
-    let (code, doc) = call(release);
-    assert_eq!(code, 4, "{doc}");
+    assert_eq!(doc["attempt"], 2);
+    assert!(
+        doc["body"].as_str().is_some_and(|b| b.contains(CHECKPOINT)),
+        "{doc}"
+    );
+    // Releasing a completed record is refused.
+    let (code, doc) = call_rec("release", &long_key, &["--yes"]);
+    assert_eq!((code, doc["error"].as_str()), (4, Some("refused")), "{doc}");
 
-    // Delete refuses the in-flight record, deletes the completed one.
-    let mut delete = with("delete", rec(short_key));
-    delete.push("--yes".into());
-    let (code, doc) = call(delete);
-    assert_eq!(code, 4, "{doc}");
-    let mut delete = with("delete", rec(long_key));
-    delete.push("--yes".into());
-    let (code, doc) = call(delete);
+    // Delete refuses a record in flight, deletes the completed one.
+    let (code, doc) = call_rec("delete", &ended[0], &["--yes"]);
+    assert_eq!((code, doc["error"].as_str()), (4, Some("refused")), "{doc}");
+    let (code, doc) = call_rec("delete", &long_key, &["--yes"]);
     assert_eq!((code, doc["deleted"].as_bool()), (0, Some(true)), "{doc}");
-    let (code, doc) = call(with("inspect", rec(long_key)));
+    let (code, doc) = call_rec("inspect", &long_key, &[]);
     assert_eq!(
         (code, doc["error"].as_str()),
         (3, Some("not_found")),
         "{doc}"
     );
+    let (code, doc) = call_rec("release", &long_key, &["--yes"]);
+    assert_eq!(code, 3, "{doc}");
 
-    let (code, doc) = call(vec!["stats".into()]);
-    assert_eq!(code, 0, "{doc}");
-    assert!(doc["stuck"].as_u64().expect("stuck") >= 1, "{doc}");
-    let c = store
-        .count_states(idem_core::Timestamp::from_unix_millis(i64::MAX / 4))
-        .await
-        .expect("count");
-    assert_eq!(c.completed, 0);
-    let (code, doc) = call(vec!["purge".into(), "--yes".into()]);
-    assert_eq!(code, 0, "{doc}");
-    let (code, doc) = call(vec!["migrate".into()]);
-    assert_eq!(code, 0, "{doc}");
-    // Bad usage is exit code 2, a bad key too.
-    let (code, _) = call(with("inspect", rec("bad\u{7f}key")));
-    assert_eq!(code, 2);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_stuck_release_recover() {
-    let path = std::env::temp_dir().join(format!("idem-cli-{}.db", IdempotencyKey::random()));
-    let store = idem_sqlite::SqliteStore::open(&path).await.expect("open");
-    let url = format!("sqlite://{}", path.display());
-    stuck_release_recover(store.clone(), vec!["--url".into(), url]).await;
-    store.pool().close().await;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
+    // The records whose lease ended need no release: their next attempt
+    // recovers, once each.
+    for (i, key) in ended.iter().enumerate() {
+        let reply = retry(key.clone()).await.expect("recovery");
+        assert_eq!((reply.is_replay(), reply.attempt()), (false, 2));
+        assert_eq!(runs.load(Ordering::SeqCst), 2 + i);
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_stuck_release_recover() {
-    let url = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let schema = format!(
-        "idem_cli_{}",
-        IdempotencyKey::random().as_str().to_lowercase()
+    let (code, doc) = call(&["stats"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(
+        (
+            doc["in_flight"].as_u64(),
+            doc["stuck"].as_u64(),
+            doc["completed"].as_u64()
+        ),
+        (Some(0), Some(0), Some(n)),
+        "{doc}"
     );
-    let store = idem_postgres::PgStore::connect(&url)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
-        })
-        .with_schema_name(&schema)
-        .expect("schema name");
-    store.migrate().await.expect("migrate");
-    stuck_release_recover(
-        store.clone(),
-        vec!["--url".into(), url, "--schema".into(), schema.clone()],
-    )
-    .await;
-    idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("drop schema");
+    let (code, doc) = call(&["stuck", "--all"]);
+    assert_eq!((code, keys_of(&doc).len()), (0, 0), "{doc}");
+
+    let (code, doc) = call(&["purge", "--yes"]);
+    assert_eq!(code, 0, "{doc}");
+    let (code, doc) = call(&["migrate"]);
+    assert_eq!(code, 0, "{doc}");
+    // Bad usage is exit code 2: a bad key, a bad timeout.
+    let (code, doc) = call_rec("inspect", "bad\u{7f}key", &[]);
+    assert_eq!((code, doc["error"].as_str()), (2, Some("usage")), "{doc}");
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(&args)
+        .args(["stats", "--timeout", "0s"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem");
+    assert_eq!(out.status.code(), Some(2));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_stuck_release_recover() {
-    use idem_redis::redis::AsyncCommands;
-    let url =
-        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
-    let prefix = format!("idemcli:{}:", IdempotencyKey::random().as_str());
-    let store = idem_redis::RedisStore::connect(&url)
+fn sqlite_killed_process() {
+    runtime().block_on(async {
+        let path = std::env::temp_dir().join(format!("idem-cli-{}.db", IdempotencyKey::random()));
+        let store = idem_sqlite::SqliteStore::open(&path).await.expect("open");
+        let backend = Backend::Sqlite {
+            path: path.display().to_string(),
+        };
+        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+        killed_process(store.clone(), backend, owner(), ended, || ()).await;
+        store.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    });
+}
+
+fn owner() -> String {
+    format!("tenant-{}", IdempotencyKey::random())
+}
+
+fn postgres_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+}
+
+fn postgres_killed_process() {
+    runtime().block_on(async {
+        let url = postgres_url();
+        let schema = format!(
+            "idem_cli_{}",
+            IdempotencyKey::random().as_str().to_lowercase()
+        );
+        let store = idem_postgres::PgStore::connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
+            })
+            .with_schema_name(&schema)
+            .expect("schema name");
+        store.migrate().await.expect("migrate");
+        let backend = Backend::Postgres {
+            url: url.clone(),
+            schema: schema.clone(),
+        };
+        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+        killed_process(store.clone(), backend, owner(), ended, || ()).await;
+        idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(store.pool())
         .await
-        .unwrap_or_else(|e| {
-            panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-        })
-        .with_prefix(&prefix)
-        .expect("prefix");
-    stuck_release_recover(
-        store,
-        vec![
-            "--url".into(),
-            url.clone(),
-            "--prefix".into(),
-            prefix.clone(),
-        ],
-    )
-    .await;
-    let client = idem_redis::redis::Client::open(url.as_str()).expect("client");
+        .expect("drop schema");
+    });
+}
+
+/// Deletes every key under `prefix` on one server.
+async fn delete_prefix(url: &str, prefix: &str) {
+    use idem_redis::redis::AsyncCommands;
+    let client = idem_redis::redis::Client::open(url).expect("client");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
@@ -306,4 +753,122 @@ async fn redis_stuck_release_recover() {
     for k in keys {
         let _: i64 = conn.del(&k).await.expect("DEL");
     }
+}
+
+fn redis_killed_process() {
+    runtime().block_on(async {
+        let url = redis_url();
+        let prefix = format!("idemcli:{}:", IdempotencyKey::random().as_str());
+        let store = idem_redis::RedisStore::connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
+            })
+            .with_prefix(&prefix)
+            .expect("prefix");
+        let backend = Backend::Redis {
+            url: url.clone(),
+            prefix: prefix.clone(),
+        };
+        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+        killed_process(store, backend, owner(), ended, || ()).await;
+        delete_prefix(&url, &prefix).await;
+    });
+}
+
+/// CRC16/XMODEM, Redis Cluster's key hash.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The slot of a record: its keys' hash tag is the hex digest of its id.
+fn slot_of(owner: &str, key: &str) -> u16 {
+    let id = RecordId::new(
+        Scope::new(owner, OPERATION).expect("scope"),
+        IdempotencyKey::parse(key).expect("key"),
+    );
+    let tag: String = id.digest().iter().map(|b| format!("{b:02x}")).collect();
+    crc16(tag.as_bytes()) % 16384
+}
+
+fn cluster_killed_process() {
+    let c = cluster::get();
+    runtime().block_on(async {
+        let prefix = format!("idemcli:{}:", IdempotencyKey::random().as_str());
+        let nodes = c.node_urls();
+        let store = idem_redis::RedisStore::connect_cluster(&nodes)
+            .await
+            .expect("connect to the cluster")
+            .with_prefix(&prefix)
+            .expect("prefix");
+        let backend = Backend::Cluster {
+            nodes: nodes.clone(),
+            prefix: prefix.clone(),
+        };
+        // Two records per primary's slot range (`--cluster create` gives
+        // three primaries equal ranges in order; checked by counting the
+        // keys each node holds once the child is dead).
+        let owner = owner();
+        let mut per_range = [0_u8; 3];
+        let mut ended = Vec::new();
+        while per_range.iter().any(|&n| n < 2) {
+            let key = IdempotencyKey::random().as_str().to_owned();
+            let range = match slot_of(&owner, &key) {
+                0..=5460 => 0,
+                5461..=10922 => 1,
+                _ => 2,
+            };
+            if per_range[range] < 2 {
+                per_range[range] += 1;
+                ended.push(key);
+            }
+        }
+        let (pattern, ports) = (format!("{prefix}*:r"), c.ports.clone());
+        killed_process(store, backend, owner, ended, move || {
+            for &p in &ports {
+                let out = cluster::cli(p, &["--scan", "--pattern", &pattern]).unwrap_or_default();
+                assert!(
+                    out.lines().count() >= 2,
+                    "primary {p} holds {} of the records",
+                    out.lines().count()
+                );
+            }
+        })
+        .await;
+        for url in &nodes {
+            delete_prefix(url, &prefix).await;
+        }
+    });
+}
+
+/// Connecting to a server that never answers stops at `--timeout` with exit
+/// code 5, on every network backend.
+fn silent_server_times_out() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    for url in [
+        format!("postgres://postgres@127.0.0.1:{port}/test"),
+        format!("redis://127.0.0.1:{port}/"),
+        format!("redis+cluster://127.0.0.1:{port}"),
+    ] {
+        let args = vec!["--url".to_owned(), url.clone()];
+        let (code, doc) = idem(&args, &["stats", "--timeout", "300ms"]);
+        assert_eq!(
+            (code, doc["error"].as_str()),
+            (5, Some("timeout")),
+            "{url}: {doc}"
+        );
+    }
+    drop(silent);
 }

@@ -514,24 +514,15 @@ impl<S: Store> Idem<S> {
 
     /// Deletes expired keys and drops expired bodies, `batch` at a time, until
     /// nothing is left; returns the totals. Safe to run from every instance.
+    /// Each batch is bounded by
+    /// [`DEFAULT_ADMIN_TIMEOUT`](crate::DEFAULT_ADMIN_TIMEOUT) (see
+    /// [`Idem::admin`] for another).
     ///
     /// # Errors
     ///
-    /// [`Error::Store`].
+    /// [`Error::Store`] (an [`AdminTimeout`](crate::AdminTimeout) too).
     pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
-        let mut total = PurgeReport::default();
-        loop {
-            let report = crate::metrics::time_store(
-                "purge",
-                self.store.purge_expired(self.clock.now(), batch.max(1)),
-            )
-            .await?;
-            total.keys_removed += report.keys_removed;
-            total.bodies_dropped += report.bodies_dropped;
-            if report == PurgeReport::default() {
-                return Ok(total);
-            }
-        }
+        self.admin().purge_expired(batch).await
     }
 }
 

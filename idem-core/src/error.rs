@@ -156,11 +156,14 @@ impl Error {
         self.retry_after().is_some()
     }
 
-    /// A short, stable code for this error (`invalid_key`, `in_flight`, ...),
-    /// used as the problem type and safe to log or match on.
+    /// A short, stable code for this error (`missing_key`, `invalid_key`,
+    /// `in_flight`, ...), used as the problem type and safe to log or match
+    /// on. A key that is absent ([`KeyError::Missing`]) is `missing_key`, as
+    /// the HTTP adapter answers it; any other bad key is `invalid_key`.
     #[must_use]
     pub fn code(&self) -> &'static str {
         match self {
+            Self::InvalidKey(KeyError::Missing) => "missing_key",
             Self::InvalidKey(_) => "invalid_key",
             Self::InvalidScope(_) => "invalid_scope",
             Self::InvalidRequest(_) => "invalid_request",
@@ -280,6 +283,20 @@ mod tests {
             assert_eq!(e.is_retryable(), retry.is_some(), "{e:?}");
             let body: serde_json::Value = serde_json::from_str(&e.problem_json()).unwrap();
             assert_eq!(body["status"], status);
+        }
+    }
+
+    #[test]
+    fn a_missing_key_is_missing_key_not_invalid_key() {
+        let missing = Error::InvalidKey(KeyError::Missing);
+        assert_eq!(missing.code(), "missing_key");
+        let body: serde_json::Value = serde_json::from_str(&missing.problem_json()).unwrap();
+        assert_eq!(body["type"], "urn:idem:problem:missing_key");
+        assert_eq!(body["status"], 400);
+        let from_header = crate::IdempotencyKey::from_header(None).map_err(Error::from);
+        assert_eq!(from_header.map_err(|e| e.code()), Err("missing_key"));
+        for other in [KeyError::Empty, KeyError::TooLong { len: 300 }] {
+            assert_eq!(Error::InvalidKey(other).code(), "invalid_key");
         }
     }
 

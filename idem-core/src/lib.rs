@@ -47,7 +47,7 @@ pub use key::{
     IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use memory::MemoryStore;
-pub use ops::{AdminOutcome, RecordView};
+pub use ops::{Admin, AdminOutcome, AdminTimeout, DEFAULT_ADMIN_TIMEOUT, RecordView};
 pub use outcome::{Failure, Outcome, Reply};
 pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
 pub use purger::{PurgerConfig, PurgerHandle};

@@ -1,6 +1,14 @@
 //! The operator API on the engine: inspect, list stuck, release, delete,
-//! count. Backed by [`Store::fetch`] and [`AdminStore`].
+//! count, purge. Backed by [`Store::fetch`] and [`AdminStore`].
+//!
+//! Every store call made here is bounded in time: [`Idem::admin`] with
+//! [`Admin::timeout`] (default [`DEFAULT_ADMIN_TIMEOUT`] per call) turns a
+//! store that does not answer (a row lock held by a long transaction, a
+//! paused server, a full scan of a huge table) into a typed
+//! [`AdminTimeout`] instead of a command that hangs.
 
+use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use crate::admin::{AdminStore, Cursor, InFlightQuery, Page, StateCounts};
@@ -10,7 +18,66 @@ use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::IntoKey;
 use crate::scope::{RecordId, Scope};
-use crate::store::{OutcomeKind, RecordState, Store};
+use crate::store::{OutcomeKind, PurgeReport, RecordState, Store, StoreError};
+
+/// How long one operator store call may take by default (per call: a
+/// listing of many pages makes one call per page).
+pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An operator store call did not answer within its timeout; the call was
+/// abandoned (dropped), so whatever it would have changed is either fully
+/// done or not done at all (each is one atomic statement or script), but
+/// which one is unknown: inspect the record before acting again.
+///
+/// It reaches the caller as
+/// [`Error::Store`]`(`[`StoreError::Unavailable`]`)` (retryable, like any
+/// timeout) whose source is this value; [`AdminTimeout::find`] digs it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the store did not answer `{call}` within {} ms", .after.as_millis())]
+pub struct AdminTimeout {
+    /// The store call: `fetch`, `list_in_flight`, `release_in_flight`,
+    /// `delete_completed`, `count_states` or `purge_expired`.
+    pub call: &'static str,
+    /// The timeout that fired.
+    pub after: Duration,
+}
+
+impl AdminTimeout {
+    /// The timeout in `error` or anywhere in its chain of sources.
+    #[must_use]
+    pub fn find<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e AdminTimeout> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(t) = e.downcast_ref::<AdminTimeout>() {
+                return Some(t);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+/// Runs one store call, abandoning it after `after`.
+pub(crate) async fn bounded<T>(
+    call: &'static str,
+    after: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(after, fut).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(
+                call,
+                timeout_ms = after.as_millis(),
+                "operator store call timed out"
+            );
+            Err(StoreError::Unavailable {
+                backend: "admin",
+                source: Box::new(AdminTimeout { call, after }),
+            })
+        }
+    }
+}
 
 /// One record as an operator sees it: everything but the body, unless asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,14 +127,147 @@ pub enum AdminOutcome {
     },
 }
 
+/// The operator API of one engine with a timeout per store call: see
+/// [`Idem::admin`]. The engine's own `inspect`, `list_stuck`, … are this
+/// with [`DEFAULT_ADMIN_TIMEOUT`].
+pub struct Admin<'a, S> {
+    idem: &'a Idem<S>,
+    timeout: Duration,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Admin<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("idem", self.idem)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
 impl<S: Store> Idem<S> {
+    /// The operator API with a timeout on every store call
+    /// ([`DEFAULT_ADMIN_TIMEOUT`] unless [`Admin::timeout`] says otherwise).
+    ///
+    /// ```
+    /// # use idem_core::{Idem, MemoryStore};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
+    /// let idem = Idem::new(MemoryStore::new());
+    /// let counts = idem.admin().timeout(Duration::from_secs(5)).count_states().await?;
+    /// assert_eq!(counts.in_flight, 0);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn admin(&self) -> Admin<'_, S> {
+        Admin {
+            idem: self,
+            timeout: DEFAULT_ADMIN_TIMEOUT,
+        }
+    }
+
     /// Reads the record for `(scope, key)` for an operator: its state,
     /// attempt, lease, expiry times and resource id, and its body only if
-    /// `with_body`. One [`Store::fetch`].
+    /// `with_body`. One [`Store::fetch`], bounded by
+    /// [`DEFAULT_ADMIN_TIMEOUT`].
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`], [`Error::Store`], [`Error::CorruptRecord`].
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too),
+    /// [`Error::CorruptRecord`].
+    pub async fn inspect<K: IntoKey>(
+        &self,
+        scope: &Scope,
+        key: K,
+        with_body: bool,
+    ) -> Result<Option<RecordView>, Error> {
+        self.admin().inspect(scope, key, with_body).await
+    }
+}
+
+impl<S: AdminStore> Idem<S> {
+    /// One page of the records in flight whose lease has ended, or ends
+    /// within `within` from now (`Duration::ZERO`: only those stuck past
+    /// their lease). Follow [`Page::next`] for the rest. Bounded by
+    /// [`DEFAULT_ADMIN_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] (an [`AdminTimeout`] too).
+    pub async fn list_stuck(
+        &self,
+        within: Duration,
+        cursor: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Page, Error> {
+        self.admin().list_stuck(within, cursor, limit).await
+    }
+
+    /// Ends the lease of a record stuck in flight now, so that the next
+    /// attempt with the same request runs as a recovery (with the
+    /// checkpoint). With `attempt`, only if the record is still at that
+    /// attempt (what an operator inspected). Bounded by
+    /// [`DEFAULT_ADMIN_TIMEOUT`] per store call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
+    pub async fn release_stuck<K: IntoKey>(
+        &self,
+        scope: &Scope,
+        key: K,
+        attempt: Option<u32>,
+    ) -> Result<AdminOutcome, Error> {
+        self.admin().release_stuck(scope, key, attempt).await
+    }
+
+    /// Deletes a completed record: the key becomes a new operation. Records
+    /// in flight or released are refused (release them instead; their next
+    /// attempt recovers). Bounded by [`DEFAULT_ADMIN_TIMEOUT`] per store
+    /// call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
+    pub async fn delete_record<K: IntoKey>(
+        &self,
+        scope: &Scope,
+        key: K,
+    ) -> Result<AdminOutcome, Error> {
+        self.admin().delete_record(scope, key).await
+    }
+
+    /// Counts the live records by state (a full scan: not for a request
+    /// path). Bounded by [`DEFAULT_ADMIN_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] (an [`AdminTimeout`] too).
+    pub async fn count_states(&self) -> Result<StateCounts, Error> {
+        self.admin().count_states().await
+    }
+}
+
+impl<S: Store> Admin<'_, S> {
+    /// Bounds every store call to `timeout` (a zero timeout is raised to
+    /// 1 ms).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The timeout of each store call.
+    #[must_use]
+    pub fn timeout_per_call(&self) -> Duration {
+        self.timeout
+    }
+
+    /// [`Idem::inspect`] with this timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too),
+    /// [`Error::CorruptRecord`].
     pub async fn inspect<K: IntoKey>(
         &self,
         scope: &Scope,
@@ -75,8 +275,9 @@ impl<S: Store> Idem<S> {
         with_body: bool,
     ) -> Result<Option<RecordView>, Error> {
         let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.clock().now();
-        let Some(r) = self.store().fetch(&id, now).await? else {
+        let now = self.idem.clock().now();
+        let fetched = bounded("fetch", self.timeout, self.idem.store().fetch(&id, now)).await?;
+        let Some(r) = fetched else {
             return Ok(None);
         };
         Ok(Some(RecordView {
@@ -94,40 +295,73 @@ impl<S: Store> Idem<S> {
             body: if with_body { r.response } else { None },
         }))
     }
-}
 
-impl<S: AdminStore> Idem<S> {
-    /// One page of the records in flight whose lease has ended, or ends
-    /// within `within` from now (`Duration::ZERO`: only those stuck past
-    /// their lease). Follow [`Page::next`] for the rest.
+    /// [`Idem::purge_expired`] with this timeout on each batch.
     ///
     /// # Errors
     ///
-    /// [`Error::Store`].
+    /// [`Error::Store`] (an [`AdminTimeout`] too).
+    pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
+        let mut total = PurgeReport::default();
+        loop {
+            let store = self.idem.store();
+            let report = bounded(
+                "purge_expired",
+                self.timeout,
+                crate::metrics::time_store(
+                    "purge",
+                    store.purge_expired(self.idem.clock().now(), batch.max(1)),
+                ),
+            )
+            .await?;
+            total.keys_removed += report.keys_removed;
+            total.bodies_dropped += report.bodies_dropped;
+            if report == PurgeReport::default() {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn explain(&self, id: &RecordId, now: Timestamp) -> Result<AdminOutcome, Error> {
+        let fetched = bounded("fetch", self.timeout, self.idem.store().fetch(id, now)).await?;
+        Ok(match fetched {
+            None => AdminOutcome::Absent,
+            Some(r) => AdminOutcome::Refused {
+                state: r.state,
+                attempt: r.attempt,
+            },
+        })
+    }
+}
+
+impl<S: AdminStore> Admin<'_, S> {
+    /// [`Idem::list_stuck`] with this timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] (an [`AdminTimeout`] too).
     pub async fn list_stuck(
         &self,
         within: Duration,
         cursor: Option<&Cursor>,
         limit: u32,
     ) -> Result<Page, Error> {
-        let now = self.clock().now();
+        let now = self.idem.clock().now();
         let query = InFlightQuery {
             now,
             lease_before: now.plus(within),
             cursor,
             limit: limit.max(1),
         };
-        Ok(self.store().list_in_flight(&query).await?)
+        let store = self.idem.store();
+        Ok(bounded("list_in_flight", self.timeout, store.list_in_flight(&query)).await?)
     }
 
-    /// Ends the lease of a record stuck in flight now, so that the next
-    /// attempt with the same request runs as a recovery (with the
-    /// checkpoint). With `attempt`, only if the record is still at that
-    /// attempt (what an operator inspected).
+    /// [`Idem::release_stuck`] with this timeout.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`], [`Error::Store`].
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
     pub async fn release_stuck<K: IntoKey>(
         &self,
         scope: &Scope,
@@ -135,52 +369,55 @@ impl<S: AdminStore> Idem<S> {
         attempt: Option<u32>,
     ) -> Result<AdminOutcome, Error> {
         let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.clock().now();
-        if self.store().release_in_flight(&id, attempt, now).await? {
+        let now = self.idem.clock().now();
+        let store = self.idem.store();
+        let released = bounded(
+            "release_in_flight",
+            self.timeout,
+            store.release_in_flight(&id, attempt, now),
+        )
+        .await?;
+        if released {
             tracing::info!(record = %id.log_hash(), "operator released an in-flight record");
             return Ok(AdminOutcome::Done);
         }
         self.explain(&id, now).await
     }
 
-    /// Deletes a completed record: the key becomes a new operation. Records
-    /// in flight or released are refused (release them instead; their next
-    /// attempt recovers).
+    /// [`Idem::delete_record`] with this timeout.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidKey`], [`Error::Store`].
+    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
     pub async fn delete_record<K: IntoKey>(
         &self,
         scope: &Scope,
         key: K,
     ) -> Result<AdminOutcome, Error> {
         let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.clock().now();
-        if self.store().delete_completed(&id, now).await? {
+        let now = self.idem.clock().now();
+        let store = self.idem.store();
+        let deleted = bounded(
+            "delete_completed",
+            self.timeout,
+            store.delete_completed(&id, now),
+        )
+        .await?;
+        if deleted {
             tracing::info!(record = %id.log_hash(), "operator deleted a record");
             return Ok(AdminOutcome::Done);
         }
         self.explain(&id, now).await
     }
 
-    /// Counts the live records by state (a full scan: not for a request
-    /// path).
+    /// [`Idem::count_states`] with this timeout.
     ///
     /// # Errors
     ///
-    /// [`Error::Store`].
+    /// [`Error::Store`] (an [`AdminTimeout`] too).
     pub async fn count_states(&self) -> Result<StateCounts, Error> {
-        Ok(self.store().count_states(self.clock().now()).await?)
-    }
-
-    async fn explain(&self, id: &RecordId, now: Timestamp) -> Result<AdminOutcome, Error> {
-        Ok(match self.store().fetch(id, now).await? {
-            None => AdminOutcome::Absent,
-            Some(r) => AdminOutcome::Refused {
-                state: r.state,
-                attempt: r.attempt,
-            },
-        })
+        let now = self.idem.clock().now();
+        let store = self.idem.store();
+        Ok(bounded("count_states", self.timeout, store.count_states(now)).await?)
     }
 }

@@ -7,6 +7,7 @@ use tokio::task::JoinHandle;
 
 use crate::engine::Idem;
 use crate::error::Error;
+use crate::ops::DEFAULT_ADMIN_TIMEOUT;
 use crate::store::{PurgeReport, Store, Token};
 
 /// How a background purger runs.
@@ -19,15 +20,21 @@ pub struct PurgerConfig {
     /// Up to this much is added at random to every pause, so instances
     /// started together do not purge in lockstep.
     pub jitter: Duration,
+    /// How long one batch may take at the store; a batch that does not
+    /// answer in time is abandoned, logged and counted as a failed round
+    /// (`idem_purge_errors_total`), and the next round runs as planned.
+    pub timeout: Duration,
 }
 
 impl Default for PurgerConfig {
-    /// Every minute, 1,000 records per batch, up to 10 s of jitter.
+    /// Every minute, 1,000 records per batch, up to 10 s of jitter, 30 s
+    /// per batch at most ([`DEFAULT_ADMIN_TIMEOUT`]).
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(60),
             batch: 1000,
             jitter: Duration::from_secs(10),
+            timeout: DEFAULT_ADMIN_TIMEOUT,
         }
     }
 }
@@ -90,9 +97,13 @@ impl<S: Store> Idem<S> {
                 }
                 loop {
                     let now = idem.clock().now();
-                    let result: Result<PurgeReport, Error> = crate::metrics::time_store(
-                        "purge",
-                        idem.store().purge_expired(now, config.batch.max(1)),
+                    let result: Result<PurgeReport, Error> = crate::ops::bounded(
+                        "purge_expired",
+                        config.timeout.max(Duration::from_millis(1)),
+                        crate::metrics::time_store(
+                            "purge",
+                            idem.store().purge_expired(now, config.batch.max(1)),
+                        ),
                     )
                     .await
                     .map_err(Error::from);

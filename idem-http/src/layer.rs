@@ -74,6 +74,7 @@ pub type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send + Sync>
 #[error("invalid idempotency layer configuration: {0}")]
 pub struct ConfigError(String);
 
+#[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeyRequirement,
@@ -128,11 +129,21 @@ pub(crate) struct Shared<S, O> {
     pub(crate) cfg: Config,
     pub(crate) owner: O,
     pub(crate) tracker: TaskTracker,
-    pub(crate) closed: AtomicBool,
+    pub(crate) closed: Arc<AtomicBool>,
 }
 
 /// The tower layer. Cheap to clone (everything behind one `Arc`); clones
 /// share the shutdown state and the tracker of detached handlers.
+///
+/// Per-route settings: every setter of the [`Builder`] exists on the layer
+/// too (`layer.clone().fingerprint(spec)`), returning a layer with that one
+/// setting changed that still shares the engine, the owner source, the
+/// shutdown state and the tracker with the original, so one
+/// [`shutdown`](Self::shutdown) stops them all. The settings the builder
+/// validates are `with_methods`, `with_key_header`, `with_max_request_body`
+/// and `with_replayed_headers` here (the plain names are the getters), and
+/// return a `Result`; [`to_builder`](Self::to_builder) changes several at
+/// once.
 pub struct IdempotencyLayer<S, O> {
     pub(crate) shared: Arc<Shared<S, O>>,
 }
@@ -164,6 +175,7 @@ impl<S: Store> IdempotencyLayer<S, NoOwner> {
             idem,
             owner: NoOwner,
             cfg: Config::default(),
+            link: None,
         }
     }
 }
@@ -224,6 +236,9 @@ pub struct Builder<S, O> {
     idem: Idem<S>,
     owner: O,
     cfg: Config,
+    /// The shutdown state of the layer this builder came from
+    /// ([`IdempotencyLayer::to_builder`]).
+    link: Option<(TaskTracker, Arc<AtomicBool>)>,
 }
 
 impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for Builder<S, O> {
@@ -243,6 +258,7 @@ impl<S: Store, O> Builder<S, O> {
             idem: self.idem,
             owner,
             cfg: self.cfg,
+            link: self.link,
         }
     }
 
@@ -410,14 +426,186 @@ impl<S: Store, O: OwnerSource> Builder<S, O> {
             .iter()
             .map(|h| h.as_str().to_owned())
             .collect();
+        let (tracker, closed) = self
+            .link
+            .unwrap_or_else(|| (TaskTracker::new(), Arc::new(AtomicBool::new(false))));
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 idem: self.idem,
                 cfg: self.cfg,
                 owner: self.owner,
-                tracker: TaskTracker::new(),
-                closed: AtomicBool::new(false),
+                tracker,
+                closed,
             }),
         })
+    }
+}
+
+impl<S: Store, O: OwnerSource> IdempotencyLayer<S, O> {
+    /// A builder holding this layer's engine, owner source and settings;
+    /// the layer it builds shares this layer's shutdown state and tracker.
+    #[must_use]
+    pub fn to_builder(&self) -> Builder<S, O> {
+        Builder {
+            idem: self.shared.idem.clone(),
+            owner: self.shared.owner.clone(),
+            cfg: self.shared.cfg.clone(),
+            link: Some((self.shared.tracker.clone(), Arc::clone(&self.shared.closed))),
+        }
+    }
+
+    /// This layer with one setting changed that needs no validation.
+    fn with_cfg(&self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut cfg = self.shared.cfg.clone();
+        change(&mut cfg);
+        Self {
+            shared: Arc::new(Shared {
+                idem: self.shared.idem.clone(),
+                cfg,
+                owner: self.shared.owner.clone(),
+                tracker: self.shared.tracker.clone(),
+                closed: Arc::clone(&self.shared.closed),
+            }),
+        }
+    }
+
+    /// [`Builder::owner`] on a built layer.
+    #[must_use]
+    pub fn owner<O2: OwnerSource>(self, owner: O2) -> IdempotencyLayer<S, O2> {
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                idem: self.shared.idem.clone(),
+                cfg: self.shared.cfg.clone(),
+                owner,
+                tracker: self.shared.tracker.clone(),
+                closed: Arc::clone(&self.shared.closed),
+            }),
+        }
+    }
+
+    /// [`Builder::missing_owner_status`] on a built layer.
+    #[must_use]
+    pub fn missing_owner_status(self, status: StatusCode) -> Self {
+        self.with_cfg(|c| c.missing_owner_status = status)
+    }
+
+    /// [`Builder::methods`] on a built layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] as [`Builder::build`].
+    pub fn with_methods(self, m: impl IntoIterator<Item = Method>) -> Result<Self, ConfigError> {
+        self.to_builder().methods(m).build()
+    }
+
+    /// [`Builder::key`] on a built layer.
+    #[must_use]
+    pub fn key(self, r: KeyRequirement) -> Self {
+        self.with_cfg(|c| c.key = r)
+    }
+
+    /// [`Builder::key_syntax`] on a built layer.
+    #[must_use]
+    pub fn key_syntax(self, s: KeySyntax) -> Self {
+        self.with_cfg(|c| c.key_syntax = s)
+    }
+
+    /// [`Builder::key_header`] on a built layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] as [`Builder::build`].
+    pub fn with_key_header(self, name: HeaderName) -> Result<Self, ConfigError> {
+        self.to_builder().key_header(name).build()
+    }
+
+    /// [`Builder::key_validator`] on a built layer.
+    #[must_use]
+    pub fn key_validator(
+        self,
+        f: impl Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync + 'static,
+    ) -> Self {
+        let f: KeyValidator = Arc::new(f);
+        self.with_cfg(|c| c.key_validator = Some(f))
+    }
+
+    /// [`Builder::operation`] on a built layer.
+    #[must_use]
+    pub fn operation(self, o: OperationSource) -> Self {
+        self.with_cfg(|c| c.operation = o)
+    }
+
+    /// [`Builder::key_namespace`] on a built layer.
+    #[must_use]
+    pub fn key_namespace(self, n: KeyNamespace) -> Self {
+        self.with_cfg(|c| c.namespace = n)
+    }
+
+    /// [`Builder::fingerprint`] on a built layer.
+    #[must_use]
+    pub fn fingerprint(self, f: FingerprintSpec) -> Self {
+        self.with_cfg(|c| c.fingerprint = f)
+    }
+
+    /// [`Builder::max_request_body`] on a built layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] as [`Builder::build`].
+    pub fn with_max_request_body(self, bytes: usize) -> Result<Self, ConfigError> {
+        self.to_builder().max_request_body(bytes).build()
+    }
+
+    /// [`Builder::classify`] on a built layer.
+    #[must_use]
+    pub fn classify(
+        self,
+        f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
+    ) -> Self {
+        let f: Classifier = Arc::new(f);
+        self.with_cfg(|c| c.classify = Some(f))
+    }
+
+    /// [`Builder::stored_headers`] on a built layer.
+    #[must_use]
+    pub fn stored_headers(self, p: HeaderPolicy) -> Self {
+        self.with_cfg(|c| c.stored_headers = p)
+    }
+
+    /// [`Builder::replayed_headers`] on a built layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] as [`Builder::build`].
+    pub fn with_replayed_headers(
+        self,
+        names: impl IntoIterator<Item = HeaderName>,
+    ) -> Result<Self, ConfigError> {
+        self.to_builder().replayed_headers(names).build()
+    }
+
+    /// [`Builder::problem_types`] on a built layer.
+    #[must_use]
+    pub fn problem_types(self, t: ProblemTypes) -> Self {
+        self.with_cfg(|c| c.problem_types = t)
+    }
+
+    /// [`Builder::docs_url`] on a built layer.
+    #[must_use]
+    pub fn docs_url(self, url: impl Into<String>) -> Self {
+        let url = url.into();
+        self.with_cfg(|c| c.docs_url = Some(url))
+    }
+
+    /// [`Builder::detached`] on a built layer.
+    #[must_use]
+    pub fn detached(self, on: bool) -> Self {
+        self.with_cfg(|c| c.detached = on)
+    }
+
+    /// [`Builder::auto_renew_lease`] on a built layer.
+    #[must_use]
+    pub fn auto_renew_lease(self, ceiling: Option<Duration>) -> Self {
+        self.with_cfg(|c| c.auto_renew = ceiling)
     }
 }

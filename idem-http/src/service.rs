@@ -121,6 +121,18 @@ fn route_of(parts: &http::request::Parts) -> String {
     parts.uri.path().to_owned()
 }
 
+/// The path as the client sent it: inside a nested axum router
+/// (`Router::nest`) the request's URI has lost the prefix, and axum keeps
+/// the original in `OriginalUri`; the fingerprint hashes the received path,
+/// as the route (`MatchedPath`) already holds the prefix.
+fn received_path(parts: &http::request::Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = parts.extensions.get() {
+        return uri.path();
+    }
+    parts.uri.path()
+}
+
 fn received(lines: &[&HeaderValue]) -> Option<String> {
     let first = lines.first()?;
     let text = String::from_utf8_lossy(first.as_bytes());
@@ -260,7 +272,7 @@ where
     let view = RequestView {
         method: parts.method.as_str(),
         route: &route,
-        path: parts.uri.path(),
+        path: received_path(&parts),
         query: parts.uri.query(),
         headers: &headers,
         content_type: parts

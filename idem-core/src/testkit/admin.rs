@@ -368,6 +368,7 @@ pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
         interval: Duration::from_millis(5),
         batch: 2,
         jitter: Duration::from_millis(5),
+        timeout: Duration::from_secs(30),
     });
     if !native {
         let mut left = u64::MAX;

@@ -32,6 +32,9 @@ pub const LEASE: Duration = Duration::from_secs(60);
 pub const RESPONSE_TTL: Duration = Duration::from_secs(3600);
 /// The key TTL of the test policy.
 pub const KEY_TTL: Duration = Duration::from_secs(86_400);
+/// How long the test policy's wait mode waits, unless
+/// [`Options::wait_timeout`] says otherwise.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `max_response_bytes` of the test policy.
 pub const MAX_RESPONSE: usize = 16 * 1024;
 /// `max_request_body` of the test layer.
@@ -85,6 +88,8 @@ impl Counts {
 pub struct Options {
     /// Wait mode instead of reject.
     pub wait: bool,
+    /// How long wait mode waits (10 s by default).
+    pub wait_timeout: Duration,
     /// Detached handlers.
     pub detached: bool,
     /// Key namespace.
@@ -97,6 +102,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             wait: false,
+            wait_timeout: WAIT_TIMEOUT,
             detached: true,
             namespace: KeyNamespace::PerRoute,
             docs_url: None,
@@ -133,19 +139,28 @@ impl<S: Store> Drop for App<S> {
     }
 }
 
-/// The engine of the test app: a manual clock and the test policy.
+/// The engine of the test app: a manual clock and the test policy (wait
+/// mode: [`WAIT_TIMEOUT`]).
 pub fn engine<S: Store>(
     store: FailingStore<S>,
     clock: &ManualClock,
     wait: bool,
 ) -> Idem<FailingStore<S>> {
-    let in_flight = if wait {
-        InFlightMode::Wait {
-            timeout: Duration::from_secs(10),
+    engine_waiting(store, clock, wait.then_some(WAIT_TIMEOUT))
+}
+
+/// The engine of the test app, in wait mode for `wait` when given.
+pub fn engine_waiting<S: Store>(
+    store: FailingStore<S>,
+    clock: &ManualClock,
+    wait: Option<Duration>,
+) -> Idem<FailingStore<S>> {
+    let in_flight = match wait {
+        Some(timeout) => InFlightMode::Wait {
+            timeout,
             poll: Duration::from_millis(5),
-        }
-    } else {
-        InFlightMode::Reject
+        },
+        None => InFlightMode::Reject,
     };
     let policy = Policy::builder()
         .lease(LEASE)
@@ -171,7 +186,11 @@ impl<S: Store> App<S> {
     pub async fn with(store: Arc<S>, opts: Options) -> Self {
         let clock = ManualClock::starting_now();
         let store = FailingStore::new(store);
-        let idem = engine(store.clone(), &clock, opts.wait);
+        let idem = engine_waiting(
+            store.clone(),
+            &clock,
+            opts.wait.then_some(opts.wait_timeout),
+        );
         let fp = FingerprintSpec::default()
             .ignore_fields(["/client_ts"])
             .include_headers(["x-fp"]);
@@ -199,6 +218,24 @@ impl<S: Store> App<S> {
             .route("/other", post(order))
             .route_layer(layer.clone())
             .route("/optional", post(order).layer(optional))
+            // Per-route layers derived from the main one with its setters.
+            .route(
+                "/strict",
+                post(order).layer(layer.clone().fingerprint(FingerprintSpec::default())),
+            )
+            .route(
+                "/small",
+                post(order).layer(
+                    layer
+                        .clone()
+                        .with_max_request_body(16)
+                        .expect("a valid limit"),
+                ),
+            )
+            // The same handlers nested twice under a prefix, each with the
+            // layer on the nested router (`Router::nest`).
+            .nest("/v1", nested(&layer))
+            .nest("/v2", nested(&layer))
             .layer(middleware::from_fn(auth))
             .with_state(Arc::clone(&counts));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -279,6 +316,14 @@ impl<S: Store> App<S> {
     pub fn expire_lease(&self) {
         self.clock.advance(LEASE + Duration::from_secs(1));
     }
+}
+
+/// Routes under a prefix, the layer applied inside the nested router.
+fn nested<S: Store>(layer: &TestLayer<S>) -> Router<Arc<Counts>> {
+    Router::new()
+        .route("/orders", post(order))
+        .route("/accounts/{id}/charges", post(order))
+        .route_layer(layer.clone())
 }
 
 async fn auth(mut req: Request, next: Next) -> Response {

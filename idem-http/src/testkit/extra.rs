@@ -1,11 +1,13 @@
 //! Races, response-body failures and problem types, beyond the table rows.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use idem_core::{IdempotencyKey, Store};
+use idem_core::{IdempotencyKey, Scope, Store};
 
-use super::app::{App, Options};
+use super::app::{App, Options, engine};
 use super::check::Got;
+use crate::pipeline::{FingerprintSpec, RequestView, fingerprint_request};
 
 const RACERS: usize = 64;
 
@@ -114,4 +116,188 @@ pub async fn problem_echoes_the_unquoted_key<S: Store>(store: Arc<S>) {
     )
     .await;
     g.assert_problem(500, "owner_unavailable", Some("quoted-key-1"));
+}
+
+async fn send(r: reqwest::RequestBuilder) -> Got {
+    Got::read(r.send().await.expect("request sent")).await
+}
+
+/// Wait mode (rows 12 and 13): a duplicate that waits longer than the wait
+/// timeout for the first attempt gets what reject mode answers at once, 409
+/// `in_flight` in the problem shape with `Retry-After` (the first attempt's
+/// lease left), not before the timeout; the handler does not run for it, and
+/// once the first finishes the same request is a replay.
+pub async fn wait_mode_timeout_is_409_with_retry_after<S: Store>(store: Arc<S>) {
+    let wait = Duration::from_millis(150);
+    let app = App::with(
+        store,
+        Options {
+            wait: true,
+            wait_timeout: wait,
+            ..Options::default()
+        },
+    )
+    .await;
+    let k = IdempotencyKey::random().as_str().to_owned();
+    let first = tokio::spawn(
+        app.post("/orders", Some(&k), "{}")
+            .header("x-hold", "1")
+            .send(),
+    );
+    app.counts.entered().await;
+    // 20 s of the 60 s lease have passed on the engine's clock.
+    app.clock.advance(Duration::from_secs(20));
+    let asked = Instant::now();
+    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    assert!(
+        asked.elapsed() >= wait,
+        "answered after {:?}, before the wait timeout",
+        asked.elapsed()
+    );
+    let p = g.assert_problem(409, "in_flight", Some(&k));
+    assert_eq!(p["retryable"], true);
+    assert_eq!(g.header("retry-after"), Some("40"), "{p}");
+    assert_eq!(app.counts.executions(), 1, "the waiter did not run");
+    app.counts.release(1);
+    let first = Got::read(first.await.expect("join").expect("response")).await;
+    first.assert_executed(201);
+    send(app.post("/orders", Some(&k), "{}"))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(app.counts.executions(), 1);
+}
+
+/// The layer on a nested router (`Router::nest("/v1", …)`): the operation
+/// is the method and the **full** route template, prefix included
+/// (`POST /v1/accounts/{id}/charges`), so the same key is one record per
+/// nested route and prefix, and a retry on the same nested path replays;
+/// the fingerprint hashes the path as received (prefix included), not the
+/// path the nested router sees.
+pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    let k = IdempotencyKey::random().as_str().to_owned();
+    let first = send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#)).await;
+    first.assert_executed(201);
+    send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#))
+        .await
+        .assert_replay_of(&first);
+    // Another prefix, or the top-level route: another operation.
+    for path in ["/v2/orders", "/orders"] {
+        let g = send(app.post(path, Some(&k), r#"{"a":1}"#)).await;
+        g.assert_executed(201);
+    }
+    assert_eq!(app.counts.executions(), 3);
+    // A template with a parameter: one operation for every id (another id
+    // with the same key is the same record, and the path is fingerprinted:
+    // 422), named after the full template.
+    let k = IdempotencyKey::random().as_str().to_owned();
+    send(app.post("/v1/accounts/1/charges", Some(&k), "{}"))
+        .await
+        .assert_executed(201);
+    send(app.post("/v1/accounts/2/charges", Some(&k), "{}"))
+        .await
+        .assert_problem(422, "fingerprint_mismatch", Some(&k));
+    send(app.post("/v2/accounts/1/charges", Some(&k), "{}"))
+        .await
+        .assert_executed(201);
+    assert_eq!(app.counts.executions(), 5);
+    let idem = engine(app.store.clone(), &app.clock, false);
+    for (operation, stored) in [
+        ("POST /v1/accounts/{id}/charges", true),
+        ("POST /v2/accounts/{id}/charges", true),
+        ("POST /accounts/{id}/charges", false),
+        ("POST /v1/accounts/1/charges", false),
+    ] {
+        let scope = Scope::new("alice", operation).expect("scope");
+        let found = idem.lookup(&scope, k.as_str()).await.expect("lookup");
+        assert_eq!(found.is_some(), stored, "{operation}");
+        let Some(record) = found else { continue };
+        let route = operation.trim_start_matches("POST ");
+        let spec = FingerprintSpec::default()
+            .ignore_fields(["/client_ts"])
+            .include_headers(["x-fp"]);
+        let fp = |path: &str| {
+            let view = RequestView {
+                method: "POST",
+                route,
+                path,
+                query: None,
+                headers: &[],
+                content_type: Some(b"application/json"),
+                body: b"{}",
+            };
+            fingerprint_request(operation, &view, &spec).expect("fingerprint")
+        };
+        let received = route.replace("{id}", "1");
+        assert_eq!(
+            record.fingerprint,
+            fp(&received),
+            "{operation}: the received path"
+        );
+        assert_ne!(record.fingerprint, fp("/accounts/1/charges"));
+    }
+}
+
+/// Spec 2.2's per-route settings: a layer derived with the layer's own
+/// setters (`layer.clone().fingerprint(..)`, `with_max_request_body(..)`)
+/// changes only that setting, shares the engine and owner source, and is
+/// shut down with the layer it came from; the validated setters refuse what
+/// the builder refuses.
+pub async fn layer_setters_derive_per_route_layers<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    // `/strict` fingerprints every field; the main layer ignores /client_ts.
+    for (path, second) in [("/orders", 201), ("/strict", 422)] {
+        let k = IdempotencyKey::random().as_str().to_owned();
+        let first = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#)).await;
+        first.assert_executed(201);
+        let g = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":2}"#)).await;
+        if second == 422 {
+            g.assert_problem(422, "fingerprint_mismatch", Some(&k));
+        } else {
+            g.assert_replay_of(&first);
+        }
+        // The derived layer still runs once per key and replays.
+        send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#))
+            .await
+            .assert_replay_of(&first);
+    }
+    assert_eq!(app.counts.executions(), 2);
+    // `/small` has a 16-byte request limit; the main layer's is larger.
+    let big = r#"{"item":"a long enough body"}"#;
+    let k = IdempotencyKey::random().as_str().to_owned();
+    send(app.post("/small", Some(&k), big))
+        .await
+        .assert_problem(413, "request_too_large", Some(&k));
+    send(app.post("/orders", Some(&k), big))
+        .await
+        .assert_executed(201);
+    send(app.post("/small", Some(IdempotencyKey::random().as_str()), "{}"))
+        .await
+        .assert_executed(201);
+    assert_eq!(app.counts.executions(), 4);
+    // What the builder refuses, the layer's setters refuse.
+    assert!(app.layer.clone().with_max_request_body(0).is_err());
+    assert!(app.layer.clone().with_methods([]).is_err());
+    let key_header = app.layer.key_header().clone();
+    assert!(
+        app.layer
+            .clone()
+            .with_replayed_headers([key_header])
+            .is_err()
+    );
+    assert!(
+        app.layer
+            .clone()
+            .with_key_header(http::HeaderName::from_static("idempotent-replayed"))
+            .is_err()
+    );
+    // One shutdown stops the derived layers too.
+    app.layer.close();
+    for path in ["/strict", "/small", "/orders"] {
+        let k = IdempotencyKey::random().as_str().to_owned();
+        send(app.post(path, Some(&k), "{}"))
+            .await
+            .assert_problem(503, "shutting_down", Some(&k));
+    }
+    assert_eq!(app.counts.executions(), 4);
 }

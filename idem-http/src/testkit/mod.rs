@@ -30,7 +30,7 @@ mod rows;
 
 pub use app::{
     App, Counts, KEY_TTL, LEASE, MAX_REQUEST, MAX_RESPONSE, Options, Owner, RESPONSE_TTL,
-    TestLayer, engine,
+    TestLayer, WAIT_TIMEOUT, engine, engine_waiting,
 };
 pub use check::{Got, is_urn_uuid_v4};
 pub use extra::*;
@@ -77,6 +77,9 @@ macro_rules! http_conformance {
             race_64_wait_mode_replays_to_all,
             response_body_failure_releases_the_key,
             problem_echoes_the_unquoted_key,
+            wait_mode_timeout_is_409_with_retry_after,
+            nested_router_names_the_full_route,
+            layer_setters_derive_per_route_layers,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {

@@ -149,3 +149,38 @@ pub async fn redis() -> Redis {
     let prefix = format!("idemhttp:{}:", IdempotencyKey::random().as_str());
     Redis(store.with_prefix(&prefix).expect("prefix"))
 }
+
+pub mod cluster;
+
+/// A key prefix of its own on the throwaway three-primary cluster.
+pub struct RedisCluster(RedisStore, Vec<String>);
+impl Fixture for RedisCluster {
+    type Store = RedisStore;
+    fn store(&self) -> RedisStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        let pattern = format!("{}*", self.0.prefix().as_str());
+        for url in &self.1 {
+            let client = redis::Client::open(url.as_str()).expect("node url");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("node connection");
+            let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
+            for k in keys {
+                let _: i64 = conn.del(&k).await.expect("DEL");
+            }
+        }
+    }
+}
+pub async fn redis_cluster() -> RedisCluster {
+    let nodes = tokio::task::spawn_blocking(|| cluster::get().node_urls())
+        .await
+        .expect("start the cluster");
+    let store = RedisStore::connect_cluster(&nodes)
+        .await
+        .expect("connect to the cluster");
+    let prefix = format!("idemhttp:{}:", IdempotencyKey::random().as_str());
+    RedisCluster(store.with_prefix(&prefix).expect("prefix"), nodes)
+}
