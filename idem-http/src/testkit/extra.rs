@@ -209,7 +209,10 @@ pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
         ("POST /v1/accounts/1/charges", false),
     ] {
         let scope = Scope::new("alice", operation).expect("scope");
-        let found = idem.lookup(&scope, k.as_str()).await.expect("lookup");
+        let found = idem
+            .inspect(&scope, k.as_str(), false)
+            .await
+            .expect("inspect");
         assert_eq!(found.is_some(), stored, "{operation}");
         let Some(record) = found else { continue };
         let route = operation.trim_start_matches("POST ");
