@@ -349,16 +349,7 @@ pub(crate) fn write_string(s: &str, out: &mut Vec<u8>) {
         run_start = j + 1;
         i = j + 1;
     }
-    // The last 0 to 7 bytes: one word padded with a byte that needs no
-    // escape; one at a time only if one of them does.
-    let tail = &bytes[i..];
-    let mut w = [b'a'; 8];
-    w[..tail.len()].copy_from_slice(tail);
-    if escape_mask(u64::from_le_bytes(w)) == 0 {
-        out.extend_from_slice(&bytes[run_start..]);
-        out.push(b'"');
-        return;
-    }
+    // The last 0 to 7 bytes, one at a time.
     for (j, &b) in bytes.iter().enumerate().skip(i) {
         if ESCAPE[usize::from(b)] != 0 {
             out.extend_from_slice(&bytes[run_start..j]);

@@ -78,7 +78,8 @@ impl ser::Error for CanonError {
 pub(crate) struct Scratch {
     /// The canonical bytes.
     pub(crate) out: Vec<u8>,
-    /// The raw (unescaped) names of the members of the open objects.
+    /// The raw (unescaped) names of the members of the open objects that
+    /// needed an escape (the others are read back from `out`).
     names: Vec<u8>,
     /// The members of the open objects.
     members: Vec<Member>,
@@ -108,12 +109,31 @@ impl Scratch {
     }
 }
 
-/// One member of an open object: its raw name in `names`, its
+/// One member of an open object: where its raw name is, its
 /// `"name":value` span in `out`.
 #[derive(Debug, Clone, Copy)]
 struct Member {
-    name: (usize, usize),
+    name: Name,
     span: (usize, usize),
+}
+
+/// Where a member's raw (unescaped) name is: between its quotes in `out`
+/// when writing it needed no escape (the usual case, no copy), else in
+/// `names`. (Positions in `out` stay valid: an object rewrites only its own
+/// content, which comes after its own name.)
+#[derive(Debug, Clone, Copy)]
+enum Name {
+    Out(usize, usize),
+    Names(usize, usize),
+}
+
+impl Name {
+    fn bytes<'a>(self, out: &'a [u8], names: &'a [u8]) -> &'a [u8] {
+        match self {
+            Self::Out(a, b) => &out[a..b],
+            Self::Names(a, b) => &names[a..b],
+        }
+    }
 }
 
 /// Writes the fingerprint's canonical bytes of `value` into `scratch.out`;
@@ -193,7 +213,7 @@ impl Canon<'_> {
             names: self.scratch.names.len(),
             content: self.scratch.out.len(),
             next_start: 0,
-            next_name: (0, 0),
+            next_name: Name::Out(0, 0),
         })
     }
 
@@ -204,11 +224,9 @@ impl Canon<'_> {
             self.scratch.out.push(b',');
         }
         obj.next_start = self.scratch.out.len();
-        let name_start = self.scratch.names.len();
-        key.serialize(KeySer {
+        obj.next_name = key.serialize(KeySer {
             scratch: &mut *self.scratch,
         })?;
-        obj.next_name = (name_start, self.scratch.names.len());
         self.scratch.out.push(b':');
         Ok(())
     }
@@ -228,8 +246,8 @@ impl Canon<'_> {
     fn close_object(&mut self, obj: &Object) {
         let s = &mut *self.scratch;
         let members = &s.members[obj.members..];
-        let names = &s.names;
-        let name = |m: &Member| &names[m.name.0..m.name.1];
+        let (out, names) = (&s.out, &s.names);
+        let name = |m: &Member| m.name.bytes(out, names);
         let in_order = members
             .windows(2)
             .all(|w| utf16_cmp_bytes(name(&w[0]), name(&w[1])) == Ordering::Less);
@@ -237,19 +255,20 @@ impl Canon<'_> {
             let mut order: Vec<Member> = members.to_vec();
             // Stable: among equal names the last written stays last.
             order.sort_by(|a, b| utf16_cmp_bytes(name(a), name(b)));
+            // A member followed by one of the same name was replaced by it.
+            let kept: Vec<(usize, usize)> = order
+                .iter()
+                .enumerate()
+                .filter(|&(i, m)| order.get(i + 1).is_none_or(|next| name(next) != name(m)))
+                .map(|(_, m)| (m.span.0 - obj.content, m.span.1 - obj.content))
+                .collect();
             let content = s.out[obj.content..].to_vec();
             s.out.truncate(obj.content);
-            let mut first = true;
-            for (i, m) in order.iter().enumerate() {
-                if order.get(i + 1).is_some_and(|next| name(next) == name(m)) {
-                    continue; // replaced by a later member of the same name
-                }
-                if !first {
+            for (i, &(start, end)) in kept.iter().enumerate() {
+                if i > 0 {
                     s.out.push(b',');
                 }
-                first = false;
-                s.out
-                    .extend_from_slice(&content[m.span.0 - obj.content..m.span.1 - obj.content]);
+                s.out.extend_from_slice(&content[start..end]);
             }
         }
         s.members.truncate(obj.members);
@@ -302,7 +321,7 @@ struct Object {
     content: usize,
     /// The member being written: where it starts, its raw name.
     next_start: usize,
-    next_name: (usize, usize),
+    next_name: Name,
 }
 
 struct Array {
@@ -630,92 +649,102 @@ struct KeySer<'a> {
 }
 
 impl KeySer<'_> {
-    fn name(self, name: &str) -> Res {
-        self.scratch.names.extend_from_slice(name.as_bytes());
-        write_string(name, &mut self.scratch.out);
-        Ok(())
+    fn name(self, name: &str) -> KeyRes {
+        let out = &mut self.scratch.out;
+        let start = out.len();
+        write_string(name, out);
+        if out.len() == start + name.len() + 2 {
+            // Written as itself: read it back from `out`.
+            return Ok(Name::Out(start + 1, out.len() - 1));
+        }
+        let names = &mut self.scratch.names;
+        let at = names.len();
+        names.extend_from_slice(name.as_bytes());
+        Ok(Name::Names(at, names.len()))
     }
 }
+
+type KeyRes = Result<Name, CanonError>;
 
 fn fallback<T>() -> Result<T, CanonError> {
     Err(CanonError::Fallback)
 }
 
 impl ser::Serializer for KeySer<'_> {
-    type Ok = ();
+    type Ok = Name;
     type Error = CanonError;
-    type SerializeSeq = ser::Impossible<(), CanonError>;
-    type SerializeTuple = ser::Impossible<(), CanonError>;
-    type SerializeTupleStruct = ser::Impossible<(), CanonError>;
-    type SerializeTupleVariant = ser::Impossible<(), CanonError>;
-    type SerializeMap = ser::Impossible<(), CanonError>;
-    type SerializeStruct = ser::Impossible<(), CanonError>;
-    type SerializeStructVariant = ser::Impossible<(), CanonError>;
+    type SerializeSeq = ser::Impossible<Name, CanonError>;
+    type SerializeTuple = ser::Impossible<Name, CanonError>;
+    type SerializeTupleStruct = ser::Impossible<Name, CanonError>;
+    type SerializeTupleVariant = ser::Impossible<Name, CanonError>;
+    type SerializeMap = ser::Impossible<Name, CanonError>;
+    type SerializeStruct = ser::Impossible<Name, CanonError>;
+    type SerializeStructVariant = ser::Impossible<Name, CanonError>;
 
-    fn serialize_str(self, v: &str) -> Res {
+    fn serialize_str(self, v: &str) -> KeyRes {
         self.name(v)
     }
-    fn serialize_char(self, v: char) -> Res {
+    fn serialize_char(self, v: char) -> KeyRes {
         self.name(v.encode_utf8(&mut [0; 4]))
     }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Res {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> KeyRes {
         self.name(variant)
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Res {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> KeyRes {
         value.serialize(self)
     }
-    fn serialize_bool(self, _: bool) -> Res {
+    fn serialize_bool(self, _: bool) -> KeyRes {
         fallback()
     }
-    fn serialize_i8(self, _: i8) -> Res {
+    fn serialize_i8(self, _: i8) -> KeyRes {
         fallback()
     }
-    fn serialize_i16(self, _: i16) -> Res {
+    fn serialize_i16(self, _: i16) -> KeyRes {
         fallback()
     }
-    fn serialize_i32(self, _: i32) -> Res {
+    fn serialize_i32(self, _: i32) -> KeyRes {
         fallback()
     }
-    fn serialize_i64(self, _: i64) -> Res {
+    fn serialize_i64(self, _: i64) -> KeyRes {
         fallback()
     }
-    fn serialize_i128(self, _: i128) -> Res {
+    fn serialize_i128(self, _: i128) -> KeyRes {
         fallback()
     }
-    fn serialize_u8(self, _: u8) -> Res {
+    fn serialize_u8(self, _: u8) -> KeyRes {
         fallback()
     }
-    fn serialize_u16(self, _: u16) -> Res {
+    fn serialize_u16(self, _: u16) -> KeyRes {
         fallback()
     }
-    fn serialize_u32(self, _: u32) -> Res {
+    fn serialize_u32(self, _: u32) -> KeyRes {
         fallback()
     }
-    fn serialize_u64(self, _: u64) -> Res {
+    fn serialize_u64(self, _: u64) -> KeyRes {
         fallback()
     }
-    fn serialize_u128(self, _: u128) -> Res {
+    fn serialize_u128(self, _: u128) -> KeyRes {
         fallback()
     }
-    fn serialize_f32(self, _: f32) -> Res {
+    fn serialize_f32(self, _: f32) -> KeyRes {
         fallback()
     }
-    fn serialize_f64(self, _: f64) -> Res {
+    fn serialize_f64(self, _: f64) -> KeyRes {
         fallback()
     }
-    fn serialize_bytes(self, _: &[u8]) -> Res {
+    fn serialize_bytes(self, _: &[u8]) -> KeyRes {
         fallback()
     }
-    fn serialize_none(self) -> Res {
+    fn serialize_none(self) -> KeyRes {
         fallback()
     }
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Res {
+    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> KeyRes {
         fallback()
     }
-    fn serialize_unit(self) -> Res {
+    fn serialize_unit(self) -> KeyRes {
         fallback()
     }
-    fn serialize_unit_struct(self, _: &'static str) -> Res {
+    fn serialize_unit_struct(self, _: &'static str) -> KeyRes {
         fallback()
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -724,7 +753,7 @@ impl ser::Serializer for KeySer<'_> {
         _: u32,
         _: &'static str,
         _: &T,
-    ) -> Res {
+    ) -> KeyRes {
         fallback()
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, CanonError> {

@@ -270,8 +270,11 @@ impl Storable for HttpResponse {
     }
 }
 
-/// The status, the headers, and where the body starts.
-fn decode_head(bytes: &[u8]) -> Result<(u16, Vec<(String, Vec<u8>)>, usize), BoxDynError> {
+/// A decoded head: the status, the headers, and where the body starts.
+type Head = (u16, Vec<(String, Vec<u8>)>, usize);
+
+/// Decodes the head of a stored [`HttpResponse`].
+fn decode_head(bytes: &[u8]) -> Result<Head, BoxDynError> {
     let mut rest = bytes
         .strip_prefix(HTTP_MAGIC.as_slice())
         .or_else(|| bytes.strip_prefix(HTTP_MAGIC_V1.as_slice()))
