@@ -246,6 +246,14 @@ pub enum RequestError {
 /// `9007199254740992` are different requests. Requests without such an
 /// integer keep the `idem-fp-v1` fingerprint they always had.
 ///
+/// The request is defined as what `serde_json::to_value` makes of it (a
+/// member written twice counts once, with its last value). With
+/// [`FieldFilter::All`] the canonical JSON is written straight from the
+/// request's `Serialize` implementation into a per-thread buffer, without
+/// building that `Value`; the bytes are the same. A field filter, a map key
+/// that is not a string, an `i128` beyond 64 bits or serde_json's
+/// `arbitrary_precision`/`RawValue` forms go through the `Value`.
+///
 /// # Errors
 ///
 /// [`RequestError`] when the request is not JSON, holds a non-finite
