@@ -327,21 +327,30 @@ fn parts() {
 }
 
 /// `IDEM_STORE_PROFILE=fresh|replay` makes 20,000 such calls on
-/// `MemoryStore` through the library and exits: a fixed loop for
+/// `MemoryStore` through the library (`raw-fresh|raw-replay`: on the raw
+/// baseline) and exits: a fixed loop for
 /// `valgrind --tool=callgrind` to count what the engine adds.
 fn profile(which: &str, rt: &Runtime) {
     if which == "parts" {
         parts();
         return;
     }
-    let scenario = if which == "fresh" {
+    let scenario = if which.ends_with("fresh") {
         Scenario::Fresh
     } else {
         Scenario::Replay
     };
-    let plan = Arc::new(Plan::new(Lib::new(MemoryStore::new(), 256), run_id()));
-    rt.block_on(plan.prepare_replays());
-    let took = rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed;
+    // `raw-fresh|raw-replay`: the same loop on the raw baseline, so that
+    // idem minus raw is the engine's own count.
+    let took = if which.starts_with("raw-") {
+        let plan = Arc::new(Plan::new(RawMemory::new(256), run_id()));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed
+    } else {
+        let plan = Arc::new(Plan::new(Lib::new(MemoryStore::new(), 256), run_id()));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed
+    };
     println!("{which}: 20000 calls in {took:?}");
 }
 

@@ -152,7 +152,11 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>, ints: &mut Ints) {
 /// byte decides, with that one pair of lead-byte ranges swapped. A differing
 /// continuation byte sits under equal lead bytes, where both orders agree.
 pub(crate) fn utf16_cmp(a: &str, b: &str) -> Ordering {
-    let (ab, bb) = (a.as_bytes(), b.as_bytes());
+    utf16_cmp_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// [`utf16_cmp`] on the UTF-8 bytes of two strings.
+pub(crate) fn utf16_cmp_bytes(ab: &[u8], bb: &[u8]) -> Ordering {
     let Some((&x, &y)) = ab.iter().zip(bb).find(|(x, y)| x != y) else {
         return ab.len().cmp(&bb.len());
     };

@@ -270,9 +270,8 @@ pub struct PendingCompletion<T, E> {
     completion_at: crate::clock::Timestamp,
     response_expires_at: crate::clock::Timestamp,
     key_expires_at: crate::clock::Timestamp,
-    record: RecordId,
-    token: Token,
-    attempt: u32,
+    /// The attempt it completes (a shared handle: its record, token and number).
+    attempt: Attempt,
 }
 
 impl<T: Storable, E: Storable> PendingCompletion<T, E> {
@@ -314,9 +313,7 @@ impl<T: Storable, E: Storable> PendingCompletion<T, E> {
             resource_id: attempt.take_resource_id(),
             completion_at: now,
             key_expires_at: now.plus(policy.key_ttl()),
-            record: attempt.record().clone(),
-            token: attempt.token(),
-            attempt: attempt.number(),
+            attempt: attempt.clone(),
         }
     }
 
@@ -328,12 +325,12 @@ impl<T: Storable, E: Storable> PendingCompletion<T, E> {
 
     /// The record to complete.
     pub fn record(&self) -> &RecordId {
-        &self.record
+        self.attempt.record()
     }
 
     /// The fencing token the completion must be guarded by.
     pub fn token(&self) -> Token {
-        self.token
+        self.attempt.token()
     }
 
     /// What to write, as [`Store::complete`] takes it.
@@ -355,7 +352,7 @@ impl<T: Storable, E: Storable> PendingCompletion<T, E> {
         Reply {
             outcome: self.outcome,
             replayed: false,
-            attempt: self.attempt,
+            attempt: self.attempt.number(),
             stored,
         }
     }
@@ -365,7 +362,7 @@ impl<T: Storable, E: Storable> PendingCompletion<T, E> {
         Reply {
             outcome: self.outcome,
             replayed: false,
-            attempt: self.attempt,
+            attempt: self.attempt.number(),
             stored: false,
         }
     }

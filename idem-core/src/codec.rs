@@ -38,6 +38,18 @@ pub trait Storable: Sized + Send + 'static {
     ///
     /// When the bytes are not a valid encoding (a corrupted record).
     fn decode(bytes: &[u8]) -> Result<Self, BoxDynError>;
+
+    /// The value back from stored bytes the caller owns (a replay reads the
+    /// record's body this way): a type that keeps the bytes, such as
+    /// `Vec<u8>`, `String` or [`HttpResponse`]'s body, takes them instead
+    /// of copying them. The default is [`Storable::decode`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Storable::decode`]; both must accept and refuse the same bytes.
+    fn decode_owned(bytes: Vec<u8>) -> Result<Self, BoxDynError> {
+        Self::decode(&bytes)
+    }
 }
 
 impl Storable for Vec<u8> {
@@ -47,6 +59,9 @@ impl Storable for Vec<u8> {
     fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
         Ok(bytes.to_vec())
     }
+    fn decode_owned(bytes: Vec<u8>) -> Result<Self, BoxDynError> {
+        Ok(bytes)
+    }
 }
 
 impl Storable for String {
@@ -55,6 +70,9 @@ impl Storable for String {
     }
     fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
         Ok(std::str::from_utf8(bytes)?.to_owned())
+    }
+    fn decode_owned(bytes: Vec<u8>) -> Result<Self, BoxDynError> {
+        Ok(String::from_utf8(bytes)?)
     }
 }
 
@@ -231,35 +249,55 @@ impl Storable for HttpResponse {
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, BoxDynError> {
-        let mut rest = bytes
-            .strip_prefix(HTTP_MAGIC.as_slice())
-            .or_else(|| bytes.strip_prefix(HTTP_MAGIC_V1.as_slice()))
-            .ok_or_else(|| corrupt("bad magic"))?;
-        let mut take = |n: usize| -> Result<&[u8], BoxDynError> {
-            if rest.len() < n {
-                return Err(corrupt("truncated"));
-            }
-            let (head, tail) = rest.split_at(n);
-            rest = tail;
-            Ok(head)
-        };
-        let status = u16::from_be_bytes(take(2)?.try_into()?);
-        let count = u32::from_be_bytes(take(4)?.try_into()?);
-        let mut headers = Vec::new();
-        for _ in 0..count {
-            let n = u32::from_be_bytes(take(4)?.try_into()?) as usize;
-            let name = String::from_utf8(take(n)?.to_vec())?;
-            let n = u32::from_be_bytes(take(4)?.try_into()?) as usize;
-            let value = take(n)?.to_vec();
-            headers.push((name, value));
-        }
-        let body = rest.to_vec();
+        let (status, headers, body_at) = decode_head(bytes)?;
         Ok(Self {
             status,
             headers,
-            body,
+            body: bytes[body_at..].to_vec(),
         })
     }
+
+    /// The body keeps the stored buffer (its head is cut off in place):
+    /// no second allocation of the body.
+    fn decode_owned(mut bytes: Vec<u8>) -> Result<Self, BoxDynError> {
+        let (status, headers, body_at) = decode_head(&bytes)?;
+        bytes.drain(..body_at);
+        Ok(Self {
+            status,
+            headers,
+            body: bytes,
+        })
+    }
+}
+
+/// A decoded head: the status, the headers, and where the body starts.
+type Head = (u16, Vec<(String, Vec<u8>)>, usize);
+
+/// Decodes the head of a stored [`HttpResponse`].
+fn decode_head(bytes: &[u8]) -> Result<Head, BoxDynError> {
+    let mut rest = bytes
+        .strip_prefix(HTTP_MAGIC.as_slice())
+        .or_else(|| bytes.strip_prefix(HTTP_MAGIC_V1.as_slice()))
+        .ok_or_else(|| corrupt("bad magic"))?;
+    let mut take = |n: usize| -> Result<&[u8], BoxDynError> {
+        if rest.len() < n {
+            return Err(corrupt("truncated"));
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let status = u16::from_be_bytes(take(2)?.try_into()?);
+    let count = u32::from_be_bytes(take(4)?.try_into()?);
+    let mut headers = Vec::new();
+    for _ in 0..count {
+        let n = u32::from_be_bytes(take(4)?.try_into()?) as usize;
+        let name = String::from_utf8(take(n)?.to_vec())?;
+        let n = u32::from_be_bytes(take(4)?.try_into()?) as usize;
+        let value = take(n)?.to_vec();
+        headers.push((name, value));
+    }
+    Ok((status, headers, bytes.len() - rest.len()))
 }
 
 #[cfg(test)]
@@ -281,6 +319,31 @@ mod tests {
         assert_eq!(b"\x00\x01".to_vec().encode().unwrap(), b"\x00\x01");
         assert_eq!("h\u{e9}".to_owned().encode().unwrap(), "h\u{e9}".as_bytes());
         assert_eq!(String::decode("h\u{e9}".as_bytes()).unwrap(), "h\u{e9}");
+    }
+
+    #[test]
+    fn owned_decoding_agrees_with_borrowed() {
+        fn agree<T: Storable + PartialEq + std::fmt::Debug>(bytes: &[u8]) {
+            let borrowed = T::decode(bytes);
+            let owned = T::decode_owned(bytes.to_vec());
+            match (borrowed, owned) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{bytes:?}: {a:?} / {b:?}"),
+            }
+        }
+        let r = HttpResponse::new(201, vec![("a".into(), b"b".to_vec())], b"body".to_vec());
+        let encoded = r.encode().unwrap();
+        assert_eq!(HttpResponse::decode_owned(encoded.clone()).unwrap(), r);
+        for cut in 0..=encoded.len() {
+            agree::<HttpResponse>(&encoded[..cut]);
+            agree::<Vec<u8>>(&encoded[..cut]);
+            agree::<String>(&encoded[..cut]);
+        }
+        agree::<String>(b"\xff");
+        agree::<serde_json::Value>(b"{\"a\":1}");
+        agree::<()>(b"");
+        agree::<()>(b"x");
     }
 
     #[test]

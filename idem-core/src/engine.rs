@@ -58,6 +58,9 @@ pub struct Idem<S> {
     store: Arc<S>,
     policy: Arc<Policy>,
     clock: Arc<dyn Clock>,
+    /// The store's token-guarded writes for attempts, made once (not per
+    /// claim).
+    control: Arc<dyn AttemptControl>,
 }
 
 impl<S> Clone for Idem<S> {
@@ -66,6 +69,7 @@ impl<S> Clone for Idem<S> {
             store: Arc::clone(&self.store),
             policy: Arc::clone(&self.policy),
             clock: Arc::clone(&self.clock),
+            control: Arc::clone(&self.control),
         }
     }
 }
@@ -162,8 +166,10 @@ impl<S: Store> Idem<S> {
     /// A store shared with other code can be passed as an `Arc<S>` (every
     /// `Arc<S: Store>` is a store).
     pub fn new(store: S) -> Self {
+        let store = Arc::new(store);
         Self {
-            store: Arc::new(store),
+            control: Arc::new(StoreControl(Arc::clone(&store))),
+            store,
             policy: Arc::new(Policy::default()),
             clock: Arc::new(SystemClock),
         }
@@ -439,7 +445,7 @@ impl<S: Store> Idem<S> {
         let claimed = match answer {
             ClaimOutcome::Claimed(claimed) => claimed,
             ClaimOutcome::Existing(record) => {
-                return existing(&record, &ticket.prepared.fingerprint, ticket.now)
+                return existing(record, &ticket.prepared.fingerprint, ticket.now)
                     .map(Begin::Replay);
             }
         };
@@ -454,7 +460,7 @@ impl<S: Store> Idem<S> {
         let control = if ticket.deferred {
             None
         } else {
-            Some(Arc::new(StoreControl(Arc::clone(&self.store))) as Arc<dyn AttemptControl>)
+            Some(Arc::clone(&self.control))
         };
         let attempt = Attempt::new(
             ticket.prepared.id.clone(),
@@ -529,7 +535,7 @@ impl<S: Store> Idem<S> {
 /// What a caller gets for a record it could not claim: a replay, or the
 /// rejection (mismatch, in flight, already done). Pure: no store call.
 fn existing<T: Storable, E: Storable>(
-    record: &StoredRecord,
+    record: StoredRecord,
     fingerprint: &Fingerprint,
     now: Timestamp,
 ) -> Result<Reply<T, E>, Error> {
@@ -545,22 +551,24 @@ fn existing<T: Storable, E: Storable>(
             })
         }
         RecordState::Completed => {
-            let resource_id = record.resource_id.clone();
             let kind = record.outcome.ok_or_else(|| Error::CorruptRecord {
                 detail: "completed record without an outcome".to_owned(),
             })?;
             if kind == OutcomeKind::NotStored {
+                let resource_id = record.resource_id;
                 return Err(Error::ResponseNotStored { resource_id });
             }
-            let Some(bytes) = record.response.as_deref() else {
+            let Some(bytes) = record.response else {
+                let resource_id = record.resource_id;
                 return Err(Error::ResponseExpired { resource_id });
             };
             let corrupt = |e: crate::store::BoxDynError| Error::CorruptRecord {
                 detail: format!("stored response does not decode: {e}"),
             };
+            // The record is ours: the body is decoded from its buffer.
             let outcome = match kind {
-                OutcomeKind::Failure => Outcome::Failure(E::decode(bytes).map_err(corrupt)?),
-                _ => Outcome::Success(T::decode(bytes).map_err(corrupt)?),
+                OutcomeKind::Failure => Outcome::Failure(E::decode_owned(bytes).map_err(corrupt)?),
+                _ => Outcome::Success(T::decode_owned(bytes).map_err(corrupt)?),
             };
             info!("replay");
             Ok(Reply {

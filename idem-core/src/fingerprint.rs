@@ -1,7 +1,7 @@
 //! Request fingerprints: SHA-256 over the operation and the canonical JSON of
 //! the request, after the caller's field filter.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 
 use serde::Serialize;
@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::canonical::fingerprint_bytes;
+use crate::canonical_ser::{CanonError, Scratch};
 use crate::policy::PolicyError;
 
 /// The deepest nesting of arrays and objects accepted in a request, the same
@@ -245,6 +246,14 @@ pub enum RequestError {
 /// `9007199254740992` are different requests. Requests without such an
 /// integer keep the `idem-fp-v1` fingerprint they always had.
 ///
+/// The request is defined as what `serde_json::to_value` makes of it (a
+/// member written twice counts once, with its last value). With
+/// [`FieldFilter::All`] the canonical JSON is written straight from the
+/// request's `Serialize` implementation into a per-thread buffer, without
+/// building that `Value`; the bytes are the same. A field filter, a map key
+/// that is not a string, an `i128` beyond 64 bits or serde_json's
+/// `arbitrary_precision`/`RawValue` forms go through the `Value`.
+///
 /// # Errors
 ///
 /// [`RequestError`] when the request is not JSON, holds a non-finite
@@ -255,8 +264,46 @@ pub fn fingerprint<R: Serialize + ?Sized>(
     request: &R,
     filter: &FieldFilter,
 ) -> Result<Fingerprint, RequestError> {
+    if *filter != FieldFilter::All {
+        // A filter picks or removes members by pointer: done on a `Value`.
+        return fingerprint_via_value(operation, request, filter);
+    }
+    let direct = with_scratch(|scratch| {
+        RAW_JSON_FAILURE.with(Cell::take);
+        let exact_ints = crate::canonical_ser::write(request, scratch)?;
+        Ok(digest(operation, &scratch.out, exact_ints))
+    });
+    match direct {
+        Ok(fp) => Ok(fp),
+        Err(CanonError::Fallback) => fingerprint_via_value(operation, request, filter),
+        Err(CanonError::NonFinite) => Err(RequestError::NonFiniteNumber),
+        Err(CanonError::TooDeep) => Err(RequestError::TooDeep),
+        Err(CanonError::Custom(msg)) => Err(RAW_JSON_FAILURE
+            .with(Cell::take)
+            .unwrap_or_else(|| RequestError::NotJson(serde::ser::Error::custom(msg)))),
+    }
+}
+
+/// The fingerprint through a `serde_json::Value`: the request converted
+/// with `serde_json::to_value`, the filter applied, then canonicalised. The
+/// definition the direct path of [`fingerprint`] reproduces byte for byte;
+/// taken when a field filter is set, and for what only `to_value` decides
+/// (map keys that are not strings, `i128` beyond 64 bits, serde_json's
+/// `arbitrary_precision` and `RawValue` tokens).
+pub(crate) fn fingerprint_via_value<R: Serialize + ?Sized>(
+    operation: &str,
+    request: &R,
+    filter: &FieldFilter,
+) -> Result<Fingerprint, RequestError> {
     let value = to_request_value(request)?;
     let (canonical, exact_ints) = fingerprint_bytes(&filter.apply(value));
+    Ok(digest(operation, &canonical, exact_ints))
+}
+
+/// SHA-256 over the version tag, the length-prefixed operation and the
+/// canonical bytes. (The tag depends on the whole request, so the bytes are
+/// complete before hashing starts.)
+fn digest(operation: &str, canonical: &[u8], exact_ints: bool) -> Fingerprint {
     let mut hasher = Sha256::new();
     hasher.update(if exact_ints {
         FINGERPRINT_V2
@@ -265,8 +312,30 @@ pub fn fingerprint<R: Serialize + ?Sized>(
     });
     hasher.update((operation.len() as u64).to_be_bytes());
     hasher.update(operation.as_bytes());
-    hasher.update(&canonical);
-    Ok(Fingerprint(hasher.finalize().into()))
+    hasher.update(canonical);
+    Fingerprint(hasher.finalize().into())
+}
+
+thread_local! {
+    /// The direct path's buffers, reused by every fingerprint on this thread.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs `f` with this thread's buffers (fresh ones if they are in use: a
+/// `Serialize` that fingerprints another request while being fingerprinted).
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    // Not available while the thread's locals are being destroyed.
+    if SCRATCH.try_with(|_| ()).is_err() {
+        return f(&mut Scratch::default());
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let out = f(&mut scratch);
+            scratch.trim();
+            out
+        }
+        Err(_) => f(&mut Scratch::default()),
+    })
 }
 
 /// The request as a `Value`, refusing what has no RFC 8785 form: a first,

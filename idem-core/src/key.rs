@@ -86,10 +86,15 @@ impl IdempotencyKey {
         if trimmed.is_empty() {
             return Err(KeyError::Empty);
         }
-        if let Some((position, ch)) = trimmed
-            .char_indices()
-            .find(|&(_, c)| !matches!(c, ' '..='~'))
-        {
+        // Bytes first (every valid key is ASCII); chars only to report.
+        let bad = if trimmed.bytes().all(|b| matches!(b, b' '..=b'~')) {
+            None
+        } else {
+            trimmed
+                .char_indices()
+                .find(|&(_, c)| !matches!(c, ' '..='~'))
+        };
+        if let Some((position, ch)) = bad {
             return Err(KeyError::InvalidCharacter {
                 position,
                 found: ch.escape_default().to_string(),

@@ -5,6 +5,7 @@ pub mod admin;
 mod any;
 mod attempt;
 mod canonical;
+mod canonical_ser;
 mod claim;
 mod clock;
 mod codec;

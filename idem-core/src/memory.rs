@@ -81,11 +81,19 @@ fn live(record: &StoredRecord, now: Timestamp) -> bool {
 }
 
 fn visible(record: &StoredRecord, now: Timestamp) -> StoredRecord {
-    let mut r = record.clone();
-    if r.response_expires_at.is_none_or(|t| t <= now) {
-        r.response = None;
+    let body_kept = record.response_expires_at.is_some_and(|t| t > now);
+    StoredRecord {
+        fingerprint: record.fingerprint,
+        state: record.state,
+        attempt: record.attempt,
+        lease_until: record.lease_until,
+        resource_id: record.resource_id.clone(),
+        outcome: record.outcome,
+        // A dropped body is not copied just to be discarded.
+        response: record.response.as_ref().filter(|_| body_kept).cloned(),
+        response_expires_at: record.response_expires_at,
+        key_expires_at: record.key_expires_at,
     }
-    r
 }
 
 impl Store for MemoryStore {

@@ -149,6 +149,9 @@ mod on {
     /// No label: nothing is made (zero-sized).
     pub(crate) struct Label;
 
+    // Without the feature the label costs nothing to make or to pass.
+    const _: () = assert!(std::mem::size_of::<Label>() == 0);
+
     #[inline(always)]
     pub(crate) fn label(_op: &str) -> Label {
         Label
