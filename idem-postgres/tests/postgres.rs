@@ -1035,7 +1035,7 @@ async fn purge_uses_the_expiry_indexes() {
             )))
             .await
             .expect("seed");
-        let sql = fx.store.purge_statement().replace("$1", &now.to_string()).replace("$2", "100");
+        let sql = idem_postgres::statements::purge(&fx.store).replace("$1", &now.to_string()).replace("$2", "100");
         let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
             .fetch_all(fx.store.pool())
             .await
@@ -1079,9 +1079,7 @@ async fn stuck_listing_uses_the_in_flight_index() {
             )))
             .await
             .expect("seed");
-        let sql = fx
-            .store
-            .list_in_flight_statement()
+        let sql = idem_postgres::statements::list_in_flight(&fx.store)
             .replace("$1", &now.to_string())
             .replace("$2", &now.to_string())
             .replace("$3", "8");

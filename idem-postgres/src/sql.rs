@@ -1,0 +1,221 @@
+//! The SQL: where the records live ([`TableName`]) and every statement the
+//! store runs ([`Statements`]), built once per table name. The claim below is
+//! the part to read first.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+
+/// Where the records live: a validated schema and table name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableName {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+}
+
+impl TableName {
+    /// `"schema"."table"`, safe to splice into SQL: both parts were
+    /// validated as plain identifiers, so quoting cannot be escaped.
+    pub(crate) fn qualified(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.table)
+    }
+}
+
+/// The SQL of every transition, built once per table name.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) checkpoint: Arc<str>,
+    pub(crate) extend_lease: Arc<str>,
+    pub(crate) fetch: Arc<str>,
+    pub(crate) purge: Arc<str>,
+    pub(crate) list_in_flight: Arc<str>,
+    pub(crate) list_in_flight_after: Arc<str>,
+    pub(crate) release_in_flight: Arc<str>,
+    pub(crate) delete_completed: Arc<str>,
+    pub(crate) count_states: Arc<str>,
+}
+
+/// The columns a record is decoded from (`store::decode_record`).
+const RECORD_COLUMNS: &str = "fingerprint, state, attempt, lease_until, resource_id, outcome, \
+     CASE WHEN response_expires_at > $N THEN response END AS response, response_expires_at, key_expires_at";
+
+impl Statements {
+    pub(crate) fn new(name: &TableName) -> Self {
+        let t = name.qualified();
+        let pk = "owner = $1 AND operation = $2 AND key = $3";
+        let summary = SUMMARY_COLUMNS;
+        let guarded = |set: &str| {
+            format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'")
+        };
+        Self {
+            // The claim, in one statement. Parameters: $1 owner, $2 operation,
+            // $3 key, $4 fingerprint, $5 token, $6 now, $7 lease_until,
+            // $8 key_expires_at.
+            //
+            // * `cur` reads the record as of the statement's snapshot and says
+            //   whether this request may claim it (key expired and no lease
+            //   holds; or same fingerprint and released or lease ended). An
+            //   in-flight record is never expired while its lease holds, and
+            //   a claim keeps the key at least until its lease ends.
+            // * absent → `ins` inserts it. `ON CONFLICT DO NOTHING` covers a
+            //   concurrent first claim: the insert waits on the unique index
+            //   until the other transaction ends; if it committed, nothing is
+            //   inserted.
+            // * claimable → `upd` takes it over. Postgres re-checks the WHERE
+            //   on the newest row version if a concurrent writer changed it,
+            //   so of two racing takeovers exactly one updates.
+            // * neither → the standing record is returned unchanged: a pure
+            //   read, no row lock, no write (a replay costs one read).
+            //
+            // When a race was lost (absent in the snapshot but inserted by
+            // another claimer; claimable in the snapshot but changed since)
+            // the statement returns no row: the snapshot is stale. The store
+            // then runs it again with a fresh snapshot (see `claim`), which
+            // sees the winner's committed record.
+            claim: format!(
+                "WITH cur AS (
+                    SELECT {cols},
+                           (key_expires_at <= $6 AND (state <> 'in_flight' OR lease_until <= $6))
+                           OR (fingerprint = $4
+                               AND (state = 'released' OR (state = 'in_flight' AND lease_until <= $6))) AS claimable
+                    FROM {t} WHERE {pk}
+                ),
+                ins AS (
+                    INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at)
+                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7)
+                    WHERE NOT EXISTS (SELECT 1 FROM cur)
+                    ON CONFLICT (owner, operation, key) DO NOTHING
+                    RETURNING attempt
+                ),
+                upd AS (
+                    UPDATE {t} AS r SET
+                        fingerprint = $4,
+                        state = 'in_flight',
+                        token = $5,
+                        lease_until = $7,
+                        attempt = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN 1 ELSE r.attempt + 1 END,
+                        resource_id = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN NULL ELSE r.resource_id END,
+                        key_expires_at = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
+                            THEN GREATEST($8, $7) ELSE GREATEST(r.key_expires_at, $7) END,
+                        outcome = NULL,
+                        response = NULL,
+                        response_expires_at = NULL
+                    FROM cur
+                    WHERE r.owner = $1 AND r.operation = $2 AND r.key = $3 AND cur.claimable
+                      AND ((r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
+                           OR (r.fingerprint = $4
+                               AND (r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until <= $6))))
+                    RETURNING r.attempt, r.resource_id, cur.state AS previous_state
+                )
+                SELECT 'claimed' AS kind, NULL::bytea AS fingerprint, previous_state AS state, attempt,
+                       NULL::bigint AS lease_until, resource_id, NULL::text AS outcome, NULL::bytea AS response,
+                       NULL::bigint AS response_expires_at, NULL::bigint AS key_expires_at
+                FROM upd
+                UNION ALL
+                SELECT 'claimed', NULL, NULL, attempt, NULL, NULL, NULL, NULL, NULL, NULL FROM ins
+                UNION ALL
+                SELECT 'existing', fingerprint, state, attempt, lease_until, resource_id, outcome, response,
+                       response_expires_at, key_expires_at
+                FROM cur WHERE NOT claimable",
+                cols = RECORD_COLUMNS.replace("$N", "$6"),
+            )
+            .into(),
+            complete: guarded(
+                "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
+                 key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
+            )
+            .into(),
+            release: guarded("state = 'released', lease_until = $5").into(),
+            checkpoint: guarded("resource_id = $5").into(),
+            // The key is kept at least until the lease ends.
+            extend_lease: guarded("lease_until = $5, key_expires_at = GREATEST(key_expires_at, $5)")
+                .into(),
+            fetch: format!(
+                "SELECT {cols} FROM {t} WHERE {pk} \
+                 AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
+                cols = RECORD_COLUMNS.replace("$N", "$4")
+            )
+            .into(),
+            // Both halves of a purge in one statement, each bounded by $2 and
+            // each walking its own index (see the EXPLAIN test). Rows being
+            // claimed right now are skipped, not waited for; the rows picked
+            // are locked (`FOR UPDATE` re-checks the condition on the newest
+            // version), so the outer statement reaches exactly those by
+            // `ctid` (a Tid Scan): a backlog of millions of expired rows
+            // still costs one batch per call. The two sets are
+            // disjoint (bodies are dropped only from rows whose key lives on),
+            // as one statement may not change a row twice.
+            purge: format!(
+                "WITH gone AS (
+                    DELETE FROM {t}
+                    WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM {t} WHERE key_expires_at <= $1
+                          AND (state <> 'in_flight' OR lease_until <= $1)
+                        LIMIT $2 FOR UPDATE SKIP LOCKED))
+                    RETURNING 1
+                ),
+                dropped AS (
+                    UPDATE {t} SET response = NULL
+                    WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM {t}
+                        WHERE response_expires_at <= $1 AND response IS NOT NULL AND key_expires_at > $1
+                        LIMIT $2 FOR UPDATE SKIP LOCKED))
+                    RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM gone) AS keys_removed, (SELECT count(*) FROM dropped) AS bodies_dropped"
+            )
+            .into(),
+            // The operator listing ($1 lease bound, $2 now, $3 limit; then
+            // $4..$7 the keyset position), walking the in-flight index.
+            list_in_flight: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+            )
+            .into(),
+            list_in_flight_after: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                   AND (lease_until, owner, operation, key) > ($4, $5, $6, $7)
+                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+            )
+            .into(),
+            // $4 now, $5 the attempt or NULL: the lease ends now; the token,
+            // checkpoint and attempt stay.
+            release_in_flight: format!(
+                "UPDATE {t} SET lease_until = LEAST(lease_until, $4)
+                 WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
+                   AND ($5::integer IS NULL OR attempt = $5::integer)"
+            )
+            .into(),
+            delete_completed: format!(
+                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
+            )
+            .into(),
+            count_states: format!(
+                "SELECT
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight' AND lease_until <= $1) AS stuck,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'released') AS released,
+                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'completed') AS completed,
+                   count(*) FILTER (WHERE key_expires_at <= $1) AS expired
+                 FROM {t}"
+            )
+            .into(),
+        }
+    }
+}
+
+const SUMMARY_COLUMNS: &str =
+    "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
+
+pub(crate) fn q(
+    sql: &Arc<str>,
+) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    // The text comes from `Statements::new`: fixed SQL around validated,
+    // quoted identifiers. Values always go through bind parameters.
+    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+}
