@@ -34,8 +34,8 @@ fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
     })
 }
 
-/// Indexed listing with keyset pagination (the `_in_flight_idx` partial
-/// index); release, delete and counts are one statement each. Counting scans
+/// Indexed listing with keyset pagination (the `_sweep_idx` index, where an
+/// in-flight record sits at its lease end); release, delete and counts are one statement each. Counting scans
 /// the table.
 impl AdminStore for PgStore {
     async fn list_in_flight(&self, qr: &InFlightQuery<'_>) -> Result<Page, StoreError> {

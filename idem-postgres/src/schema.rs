@@ -3,14 +3,19 @@
 use crate::sql::TableName;
 
 /// The SQL that creates the record table and its indexes, as shipped in
-/// `migrations/0001_idem.sql`.
+/// `migrations/0001_idem.sql` followed by `migrations/0002_hot_completions.sql`
+/// (which upgrades a table made by 0001: see that file).
 ///
 /// It holds three placeholders: `{schema}` and `{table}` (quoted names) and
 /// `{prefix}` (the bare table name, used for index and constraint names).
 /// [`PgStore::migrate`](crate::PgStore::migrate) fills them in and runs it; to apply it with your own
 /// migration tool, use [`PgStore::migration_sql`](crate::PgStore::migration_sql) for the filled-in text.
 /// Every statement is idempotent (`IF NOT EXISTS`).
-pub const MIGRATION: &str = include_str!("../migrations/0001_idem.sql");
+pub const MIGRATION: &str = concat!(
+    include_str!("../migrations/0001_idem.sql"),
+    "\n",
+    include_str!("../migrations/0002_hot_completions.sql")
+);
 
 /// Serializes concurrent `migrate()` calls (two instances starting at once
 /// would otherwise race on `CREATE TABLE IF NOT EXISTS`). An arbitrary
@@ -36,6 +41,6 @@ mod tests {
         });
         assert!(!sql.contains('{'), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"t1\""));
-        assert!(sql.contains("\"t1_key_expires_idx\""));
+        assert!(sql.contains("\"t1_sweep_idx\""));
     }
 }

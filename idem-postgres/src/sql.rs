@@ -84,8 +84,8 @@ impl Statements {
                     FROM {t} WHERE {pk}
                 ),
                 ins AS (
-                    INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at)
-                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7)
+                    INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7), $7
                     WHERE NOT EXISTS (SELECT 1 FROM cur)
                     ON CONFLICT (owner, operation, key) DO NOTHING
                     RETURNING attempt
@@ -96,6 +96,7 @@ impl Statements {
                         state = 'in_flight',
                         token = $5,
                         lease_until = $7,
+                        sweep_at = $7,
                         attempt = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN 1 ELSE r.attempt + 1 END,
                         resource_id = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN NULL ELSE r.resource_id END,
                         key_expires_at = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
@@ -131,7 +132,9 @@ impl Statements {
             release: guarded("state = 'released', lease_until = $5").into(),
             checkpoint: guarded("resource_id = $5").into(),
             // The key is kept at least until the lease ends.
-            extend_lease: guarded("lease_until = $5, key_expires_at = GREATEST(key_expires_at, $5)")
+            extend_lease: guarded(
+                "lease_until = $5, sweep_at = $5, key_expires_at = GREATEST(key_expires_at, $5)",
+            )
                 .into(),
             fetch: format!(
                 "SELECT {cols} FROM {t} WHERE {pk} \
@@ -139,54 +142,72 @@ impl Statements {
                 cols = RECORD_COLUMNS.replace("$N", "$4")
             )
             .into(),
-            // Both halves of a purge in one statement, each bounded by $2 and
-            // each walking its own index (see the EXPLAIN test). Rows being
-            // claimed right now are skipped, not waited for; the rows picked
-            // are locked (`FOR UPDATE` re-checks the condition on the newest
-            // version), so the outer statement reaches exactly those by
-            // `ctid` (a Tid Scan): a backlog of millions of expired rows
-            // still costs one batch per call. The two sets are
-            // disjoint (bodies are dropped only from rows whose key lives on),
-            // as one statement may not change a row twice.
+            // The purge walks the sweep index up to $1 (now), at most $2
+            // rows, skipping rows being written right now (`SKIP LOCKED`)
+            // and in-flight records whose key lives on (an in-flight
+            // record's `sweep_at` is its lease end). Each row it takes is
+            // either deleted (key expired) or re-filed at the time it next
+            // has something to do, its body dropped if that expired: the
+            // completion never touches an indexed column (so it is a HOT
+            // update), and this is where a completed record moves in the
+            // index, once, in batches. `due` is materialised once and locks
+            // its rows, so the two writes, which reach them by `ctid` (Tid
+            // Scans), see them as `due` did; they are disjoint, as one
+            // statement may not change a row twice.
             purge: format!(
-                "WITH gone AS (
+                "WITH due AS (
+                    SELECT ctid AS row_id,
+                           key_expires_at <= $1 AND (state <> 'in_flight' OR lease_until <= $1) AS gone,
+                           response IS NOT NULL AND response_expires_at <= $1 AS drop_body
+                    FROM {t}
+                    WHERE sweep_at <= $1
+                      AND (state <> 'in_flight' OR (key_expires_at <= $1 AND lease_until <= $1))
+                    ORDER BY sweep_at
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED
+                ),
+                gone AS (
                     DELETE FROM {t}
-                    WHERE ctid = ANY(ARRAY(
-                        SELECT ctid FROM {t} WHERE key_expires_at <= $1
-                          AND (state <> 'in_flight' OR lease_until <= $1)
-                        LIMIT $2 FOR UPDATE SKIP LOCKED))
+                    WHERE ctid = ANY(ARRAY(SELECT row_id FROM due WHERE gone))
                     RETURNING 1
                 ),
-                dropped AS (
-                    UPDATE {t} SET response = NULL
-                    WHERE ctid = ANY(ARRAY(
-                        SELECT ctid FROM {t}
-                        WHERE response_expires_at <= $1 AND response IS NOT NULL AND key_expires_at > $1
-                        LIMIT $2 FOR UPDATE SKIP LOCKED))
+                kept AS (
+                    UPDATE {t} SET
+                        response = CASE WHEN response_expires_at <= $1 THEN NULL ELSE response END,
+                        sweep_at = CASE WHEN response IS NOT NULL AND response_expires_at > $1
+                                        THEN LEAST(response_expires_at, key_expires_at)
+                                        ELSE key_expires_at END
+                    WHERE ctid = ANY(ARRAY(SELECT row_id FROM due WHERE NOT gone))
                     RETURNING 1
                 )
-                SELECT (SELECT count(*) FROM gone) AS keys_removed, (SELECT count(*) FROM dropped) AS bodies_dropped"
+                SELECT (SELECT count(*) FROM gone) AS keys_removed,
+                       (SELECT count(*) FROM due WHERE NOT gone AND drop_body) AS bodies_dropped,
+                       (SELECT count(*) FROM kept) AS refiled"
             )
             .into(),
             // The operator listing ($1 lease bound, $2 now, $3 limit; then
-            // $4..$7 the keyset position), walking the in-flight index.
+            // $4..$7 the keyset position), walking the sweep index: an
+            // in-flight record's `sweep_at` is its lease end, so the index
+            // order is the lease order. It also passes the completed and
+            // released records a purge has not re-filed yet (the ones
+            // completed since the last purge), which it filters out.
             list_in_flight: format!(
                 "SELECT {summary} FROM {t}
-                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+                 WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                 ORDER BY sweep_at, owner, operation, key LIMIT $3"
             )
             .into(),
             list_in_flight_after: format!(
                 "SELECT {summary} FROM {t}
-                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                   AND (lease_until, owner, operation, key) > ($4, $5, $6, $7)
-                 ORDER BY lease_until, owner, operation, key LIMIT $3"
+                 WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                   AND (sweep_at, owner, operation, key) > ($4, $5, $6, $7)
+                 ORDER BY sweep_at, owner, operation, key LIMIT $3"
             )
             .into(),
             // $4 now, $5 the attempt or NULL: the lease ends now; the token,
             // checkpoint and attempt stay.
             release_in_flight: format!(
-                "UPDATE {t} SET lease_until = LEAST(lease_until, $4)
+                "UPDATE {t} SET lease_until = LEAST(lease_until, $4), sweep_at = LEAST(lease_until, $4)
                  WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
                    AND ($5::integer IS NULL OR attempt = $5::integer)"
             )

@@ -481,21 +481,32 @@ impl Store for PgStore {
         Ok(row.as_ref().map(decode_record).transpose()?)
     }
 
+    /// One batch of the sweep index per statement. A batch that only
+    /// re-filed records (moved them to their next due time, see
+    /// `migrations/0002_hot_completions.sql`) removed nothing, and an empty
+    /// report tells the caller the purge is done; so the statement runs
+    /// again until a batch removes something or finds nothing due. Each run
+    /// moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        let row = q(&self.sql.purge)
-            .bind(now.as_unix_millis())
-            .bind(i64::from(limit))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(store_error)?;
-        let count = |col: &str| -> Result<u64, StoreError> {
-            let n: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        Ok(PurgeReport {
-            keys_removed: count("keys_removed")?,
-            bodies_dropped: count("bodies_dropped")?,
-        })
+        loop {
+            let row = q(&self.sql.purge)
+                .bind(now.as_unix_millis())
+                .bind(i64::from(limit))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(store_error)?;
+            let count = |col: &str| -> Result<u64, StoreError> {
+                let n: i64 = row.try_get(col).map_err(store_error)?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            };
+            let report = PurgeReport {
+                keys_removed: count("keys_removed")?,
+                bodies_dropped: count("bodies_dropped")?,
+            };
+            if report != PurgeReport::default() || count("refiled")? == 0 {
+                return Ok(report);
+            }
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
