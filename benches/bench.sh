@@ -7,7 +7,8 @@
 # throwaway Postgres cluster (PG_PORT, default 7232, in a temp dir, as the
 # `postgres` user when run as root) and a throwaway redis-server (REDIS_PORT,
 # default 7279), runs the bench pinned to core $CLIENT_CORE (default 1) with
-# IDEM_BENCH_PAIRED=$ROUNDS (default 5) alternating rounds per group, prints
+# IDEM_BENCH_PAIRED=$ROUNDS (default 5) alternating rounds per group (PG_OPTS adds
+# server settings, e.g. "-c synchronous_commit=off"), prints
 # the ratio table (also written to target/idem-bench-store.md) and stops the
 # servers by pid. Nothing shared is touched.
 #
@@ -48,7 +49,7 @@ if [ -x "$PG_BIN/initdb" ]; then
     as_pg "$PG_BIN/initdb" -D "$TMP/pg" -U postgres --auth=trust >/dev/null
     # The server and every backend it forks inherit the pinning.
     as_pg taskset -c "$SERVER_CORE" "$PG_BIN/pg_ctl" -D "$TMP/pg" -w -l "$TMP/pg.log" \
-        -o "-p $PG_PORT -k $TMP -c listen_addresses=127.0.0.1 -c shared_buffers=128MB" start >/dev/null
+        -o "-p $PG_PORT -k $TMP -c listen_addresses=127.0.0.1 -c shared_buffers=128MB ${PG_OPTS:-}" start >/dev/null
     PG_PID=$(head -1 "$TMP/pg/postmaster.pid")
     export IDEM_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 else
