@@ -8,11 +8,11 @@ use std::time::Duration;
 use idem_core::store::Token;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, TakeoverReason, retry_claim_race,
+    PurgeReport, RecordState, StoredRecord, retry_claim_race,
 };
 use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{Connection, PgExecutor, PgPool, Row};
+use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
 use tracing::debug;
 
 use crate::config::{
@@ -235,23 +235,59 @@ impl PgStore {
 
     /// Runs the claim statement once on `conn` (a pool or a transaction).
     /// `None`: it lost a race and must be run again (see [`Statements::new`]).
-    pub(crate) async fn claim_once<'c>(
+    pub(crate) async fn claim_once(
         &self,
-        conn: impl PgExecutor<'c>,
+        conn: &mut PgConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        let row = q(&self.sql.claim)
-            .bind(req.id.owner())
-            .bind(req.id.operation())
-            .bind(req.id.key().as_str())
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(req.now.as_unix_millis())
-            .bind(req.lease_until.as_unix_millis())
-            .bind(req.key_expires_at.as_unix_millis())
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(decode_claim).transpose()
+        let bind = |sql| {
+            q(sql)
+                .bind(req.id.owner())
+                .bind(req.id.operation())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(req.now.as_unix_millis())
+                .bind(req.lease_until.as_unix_millis())
+                .bind(req.key_expires_at.as_unix_millis())
+        };
+        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
+            return Ok(None);
+        };
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = bind(&self.sql.takeover)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     pub(crate) async fn complete_on<'c>(
@@ -365,34 +401,12 @@ pub(crate) fn truncate(s: &str) -> &str {
     s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
 }
 
-fn decode_claim(row: &PgRow) -> Result<ClaimOutcome, Error> {
-    let kind: String = row.try_get("kind")?;
-    if kind == "existing" {
-        return decode_record(row).map(ClaimOutcome::Existing);
-    }
+/// The `attempt` column, refusing a negative one.
+fn attempt_of(row: &PgRow) -> Result<u32, Error> {
     let attempt: i32 = row.try_get("attempt")?;
-    let attempt = u32::try_from(attempt).map_err(|_| Error::Corrupt {
+    u32::try_from(attempt).map_err(|_| Error::Corrupt {
         detail: format!("negative attempt {attempt}"),
-    })?;
-    // A fresh record (inserted, or an expired key overwritten) has attempt
-    // 1; a takeover has attempt >= 2 and reports the previous state as of the
-    // statement's snapshot. If a holder released its expired lease between
-    // that snapshot and the takeover, the reason reads `LeaseExpired`: the
-    // cautious answer (the work reconciles either way).
-    let previous = if attempt <= 1 {
-        None
-    } else {
-        let state: Option<String> = row.try_get("state")?;
-        let reason = match state.as_deref() {
-            Some("released") => TakeoverReason::Released,
-            _ => TakeoverReason::LeaseExpired,
-        };
-        Some(Previous {
-            reason,
-            resource_id: row.try_get("resource_id")?,
-        })
-    };
-    Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))
+    })
 }
 
 enum GuardedValue<'a> {
@@ -411,12 +425,14 @@ fn fenced(rows: u64) -> Result<(), StoreError> {
 }
 
 impl Store for PgStore {
-    /// One statement; run again (at most 8 times in all) only
-    /// when it lost a race to a concurrent writer on the same record, which
-    /// the next run, with a fresh snapshot, sees committed.
+    /// One statement on one checkout (two for a takeover); run again (at
+    /// most 8 times in all) only when it lost a race to a concurrent writer
+    /// on the same record, which the next run, with a fresh snapshot, sees
+    /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            let outcome = self.claim_once(&self.pool, req).await?;
+            let mut conn = self.pool.acquire().await.map_err(store_error)?;
+            let outcome = self.claim_once(&mut conn, req).await?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
             }

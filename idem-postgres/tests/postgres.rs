@@ -1387,7 +1387,7 @@ async fn one_statement_per_transition() {
             let tx_replay = measure("execute_in_tx, replay", s, proxy.snapshot(), &mut r);
             if pass == 1 {
                 for d in [
-                    claim, checkpoint, extend, release, takeover, complete, replay, fetch, purge,
+                    claim, checkpoint, extend, release, complete, replay, fetch, purge,
                 ] {
                     assert_eq!(
                         (d.statements(), d.round_trips(), d.parse),
@@ -1396,6 +1396,17 @@ async fn one_statement_per_transition() {
                         r.join("\n")
                     );
                 }
+                // The rare path: the claim reads the released record, then
+                // takes it over (on the same checkout).
+                assert_eq!(
+                    (
+                        takeover.statements(),
+                        takeover.round_trips(),
+                        takeover.parse
+                    ),
+                    (2, 2, 0),
+                    "{takeover:?}"
+                );
                 assert_eq!((fresh.statements(), fresh.round_trips()), (2, 2));
                 assert_eq!((replayed.statements(), replayed.round_trips()), (1, 1));
                 // BEGIN+SET LOCAL (one simple query), claim, complete, COMMIT.
