@@ -128,7 +128,7 @@ fn print_table(rows: &[(String, [Figures; 3])]) {
     println!(
         "\n×raw: library throughput / raw-driver baseline throughput (same statements or scripts, same pool or connection).\n\
          Latencies are the library's. Round trips: fresh = claim + complete, replay = one claim \
-         (SQLite: a claim that finds a record reads it with a second statement)."
+         (SQLite: the claim reads first; a fresh key then runs the claim write on the same connection)."
     );
 }
 
