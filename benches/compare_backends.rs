@@ -19,16 +19,15 @@
 //! `idem_bench` and Redis its own key prefix, both removed at the end. The
 //! workload is the store bench's (`benches/common/stores`).
 
-#[allow(dead_code, reason = "this bench uses a part of the shared workload")]
-#[path = "common/stores/mod.rs"]
-mod stores;
+#[allow(dead_code, reason = "each bench uses a part of the shared helpers")]
+mod common;
 
 use std::io::Write;
 use std::sync::Arc;
 
+use common::stores::memory::RawMemory;
+use common::stores::workload::{Lib, Plan, Scenario, Target, run, run_id};
 use idem::MemoryStore;
-use stores::memory::RawMemory;
-use stores::workload::{Lib, Plan, Scenario, Target, run, run_id};
 
 /// The body size of every call.
 const BODY: usize = 256;
@@ -129,7 +128,7 @@ fn print_table(rows: &[(String, [Figures; 3])]) {
     println!(
         "\n×raw: library throughput / raw-driver baseline throughput (same statements or scripts, same pool or connection).\n\
          Latencies are the library's. Round trips: fresh = claim + complete, replay = one claim \
-         (SQLite: a claim that finds a record reads it with a second statement)."
+         (SQLite: the claim reads first; a fresh key then runs the claim write on the same connection)."
     );
 }
 
@@ -148,10 +147,10 @@ async fn main() {
 
     #[cfg(feature = "sqlite")]
     {
+        use common::stores::sqlite::RawSqlite;
         use idem::sqlite::SqliteStore;
-        use stores::sqlite::RawSqlite;
 
-        let db = stores::TempDb::new("compare");
+        let db = common::stores::TempDb::new("compare");
         match SqliteStore::open(&db.0).await {
             Ok(store) => {
                 let raw = RawSqlite::new(&store, BODY);
@@ -176,8 +175,8 @@ async fn main() {
 
     #[cfg(feature = "postgres")]
     {
+        use common::stores::postgres::RawPostgres;
         use idem::postgres::PgStore;
-        use stores::postgres::RawPostgres;
 
         let url = std::env::var("IDEM_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -209,9 +208,9 @@ async fn main() {
 
     #[cfg(feature = "redis")]
     {
+        use common::stores::redis::{RawRedis, clean};
         use idem::redis::RedisStore;
         use idem::redis::redis::aio::ConnectionManager;
-        use stores::redis::{RawRedis, clean};
 
         let url = std::env::var("IDEM_REDIS_URL")
             .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());

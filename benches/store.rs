@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::stores::memory::RawMemory;
+use common::stores::min::MinMemory;
 use common::stores::workload::{Lib, Plan, Scenario, Target, run, run_id};
 use criterion::{Criterion, Throughput};
 use idem_core::MemoryStore;
@@ -44,12 +45,31 @@ struct Summary {
 
 #[derive(Debug, Default)]
 struct Row {
-    /// Nanoseconds per call of every sample, library and raw baseline.
+    /// Nanoseconds per call of every sample: library, the store's own
+    /// statements without the engine, the minimal hand-written pattern.
     lib: Vec<f64>,
     raw: Vec<f64>,
-    /// raw time / library time of each alternating pair (paired mode).
+    min: Vec<f64>,
+    /// store-statements time / library time of each alternating round
+    /// (paired mode).
     pairs: Vec<f64>,
+    /// minimal-pattern time / library time of each alternating round.
+    pairs_min: Vec<f64>,
     mix: Option<String>,
+}
+
+/// Which side a sample belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Lib,
+    Store,
+    Min,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut p = v.to_vec();
+    p.sort_by(f64::total_cmp);
+    p.get(p.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Calls per second at the median sample (robust to the odd stall of a
@@ -64,22 +84,28 @@ fn median_rate(samples: &[f64]) -> f64 {
 }
 
 impl Summary {
-    fn add(&self, group: &str, lib: bool, calls: u64, took: Duration) {
+    fn add(&self, group: &str, side: Side, calls: u64, took: Duration) {
         let mut rows = self
             .rows
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let row = rows.entry(group.to_owned()).or_default();
-        let side = if lib { &mut row.lib } else { &mut row.raw };
+        let side = match side {
+            Side::Lib => &mut row.lib,
+            Side::Store => &mut row.raw,
+            Side::Min => &mut row.min,
+        };
         side.push(took.as_nanos() as f64 / calls.max(1) as f64);
     }
 
-    fn pair(&self, group: &str, ratio: f64) {
+    fn pair(&self, group: &str, store_ratio: f64, min_ratio: f64) {
         let mut rows = self
             .rows
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        rows.entry(group.to_owned()).or_default().pairs.push(ratio);
+        let row = rows.entry(group.to_owned()).or_default();
+        row.pairs.push(store_ratio);
+        row.pairs_min.push(min_ratio);
     }
 
     /// Notes how the contended calls ended, for a group that ran.
@@ -99,19 +125,25 @@ impl Summary {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::from(
-            "| group | idem ops/s | raw ops/s | idem / raw | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---|\n",
+            "| group | idem ops/s | store-stmts ops/s | minimal ops/s | idem / store-stmts | idem / minimal | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---:|---:|---|\n",
         );
         for (group, row) in rows.iter() {
-            let (l, r) = (median_rate(&row.lib), median_rate(&row.raw));
-            let ratio = if row.pairs.is_empty() {
-                if r > 0.0 { l / r } else { 0.0 }
-            } else {
-                let mut p = row.pairs.clone();
-                p.sort_by(f64::total_cmp);
-                p[p.len() / 2]
+            let (l, r, m) = (
+                median_rate(&row.lib),
+                median_rate(&row.raw),
+                median_rate(&row.min),
+            );
+            let ratio = |pairs: &[f64], base: f64| {
+                if pairs.is_empty() {
+                    if base > 0.0 { l / base } else { 0.0 }
+                } else {
+                    median(pairs)
+                }
             };
             out.push_str(&format!(
-                "| {group} | {l:.0} | {r:.0} | {ratio:.2} | {} |\n",
+                "| {group} | {l:.0} | {r:.0} | {m:.0} | {:.2} | {:.2} | {} |\n",
+                ratio(&row.pairs, r),
+                ratio(&row.pairs_min, m),
                 row.mix.as_deref().unwrap_or("")
             ));
         }
@@ -138,62 +170,102 @@ fn paired_rounds() -> usize {
         .unwrap_or(0)
 }
 
-fn paired<L: Target, R: Target>(
+/// `IDEM_BENCH_ONLY=postgres,redis` and `IDEM_BENCH_BODIES=256` pick the
+/// backends and body sizes measured (default: all).
+fn selected(backend: &str, body: usize) -> bool {
+    let listed = |var: &str, v: &str| {
+        std::env::var(var).map_or(true, |list| {
+            list.is_empty() || list.split(',').any(|x| x.trim() == v)
+        })
+    };
+    listed("IDEM_BENCH_ONLY", backend) && listed("IDEM_BENCH_BODIES", &body.to_string())
+}
+
+/// The three sides of one backend at one pool size.
+struct Sides<L, R, M> {
+    lib: Arc<Plan<L>>,
+    raw: Arc<Plan<R>>,
+    min: Arc<Plan<M>>,
+}
+
+fn paired<L: Target, R: Target, M: Target>(
     rt: &Runtime,
     summary: &Summary,
     group: &str,
-    lib: &Arc<Plan<L>>,
-    raw: &Arc<Plan<R>>,
+    sides: &Sides<L, R, M>,
     scenario: Scenario,
     tasks: usize,
 ) {
     // Calibrate on the library: enough calls for about 0.3 s per side.
-    let probe = rt.block_on(run(lib, scenario, tasks, 64, false)).elapsed;
+    let probe = rt
+        .block_on(run(&sides.lib, scenario, tasks, 64, false))
+        .elapsed;
     let per_call = probe.as_secs_f64() / 64.0;
     let calls = ((0.3 / per_call.max(1e-9)) as u64).clamp(64, 500_000);
     eprint!("{group}: {} rounds of {calls} calls", paired_rounds());
     for round in 0..paired_rounds() {
-        let (l, r) = if round % 2 == 0 {
-            let r = rt.block_on(run(raw, scenario, tasks, calls, false)).elapsed;
-            (
-                rt.block_on(run(lib, scenario, tasks, calls, false)).elapsed,
-                r,
-            )
-        } else {
-            let l = rt.block_on(run(lib, scenario, tasks, calls, false)).elapsed;
-            (
-                l,
-                rt.block_on(run(raw, scenario, tasks, calls, false)).elapsed,
-            )
+        // The order turns every round, so no side always runs first.
+        let order = match round % 3 {
+            0 => [Side::Min, Side::Store, Side::Lib],
+            1 => [Side::Lib, Side::Min, Side::Store],
+            _ => [Side::Store, Side::Lib, Side::Min],
         };
-        summary.add(group, true, calls, l);
-        summary.add(group, false, calls, r);
-        summary.pair(group, r.as_secs_f64() / l.as_secs_f64());
+        let mut took = [Duration::ZERO; 3];
+        for side in order {
+            let t = match side {
+                Side::Lib => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
+                Side::Store => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
+                Side::Min => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
+            }
+            .elapsed;
+            summary.add(group, side, calls, t);
+            took[side as usize] = t;
+        }
+        let l = took[0].as_secs_f64();
+        summary.pair(group, took[1].as_secs_f64() / l, took[2].as_secs_f64() / l);
         eprint!(".");
     }
     eprintln!();
 }
 
-/// Every scenario and concurrency of one backend and body size.
-fn bench_pair<L: Target, R: Target>(
+/// Every scenario and concurrency of one backend and body size. `make`
+/// builds the three sides on a pool of the given size (min(tasks, 16)),
+/// once per concurrency: library, store statements, minimal pattern.
+fn bench_backend<L, R, M, F>(
     c: &mut Criterion,
     rt: &Runtime,
     summary: &Arc<Summary>,
     backend: &str,
     body: usize,
-    lib: L,
-    raw: R,
-) {
+    make: impl Fn(u32) -> F,
+) where
+    L: Target,
+    R: Target,
+    M: Target,
+    F: std::future::Future<Output = (L, R, M)>,
+{
+    if !selected(backend, body) {
+        return;
+    }
     let run_id = run_id();
-    let lib = Arc::new(Plan::new(lib, format!("{run_id}-{backend}-lib-{body}")));
-    let raw = Arc::new(Plan::new(raw, format!("{run_id}-{backend}-raw-{body}")));
-    rt.block_on(lib.prepare_replays());
-    rt.block_on(raw.prepare_replays());
-    for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
-        for &tasks in concurrencies(scenario) {
+    for tasks in [1usize, 8, 64] {
+        let (lib, raw, min) = rt.block_on(make(u32::try_from(tasks.min(16)).unwrap_or(16)));
+        let prefix = format!("{run_id}-{backend}-{body}-c{tasks}");
+        let sides = Sides {
+            lib: Arc::new(Plan::new(lib, format!("{prefix}-lib"))),
+            raw: Arc::new(Plan::new(raw, format!("{prefix}-raw"))),
+            min: Arc::new(Plan::new(min, format!("{prefix}-min"))),
+        };
+        rt.block_on(sides.lib.prepare_replays());
+        rt.block_on(sides.raw.prepare_replays());
+        rt.block_on(sides.min.prepare_replays());
+        for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
+            if !concurrencies(scenario).contains(&tasks) {
+                continue;
+            }
             let group = format!("{backend}/{}/{body}B/c{tasks}", scenario.name());
             if paired_rounds() > 0 {
-                paired(rt, summary, &group, &lib, &raw, scenario, tasks);
+                paired(rt, summary, &group, &sides, scenario, tasks);
                 continue;
             }
             let mut g = c.benchmark_group(&group);
@@ -201,83 +273,91 @@ fn bench_pair<L: Target, R: Target>(
             g.bench_function("idem", |b| {
                 b.iter_custom(|calls| {
                     let took = rt
-                        .block_on(run(&lib, scenario, tasks, calls, false))
+                        .block_on(run(&sides.lib, scenario, tasks, calls, false))
                         .elapsed;
-                    summary.add(&group, true, calls, took);
+                    summary.add(&group, Side::Lib, calls, took);
                     took
                 });
             });
-            g.bench_function("raw", |b| {
+            g.bench_function("store-stmts", |b| {
                 b.iter_custom(|calls| {
                     let took = rt
-                        .block_on(run(&raw, scenario, tasks, calls, false))
+                        .block_on(run(&sides.raw, scenario, tasks, calls, false))
                         .elapsed;
-                    summary.add(&group, false, calls, took);
+                    summary.add(&group, Side::Store, calls, took);
+                    took
+                });
+            });
+            g.bench_function("minimal", |b| {
+                b.iter_custom(|calls| {
+                    let took = rt
+                        .block_on(run(&sides.min, scenario, tasks, calls, false))
+                        .elapsed;
+                    summary.add(&group, Side::Min, calls, took);
                     took
                 });
             });
             g.finish();
         }
+        if tasks == 64 {
+            let m = &sides.lib.mix;
+            let mix = format!(
+                "{}/{}/{}",
+                m.executed.load(Ordering::Relaxed),
+                m.replayed.load(Ordering::Relaxed),
+                m.conflicts.load(Ordering::Relaxed)
+            );
+            summary.mix(&format!("{backend}/contended/{body}B/c64"), mix);
+        }
     }
-    let m = &lib.mix;
-    let mix = format!(
-        "{}/{}/{}",
-        m.executed.load(Ordering::Relaxed),
-        m.replayed.load(Ordering::Relaxed),
-        m.conflicts.load(Ordering::Relaxed)
-    );
-    summary.mix(&format!("{backend}/contended/{body}B/c64"), mix);
 }
 
 fn memory(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     for body in common::stores::BODIES {
-        bench_pair(
-            c,
-            rt,
-            summary,
-            "memory",
-            body,
-            Lib::new(MemoryStore::new(), body),
-            RawMemory::new(body),
-        );
+        bench_backend(c, rt, summary, "memory", body, |_| async move {
+            (
+                Lib::new(MemoryStore::new(), body),
+                RawMemory::new(body),
+                MinMemory::new(body),
+            )
+        });
     }
 }
 
 #[cfg(feature = "sqlite")]
 fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use common::stores::TempDb;
+    use common::stores::min::sqlite::MinSqlite;
     use common::stores::sqlite::RawSqlite;
     use idem_sqlite::SqliteStore;
+    use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 
     for body in common::stores::BODIES {
         let db = TempDb::new(&format!("file-{body}"));
-        let store = rt
-            .block_on(SqliteStore::open(&db.0))
-            .expect("open SQLite file");
-        let raw = RawSqlite::new(&store, body);
-        bench_pair(
-            c,
-            rt,
-            summary,
-            "sqlite-file",
-            body,
-            Lib::new(store, body),
-            raw,
-        );
-
-        let store = rt
-            .block_on(SqliteStore::memory())
-            .expect("open SQLite memory");
-        let raw = RawSqlite::new(&store, body);
-        bench_pair(
-            c,
-            rt,
-            summary,
-            "sqlite-memory",
-            body,
-            Lib::new(store, body),
-            raw,
-        );
+        let path = db.0.clone();
+        bench_backend(c, rt, summary, "sqlite-file", body, |size| {
+            // The settings of `SqliteStore::open`, at the bench's pool size.
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(idem_sqlite::DEFAULT_BUSY_TIMEOUT);
+            async move {
+                let store = SqliteStore::open_with(options, size)
+                    .await
+                    .expect("open SQLite file");
+                let raw = RawSqlite::new(&store, body);
+                let min = MinSqlite::new(store.pool().clone(), body).await;
+                (Lib::new(store, body), raw, min)
+            }
+        });
+        bench_backend(c, rt, summary, "sqlite-memory", body, |_| async move {
+            let store = SqliteStore::memory().await.expect("open SQLite memory");
+            let raw = RawSqlite::new(&store, body);
+            let min = MinSqlite::new(store.pool().clone(), body).await;
+            (Lib::new(store, body), raw, min)
+        });
     }
 }
 
@@ -367,8 +447,10 @@ const PG_SCHEMA: &str = "idem_bench";
 
 #[cfg(feature = "postgres")]
 fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    use common::stores::min::postgres::MinPostgres;
     use common::stores::postgres::RawPostgres;
     use idem_postgres::PgStore;
+    use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
     let url = postgres_url();
     let store = match rt.block_on(PgStore::connect(&url)) {
@@ -385,16 +467,24 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     rt.block_on(store.migrate())
         .expect("migrate the bench schema");
     for body in common::stores::BODIES {
-        let raw = RawPostgres::new(&store, body);
-        bench_pair(
-            c,
-            rt,
-            summary,
-            "postgres",
-            body,
-            Lib::new(store.clone(), body),
-            raw,
-        );
+        bench_backend(c, rt, summary, "postgres", body, |size| {
+            let url = url.clone();
+            async move {
+                // min(tasks, 16) connections, no ping before a checkout: the
+                // same pool for the library and both baselines.
+                let options: PgConnectOptions = url.parse().expect("Postgres URL");
+                let pool = PgPoolOptions::new().max_connections(size);
+                let store = PgStore::connect_with(pool, options)
+                    .await
+                    .expect("connect")
+                    .with_schema_name(PG_SCHEMA)
+                    .and_then(|s| s.with_table_name("bench_records"))
+                    .expect("valid names");
+                let raw = RawPostgres::new(&store, body);
+                let min = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body).await;
+                (Lib::new(store, body), raw, min)
+            }
+        });
     }
     let drop = format!("DROP SCHEMA IF EXISTS \"{PG_SCHEMA}\" CASCADE");
     rt.block_on(
@@ -413,6 +503,7 @@ fn redis_url() -> String {
 #[cfg(feature = "redis")]
 fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use common::stores::redis::{RawRedis, clean};
+    use common::stores::redis_min::MinRedis;
     use idem_redis::RedisStore;
     use idem_redis::redis::aio::ConnectionManager;
 
@@ -430,12 +521,20 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     // The bench's own key prefix; every key under it is deleted at the end.
     let prefix = format!("idem-bench-{}:", std::process::id());
     for body in common::stores::BODIES {
-        // The store and the baseline share one multiplexed connection.
-        let store = RedisStore::from_manager(conn.clone())
-            .with_prefix(&prefix)
-            .expect("valid prefix");
-        let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
-        bench_pair(c, rt, summary, "redis", body, Lib::new(store, body), raw);
+        // The store and both baselines share one multiplexed connection.
+        let conn = conn.clone();
+        let prefix = prefix.clone();
+        bench_backend(c, rt, summary, "redis", body, |_| {
+            let (conn, prefix) = (conn.clone(), prefix.clone());
+            async move {
+                let store = RedisStore::from_manager(conn.clone())
+                    .with_prefix(&prefix)
+                    .expect("valid prefix");
+                let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
+                let min = MinRedis::new(conn, &format!("{prefix}min:"), body);
+                (Lib::new(store, body), raw, min)
+            }
+        });
     }
     rt.block_on(clean(&conn, &prefix));
 }

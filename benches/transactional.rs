@@ -112,8 +112,8 @@ fn bench(c: &mut Criterion) {
     .expect("orders table");
     let raw = Raw {
         pool: store.pool().clone(),
-        claim: store.claim_statement().to_owned(),
-        complete: store.complete_statement().to_owned(),
+        claim: idem_postgres::statements::claim(&store).to_owned(),
+        complete: idem_postgres::statements::complete(&store).to_owned(),
         insert: insert.clone(),
     };
     let idem = Idem::new(store.clone());

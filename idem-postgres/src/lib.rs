@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admin;
 mod config;
 mod error;
 mod schema;
+mod sql;
 mod store;
 mod transactional;
 
@@ -15,3 +17,45 @@ pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::PgStore;
 pub use transactional::{PgIdemExt, TxFuture};
+
+/// The statements a [`PgStore`] runs, exactly as it runs them, for review,
+/// `EXPLAIN` or a raw-driver baseline (the benches use them). Not part of
+/// the stable API.
+#[doc(hidden)]
+pub mod statements {
+    use crate::PgStore;
+
+    /// The claim (`$1` owner, `$2` operation, `$3` key, `$4` fingerprint,
+    /// `$5` token, `$6` now, `$7` lease end, `$8` key expiry; Unix ms).
+    #[must_use]
+    pub fn claim(store: &PgStore) -> &str {
+        &store.sql().claim
+    }
+
+    /// The completion (`$1`–`$3` the record, `$4` token, `$5` outcome,
+    /// `$6` body, `$7` response expiry, `$8` key expiry, `$9` resource id or
+    /// NULL).
+    #[must_use]
+    pub fn complete(store: &PgStore) -> &str {
+        &store.sql().complete
+    }
+
+    /// The read of a live record (`$1`–`$3` the record, `$4` now).
+    #[must_use]
+    pub fn fetch(store: &PgStore) -> &str {
+        &store.sql().fetch
+    }
+
+    /// The purge (`$1` now, `$2` the batch limit).
+    #[must_use]
+    pub fn purge(store: &PgStore) -> &str {
+        &store.sql().purge
+    }
+
+    /// The operator listing of in-flight records, first page (`$1` lease
+    /// bound, `$2` now, `$3` limit).
+    #[must_use]
+    pub fn list_in_flight(store: &PgStore) -> &str {
+        &store.sql().list_in_flight
+    }
+}

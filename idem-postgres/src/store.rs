@@ -1,22 +1,26 @@
-//! [`PgStore`]: the [`Store`] implementation. Every transition is one SQL
-//! statement; the claim below is the part to read first.
+//! [`PgStore`]: building it, migrating its table, and the [`Store`] and
+//! [`AdminStore`] implementations. Every transition is one SQL statement of
+//! [`crate::sql`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
 use idem_core::store::Token;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, TakeoverReason, retry_claim_race,
+    PurgeReport, RecordState, StoredRecord, retry_claim_race,
 };
-use idem_core::{Fingerprint, IdempotencyKey, RecordId, Scope, Store, StoreError, Timestamp};
-use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgExecutor, PgPool, Row};
+use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
 use tracing::debug;
 
-use crate::config::TableName;
+use crate::config::{
+    DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
+    MAX_TABLE_NAME_LEN, validate_identifier,
+};
 use crate::error::{BACKEND, Error, store_error};
+use crate::sql::{Statements, TableName, q};
 
 /// The PostgreSQL idempotency store. Cheap to clone (a pool and two `Arc`s).
 ///
@@ -42,18 +46,161 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    pub(crate) fn from_parts(
-        pool: PgPool,
-        name: Arc<TableName>,
-        sql: Arc<Statements>,
-        tx_lock_timeout: Duration,
-    ) -> Self {
+    /// A store over an existing pool, using `public.idem_records`.
+    ///
+    /// The pool is used as given. If you build it yourself, consider
+    /// [`PgPoolOptions::test_before_acquire(false)`](PgPoolOptions::test_before_acquire):
+    /// otherwise sqlx pings every connection before handing it out, which
+    /// doubles the round trips of every call. A dead connection then fails
+    /// one call with [`StoreError::Unavailable`](idem_core::StoreError) and
+    /// is replaced.
+    ///
+    /// Run [`PgStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
+    /// yourself) before the first call.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_postgres::Error> {
+    /// use idem_postgres::{PgStore, sqlx::postgres::PgPoolOptions};
+    ///
+    /// let pool = PgPoolOptions::new()
+    ///     .test_before_acquire(false)
+    ///     .connect("postgres://postgres@127.0.0.1:5432/test")
+    ///     .await?;
+    /// let store = PgStore::new(pool).with_table_name("payments_idem")?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn new(pool: PgPool) -> Self {
+        let name = TableName {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+        };
+        Self::build(pool, name, DEFAULT_TX_LOCK_TIMEOUT)
+    }
+
+    /// Connects a pool of its own to `url` and returns a store over it.
+    ///
+    /// The pool is built with `test_before_acquire(false)`: no ping before
+    /// each call, so a claim or a replay is one round trip. The price: a
+    /// connection that died while idle fails the one call that picks it up
+    /// (a typed [`StoreError::Unavailable`](idem_core::StoreError), HTTP 503),
+    /// and the pool replaces it. Use [`PgStore::new`] with your own
+    /// [`PgPoolOptions`] to choose otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the URL is invalid or the server unreachable.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options: PgConnectOptions = url.parse()?;
+        Self::connect_with(PgPoolOptions::new(), options).await
+    }
+
+    /// Like [`PgStore::connect`], with your pool and connect options;
+    /// `test_before_acquire(false)` is still set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the server is unreachable.
+    pub async fn connect_with(
+        pool: PgPoolOptions,
+        options: PgConnectOptions,
+    ) -> Result<Self, Error> {
+        let pool = pool
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
+    /// Uses another table name (default `idem_records`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidIdentifier`] unless the name is 1 to 40 ASCII letters,
+    /// digits and `_`, not starting with a digit or `pg_`.
+    pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
+        let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
+        let name = TableName {
+            table,
+            ..self.name().clone()
+        };
+        Ok(Self::build(
+            self.pool().clone(),
+            name,
+            self.tx_lock_timeout(),
+        ))
+    }
+
+    /// Uses another schema (default `public`); [`PgStore::migrate`] creates
+    /// it if missing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidIdentifier`] unless the name is 1 to 63 ASCII letters,
+    /// digits and `_`, not starting with a digit or `pg_`.
+    pub fn with_schema_name(self, schema: &str) -> Result<Self, Error> {
+        let schema = validate_identifier("schema", schema, MAX_SCHEMA_NAME_LEN)?;
+        let name = TableName {
+            schema,
+            ..self.name().clone()
+        };
+        Ok(Self::build(
+            self.pool().clone(),
+            name,
+            self.tx_lock_timeout(),
+        ))
+    }
+
+    /// How long the transactional mode waits for a concurrent duplicate's
+    /// transaction to finish before answering 409 (default 5 s; it sets
+    /// `lock_timeout` for its own transaction only).
+    #[must_use]
+    pub fn with_tx_lock_timeout(self, timeout: Duration) -> Self {
+        Self::build(self.pool().clone(), self.name().clone(), timeout)
+    }
+
+    fn build(pool: PgPool, name: TableName, tx_lock_timeout: Duration) -> Self {
         Self {
             pool,
-            name,
-            sql,
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
             tx_lock_timeout,
         }
+    }
+
+    /// The migration for this store's schema and table, placeholders filled
+    /// in, for applying with your own tool.
+    #[must_use]
+    pub fn migration_sql(&self) -> String {
+        crate::schema::render(&self.name)
+    }
+
+    /// Creates the schema (if missing), the table and its indexes, in one
+    /// transaction. Idempotent: safe to call at every start, from every
+    /// instance at once (an advisory lock serializes them). It never touches
+    /// sqlx's `_sqlx_migrations` table, so it does not interfere with your
+    /// application's own migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut conn = self.pool().acquire().await?;
+        let mut tx = conn.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(crate::schema::MIGRATE_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        // Several statements in one simple-protocol query; the text is the
+        // shipped file with validated identifiers spliced in.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The pool.
@@ -82,330 +229,65 @@ impl PgStore {
         self.tx_lock_timeout
     }
 
-    /// The claim statement, as the store runs it (`$1` owner, `$2` operation,
-    /// `$3` key, `$4` fingerprint, `$5` token, `$6` now, `$7` lease end,
-    /// `$8` key expiry; all times in Unix ms), to review, `EXPLAIN` or run as
-    /// a raw-driver baseline.
-    #[must_use]
-    pub fn claim_statement(&self) -> &str {
-        &self.sql.claim
+    pub(crate) fn sql(&self) -> &Statements {
+        &self.sql
     }
 
-    /// The completion statement, as the store runs it (`$1`–`$3` the record,
-    /// `$4` token, `$5` outcome, `$6` body, `$7` response expiry, `$8` key
-    /// expiry, `$9` resource id or NULL).
-    #[must_use]
-    pub fn complete_statement(&self) -> &str {
-        &self.sql.complete
-    }
-
-    /// The operator listing of in-flight records, first page (`$1` lease
-    /// bound, `$2` now, `$3` limit; Unix ms), to review or `EXPLAIN`: it walks
-    /// the `<table>_in_flight_idx` partial index.
-    #[must_use]
-    pub fn list_in_flight_statement(&self) -> &str {
-        &self.sql.list_in_flight
-    }
-
-    /// The purge statement (`$1` now in Unix ms, `$2` the batch limit), to
-    /// review or `EXPLAIN`: each half walks its expiry index.
-    #[must_use]
-    pub fn purge_statement(&self) -> &str {
-        &self.sql.purge
-    }
-}
-
-/// The SQL of every transition, built once per table name.
-#[derive(Debug)]
-pub(crate) struct Statements {
-    claim: Arc<str>,
-    complete: Arc<str>,
-    release: Arc<str>,
-    checkpoint: Arc<str>,
-    extend_lease: Arc<str>,
-    fetch: Arc<str>,
-    purge: Arc<str>,
-    list_in_flight: Arc<str>,
-    list_in_flight_after: Arc<str>,
-    release_in_flight: Arc<str>,
-    delete_completed: Arc<str>,
-    count_states: Arc<str>,
-}
-
-/// The columns a record is decoded from, in the order of [`decode_record`].
-const RECORD_COLUMNS: &str = "fingerprint, state, attempt, lease_until, resource_id, outcome, \
-     CASE WHEN response_expires_at > $N THEN response END AS response, response_expires_at, key_expires_at";
-
-impl Statements {
-    pub(crate) fn new(name: &TableName) -> Self {
-        let t = name.qualified();
-        let pk = "owner = $1 AND operation = $2 AND key = $3";
-        let summary = SUMMARY_COLUMNS;
-        let guarded = |set: &str| {
-            format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'")
-        };
-        Self {
-            // The claim, in one statement. Parameters: $1 owner, $2 operation,
-            // $3 key, $4 fingerprint, $5 token, $6 now, $7 lease_until,
-            // $8 key_expires_at.
-            //
-            // * `cur` reads the record as of the statement's snapshot and says
-            //   whether this request may claim it (key expired and no lease
-            //   holds; or same fingerprint and released or lease ended). An
-            //   in-flight record is never expired while its lease holds, and
-            //   a claim keeps the key at least until its lease ends.
-            // * absent → `ins` inserts it. `ON CONFLICT DO NOTHING` covers a
-            //   concurrent first claim: the insert waits on the unique index
-            //   until the other transaction ends; if it committed, nothing is
-            //   inserted.
-            // * claimable → `upd` takes it over. Postgres re-checks the WHERE
-            //   on the newest row version if a concurrent writer changed it,
-            //   so of two racing takeovers exactly one updates.
-            // * neither → the standing record is returned unchanged: a pure
-            //   read, no row lock, no write (a replay costs one read).
-            //
-            // When a race was lost (absent in the snapshot but inserted by
-            // another claimer; claimable in the snapshot but changed since)
-            // the statement returns no row: the snapshot is stale. The store
-            // then runs it again with a fresh snapshot (see `claim`), which
-            // sees the winner's committed record.
-            claim: format!(
-                "WITH cur AS (
-                    SELECT {cols},
-                           (key_expires_at <= $6 AND (state <> 'in_flight' OR lease_until <= $6))
-                           OR (fingerprint = $4
-                               AND (state = 'released' OR (state = 'in_flight' AND lease_until <= $6))) AS claimable
-                    FROM {t} WHERE {pk}
-                ),
-                ins AS (
-                    INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at)
-                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7)
-                    WHERE NOT EXISTS (SELECT 1 FROM cur)
-                    ON CONFLICT (owner, operation, key) DO NOTHING
-                    RETURNING attempt
-                ),
-                upd AS (
-                    UPDATE {t} AS r SET
-                        fingerprint = $4,
-                        state = 'in_flight',
-                        token = $5,
-                        lease_until = $7,
-                        attempt = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN 1 ELSE r.attempt + 1 END,
-                        resource_id = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6)) THEN NULL ELSE r.resource_id END,
-                        key_expires_at = CASE WHEN (r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
-                            THEN GREATEST($8, $7) ELSE GREATEST(r.key_expires_at, $7) END,
-                        outcome = NULL,
-                        response = NULL,
-                        response_expires_at = NULL
-                    FROM cur
-                    WHERE r.owner = $1 AND r.operation = $2 AND r.key = $3 AND cur.claimable
-                      AND ((r.key_expires_at <= $6 AND (r.state <> 'in_flight' OR r.lease_until <= $6))
-                           OR (r.fingerprint = $4
-                               AND (r.state = 'released' OR (r.state = 'in_flight' AND r.lease_until <= $6))))
-                    RETURNING r.attempt, r.resource_id, cur.state AS previous_state
-                )
-                SELECT 'claimed' AS kind, NULL::bytea AS fingerprint, previous_state AS state, attempt,
-                       NULL::bigint AS lease_until, resource_id, NULL::text AS outcome, NULL::bytea AS response,
-                       NULL::bigint AS response_expires_at, NULL::bigint AS key_expires_at
-                FROM upd
-                UNION ALL
-                SELECT 'claimed', NULL, NULL, attempt, NULL, NULL, NULL, NULL, NULL, NULL FROM ins
-                UNION ALL
-                SELECT 'existing', fingerprint, state, attempt, lease_until, resource_id, outcome, response,
-                       response_expires_at, key_expires_at
-                FROM cur WHERE NOT claimable",
-                cols = RECORD_COLUMNS.replace("$N", "$6"),
-            )
-            .into(),
-            complete: guarded(
-                "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
-                 key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
-            )
-            .into(),
-            release: guarded("state = 'released', lease_until = $5").into(),
-            checkpoint: guarded("resource_id = $5").into(),
-            // The key is kept at least until the lease ends.
-            extend_lease: guarded("lease_until = $5, key_expires_at = GREATEST(key_expires_at, $5)")
-                .into(),
-            fetch: format!(
-                "SELECT {cols} FROM {t} WHERE {pk} \
-                 AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
-                cols = RECORD_COLUMNS.replace("$N", "$4")
-            )
-            .into(),
-            // Both halves of a purge in one statement, each bounded by $2 and
-            // each walking its own index (see the EXPLAIN test). Rows being
-            // claimed right now are skipped, not waited for; the rows picked
-            // are locked (`FOR UPDATE` re-checks the condition on the newest
-            // version), so the outer statement reaches exactly those by
-            // `ctid` (a Tid Scan): a backlog of millions of expired rows
-            // still costs one batch per call. The two sets are
-            // disjoint (bodies are dropped only from rows whose key lives on),
-            // as one statement may not change a row twice.
-            purge: format!(
-                "WITH gone AS (
-                    DELETE FROM {t}
-                    WHERE ctid = ANY(ARRAY(
-                        SELECT ctid FROM {t} WHERE key_expires_at <= $1
-                          AND (state <> 'in_flight' OR lease_until <= $1)
-                        LIMIT $2 FOR UPDATE SKIP LOCKED))
-                    RETURNING 1
-                ),
-                dropped AS (
-                    UPDATE {t} SET response = NULL
-                    WHERE ctid = ANY(ARRAY(
-                        SELECT ctid FROM {t}
-                        WHERE response_expires_at <= $1 AND response IS NOT NULL AND key_expires_at > $1
-                        LIMIT $2 FOR UPDATE SKIP LOCKED))
-                    RETURNING 1
-                )
-                SELECT (SELECT count(*) FROM gone) AS keys_removed, (SELECT count(*) FROM dropped) AS bodies_dropped"
-            )
-            .into(),
-            // The operator listing ($1 lease bound, $2 now, $3 limit; then
-            // $4..$7 the keyset position), walking the in-flight index.
-            list_in_flight: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                 ORDER BY lease_until, owner, operation, key LIMIT $3"
-            )
-            .into(),
-            list_in_flight_after: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                   AND (lease_until, owner, operation, key) > ($4, $5, $6, $7)
-                 ORDER BY lease_until, owner, operation, key LIMIT $3"
-            )
-            .into(),
-            // $4 now, $5 the attempt or NULL: the lease ends now; the token,
-            // checkpoint and attempt stay.
-            release_in_flight: format!(
-                "UPDATE {t} SET lease_until = LEAST(lease_until, $4)
-                 WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
-                   AND ($5::integer IS NULL OR attempt = $5::integer)"
-            )
-            .into(),
-            delete_completed: format!(
-                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
-            )
-            .into(),
-            count_states: format!(
-                "SELECT
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight' AND lease_until <= $1) AS stuck,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'released') AS released,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'completed') AS completed,
-                   count(*) FILTER (WHERE key_expires_at <= $1) AS expired
-                 FROM {t}"
-            )
-            .into(),
-        }
-    }
-}
-
-const SUMMARY_COLUMNS: &str =
-    "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
-
-fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    // The text comes from `Statements::new`: fixed SQL around validated,
-    // quoted identifiers. Values always go through bind parameters.
-    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
-}
-
-/// Reads a record from the row, refusing anything a record cannot hold.
-fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state")?;
-    let state = RecordState::parse(&state)
-        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
-    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
-        None => None,
-        Some(o) => Some(
-            OutcomeKind::parse(&o)
-                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
-        ),
-    };
-    let attempt: i32 = row.try_get("attempt")?;
-    let attempt =
-        u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        outcome,
-        response: row.try_get("response")?,
-        response_expires_at: row
-            .try_get::<Option<i64>, _>("response_expires_at")?
-            .map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    }
-    .validate(BACKEND)
-    .map_err(|e| match e {
-        StoreError::Corrupt { detail, .. } => corrupt(detail),
-        other => corrupt(other.to_string()),
-    })
-}
-
-/// Enough of a corrupted value to recognise it in a log, not more.
-fn truncate(s: &str) -> &str {
-    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
-}
-
-fn decode_claim(row: &PgRow) -> Result<ClaimOutcome, Error> {
-    let kind: String = row.try_get("kind")?;
-    if kind == "existing" {
-        return decode_record(row).map(ClaimOutcome::Existing);
-    }
-    let attempt: i32 = row.try_get("attempt")?;
-    let attempt = u32::try_from(attempt).map_err(|_| Error::Corrupt {
-        detail: format!("negative attempt {attempt}"),
-    })?;
-    // A fresh record (inserted, or an expired key overwritten) has attempt
-    // 1; a takeover has attempt >= 2 and reports the previous state as of the
-    // statement's snapshot. If a holder released its expired lease between
-    // that snapshot and the takeover, the reason reads `LeaseExpired`: the
-    // cautious answer (the work reconciles either way).
-    let previous = if attempt <= 1 {
-        None
-    } else {
-        let state: Option<String> = row.try_get("state")?;
-        let reason = match state.as_deref() {
-            Some("released") => TakeoverReason::Released,
-            _ => TakeoverReason::LeaseExpired,
-        };
-        Some(Previous {
-            reason,
-            resource_id: row.try_get("resource_id")?,
-        })
-    };
-    Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))
-}
-
-impl PgStore {
     /// Runs the claim statement once on `conn` (a pool or a transaction).
     /// `None`: it lost a race and must be run again (see [`Statements::new`]).
-    pub(crate) async fn claim_once<'c>(
+    pub(crate) async fn claim_once(
         &self,
-        conn: impl PgExecutor<'c>,
+        conn: &mut PgConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        let row = q(&self.sql.claim)
-            .bind(req.id.owner())
-            .bind(req.id.operation())
-            .bind(req.id.key().as_str())
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(req.now.as_unix_millis())
-            .bind(req.lease_until.as_unix_millis())
-            .bind(req.key_expires_at.as_unix_millis())
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(decode_claim).transpose()
+        let bind = |sql| {
+            q(sql)
+                .bind(req.id.owner())
+                .bind(req.id.operation())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(req.now.as_unix_millis())
+                .bind(req.lease_until.as_unix_millis())
+                .bind(req.key_expires_at.as_unix_millis())
+        };
+        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
+            return Ok(None);
+        };
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = bind(&self.sql.takeover)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     pub(crate) async fn complete_on<'c>(
@@ -475,6 +357,58 @@ impl PgStore {
     }
 }
 
+/// Reads a record from the row, refusing anything a record cannot hold.
+fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
+    let corrupt = |detail: String| Error::Corrupt { detail };
+    let fp: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = Fingerprint::from_slice(&fp)
+        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
+    let state: String = row.try_get("state")?;
+    let state = RecordState::parse(&state)
+        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
+    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
+        None => None,
+        Some(o) => Some(
+            OutcomeKind::parse(&o)
+                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
+        ),
+    };
+    let attempt: i32 = row.try_get("attempt")?;
+    let attempt =
+        u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
+    StoredRecord {
+        fingerprint,
+        state,
+        attempt,
+        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
+        resource_id: row.try_get("resource_id")?,
+        outcome,
+        response: row.try_get("response")?,
+        response_expires_at: row
+            .try_get::<Option<i64>, _>("response_expires_at")?
+            .map(Timestamp::from_unix_millis),
+        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
+    }
+    .validate(BACKEND)
+    .map_err(|e| match e {
+        StoreError::Corrupt { detail, .. } => corrupt(detail),
+        other => corrupt(other.to_string()),
+    })
+}
+
+/// Enough of a corrupted value to recognise it in a log, not more.
+pub(crate) fn truncate(s: &str) -> &str {
+    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
+}
+
+/// The `attempt` column, refusing a negative one.
+fn attempt_of(row: &PgRow) -> Result<u32, Error> {
+    let attempt: i32 = row.try_get("attempt")?;
+    u32::try_from(attempt).map_err(|_| Error::Corrupt {
+        detail: format!("negative attempt {attempt}"),
+    })
+}
+
 enum GuardedValue<'a> {
     Int(i64),
     Text(&'a str),
@@ -491,12 +425,14 @@ fn fenced(rows: u64) -> Result<(), StoreError> {
 }
 
 impl Store for PgStore {
-    /// One statement; run again (at most 8 times in all) only
-    /// when it lost a race to a concurrent writer on the same record, which
-    /// the next run, with a fresh snapshot, sees committed.
+    /// One statement on one checkout (two for a takeover); run again (at
+    /// most 8 times in all) only when it lost a race to a concurrent writer
+    /// on the same record, which the next run, with a fresh snapshot, sees
+    /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            let outcome = self.claim_once(&self.pool, req).await?;
+            let mut conn = self.pool.acquire().await.map_err(store_error)?;
+            let outcome = self.claim_once(&mut conn, req).await?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
             }
@@ -561,133 +497,35 @@ impl Store for PgStore {
         Ok(row.as_ref().map(decode_record).transpose()?)
     }
 
+    /// One batch of the sweep index per statement. A batch that only
+    /// re-filed records (moved them to their next due time, see
+    /// `migrations/0002_hot_completions.sql`) removed nothing, and an empty
+    /// report tells the caller the purge is done; so the statement runs
+    /// again until a batch removes something or finds nothing due. Each run
+    /// moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        let row = q(&self.sql.purge)
-            .bind(now.as_unix_millis())
-            .bind(i64::from(limit))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(store_error)?;
-        let count = |col: &str| -> Result<u64, StoreError> {
-            let n: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        };
-        Ok(PurgeReport {
-            keys_removed: count("keys_removed")?,
-            bodies_dropped: count("bodies_dropped")?,
-        })
+        loop {
+            let row = q(&self.sql.purge)
+                .bind(now.as_unix_millis())
+                .bind(i64::from(limit))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(store_error)?;
+            let count = |col: &str| -> Result<u64, StoreError> {
+                let n: i64 = row.try_get(col).map_err(store_error)?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            };
+            let report = PurgeReport {
+                keys_removed: count("keys_removed")?,
+                bodies_dropped: count("bodies_dropped")?,
+            };
+            if report != PurgeReport::default() || count("refiled")? == 0 {
+                return Ok(report);
+            }
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
-    }
-}
-
-fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let scope = Scope::new(
-        row.try_get::<String, _>("owner")?,
-        row.try_get::<String, _>("operation")?,
-    )
-    .map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(row.try_get::<&str, _>("key")?)
-        .map_err(|e| corrupt(format!("stored key: {e}")))?;
-    let state: String = row.try_get("state")?;
-    let attempt: i32 = row.try_get("attempt")?;
-    Ok(RecordSummary {
-        id: RecordId::new(scope, key),
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("negative attempt {attempt}")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    })
-}
-
-/// Indexed listing with keyset pagination (the `_in_flight_idx` partial
-/// index); release, delete and counts are one statement each. Counting scans
-/// the table.
-impl AdminStore for PgStore {
-    async fn list_in_flight(&self, qr: &InFlightQuery<'_>) -> Result<Page, StoreError> {
-        let limit = qr.limit.max(1);
-        let after = qr.cursor.map(Cursor::keyset_position).transpose()?;
-        let query = match &after {
-            None => q(&self.sql.list_in_flight),
-            Some(_) => q(&self.sql.list_in_flight_after),
-        }
-        .bind(qr.lease_before.as_unix_millis())
-        .bind(qr.now.as_unix_millis())
-        .bind(i64::from(limit) + 1);
-        let query = match after {
-            None => query,
-            Some(a) => query
-                .bind(a.lease_until.as_unix_millis())
-                .bind(a.owner)
-                .bind(a.operation)
-                .bind(a.key),
-        };
-        let rows = query.fetch_all(&self.pool).await.map_err(store_error)?;
-        let mut records = rows
-            .iter()
-            .map(decode_summary)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next = (records.len() > limit as usize).then(|| {
-            records.truncate(limit as usize);
-            let last = &records[records.len() - 1];
-            Cursor::keyset(last.lease_until, &last.id)
-        });
-        Ok(Page { records, next })
-    }
-
-    async fn release_in_flight(
-        &self,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let done = q(&self.sql.release_in_flight)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .bind(attempt)
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql.delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .execute(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = q(&self.sql.count_states)
-            .bind(now.as_unix_millis())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(store_error)?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
     }
 }

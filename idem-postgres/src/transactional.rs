@@ -206,7 +206,7 @@ async fn claim_on(
 ) -> Result<ClaimOutcome, Error> {
     let req = ticket.request();
     for _ in 0..CLAIM_RACE_TRIES {
-        match store.claim_once(&mut **tx, &req).await {
+        match store.claim_once(tx, &req).await {
             Ok(Some(answer)) => return Ok(answer),
             Ok(None) => {}
             Err(crate::Error::Sqlx(e)) if is_lock_timeout(&e) => {

@@ -1017,9 +1017,9 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
 
 // ---------------------------------------------------------------- purge and indexes
 
-/// The purge's two halves each walk their index, never the table.
+/// The purge walks the sweep index, never the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_uses_the_expiry_indexes() {
+async fn purge_uses_the_sweep_index() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let t = fx.table();
         let now: i64 = 1_000_000_000_000;
@@ -1034,11 +1034,13 @@ async fn purge_uses_the_expiry_indexes() {
                         CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
                         CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END
                  FROM generate_series(1, 20000) AS i;
+                 -- Where a purge has filed them: at the next expiry.
+                 UPDATE {t} SET sweep_at = LEAST(response_expires_at, key_expires_at);
                  ANALYZE {t};"
             )))
             .await
             .expect("seed");
-        let sql = fx.store.purge_statement().replace("$1", &now.to_string()).replace("$2", "100");
+        let sql = idem_postgres::statements::purge(&fx.store).replace("$1", &now.to_string()).replace("$2", "100");
         let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
             .fetch_all(fx.store.pool())
             .await
@@ -1046,8 +1048,7 @@ async fn purge_uses_the_expiry_indexes() {
         let plan = plan.join("\n");
         println!("{plan}");
         let p = fx.store.table_name();
-        assert!(plan.contains(&format!("{p}_key_expires_idx")), "key purge must use its index:\n{plan}");
-        assert!(plan.contains(&format!("{p}_response_expires_idx")), "body purge must use its index:\n{plan}");
+        assert!(plan.contains(&format!("{p}_sweep_idx")), "the purge must walk the sweep index:\n{plan}");
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
         assert_eq!(plan.matches("Tid Scan").count(), 2, "the batch is then reached by ctid:\n{plan}");
         let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
@@ -1060,10 +1061,11 @@ async fn purge_uses_the_expiry_indexes() {
     .await;
 }
 
-/// The operator listing walks the partial in-flight index, never the
-/// table, and pages through exactly the stuck rows.
+/// The operator listing walks the sweep index (an in-flight record sits at
+/// its lease end), never the table, and pages through exactly the stuck
+/// rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stuck_listing_uses_the_in_flight_index() {
+async fn stuck_listing_uses_the_sweep_index() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let t = fx.table();
         let now: i64 = 1_000_000_000_000;
@@ -1078,13 +1080,13 @@ async fn stuck_listing_uses_the_in_flight_index() {
                         CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
                         CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000
                  FROM generate_series(1, 20000) AS i;
+                 -- In flight: at the lease end; completed: where a purge filed them.
+                 UPDATE {t} SET sweep_at = CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END;
                  ANALYZE {t};"
             )))
             .await
             .expect("seed");
-        let sql = fx
-            .store
-            .list_in_flight_statement()
+        let sql = idem_postgres::statements::list_in_flight(&fx.store)
             .replace("$1", &now.to_string())
             .replace("$2", &now.to_string())
             .replace("$3", "8");
@@ -1094,7 +1096,7 @@ async fn stuck_listing_uses_the_in_flight_index() {
             .expect("explain");
         let plan = plan.join("\n");
         let p = fx.store.table_name();
-        assert!(plan.contains(&format!("{p}_in_flight_idx")), "listing must use its index:\n{plan}");
+        assert!(plan.contains(&format!("{p}_sweep_idx")), "listing must use its index:\n{plan}");
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
         let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
@@ -1113,6 +1115,153 @@ async fn stuck_listing_uses_the_in_flight_index() {
         }
         let want: Vec<String> = (1..=30).rev().map(|i| format!("k{i}")).collect();
         assert_eq!(seen, want, "oldest lease first, each once");
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------- HOT completions and the upgrade
+
+/// `(n_tup_upd, n_tup_hot_upd)` of the fixture's table, as seen after this
+/// backend's own pending counters are flushed (the pool has one connection,
+/// so every statement of the test ran on it).
+async fn update_counts(fx: &PgFixture) -> (i64, i64) {
+    let pool = fx.store.pool();
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await
+        .expect("flush");
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
+        fx.table()
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("stats");
+    (row.get(0), row.get(1))
+}
+
+/// A completion changes no indexed column, so Postgres updates the row in
+/// place (HOT): no new index entry per completion. A scripted run of 300
+/// fresh keys on one connection: one update each, nearly all HOT (a
+/// completion misses only when its page filled up since the claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_are_hot_updates() {
+    with_fixture(PgFixture::new(1).await, |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = engine(&fx.store, &clock);
+        let scope = scope();
+        let (upd0, hot0) = update_counts(&fx).await;
+        for i in 0..300 {
+            idem.execute(&scope, format!("k{i}").as_str(), &request(), |_| async {
+                Out::Success("a 256-byte body would do the same".into())
+            })
+            .await
+            .expect("fresh");
+        }
+        let (upd, hot) = update_counts(&fx).await;
+        let (upd, hot) = (upd - upd0, hot - hot0);
+        println!("300 fresh keys: {upd} updates, {hot} HOT");
+        assert_eq!(upd, 300, "one update (the completion) per fresh key");
+        assert!(
+            hot >= 285,
+            "at least 95 % of completions HOT: {hot} of {upd}"
+        );
+    })
+    .await;
+}
+
+/// A table made by the first migration (three expiry and in-flight indexes,
+/// no `sweep_at`) is upgraded in place by `migrate`: records survive, an
+/// in-flight one keeps its place in the stuck list, the old indexes go, and
+/// a purge re-files or removes the old records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_first_version_table() {
+    let schema = common::schema_name();
+    let pool = common::pool(2, common::options()).await;
+    let store = PgStore::new(pool.clone())
+        .with_schema_name(&schema)
+        .expect("schema");
+    let fx = PgFixture {
+        store: store.clone(),
+        schema: schema.clone(),
+    };
+    with_fixture(fx, |fx| async move {
+        let t = fx.table();
+        let v1 = include_str!("../migrations/0001_idem.sql")
+            .replace("{schema}", &format!("\"{}\"", fx.schema))
+            .replace("{table}", "\"idem_records\"")
+            .replace("{prefix}", "idem_records");
+        let now: i64 = 1_000_000_000_000;
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "{v1};
+                 INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                  outcome, response, response_expires_at, key_expires_at)
+                 VALUES ('o', 'op', 'stuck', sha256('1'), 'in_flight', 1, 1, {now} - 10, NULL, NULL, NULL, {now} + 1000),
+                        ('o', 'op', 'live', sha256('2'), 'completed', 2, 1, {now} - 500, 'success', '\\x01', {now} + 500, {now} + 1000),
+                        ('o', 'op', 'old-body', sha256('3'), 'completed', 3, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} + 1000),
+                        ('o', 'op', 'expired', sha256('4'), 'completed', 4, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} - 1);"
+            )))
+            .await
+            .expect("a first-version table");
+        fx.store.migrate().await.expect("upgrade");
+        fx.store.migrate().await.expect("upgrade again: idempotent");
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+        )
+        .bind(&fx.schema)
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("indexes");
+        assert_eq!(indexes, ["idem_records_pkey", "idem_records_sweep_idx"]);
+        let sweep: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT key, sweep_at FROM {t} ORDER BY key"
+        )))
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("sweep_at");
+        assert_eq!(
+            sweep,
+            [
+                ("expired".to_owned(), 0),
+                ("live".to_owned(), 0),
+                ("old-body".to_owned(), 0),
+                ("stuck".to_owned(), now - 10)
+            ],
+            "in-flight records at their lease end, the rest due now"
+        );
+        let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
+        let idem = engine(&fx.store, &clock);
+        let stuck = idem
+            .list_stuck(Duration::ZERO, None, 10)
+            .await
+            .expect("stuck list");
+        let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
+        assert_eq!(keys, ["stuck"]);
+        let report = idem.purge_expired(1).await.expect("purge");
+        assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
+        let sweep: Vec<(String, i64, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT key, sweep_at, response IS NOT NULL FROM {t} ORDER BY key"
+        )))
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("sweep_at");
+        assert_eq!(
+            sweep,
+            [
+                ("live".to_owned(), now + 500, true),
+                ("old-body".to_owned(), now + 1000, false),
+                ("stuck".to_owned(), now - 10, false)
+            ],
+            "re-filed at the next expiry; the stuck record stays at its lease end"
+        );
+        // The upgraded table serves calls.
+        idem.execute(&scope(), "after-upgrade", &request(), |_| async {
+            Out::Success("x".into())
+        })
+        .await
+        .expect("call");
     })
     .await;
 }
@@ -1241,7 +1390,7 @@ async fn one_statement_per_transition() {
             let tx_replay = measure("execute_in_tx, replay", s, proxy.snapshot(), &mut r);
             if pass == 1 {
                 for d in [
-                    claim, checkpoint, extend, release, takeover, complete, replay, fetch, purge,
+                    claim, checkpoint, extend, release, complete, replay, fetch, purge,
                 ] {
                     assert_eq!(
                         (d.statements(), d.round_trips(), d.parse),
@@ -1250,6 +1399,17 @@ async fn one_statement_per_transition() {
                         r.join("\n")
                     );
                 }
+                // The rare path: the claim reads the released record, then
+                // takes it over (on the same checkout).
+                assert_eq!(
+                    (
+                        takeover.statements(),
+                        takeover.round_trips(),
+                        takeover.parse
+                    ),
+                    (2, 2, 0),
+                    "{takeover:?}"
+                );
                 assert_eq!((fresh.statements(), fresh.round_trips()), (2, 2));
                 assert_eq!((replayed.statements(), replayed.round_trips()), (1, 1));
                 // BEGIN+SET LOCAL (one simple query), claim, complete, COMMIT.

@@ -61,6 +61,7 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_with(options)
@@ -79,8 +80,12 @@ impl SqliteStore {
         options: SqliteConnectOptions,
         max_connections: u32,
     ) -> Result<Self, Error> {
+        // No ping before a checkout: a SQLite connection is a handle on a
+        // local file, with no peer to lose; the ping would be one more trip
+        // to the connection's worker thread on every call.
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections.max(1))
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         let store = Self::new(pool);

@@ -6,7 +6,7 @@ use idem_core::store::{
     PurgeReport, RecordState, StoredRecord, TakeoverReason, Token, retry_claim_race,
 };
 use idem_core::{Fingerprint, IdempotencyKey, RecordId, Scope, Store, StoreError, Timestamp};
-use sqlx::sqlite::SqliteRow;
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, SqlitePool};
 
 use crate::error::{corrupt, map};
@@ -14,11 +14,13 @@ use crate::schema;
 
 /// An idempotency store in one SQLite table, `idem_records`.
 ///
-/// Every transition is one statement: the claim is an
+/// Every transition is one statement, except the claim: it first reads the
+/// record (a replay or a conflict ends there, one read that takes no lock
+/// under WAL); a key that is absent or claimable then runs an
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING` that SQLite runs under
 /// its write lock, so two racing claims can never both win. A claim that loses
-/// reads the standing record with a second statement; if that read finds the
-/// record claimable after all (it changed in between), the claim runs again.
+/// reads the standing record again; if that read finds the record claimable
+/// after all (it changed in between), the claim runs again.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
@@ -127,15 +129,43 @@ fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
     .validate(crate::error::BACKEND)
 }
 
+/// Reads a live record on `conn` ([`schema::FETCH`]).
+async fn fetch_on(
+    conn: &mut SqliteConnection,
+    id: &RecordId,
+    now: Timestamp,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let row = sqlx::query(schema::FETCH)
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .bind(ms(now))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map)?;
+    row.as_ref().map(decode_record).transpose()
+}
+
 /// Whether `claim` would have taken this record (it changed under us).
 fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
     r.takeover_reason(&req.fingerprint, req.now).is_some()
 }
 
 impl Store for SqliteStore {
+    /// Read first, on one connection: a record that exists and may not be
+    /// claimed (a replay, a conflict, a mismatch) is answered by that read
+    /// alone, which under WAL takes no lock and waits for no writer. Only a
+    /// key that is absent or claimable runs the claim (a write, under
+    /// SQLite's single write lock); when that claim loses (a concurrent
+    /// writer got there first), the record is read again.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let id = req.id;
         retry_claim_race(crate::error::BACKEND, || async {
+            let mut conn = self.pool.acquire().await.map_err(map)?;
+            match fetch_on(&mut conn, id, req.now).await? {
+                Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
+                _ => {}
+            }
             let won = sqlx::query(schema::CLAIM)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -145,13 +175,13 @@ impl Store for SqliteStore {
                 .bind(ms(req.lease_until))
                 .bind(ms(req.key_expires_at))
                 .bind(ms(req.now))
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(map)?;
             if let Some(row) = won {
                 return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
             }
-            match self.fetch(id, req.now).await? {
+            match fetch_on(&mut conn, id, req.now).await? {
                 Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
                 // Gone or claimable since the insert ran: claim again.
                 _ => {
@@ -209,15 +239,8 @@ impl Store for SqliteStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        let row = sqlx::query(schema::FETCH)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(ms(now))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map)?;
-        row.as_ref().map(decode_record).transpose()
+        let mut conn = self.pool.acquire().await.map_err(map)?;
+        fetch_on(&mut conn, id, now).await
     }
 
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {

@@ -1,12 +1,16 @@
 //! The store workload shared by `benches/store.rs` and
-//! `benches/compare_backends.rs`: each backend as the library (`Lib`) and as
-//! its raw-driver baseline doing the same statements or script calls.
+//! `benches/compare_backends.rs`: each backend as the library (`Lib`), as
+//! its raw-driver baseline doing the same statements or script calls, and as
+//! the minimal pattern a user would hand-write (`min`, `redis_min`).
 
 pub(crate) mod memory;
+pub(crate) mod min;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redis")]
+pub(crate) mod redis_min;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod workload;

@@ -2,7 +2,7 @@
 //! through the same pool, without the engine.
 //!
 //! The claim and the completion are the store's own statements for the
-//! bench's table (`PgStore::claim_statement`, `complete_statement`), so the
+//! bench's table (`idem_postgres::statements`), so the
 //! baseline cannot drift from the store. A claim is one statement, so a
 //! replay is one round trip and a fresh key two (claim, complete).
 
@@ -29,8 +29,8 @@ impl RawPostgres {
     pub(crate) fn new(store: &PgStore, body_len: usize) -> Self {
         Self {
             pool: store.pool().clone(),
-            claim: store.claim_statement().to_owned(),
-            complete: store.complete_statement().to_owned(),
+            claim: idem_postgres::statements::claim(store).to_owned(),
+            complete: idem_postgres::statements::complete(store).to_owned(),
             fingerprint: [7; 32],
             body: body(body_len),
             tokens: AtomicI64::new(1),

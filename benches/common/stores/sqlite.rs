@@ -3,9 +3,9 @@
 //!
 //! The claim, the read and the completion are the crate's own
 //! (`idem_sqlite::statements`), so the baseline cannot drift from the store.
-//! The claim sequence is the store's: the conditional insert, and when it
-//! returns no row, the read of the standing record (so a replay is two
-//! statements, through the library and here alike).
+//! The claim sequence is the store's: the read, and for an absent key the
+//! conditional insert (and the read again if that lost), on one connection
+//! (so a replay is one read, through the library and here alike).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -37,10 +37,23 @@ impl RawSqlite {
     }
 
     /// `Ok(token)` if claimed, else the standing record's body (`None`
-    /// while it is in flight).
+    /// while it is in flight). The store's sequence on one connection: the
+    /// read, and only for an absent key the claim.
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
+        let mut conn = self.pool.acquire().await.expect("acquire");
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
+        let read = || {
+            sqlx::query(FETCH)
+                .bind(OWNER)
+                .bind(OPERATION)
+                .bind(key)
+                .bind(now)
+        };
+        if let Some(row) = read().fetch_optional(&mut *conn).await.expect("fetch") {
+            let state: String = row.get("state");
+            return Err((state == "completed").then(|| row.get("response")));
+        }
         let won = sqlx::query(CLAIM)
             .bind(OWNER)
             .bind(OPERATION)
@@ -50,20 +63,17 @@ impl RawSqlite {
             .bind(now + LEASE_MS)
             .bind(now + TTL_MS)
             .bind(now)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await
             .expect("claim");
         if won.is_some() {
             return Ok(token);
         }
-        let row = sqlx::query(FETCH)
-            .bind(OWNER)
-            .bind(OPERATION)
-            .bind(key)
-            .bind(now)
-            .fetch_one(&self.pool)
+        let row = read()
+            .fetch_optional(&mut *conn)
             .await
-            .expect("fetch");
+            .expect("fetch")
+            .expect("the record that won");
         let state: String = row.get("state");
         Err((state == "completed").then(|| row.get("response")))
     }

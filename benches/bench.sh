@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Pinned, alternating-rounds run of the store bench: idem against the store's
+# own statements without the engine (the engine's cost) and against the
+# minimal pattern a user would hand-write (the design's cost).
+#
+# It starts its own servers, pinned to core $SERVER_CORE (default 0): a
+# throwaway Postgres cluster (PG_PORT, default 7232, in a temp dir, as the
+# `postgres` user when run as root) and a throwaway redis-server (REDIS_PORT,
+# default 7279), runs the bench pinned to core $CLIENT_CORE (default 1) with
+# IDEM_BENCH_PAIRED=$ROUNDS (default 5) alternating rounds per group (PG_OPTS adds
+# server settings, e.g. "-c synchronous_commit=off"), prints
+# the ratio table (also written to target/idem-bench-store.md) and stops the
+# servers by pid. Nothing shared is touched.
+#
+#   benches/bench.sh                          # every backend, 256 B and 4 KiB
+#   IDEM_BENCH_ONLY=postgres,sqlite-file IDEM_BENCH_BODIES=256 benches/bench.sh
+#
+# Needs: taskset, redis-server, PostgreSQL's initdb/pg_ctl (PG_BIN, default
+# the newest /usr/lib/postgresql/*/bin). Without them, that backend is skipped
+# (the bench reports it unreachable).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SERVER_CORE=${SERVER_CORE:-0}
+CLIENT_CORE=${CLIENT_CORE:-1}
+ROUNDS=${ROUNDS:-5}
+PG_PORT=${PG_PORT:-7232}
+REDIS_PORT=${REDIS_PORT:-7279}
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+TMP=$(mktemp -d /tmp/idem-bench.XXXXXX)
+PG_PID= REDIS_PID=
+
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+cleanup() {
+    [ -n "$REDIS_PID" ] && kill "$REDIS_PID" 2>/dev/null || true
+    if [ -n "$PG_PID" ]; then
+        as_pg "$PG_BIN/pg_ctl" -D "$TMP/pg" -m fast -w stop >/dev/null 2>&1 || kill "$PG_PID" 2>/dev/null || true
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+echo "building the bench (release)..." >&2
+cargo bench --bench store --all-features --no-run >/dev/null 2>&1 || cargo bench --bench store --all-features --no-run
+
+if [ -x "$PG_BIN/initdb" ]; then
+    [ "$(id -u)" = 0 ] && chown postgres "$TMP"
+    as_pg "$PG_BIN/initdb" -D "$TMP/pg" -U postgres --auth=trust >/dev/null
+    # The server and every backend it forks inherit the pinning.
+    as_pg taskset -c "$SERVER_CORE" "$PG_BIN/pg_ctl" -D "$TMP/pg" -w -l "$TMP/pg.log" \
+        -o "-p $PG_PORT -k $TMP -c listen_addresses=127.0.0.1 -c shared_buffers=128MB ${PG_OPTS:-}" start >/dev/null
+    PG_PID=$(head -1 "$TMP/pg/postmaster.pid")
+    export IDEM_POSTGRES_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+else
+    echo "NOTE: no initdb under PG_BIN=$PG_BIN: Postgres uses IDEM_POSTGRES_URL or the default server, unpinned" >&2
+fi
+
+if command -v redis-server >/dev/null; then
+    taskset -c "$SERVER_CORE" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize no --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+    REDIS_PID=$!
+    for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    export IDEM_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/"
+fi
+
+echo "servers on core $SERVER_CORE, client on core $CLIENT_CORE, $ROUNDS alternating rounds" >&2
+IDEM_BENCH_PAIRED=$ROUNDS taskset -c "$CLIENT_CORE" \
+    cargo bench --bench store --all-features -- 2>&1 | grep -v '^\s*$' | sed -n '/^| group/,$p'

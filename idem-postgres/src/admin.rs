@@ -1,0 +1,121 @@
+//! The operator API ([`AdminStore`]) of [`PgStore`]: indexed listing with
+//! keyset pagination, release, delete and counts, one statement each.
+
+use idem_core::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
+use idem_core::store::RecordState;
+use idem_core::{IdempotencyKey, RecordId, Scope, StoreError, Timestamp};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::{Error, store_error};
+use crate::sql::q;
+use crate::store::{PgStore, truncate};
+
+fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
+    let corrupt = |detail: String| Error::Corrupt { detail };
+    let scope = Scope::new(
+        row.try_get::<String, _>("owner")?,
+        row.try_get::<String, _>("operation")?,
+    )
+    .map_err(|e| corrupt(format!("stored scope: {e}")))?;
+    let key = IdempotencyKey::parse(row.try_get::<&str, _>("key")?)
+        .map_err(|e| corrupt(format!("stored key: {e}")))?;
+    let state: String = row.try_get("state")?;
+    let attempt: i32 = row.try_get("attempt")?;
+    Ok(RecordSummary {
+        id: RecordId::new(scope, key),
+        state: RecordState::parse(&state)
+            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
+        attempt: u32::try_from(attempt)
+            .map_err(|_| corrupt(format!("negative attempt {attempt}")))?,
+        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
+        resource_id: row.try_get("resource_id")?,
+        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
+    })
+}
+
+/// Indexed listing with keyset pagination (the `_sweep_idx` index, where an
+/// in-flight record sits at its lease end); release, delete and counts are one statement each. Counting scans
+/// the table.
+impl AdminStore for PgStore {
+    async fn list_in_flight(&self, qr: &InFlightQuery<'_>) -> Result<Page, StoreError> {
+        let limit = qr.limit.max(1);
+        let after = qr.cursor.map(Cursor::keyset_position).transpose()?;
+        let query = match &after {
+            None => q(&self.sql().list_in_flight),
+            Some(_) => q(&self.sql().list_in_flight_after),
+        }
+        .bind(qr.lease_before.as_unix_millis())
+        .bind(qr.now.as_unix_millis())
+        .bind(i64::from(limit) + 1);
+        let query = match after {
+            None => query,
+            Some(a) => query
+                .bind(a.lease_until.as_unix_millis())
+                .bind(a.owner)
+                .bind(a.operation)
+                .bind(a.key),
+        };
+        let rows = query.fetch_all(self.pool()).await.map_err(store_error)?;
+        let mut records = rows
+            .iter()
+            .map(decode_summary)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = (records.len() > limit as usize).then(|| {
+            records.truncate(limit as usize);
+            let last = &records[records.len() - 1];
+            Cursor::keyset(last.lease_until, &last.id)
+        });
+        Ok(Page { records, next })
+    }
+
+    async fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
+        let done = q(&self.sql().release_in_flight)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .bind(attempt)
+            .execute(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
+        let done = q(&self.sql().delete_completed)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .execute(self.pool())
+            .await
+            .map_err(store_error)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
+        let row = q(&self.sql().count_states)
+            .bind(now.as_unix_millis())
+            .fetch_one(self.pool())
+            .await
+            .map_err(store_error)?;
+        let n = |col: &str| -> Result<u64, StoreError> {
+            let v: i64 = row.try_get(col).map_err(store_error)?;
+            Ok(u64::try_from(v).unwrap_or(0))
+        };
+        Ok(StateCounts {
+            in_flight: n("in_flight")?,
+            stuck: n("stuck")?,
+            released: n("released")?,
+            completed: n("completed")?,
+            expired: n("expired")?,
+        })
+    }
+}
