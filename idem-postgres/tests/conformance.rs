@@ -1,9 +1,9 @@
 //! The shared conformance suite against the real server, one schema per test.
 
-mod common;
+mod support;
 
-async fn setup() -> common::PgFixture {
-    common::PgFixture::new(16).await
+async fn setup() -> support::PgFixture {
+    support::PgFixture::new(16).await
 }
 
 idem_core::store_conformance!(setup());

@@ -3,14 +3,12 @@
 //! connections), hostile input, corrupted rows, index use of the purge, and
 //! statements per transition.
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::PgFixture;
-use common::proxy::{Proxy, Snapshot};
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Token};
 use idem_core::{
     Clock, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy,
@@ -18,6 +16,8 @@ use idem_core::{
 };
 use idem_postgres::sqlx::{self, Executor, Row};
 use idem_postgres::{PgIdemExt, PgStore};
+use support::PgFixture;
+use support::proxy::{Proxy, Snapshot};
 
 type Out = Outcome<String, String>;
 
@@ -450,10 +450,10 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let clock = ManualClock::starting_now();
         // All 8 pools go through one counting proxy, to count statements.
-        let proxy = Proxy::start(common::upstream().await).await;
+        let proxy = Proxy::start(support::upstream().await).await;
         let mut engines = Vec::new();
         for _ in 0..8 {
-            let pool = common::pool(8, common::via(&proxy)).await;
+            let pool = support::pool(8, support::via(&proxy)).await;
             let store = PgStore::new(pool)
                 .with_schema_name(&fx.schema)
                 .expect("schema");
@@ -517,7 +517,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let mut stores = Vec::new();
         for _ in 0..4 {
-            let pool = common::pool(8, common::options()).await;
+            let pool = support::pool(8, support::options()).await;
             stores.push(
                 PgStore::new(pool)
                     .with_schema_name(&fx.schema)
@@ -614,7 +614,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
 // ---------------------------------------------------------------- faults
 
 async fn terminate_when_waiting(app: String) -> i32 {
-    let admin = common::pool(1, common::options()).await;
+    let admin = support::pool(1, support::options()).await;
     for _ in 0..200 {
         let pid: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock' LIMIT 1",
@@ -649,7 +649,7 @@ fn app_name() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
     let app = app_name();
-    let fx = PgFixture::with_options(2, common::options().application_name(&app)).await;
+    let fx = PgFixture::with_options(2, support::options().application_name(&app)).await;
     with_fixture(fx, |fx| async move {
         let clock = ManualClock::starting_now();
         let idem = Idem::new(fx.store.clone())
@@ -657,7 +657,7 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
             .with_policy(policy(1));
         let (scope, runs) = (scope(), Counter::default());
         let id = RecordId::new(scope.clone(), IdempotencyKey::parse("k").expect("key"));
-        let blocker = common::pool(1, common::options()).await;
+        let blocker = support::pool(1, support::options()).await;
         let lock_row = format!(
             "SELECT 1 FROM {} WHERE owner = $1 AND operation = $2 AND key = $3 FOR UPDATE",
             fx.table()
@@ -773,8 +773,8 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
 /// the pool recovers on its own once it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_recovers_after_connections_are_dropped() {
-    let proxy = Proxy::start(common::upstream().await).await;
-    let options = common::via(&proxy);
+    let proxy = Proxy::start(support::upstream().await).await;
+    let options = support::via(&proxy);
     let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .test_before_acquire(false)
@@ -782,7 +782,7 @@ async fn pool_recovers_after_connections_are_dropped() {
         .connect_with(options)
         .await
         .expect("connect through proxy");
-    let schema = common::schema_name();
+    let schema = support::schema_name();
     let store = PgStore::new(pool)
         .with_schema_name(&schema)
         .expect("schema");
@@ -914,7 +914,7 @@ async fn table_and_schema_names_are_validated_and_configurable() {
         }
         // `connect` builds its own pool; eight instances migrating at once
         // are serialized by the advisory lock, and migrating again is a no-op.
-        let custom = PgStore::connect(&common::url())
+        let custom = PgStore::connect(&support::url())
             .await
             .expect("connect")
             .with_schema_name(&fx.schema)
@@ -1176,8 +1176,8 @@ async fn completions_are_hot_updates() {
 /// a purge re-files or removes the old records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_first_version_table() {
-    let schema = common::schema_name();
-    let pool = common::pool(2, common::options()).await;
+    let schema = support::schema_name();
+    let pool = support::pool(2, support::options()).await;
     let store = PgStore::new(pool.clone())
         .with_schema_name(&schema)
         .expect("schema");
@@ -1272,10 +1272,10 @@ async fn migrate_upgrades_a_first_version_table() {
 /// counting proxy, on a warm connection (statements already prepared).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_per_transition() {
-    let proxy = Proxy::start(common::upstream().await).await;
-    let options = common::via(&proxy);
-    let pool = common::pool(1, options).await;
-    let schema = common::schema_name();
+    let proxy = Proxy::start(support::upstream().await).await;
+    let options = support::via(&proxy);
+    let pool = support::pool(1, options).await;
+    let schema = support::schema_name();
     let store = PgStore::new(pool)
         .with_schema_name(&schema)
         .expect("schema");
