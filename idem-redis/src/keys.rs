@@ -3,11 +3,14 @@
 //! A record is two keys sharing one hash tag, the hex SHA-256 of the record
 //! identity ([`RecordId::digest`]):
 //!
-//! * `<prefix>{<hex>}:r`, a hash with the record's fields (fingerprint,
-//!   state, token, attempt, lease, key expiry, resource id, outcome, response
-//!   expiry), expiring natively at `key_expires_at`;
-//! * `<prefix>{<hex>}:b`, the response body, expiring natively at
-//!   `response_expires_at`.
+//! * `<prefix>{<hex>}:r`, the record (a string in layout 1, see
+//!   [`crate::record`]), expiring natively at `key_expires_at`;
+//! * `<prefix>{<hex>}:v`, the response body with a header naming the
+//!   completion that wrote it, expiring natively at `response_expires_at`.
+//!
+//! Before layout 1 the record was a hash at the same `:r` key and the body a
+//! bare string at `<prefix>{<hex>}:b`; such a record is rewritten in layout 1
+//! the first time the store touches it (see `migrate.lua`).
 //!
 //! No byte of the owner, operation or key reaches a Redis key: whatever they
 //! hold (spaces, braces, newlines), the tag is 64 hex digits, so both keys of
@@ -24,8 +27,18 @@ use crate::config::KeyPrefix;
 pub(crate) struct RecordKeys {
     /// The record hash.
     pub(crate) record: String,
-    /// The response body.
+    /// The response body (layout 1).
     pub(crate) body: String,
+}
+
+/// The body key of the hash layout, for a record key `…:r`.
+pub(crate) fn legacy_body(record: &str) -> String {
+    format!("{}:b", record.strip_suffix(":r").unwrap_or(record))
+}
+
+/// The body key of layout 1, for a record key `…:r`.
+pub(crate) fn body_for(record: &str) -> String {
+    format!("{}:v", record.strip_suffix(":r").unwrap_or(record))
 }
 
 impl RecordKeys {
@@ -34,7 +47,7 @@ impl RecordKeys {
         let p = prefix.as_str();
         Self {
             record: format!("{p}{{{tag}}}:r"),
-            body: format!("{p}{{{tag}}}:b"),
+            body: format!("{p}{{{tag}}}:v"),
         }
     }
 }
@@ -74,6 +87,8 @@ mod tests {
             assert_eq!(tag.len(), 64);
             assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
             assert_eq!(tag, hash_tag(&k.body));
+            assert_eq!(body_for(&k.record), k.body);
+            assert!(legacy_body(&k.record).ends_with("}:b"));
             assert!(k.record.starts_with("idem:{") && k.record.ends_with("}:r"));
             assert_eq!(k.record.len(), "idem:{}:r".len() + 64);
         }
