@@ -1,4 +1,5 @@
-//! [`RedisStore`]: the [`Store`] trait as one Lua script call per transition.
+//! [`RedisStore`]: the [`Store`] trait as native commands for claims, replays
+//! and fetches, and one Lua script call per token-checked write.
 
 use std::fmt;
 use std::time::Duration;
@@ -23,10 +24,14 @@ use crate::scripts;
 
 /// An idempotency store in Redis or Redis Cluster.
 ///
-/// Every [`Store`] method is exactly one `EVALSHA` of a small Lua script (see
-/// the [crate docs](crate) for the key layout and the scripts). The store
-/// holds one multiplexed, reconnecting connection: cloning it is cheap and
-/// clones share the connection, which pipelines the calls of many tasks.
+/// A claim (and so a replay) is one pipeline of two native commands; a
+/// completion, release, checkpoint or lease extension is one `EVALSHA` of a
+/// small Lua script that checks the fencing token (see the
+/// [crate docs](crate) for the record layout and the commands of each
+/// transition). Every call is one round trip, except a takeover (the claim,
+/// then a swap). The store holds one multiplexed, reconnecting connection:
+/// cloning it is cheap and clones share the connection, which pipelines the
+/// calls of many tasks.
 ///
 /// # Examples
 ///
@@ -303,7 +308,11 @@ impl RedisStore {
     /// * A release is sent without `WAIT`: losing it in a failover leaves the
     ///   record `in_flight` until its lease ends, which delays the next
     ///   attempt but never lets the work run twice.
-    /// * Reads and replays send no `WAIT` (nothing to confirm).
+    /// * An operator's release or delete
+    ///   ([`AdminStore`](idem_core::admin::AdminStore)) not acknowledged is the
+    ///   same error: on the primary, not confirmed.
+    /// * A replay carries the claim's `WAIT` (the claim's `SET … NX` cannot
+    ///   know beforehand whether it writes); a fetch sends none.
     ///
     /// `WAIT` confirms the write reached the replicas' memory, not their
     /// disks, and Redis still promotes whichever replica it likes: see the
@@ -462,8 +471,10 @@ impl RedisStore {
         Ok(Some((Record::decode(&rec)?, string(body)?)))
     }
 
-    /// Rewrites a record of the hash layout in layout 1; `false` when the
-    /// record is not a hash (or is gone): nothing to migrate.
+    /// Rewrites a record of the hash layout in layout 1. `true` when the
+    /// operation may run again: migrated, or changed or gone meanwhile (a
+    /// retry reads it afresh); `false` when the record is not a hash, so the
+    /// `WRONGTYPE` came from something else.
     pub(crate) async fn migrate(&self, record_key: &str) -> Result<bool, StoreError> {
         const FIELDS: [&str; 12] = [
             "f", "s", "t", "a", "l", "k", "x", "o", "e", "io", "ip", "ik",
@@ -478,8 +489,11 @@ impl RedisStore {
             Err(e) if e.code() == Some("WRONGTYPE") => return Ok(false),
             Err(e) => return Err(store_error(e)),
         };
-        if fields.len() != FIELDS.len() || fields.iter().all(|v| *v == Value::Nil) {
-            return Ok(false);
+        if fields.len() != FIELDS.len() {
+            return Err(corrupt("HMGET gave the wrong number of fields"));
+        }
+        if fields.iter().all(|v| *v == Value::Nil) {
+            return Ok(true); // gone since: the retry finds it absent
         }
         let record = legacy_record(&fields)?;
         let mut inv = scripts::MIGRATE.key(record_key);
