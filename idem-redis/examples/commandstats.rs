@@ -16,6 +16,19 @@
 //! IDEM_REDIS_URL=redis://127.0.0.1:7101/ taskset -c 1 \
 //!     cargo run -p idem-redis --example commandstats
 //! ```
+//!
+//! For instruction counts, robust on a loaded machine, run the server under
+//! callgrind, which then writes one profile per phase (`.out.2` claims,
+//! `.out.3` completions, `.out.4` replays; divide their totals by
+//! `IDEM_OPS`):
+//!
+//! ```text
+//! valgrind --tool=callgrind --dump-before=configResetStatCommand \
+//!     --callgrind-out-file=/tmp/redis.out redis-server --port 7102 --save '' &
+//! IDEM_OPS=2000 IDEM_REDIS_URL=redis://127.0.0.1:7102/ \
+//!     cargo run -p idem-redis --example commandstats
+//! grep ^summary: /tmp/redis.out.*
+//! ```
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -209,6 +222,11 @@ async fn main() {
         let cpu1 = cpu(&mut admin).await;
         report(phase, ops, &stats(&mut admin).await, cpu1 - cpu0);
     }
+
+    // A last reset marks the end of the measured phases (for a server run
+    // under `valgrind --tool=callgrind --dump-before=configResetStatCommand`,
+    // which then dumps one profile per phase).
+    reset(&mut admin).await;
 
     // Clean up our keys (never a flush).
     let mut cursor = 0u64;

@@ -25,7 +25,7 @@ use crate::config::KeyPrefix;
 /// The two keys of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordKeys {
-    /// The record hash.
+    /// The record (a string in layout 1).
     pub(crate) record: String,
     /// The response body (layout 1).
     pub(crate) body: String,

@@ -276,7 +276,7 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key of a record's hash (for operators and tests).
+    /// The Redis key of a record (for operators and tests).
     #[must_use]
     pub fn record_key(&self, id: &RecordId) -> String {
         RecordKeys::new(&self.prefix, id).record
