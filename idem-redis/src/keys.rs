@@ -31,6 +31,16 @@ pub(crate) struct RecordKeys {
     pub(crate) body: String,
 }
 
+impl RecordKeys {
+    /// Where a completion under `token` stages its body before
+    /// `complete.lua` moves it to [`Self::body`] (one key per token, so an
+    /// attempt whose lease was lost cannot touch another's).
+    pub(crate) fn staging(&self, token: i64) -> String {
+        let base = self.record.strip_suffix(":r").unwrap_or(&self.record);
+        format!("{base}:s:{:016x}", token.cast_unsigned())
+    }
+}
+
 /// The body key of the hash layout, for a record key `…:r`.
 pub(crate) fn legacy_body(record: &str) -> String {
     format!("{}:b", record.strip_suffix(":r").unwrap_or(record))
@@ -88,6 +98,8 @@ mod tests {
             assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
             assert_eq!(tag, hash_tag(&k.body));
             assert_eq!(body_for(&k.record), k.body);
+            assert_eq!(tag, hash_tag(&k.staging(-1)));
+            assert!(k.staging(-1).ends_with("}:s:ffffffffffffffff"));
             assert!(legacy_body(&k.record).ends_with("}:b"));
             assert!(k.record.starts_with("idem:{") && k.record.ends_with("}:r"));
             assert_eq!(k.record.len(), "idem:{}:r".len() + 64);

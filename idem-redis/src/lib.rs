@@ -23,7 +23,7 @@ pub use store::RedisStore;
 #[doc(hidden)]
 pub mod statements {
     use idem_core::store::{OutcomeKind, RecordState};
-    use redis::{Pipeline, ScriptInvocation};
+    use redis::Pipeline;
 
     pub use crate::scripts::sources::*;
 
@@ -66,27 +66,34 @@ pub mod statements {
         crate::record::encode_body(token, body)
     }
 
-    /// `complete.lua` keeping the record's resource id.
+    /// The completion's pipeline, keeping the record's resource id: for a
+    /// body value over 1 KiB `SET <staging> <body value> PX …`, then
+    /// `complete.lua` (`EVALSHA`: load [`COMPLETE`] first, or after
+    /// `NOSCRIPT`); its reply is the pipeline's last. `record` is the
+    /// record's key (`…:r`); the body and staging keys follow from it.
     #[must_use]
-    pub fn complete<'a>(
+    pub fn complete(
         record: &str,
-        body_key: &str,
         token: i64,
         expiries: [i64; 2],
         ttls: [i64; 2],
         body_value: &[u8],
-    ) -> ScriptInvocation<'a> {
-        let mut inv = crate::store::complete_invocation(
-            record,
-            body_key,
+    ) -> Pipeline {
+        let keys = crate::keys::RecordKeys {
+            record: record.to_owned(),
+            body: crate::keys::body_for(record),
+        };
+        let (mut pipe, inv) = crate::store::complete_pipeline(
+            &keys,
             token,
             OutcomeKind::Success,
             expiries,
             ttls,
-            body_value,
+            Some(body_value),
+            None,
         );
-        inv.arg("0").arg("");
-        inv
+        pipe.invoke_script(&inv);
+        pipe
     }
 
     /// What a claim's replies say, decoded as the store decodes them:

@@ -387,7 +387,7 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
                     .expect("complete")
             })
             .await,
-            counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
+            counts(&[("evalsha", 1), ("get", 1), ("rename", 1), ("set", 2)]),
         ),
         (
             "claim (replay)",
@@ -440,8 +440,9 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
     );
     // A takeover: the claim's pipeline reads the released record, the
     // client decides, and one `swap.lua` replaces it if unchanged.
+    let req3 = claim_req(&id2, &clock);
     let got = delta(&mut admin, async {
-        let claimed = store.claim(&claim_req(&id2, &clock)).await;
+        let claimed = store.claim(&req3).await;
         assert!(
             matches!(&claimed, Ok(ClaimOutcome::Claimed(c)) if c.attempt == 2),
             "{claimed:?}"
@@ -452,6 +453,29 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
         got,
         counts(&[("evalsha", 1), ("get", 2), ("set", 2)]),
         "claim (takeover)"
+    );
+    // A small body (up to 1 KiB) goes to the script as an argument; a larger
+    // one (the 4 KiB above) is staged natively and renamed into place.
+    let now = clock.now();
+    let small = Completion::new(
+        OutcomeKind::Success,
+        Some(&[1u8; 100]),
+        None,
+        now,
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
+    let got = delta(&mut admin, async {
+        store
+            .complete(&id2, req3.token, &small)
+            .await
+            .expect("complete");
+    })
+    .await;
+    assert_eq!(
+        got,
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
+        "complete (small body)"
     );
 }
 

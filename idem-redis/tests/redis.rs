@@ -668,3 +668,50 @@ async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
     assert!(matches!(lost, Err(StoreError::LeaseLost)), "{lost:?}");
     fixture.teardown_checked().await;
 }
+
+/// A completion stages a large body under its own token's key; an attempt
+/// whose lease was lost leaves the holder's body alone and nothing staged
+/// behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_off_completion_leaves_the_body_and_no_staged_key() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    let first = claim_req(&id, &clock);
+    store.claim(&first).await.expect("claim");
+    clock.advance(LEASE + Duration::from_secs(1));
+    let second = claim_req(&id, &clock);
+    let taken = store.claim(&second).await.expect("takeover");
+    assert!(
+        matches!(&taken, idem_core::store::ClaimOutcome::Claimed(c) if c.attempt == 2),
+        "{taken:?}"
+    );
+    let now = clock.now();
+    let done = |body: &'static [u8]| {
+        Completion::new(
+            OutcomeKind::Success,
+            Some(body),
+            None,
+            now,
+            now.plus(RESPONSE_TTL),
+            now.plus(KEY_TTL),
+        )
+    };
+    store
+        .complete(&id, second.token, &done(&[2; 2000]))
+        .await
+        .expect("the holder completes");
+    let late = store.complete(&id, first.token, &done(&[1; 2000])).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
+    let rec = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(rec.response.as_deref(), Some([2; 2000].as_slice()));
+    let keys = support::scan_keys(&fixture.nodes, store.prefix().as_str()).await;
+    assert_eq!(keys.len(), 2, "record and body only: {keys:?}");
+    assert!(keys.iter().all(|(_, k)| !k.contains("}:s:")), "{keys:?}");
+    fixture.teardown_checked().await;
+}

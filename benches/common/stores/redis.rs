@@ -4,7 +4,8 @@
 //! store's multiplexed connection, without the engine. A claim is one
 //! pipeline of `SET <record> <in-flight record> NX PX <ttl> GET` and
 //! `GET <body>`: nil means claimed, a completed record with its own body is a
-//! replay; a completion is one `EVALSHA` of `complete.lua`.
+//! replay; a completion is one `EVALSHA` of `complete.lua` (after a native
+//! `SET` staging the body when it is over 1 KiB, in the same pipeline).
 //!
 //! One difference, on the raw side's favour: the store names a record
 //! `{prefix}{<hex SHA-256 of owner, operation, key>}:r` (a hash tag that is
@@ -77,21 +78,37 @@ impl RawRedis {
 
     async fn complete(&self, key: &str, token: i64) {
         let now = now_ms();
-        let (record, body) = self.keys(key);
+        let (record, _) = self.keys(key);
         let value = statements::body_value(token, &self.body);
-        let inv = statements::complete(
+        let pipe = statements::complete(
             &record,
-            &body,
             token,
             [now + TTL_MS, now + TTL_MS],
             [TTL_MS, TTL_MS],
             &value,
         );
-        let done: i64 = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .expect("complete");
-        assert_eq!(done, 1, "lease lost");
+        let n = pipe.len();
+        for _ in 0..2 {
+            let replies = self
+                .conn
+                .clone()
+                .req_packed_commands(&pipe, 0, n)
+                .await
+                .expect("complete");
+            match &replies[n - 1] {
+                Value::Int(1) => return,
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                    let _: String = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(statements::COMPLETE)
+                        .query_async(&mut self.conn.clone())
+                        .await
+                        .expect("SCRIPT LOAD");
+                }
+                other => panic!("complete: {other:?}"),
+            }
+        }
+        panic!("complete: NOSCRIPT after SCRIPT LOAD");
     }
 }
 
