@@ -290,15 +290,22 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     // A fresh server: the first call of each script also takes the NOSCRIPT
     // reload path of the pipeline.
     // Two engines on one server: the first writes (which also take the
-    // NOSCRIPT reload path on a fresh server) get a generous acknowledgement
-    // timeout; the refusals below use one under the connection's 500 ms
-    // response timeout, which would otherwise answer first ("timed out").
+    // NOSCRIPT reload path on a fresh server, and the first `WAIT` on a
+    // replica that has just synchronised) get a generous acknowledgement
+    // timeout; the refusals below a short one. The connections' response
+    // timeout (500 ms by default) is raised above both, or it would answer
+    // first ("timed out") on a loaded machine.
     let engine = |ack: Duration| {
         let (url, clock) = (pair.url(), clock.clone());
         async move {
-            let store = RedisStore::connect(&url)
+            let config = idem_redis::redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(10)));
+            let manager = idem_redis::redis::Client::open(url.as_str())
+                .expect("url")
+                .get_connection_manager_with_config(config)
                 .await
-                .expect("connect")
+                .expect("connect");
+            let store = RedisStore::from_manager(manager)
                 .with_prefix("idem-ack:")
                 .expect("prefix")
                 .with_replica_ack(1, ack);
