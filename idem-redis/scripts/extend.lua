@@ -1,19 +1,26 @@
 -- extend: move the lease's end, if in flight under the token.
--- KEYS[1] record hash   ARGV[1] token   ARGV[2] lease_until (ms)
+-- Layout 1 (src/record.rs). KEYS[1] record
+-- ARGV[1] token (8 bytes)   ARGV[2] lease end (8 bytes)   ARGV[3] lease end (ms)
 -- Reply: 1 done, 0 lease lost.
 -- A lease is never outlived by its key: a lease ending after the key's expiry
 -- moves the expiry (and the native TTL, by the same amount) to the lease's end.
-local r = redis.call('HMGET', KEYS[1], 's', 't', 'k')
-if r[1] ~= 'in_flight' or r[2] ~= ARGV[1] then return 0 end
-local l = tonumber(ARGV[2])
-local k = tonumber(r[3])
-if k and l > k then
-  redis.call('HSET', KEYS[1], 'l', ARGV[2], 'k', ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if string.byte(v, 1) ~= 1 or #v < 78 then
+  return redis.error_reply('IDEMCORRUPT the record has an unknown layout')
+end
+if string.sub(v, 2, 2) ~= 'f' or string.sub(v, 3, 10) ~= ARGV[1] then return 0 end
+local k = 0
+for i = 23, 30 do k = k * 256 + string.byte(v, i) end
+if string.byte(v, 23) >= 128 then k = k - 18446744073709551616 end
+local l = tonumber(ARGV[3])
+if l > k then
+  redis.call('SET', KEYS[1], string.sub(v, 1, 14) .. ARGV[2] .. ARGV[2] .. string.sub(v, 31), 'KEEPTTL')
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl > 0 then
     redis.call('PEXPIRE', KEYS[1], string.format('%d', math.min(pttl + (l - k), 1000000000000000)))
   end
 else
-  redis.call('HSET', KEYS[1], 'l', ARGV[2])
+  redis.call('SET', KEYS[1], string.sub(v, 1, 14) .. ARGV[2] .. string.sub(v, 23), 'KEEPTTL')
 end
 return 1

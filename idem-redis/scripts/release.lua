@@ -1,7 +1,12 @@
 -- release: after a transient failure, if in flight under the token.
--- KEYS[1] record hash   ARGV[1] token   ARGV[2] now (the lease ends now)
--- Reply: 1 done, 0 lease lost. Checkpoint and attempt count are kept.
-local r = redis.call('HMGET', KEYS[1], 's', 't')
-if r[1] ~= 'in_flight' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 's', 'released', 'l', ARGV[2])
+-- Layout 1 (src/record.rs). KEYS[1] record
+-- ARGV[1] token (8 bytes)   ARGV[2] now (8 bytes: the lease ends now)
+-- Reply: 1 done, 0 lease lost. Checkpoint, attempt and TTL are kept.
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if string.byte(v, 1) ~= 1 or #v < 78 then
+  return redis.error_reply('IDEMCORRUPT the record has an unknown layout')
+end
+if string.sub(v, 2, 2) ~= 'f' or string.sub(v, 3, 10) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], '\1r' .. string.sub(v, 3, 14) .. ARGV[2] .. string.sub(v, 23), 'KEEPTTL')
 return 1

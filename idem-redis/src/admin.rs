@@ -1,10 +1,12 @@
 //! The operator operations on Redis: listing and counting by a bounded `SCAN`
-//! per primary, release and delete as one script each.
+//! per primary, release and delete as a read and a `swap.lua` (the record is
+//! replaced only if it still holds what was read; with
+//! [`RedisStore::with_replica_ack`], `WAIT` follows the swap like any write).
 //!
 //! Redis has no index on lease ends, so a listing walks the keyspace: each
 //! call runs at most [`SCAN_STEPS`] `SCAN … MATCH <prefix>{*}:r COUNT n`
 //! steps (n = the page size, 10 to 1000) on one primary after the other,
-//! then reads each matching record with one `HMGET` (pipelined on a
+//! then reads each matching record with one `GET` (pipelined on a
 //! standalone server, one per key on a cluster, where keys of different
 //! slots cannot share a pipeline). A page may therefore hold fewer records
 //! than asked (even none) while more follow, or somewhat more (a `SCAN` step
@@ -15,23 +17,26 @@
 //!
 //! Records written before the operator API (without the `io`, `ip`, `ik`
 //! identity fields) are counted but not listed; they age out with their key.
+//! A record still in the hash layout is rewritten in layout 1 when read.
 
 use idem_core::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
 use idem_core::store::{RecordState, StoreError};
 use idem_core::{IdempotencyKey, RecordId, Scope, Timestamp};
+use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisResult, Value};
 
 use crate::error::{BACKEND, corrupt, store_error};
-use crate::keys::RecordKeys;
-use crate::scripts;
-use crate::store::{Connection, RedisStore, unexpected};
+use crate::keys::{RecordKeys, body_for};
+use crate::record::Record;
+use crate::store::{Connection, RedisStore, string};
 
 /// The most `SCAN` steps one listing call runs.
 pub const SCAN_STEPS: u32 = 16;
 
-/// The fields a listing reads.
-const SUMMARY_FIELDS: [&str; 8] = ["s", "a", "l", "x", "k", "io", "ip", "ik"];
+/// How many times an operator write reads again after the record changed
+/// under it.
+const SWAP_ROUNDS: u32 = 8;
 
 /// One primary: the standalone server, or a cluster node's address.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -104,8 +109,8 @@ impl Connection {
         }
     }
 
-    /// `HMGET key fields…` for each key.
-    async fn read_all(&self, keys: &[String], fields: &[&str]) -> RedisResult<Vec<Vec<Value>>> {
+    /// `GET key` for each key, error replies kept as values.
+    async fn read_all(&self, keys: &[String]) -> RedisResult<Vec<RedisResult<Value>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -113,19 +118,19 @@ impl Connection {
             Self::Standalone(c) => {
                 let mut pipe = redis::pipe();
                 for key in keys {
-                    pipe.cmd("HMGET").arg(key).arg(fields);
+                    pipe.cmd("GET").arg(key);
                 }
-                pipe.query_async(&mut c.clone()).await
+                let replies = c.clone().req_packed_commands(&pipe, 0, keys.len()).await?;
+                Ok(replies.into_iter().map(Value::extract_error).collect())
             }
             Self::Cluster(c) => {
                 let mut out = Vec::with_capacity(keys.len());
                 for key in keys {
-                    let v: Vec<Value> = redis::cmd("HMGET")
-                        .arg(key)
-                        .arg(fields)
-                        .query_async(&mut c.clone())
-                        .await?;
-                    out.push(v);
+                    let v = redis::cmd("GET").arg(key).query_async(&mut c.clone()).await;
+                    match v {
+                        Err(e) if e.code() != Some("WRONGTYPE") => return Err(e),
+                        v => out.push(v),
+                    }
                 }
                 Ok(out)
             }
@@ -133,49 +138,22 @@ impl Connection {
     }
 }
 
-fn text(v: &Value) -> Option<&str> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        v => text(v)?.parse().ok(),
-    }
-}
-
-/// Decodes the [`SUMMARY_FIELDS`] of one record; `Ok(None)` when it has no
-/// stored identity (written before the operator API).
-fn decode_summary(fields: &[Value]) -> Result<Option<RecordSummary>, StoreError> {
-    let [s, a, l, x, k, io, ip, ik] = fields else {
-        return Err(corrupt("a record listing has the wrong number of fields"));
-    };
-    let (Some(owner), Some(operation), Some(key)) = (text(io), text(ip), text(ik)) else {
+/// A listing's view of a record; `None` when it has no stored identity
+/// (written before the operator API).
+fn summary(r: &Record) -> Result<Option<RecordSummary>, StoreError> {
+    if r.owner.is_empty() && r.operation.is_empty() && r.key.is_empty() {
         return Ok(None);
-    };
-    let scope = Scope::new(owner, operation).map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(key).map_err(|e| corrupt(format!("stored key: {e}")))?;
-    let state = text(s)
-        .and_then(RecordState::parse)
-        .ok_or_else(|| corrupt("a record has no valid state"))?;
-    let attempt = int(a)
-        .and_then(|a| u32::try_from(a).ok())
-        .ok_or_else(|| corrupt("a record has no valid attempt"))?;
+    }
+    let scope = Scope::new(r.owner.as_str(), r.operation.as_str())
+        .map_err(|e| corrupt(format!("stored scope: {e}")))?;
+    let key = IdempotencyKey::parse(&r.key).map_err(|e| corrupt(format!("stored key: {e}")))?;
     Ok(Some(RecordSummary {
         id: RecordId::new(scope, key),
-        state,
-        attempt,
-        lease_until: Timestamp::from_unix_millis(
-            int(l).ok_or_else(|| corrupt("a record has no lease"))?,
-        ),
-        resource_id: text(x).map(str::to_owned),
-        key_expires_at: Timestamp::from_unix_millis(
-            int(k).ok_or_else(|| corrupt("a record has no key expiry"))?,
-        ),
+        state: r.state,
+        attempt: r.attempt,
+        lease_until: Timestamp::from_unix_millis(r.lease_until),
+        resource_id: r.resource_id.clone(),
+        key_expires_at: Timestamp::from_unix_millis(r.key_expires_at),
     }))
 }
 
@@ -196,6 +174,59 @@ impl RedisStore {
     fn record_pattern(&self) -> String {
         format!("{}{{*}}:r", self.prefix.as_str())
     }
+
+    /// The records at `keys` (`None` for one gone since the scan), a record
+    /// still in the hash layout rewritten in layout 1 first.
+    async fn records(&self, keys: &[String]) -> Result<Vec<Option<Record>>, StoreError> {
+        let replies = self.conn.read_all(keys).await.map_err(store_error)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, reply) in keys.iter().zip(replies) {
+            let value = match reply.map_err(store_error).and_then(string) {
+                Err(e) if crate::error::is_wrong_type(&e) && self.migrate(key).await? => {
+                    let v = self
+                        .conn
+                        .query(redis::cmd("GET").arg(key))
+                        .await
+                        .map_err(store_error)?;
+                    string(v)?
+                }
+                other => other?,
+            };
+            out.push(value.as_deref().map(Record::decode).transpose()?);
+        }
+        Ok(out)
+    }
+
+    /// Reads a record and lets `change` decide its replacement (`None`
+    /// leaves it, with the answer to give); the swap happens only if the
+    /// record is unchanged, else it reads again.
+    async fn operator_swap(
+        &self,
+        keys: &RecordKeys,
+        change: impl Fn(&Record) -> Result<(Option<Vec<u8>>, bool), StoreError>,
+    ) -> Result<bool, StoreError> {
+        for _ in 0..SWAP_ROUNDS {
+            let Some(old) = self
+                .records(std::slice::from_ref(&keys.record))
+                .await?
+                .pop()
+            else {
+                return Ok(false);
+            };
+            let Some(rec) = old else { return Ok(false) };
+            let (new, answer) = change(&rec)?;
+            let Some(new) = new else { return Ok(answer) };
+            let (swapped, acked) = self.swap(keys, &rec.encode()?, &new, "keep", "").await?;
+            if swapped {
+                acked?;
+                return Ok(answer);
+            }
+        }
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: "the record kept changing under the operator's write".into(),
+        })
+    }
 }
 
 /// See the crate docs ("Cost per transition") for what each operation costs.
@@ -214,13 +245,8 @@ impl AdminStore for RedisStore {
                 .await
                 .map_err(store_error)?;
             steps += 1;
-            let rows = self
-                .conn
-                .read_all(&keys, &SUMMARY_FIELDS)
-                .await
-                .map_err(store_error)?;
-            for row in rows {
-                let Some(r) = decode_summary(&row)? else {
+            for rec in self.records(&keys).await?.into_iter().flatten() {
+                let Some(r) = summary(&rec)? else {
                     continue;
                 };
                 if r.state == RecordState::InFlight
@@ -248,23 +274,38 @@ impl AdminStore for RedisStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::RELEASE_IN_FLIGHT.key(&keys.record);
-        inv.arg(now.as_unix_millis())
-            .arg(attempt.map(|a| a.to_string()).unwrap_or_default());
-        match self.run(&inv).await? {
-            Value::Int(n) => Ok(n == 1),
-            other => Err(unexpected(&other)),
-        }
+        let now = now.as_unix_millis();
+        self.operator_swap(&keys, |r| {
+            if r.state != RecordState::InFlight
+                || r.key_expires_at <= now
+                || attempt.is_some_and(|a| a != r.attempt)
+            {
+                return Ok((None, false));
+            }
+            if r.lease_until <= now {
+                return Ok((None, true)); // already over: nothing to write
+            }
+            let ended = Record {
+                lease_until: now,
+                ..r.clone()
+            };
+            Ok((Some(ended.encode()?), true))
+        })
+        .await
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::DELETE_COMPLETED.key(&keys.record);
-        inv.key(&keys.body).arg(now.as_unix_millis());
-        match self.run(&inv).await? {
-            Value::Int(n) => Ok(n == 1),
-            other => Err(unexpected(&other)),
-        }
+        debug_assert_eq!(keys.body, body_for(&keys.record));
+        let now = now.as_unix_millis();
+        self.operator_swap(&keys, |r| {
+            if r.state == RecordState::Completed || r.key_expires_at <= now {
+                Ok((Some(Vec::new()), true)) // '' deletes record and body
+            } else {
+                Ok((None, false))
+            }
+        })
+        .await
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
@@ -279,28 +320,20 @@ impl AdminStore for RedisStore {
                     .scan(node, cursor, &pattern, 1000)
                     .await
                     .map_err(store_error)?;
-                let rows = self
-                    .conn
-                    .read_all(&keys, &["s", "l", "k"])
-                    .await
-                    .map_err(store_error)?;
-                for row in rows {
-                    let [s, l, k] = row.as_slice() else { continue };
-                    let Some(kexp) = int(k) else { continue };
-                    if kexp <= now.as_unix_millis() {
+                for r in self.records(&keys).await?.into_iter().flatten() {
+                    if r.key_expires_at <= now.as_unix_millis() {
                         c.expired += 1;
                         continue;
                     }
-                    match text(s).and_then(RecordState::parse) {
-                        Some(RecordState::InFlight) => {
+                    match r.state {
+                        RecordState::InFlight => {
                             c.in_flight += 1;
-                            if int(l).is_some_and(|l| l <= now.as_unix_millis()) {
+                            if r.lease_until <= now.as_unix_millis() {
                                 c.stuck += 1;
                             }
                         }
-                        Some(RecordState::Released) => c.released += 1,
-                        Some(RecordState::Completed) => c.completed += 1,
-                        _ => {}
+                        RecordState::Released => c.released += 1,
+                        RecordState::Completed => c.completed += 1,
                     }
                 }
                 if next == 0 {

@@ -72,12 +72,25 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
         };
     }
     if e.code() == Some("WRONGTYPE") {
-        return corrupt(format!("a key of the record holds another type ({e})"));
+        return corrupt(format!("{WRONG_TYPE} ({e})"));
+    }
+    if e.code() == Some("IDEMCORRUPT") {
+        return corrupt(format!("a script refused the record ({e})"));
     }
     StoreError::Backend {
         backend: BACKEND,
         source: Box::new(e),
     }
+}
+
+/// How a `WRONGTYPE` reply's [`StoreError::Corrupt`] detail starts: a key of
+/// the record holds another type, e.g. a record still in the hash layout
+/// (which the store then migrates, see `RedisStore::migrate`).
+const WRONG_TYPE: &str = "a key of the record holds another type";
+
+/// Whether `e` came from a `WRONGTYPE` reply.
+pub(crate) fn is_wrong_type(e: &StoreError) -> bool {
+    matches!(e, StoreError::Corrupt { detail, .. } if detail.starts_with(WRONG_TYPE))
 }
 
 /// A record that cannot be decoded.

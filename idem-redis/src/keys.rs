@@ -3,11 +3,14 @@
 //! A record is two keys sharing one hash tag, the hex SHA-256 of the record
 //! identity ([`RecordId::digest`]):
 //!
-//! * `<prefix>{<hex>}:r`, a hash with the record's fields (fingerprint,
-//!   state, token, attempt, lease, key expiry, resource id, outcome, response
-//!   expiry), expiring natively at `key_expires_at`;
-//! * `<prefix>{<hex>}:b`, the response body, expiring natively at
-//!   `response_expires_at`.
+//! * `<prefix>{<hex>}:r`, the record (a string in layout 1, see
+//!   [`crate::record`]), expiring natively at `key_expires_at`;
+//! * `<prefix>{<hex>}:v`, the response body with a header naming the
+//!   completion that wrote it, expiring natively at `response_expires_at`.
+//!
+//! Before layout 1 the record was a hash at the same `:r` key and the body a
+//! bare string at `<prefix>{<hex>}:b`; such a record is rewritten in layout 1
+//! the first time the store touches it (see `migrate.lua`).
 //!
 //! No byte of the owner, operation or key reaches a Redis key: whatever they
 //! hold (spaces, braces, newlines), the tag is 64 hex digits, so both keys of
@@ -22,10 +25,30 @@ use crate::config::KeyPrefix;
 /// The two keys of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordKeys {
-    /// The record hash.
+    /// The record (a string in layout 1).
     pub(crate) record: String,
-    /// The response body.
+    /// The response body (layout 1).
     pub(crate) body: String,
+}
+
+impl RecordKeys {
+    /// Where a completion under `token` stages its body before
+    /// `complete.lua` moves it to [`Self::body`] (one key per token, so an
+    /// attempt whose lease was lost cannot touch another's).
+    pub(crate) fn staging(&self, token: i64) -> String {
+        let base = self.record.strip_suffix(":r").unwrap_or(&self.record);
+        format!("{base}:s:{:016x}", token.cast_unsigned())
+    }
+}
+
+/// The body key of the hash layout, for a record key `…:r`.
+pub(crate) fn legacy_body(record: &str) -> String {
+    format!("{}:b", record.strip_suffix(":r").unwrap_or(record))
+}
+
+/// The body key of layout 1, for a record key `…:r`.
+pub(crate) fn body_for(record: &str) -> String {
+    format!("{}:v", record.strip_suffix(":r").unwrap_or(record))
 }
 
 impl RecordKeys {
@@ -34,7 +57,7 @@ impl RecordKeys {
         let p = prefix.as_str();
         Self {
             record: format!("{p}{{{tag}}}:r"),
-            body: format!("{p}{{{tag}}}:b"),
+            body: format!("{p}{{{tag}}}:v"),
         }
     }
 }
@@ -74,6 +97,10 @@ mod tests {
             assert_eq!(tag.len(), 64);
             assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
             assert_eq!(tag, hash_tag(&k.body));
+            assert_eq!(body_for(&k.record), k.body);
+            assert_eq!(tag, hash_tag(&k.staging(-1)));
+            assert!(k.staging(-1).ends_with("}:s:ffffffffffffffff"));
+            assert!(legacy_body(&k.record).ends_with("}:b"));
             assert!(k.record.starts_with("idem:{") && k.record.ends_with("}:r"));
             assert_eq!(k.record.len(), "idem:{}:r".len() + 64);
         }

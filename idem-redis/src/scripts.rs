@@ -1,4 +1,6 @@
-//! The Lua scripts, one per transition, each run as one `EVALSHA`.
+//! The Lua scripts, only for the transitions that must check a token or swap
+//! a record atomically; each runs as one `EVALSHA`. Claims, replays and
+//! fetches are native commands (see the [crate docs](crate)).
 //!
 //! [`redis::Script`] sends `EVALSHA` and, on `NOSCRIPT` (after a
 //! `SCRIPT FLUSH`, a restart or a failover to a node that never saw the
@@ -8,27 +10,33 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Insert, take over, or report the standing record.
-pub(crate) static CLAIM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/claim.lua")));
+/// The script sources, exactly as the store runs them (for review, or a
+/// raw-driver baseline such as the benches' "store scripts without the
+/// engine" side).
+pub(crate) mod sources {
+    /// Store the outcome under the token.
+    pub const COMPLETE: &str = include_str!("../scripts/complete.lua");
+    /// Release the key under the token.
+    pub const RELEASE: &str = include_str!("../scripts/release.lua");
+    /// Set the resource id under the token.
+    pub const CHECKPOINT: &str = include_str!("../scripts/checkpoint.lua");
+    /// Move the lease's end under the token.
+    pub const EXTEND: &str = include_str!("../scripts/extend.lua");
+    /// Replace a record if it still holds what the client read.
+    pub const SWAP: &str = include_str!("../scripts/swap.lua");
+    /// Rewrite a record of the hash layout in layout 1.
+    pub const MIGRATE: &str = include_str!("../scripts/migrate.lua");
+}
+
 /// Store the outcome under the token.
-pub(crate) static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/complete.lua")));
+pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(sources::COMPLETE));
 /// Release the key under the token.
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(sources::RELEASE));
 /// Set the resource id under the token.
-pub(crate) static CHECKPOINT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/checkpoint.lua")));
+pub(crate) static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| Script::new(sources::CHECKPOINT));
 /// Move the lease's end under the token.
-pub(crate) static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
-/// Read a record as of the engine's `now`.
-pub(crate) static FETCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/fetch.lua")));
-/// End an in-flight record's lease now (operator).
-pub(crate) static RELEASE_IN_FLIGHT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release_in_flight.lua")));
-/// Delete a completed record (operator).
-pub(crate) static DELETE_COMPLETED: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/delete_completed.lua")));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(sources::EXTEND));
+/// Replace a record if it still holds what the client read.
+pub(crate) static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(sources::SWAP));
+/// Rewrite a record of the hash layout in layout 1.
+pub(crate) static MIGRATE: LazyLock<Script> = LazyLock::new(|| Script::new(sources::MIGRATE));

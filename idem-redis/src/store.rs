@@ -1,13 +1,14 @@
-//! [`RedisStore`]: the [`Store`] trait as one Lua script call per transition.
+//! [`RedisStore`]: the [`Store`] trait as native commands for claims, replays
+//! and fetches, and one Lua script call per token-checked write.
 
 use std::fmt;
 use std::time::Duration;
 
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, Store, StoreError, StoredRecord, TakeoverReason, Token,
+    PurgeReport, RecordState, Store, StoreError, StoredRecord, Token,
 };
-use idem_core::{Fingerprint, RecordId, Timestamp};
+use idem_core::{RecordId, Timestamp};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -16,16 +17,21 @@ use redis::{Client, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value}
 
 use crate::ack::ReplicaAck;
 use crate::config::KeyPrefix;
-use crate::error::{BACKEND, Error, corrupt, store_error};
-use crate::keys::RecordKeys;
+use crate::error::{BACKEND, Error, corrupt, is_wrong_type, store_error};
+use crate::keys::{RecordKeys, body_for, legacy_body};
+use crate::record::{BODY_HEADER, Record, encode_body, outcome_byte};
 use crate::scripts;
 
 /// An idempotency store in Redis or Redis Cluster.
 ///
-/// Every [`Store`] method is exactly one `EVALSHA` of a small Lua script (see
-/// the [crate docs](crate) for the key layout and the scripts). The store
-/// holds one multiplexed, reconnecting connection: cloning it is cheap and
-/// clones share the connection, which pipelines the calls of many tasks.
+/// A claim (and so a replay) is one pipeline of two native commands; a
+/// completion, release, checkpoint or lease extension is one `EVALSHA` of a
+/// small Lua script that checks the fencing token (see the
+/// [crate docs](crate) for the record layout and the commands of each
+/// transition). Every call is one round trip, except a takeover (the claim,
+/// then a swap). The store holds one multiplexed, reconnecting connection:
+/// cloning it is cheap and clones share the connection, which pipelines the
+/// calls of many tasks.
 ///
 /// # Examples
 ///
@@ -77,6 +83,90 @@ impl Connection {
                     tries += 1;
                 }
                 other => return other,
+            }
+        }
+    }
+
+    /// Sends `pipe` in one round trip and returns its `n` replies, error
+    /// replies included as [`Value::ServerError`]. In a cluster the pipeline
+    /// goes to the primary of `key`'s slot (every key of a record shares it,
+    /// and a `WAIT` in the pipeline must reach the node that wrote).
+    pub(crate) async fn packed(
+        &self,
+        pipe: &redis::Pipeline,
+        key: &str,
+        n: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Standalone(c) => c.clone().req_packed_commands(pipe, 0, n).await,
+            Self::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                c.clone()
+                    .route_pipeline(
+                        pipe.clone(),
+                        0,
+                        n,
+                        SingleNodeRoutingInfo::SpecificNode(route),
+                    )
+                    .await
+            }
+        }
+    }
+
+    /// One command on the keys of one record.
+    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        match self {
+            Self::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Self::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Sends the commands of `pre`, the script `inv` and, with `ack`,
+    /// `WAIT`, in one pipeline routed like [`Self::packed`]; returns the
+    /// script's reply and `WAIT`'s. An error reply to a command of `pre` is
+    /// the call's error. After `NOSCRIPT` the script is loaded and the whole
+    /// pipeline sent again (the script did not run; `pre` must be safe to
+    /// repeat).
+    pub(crate) async fn script_pipeline(
+        &self,
+        pre: &redis::Pipeline,
+        inv: &ScriptInvocation<'_>,
+        key: &str,
+        ack: Option<ReplicaAck>,
+    ) -> RedisResult<(Value, Option<Value>)> {
+        let n_pre = pre.len();
+        let mut pipe = pre.clone();
+        pipe.invoke_script(inv);
+        if let Some(ack) = ack {
+            pipe.cmd("WAIT").arg(ack.replicas()).arg(ack.timeout_ms());
+        }
+        let n = n_pre + 1 + usize::from(ack.is_some());
+        let mut tries = 1;
+        loop {
+            let mut replies = self.packed(&pipe, key, n).await?.into_iter();
+            for _ in 0..n_pre {
+                if let Some(v) = replies.next() {
+                    v.extract_error()?;
+                }
+            }
+            let script = replies.next().unwrap_or(Value::Nil);
+            match script.extract_error() {
+                Err(e)
+                    if tries < NOSCRIPT_TRIES
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    match self {
+                        Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
+                        Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
+                    };
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+                Ok(script) => {
+                    let wait = replies.next().map(Value::extract_error).transpose()?;
+                    return Ok((script, wait));
+                }
             }
         }
     }
@@ -236,7 +326,7 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key of a record's hash (for operators and tests).
+    /// The Redis key of a record (for operators and tests).
     #[must_use]
     pub fn record_key(&self, id: &RecordId) -> String {
         RecordKeys::new(&self.prefix, id).record
@@ -268,7 +358,11 @@ impl RedisStore {
     /// * A release is sent without `WAIT`: losing it in a failover leaves the
     ///   record `in_flight` until its lease ends, which delays the next
     ///   attempt but never lets the work run twice.
-    /// * Reads and replays send no `WAIT` (nothing to confirm).
+    /// * An operator's release or delete
+    ///   ([`AdminStore`](idem_core::admin::AdminStore)) not acknowledged is the
+    ///   same error: on the primary, not confirmed.
+    /// * A replay carries the claim's `WAIT` (the claim's `SET … NX` cannot
+    ///   know beforehand whether it writes); a fetch sends none.
     ///
     /// `WAIT` confirms the write reached the replicas' memory, not their
     /// disks, and Redis still promotes whichever replica it likes: see the
@@ -338,7 +432,8 @@ impl RedisStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut inv = scripts::RELEASE.key(&keys.record);
-        inv.arg(token.as_i64()).arg(now.as_unix_millis());
+        inv.arg(&be8(token.as_i64())[..])
+            .arg(&be8(now.as_unix_millis())[..]);
         match self.run(&inv).await? {
             Value::Int(1) => Ok(()),
             Value::Int(0) => Err(StoreError::LeaseLost),
@@ -360,33 +455,395 @@ fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
         .clamp(1, MAX_TTL_MS)
 }
 
+/// How many times a claim reads again after losing a race (a swap that
+/// found the record changed, a body written by another completion): each
+/// lost race means another caller moved the record on.
+const CLAIM_ROUNDS: u32 = 8;
+
+/// How many times an operation is retried after rewriting a record of the
+/// hash layout.
+const MIGRATE_TRIES: u32 = 3;
+
+fn be8(ms: i64) -> [u8; 8] {
+    ms.to_be_bytes()
+}
+
+impl RedisStore {
+    /// Sends `pipe` (commands on the keys of one record) in one round trip;
+    /// with the acknowledgement option `WAIT` follows in the same pipeline
+    /// and the second value tells whether enough replicas confirmed.
+    async fn pipeline(
+        &self,
+        pipe: &mut redis::Pipeline,
+        record_key: &str,
+        n: usize,
+    ) -> Result<(Vec<Value>, Result<(), StoreError>), StoreError> {
+        let Some(ack) = self.ack else {
+            let replies = self
+                .conn
+                .packed(pipe, record_key, n)
+                .await
+                .map_err(store_error)?;
+            return Ok((replies, Ok(())));
+        };
+        pipe.cmd("WAIT").arg(ack.replicas()).arg(ack.timeout_ms());
+        let mut replies = self
+            .conn
+            .packed(pipe, record_key, n + 1)
+            .await
+            .map_err(store_error)?;
+        let acked = match replies.pop().map(Value::extract_error) {
+            Some(Ok(Value::Int(n))) => ack.check(n),
+            Some(Err(e)) => Err(store_error(e)),
+            other => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
+        };
+        Ok((replies, acked))
+    }
+
+    /// Reads a record and its body: `GET` of both keys, one round trip.
+    async fn read(
+        &self,
+        keys: &RecordKeys,
+    ) -> Result<Option<(Record, Option<Vec<u8>>)>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(&keys.record).cmd("GET").arg(&keys.body);
+        let replies = self
+            .conn
+            .packed(&pipe, &keys.record, 2)
+            .await
+            .map_err(store_error)?;
+        let [rec, body]: [Value; 2] = replies
+            .try_into()
+            .map_err(|_| corrupt("a read gave the wrong number of replies"))?;
+        let Some(rec) = string(rec)? else {
+            return Ok(None);
+        };
+        Ok(Some((Record::decode(&rec)?, string(body)?)))
+    }
+
+    /// Rewrites a record of the hash layout in layout 1. `true` when the
+    /// operation may run again: migrated, or changed or gone meanwhile (a
+    /// retry reads it afresh); `false` when the record is not a hash, so the
+    /// `WRONGTYPE` came from something else.
+    pub(crate) async fn migrate(&self, record_key: &str) -> Result<bool, StoreError> {
+        const FIELDS: [&str; 12] = [
+            "f", "s", "t", "a", "l", "k", "x", "o", "e", "io", "ip", "ik",
+        ];
+        let fields: Vec<Value> = match self
+            .conn
+            .query(redis::cmd("HMGET").arg(record_key).arg(&FIELDS[..]))
+            .await
+        {
+            Ok(Value::Array(v)) => v,
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if e.code() == Some("WRONGTYPE") => return Ok(false),
+            Err(e) => return Err(store_error(e)),
+        };
+        if fields.len() != FIELDS.len() {
+            return Err(corrupt("HMGET gave the wrong number of fields"));
+        }
+        if fields.iter().all(|v| *v == Value::Nil) {
+            return Ok(true); // gone since: the retry finds it absent
+        }
+        let record = legacy_record(&fields)?;
+        let mut inv = scripts::MIGRATE.key(record_key);
+        inv.key(legacy_body(record_key)).key(body_for(record_key));
+        for v in &fields {
+            match v {
+                Value::Nil => inv.arg(""),
+                v => {
+                    let mut seen = b"=".to_vec();
+                    seen.extend_from_slice(bytes(v, "field")?.unwrap_or_default());
+                    inv.arg(seen)
+                }
+            };
+        }
+        inv.arg(record.encode()?)
+            .arg(&encode_body(record.token, b"")[..BODY_HEADER]);
+        // Written with `WAIT` like any other write, but the operation that
+        // follows confirms what matters; the migration itself needs none.
+        match self.write(&inv, record_key).await?.0 {
+            Value::Int(_) => Ok(true),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A claim, once (see [`Store::claim`]); `Ok(None)` when a race was lost
+    /// and the claim must read again.
+    async fn claim_once(
+        &self,
+        req: &ClaimRequest<'_>,
+        keys: &RecordKeys,
+        fresh: &[u8],
+        ttl: i64,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let mut pipe = claim_pipeline(&keys.record, &keys.body, fresh, ttl);
+        let (replies, acked) = self.pipeline(&mut pipe, &keys.record, 2).await?;
+        let [set, body]: [Value; 2] = replies
+            .try_into()
+            .map_err(|_| corrupt("a claim gave the wrong number of replies"))?;
+        let Some(old) = string(set)? else {
+            // Absent: the in-flight record is written.
+            return self.claimed(keys, req, acked, 1, None).await.map(Some);
+        };
+        let rec = Record::decode(&old)?;
+        let now = req.now.as_unix_millis();
+        if rec.is_expired(now) {
+            // Expired on the engine's clock, still in Redis: a new operation.
+            let (reply, acked) = self
+                .swap(keys, &old, fresh, "new", &ttl.to_string())
+                .await?;
+            return if reply {
+                self.claimed(keys, req, acked, 1, None).await.map(Some)
+            } else {
+                Ok(None)
+            };
+        }
+        let stored = rec.to_stored(None, now)?;
+        if let Some(reason) = stored.takeover_reason(&req.fingerprint, req.now) {
+            let attempt = rec
+                .attempt
+                .checked_add(1)
+                .ok_or_else(|| corrupt("the attempt count overflows"))?;
+            let lease = req.lease_until.as_unix_millis();
+            let mut next = Record {
+                state: RecordState::InFlight,
+                token: req.token.as_i64(),
+                attempt,
+                lease_until: lease,
+                ..rec.clone()
+            };
+            // Keep the key (and its native TTL) at least until the lease ends.
+            let raise = if lease > rec.key_expires_at {
+                next.key_expires_at = lease;
+                ttl_ms(req.lease_until, req.now).to_string()
+            } else {
+                String::new()
+            };
+            let (reply, acked) = self
+                .swap(keys, &old, &next.encode()?, "keep", &raise)
+                .await?;
+            return if reply {
+                let previous = Previous {
+                    reason,
+                    resource_id: rec.resource_id,
+                };
+                self.claimed(keys, req, acked, attempt, Some(previous))
+                    .await
+                    .map(Some)
+            } else {
+                Ok(None)
+            };
+        }
+        let body = string(body)?;
+        if rec.has_foreign_body(body.as_deref(), now)? {
+            // Another completion's body: the record moved meanwhile.
+            return Ok(None);
+        }
+        Ok(Some(ClaimOutcome::Existing(
+            rec.to_stored(body.as_deref(), now)?,
+        )))
+    }
+
+    /// The claim is written; not acknowledged, it is given back.
+    async fn claimed(
+        &self,
+        keys: &RecordKeys,
+        req: &ClaimRequest<'_>,
+        acked: Result<(), StoreError>,
+        attempt: u32,
+        previous: Option<Previous>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        if let Err(e) = acked {
+            // Not acknowledged: the work must not run. Give the key back so
+            // the next retry need not wait for the lease (a lost release only
+            // delays it).
+            let _ = self.release_keys(keys, req.token, req.now).await;
+            return Err(e);
+        }
+        Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))
+    }
+
+    /// Runs `swap.lua`: `true` when the record still held `old` and was
+    /// replaced, with the acknowledgement's result.
+    pub(crate) async fn swap(
+        &self,
+        keys: &RecordKeys,
+        old: &[u8],
+        new: &[u8],
+        mode: &str,
+        ttl: &str,
+    ) -> Result<(bool, Result<(), StoreError>), StoreError> {
+        let mut inv = scripts::SWAP.key(&keys.record);
+        inv.key(&keys.body).arg(old).arg(new).arg(mode).arg(ttl);
+        let (reply, acked) = self.write(&inv, &keys.record).await?;
+        match reply {
+            Value::Int(1) => Ok((true, acked)),
+            Value::Int(0) => Ok((false, acked)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn complete_once(
+        &self,
+        keys: &RecordKeys,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let body = c.body.map(|b| encode_body(token.as_i64(), b));
+        let (pre, inv) = complete_pipeline(
+            keys,
+            token.as_i64(),
+            c.outcome,
+            [c.key_expires_at, c.response_expires_at].map(Timestamp::as_unix_millis),
+            [
+                ttl_ms(c.key_expires_at, c.now),
+                ttl_ms(c.response_expires_at, c.now),
+            ],
+            body.as_deref(),
+            c.resource_id,
+        );
+        let (reply, waited) = self
+            .conn
+            .script_pipeline(&pre, &inv, &keys.record, self.ack)
+            .await
+            .map_err(store_error)?;
+        let acked = match (self.ack, waited) {
+            (None, _) => Ok(()),
+            (Some(ack), Some(Value::Int(n))) => ack.check(n),
+            (Some(_), other) => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
+        };
+        match reply {
+            Value::Int(1) => acked,
+            // Already completed under this token: a retry after a lost reply
+            // or a missing acknowledgement. The script rewrote the record, so
+            // the `WAIT` after it covers the completion: with the option, a
+            // confirmation now is the confirmation the first call lacked.
+            Value::Int(2) if self.ack.is_some() => acked,
+            Value::Int(0 | 2) => Err(StoreError::LeaseLost),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// The claim: `SET <record> <in-flight record> NX PX <key TTL> GET` and
+/// `GET <body>`, one pipeline. The first reply is nil when the record was
+/// written, else the standing record; the second its body, if any.
+pub(crate) fn claim_pipeline(record: &str, body: &str, fresh: &[u8], ttl: i64) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(record)
+        .arg(fresh)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl)
+        .arg("GET")
+        .cmd("GET")
+        .arg(body);
+    pipe
+}
+
+/// Bodies (with their header) up to this size go to `complete.lua` as an
+/// argument; larger ones are staged by a native `SET` and moved into place by
+/// the script. Measured with the server under callgrind: passing a body
+/// through Lua costs about 13 instructions per byte (copies in and out of
+/// Lua, and the garbage collector's work for them), staging it a flat
+/// 10,500 (one more command and a `RENAME`): even at about 800 bytes.
+pub(crate) const INLINE_BODY_MAX: usize = 1024;
+
+/// The completion, one pipeline: `SET <staging> <body value> PX <body TTL>`
+/// for a large body (see [`INLINE_BODY_MAX`]), then `complete.lua`,
+/// returned apart so that the caller can reload it after `NOSCRIPT`.
+/// `expiries` are the key's and the response's (ms since the epoch), `ttls`
+/// the same as native TTLs, `body` the body value ([`encode_body`]),
+/// `resource_id` the id replacing the record's, if any.
+pub(crate) fn complete_pipeline<'a>(
+    keys: &RecordKeys,
+    token: i64,
+    outcome: OutcomeKind,
+    expiries: [i64; 2],
+    ttls: [i64; 2],
+    body: Option<&[u8]>,
+    resource_id: Option<&str>,
+) -> (redis::Pipeline, ScriptInvocation<'a>) {
+    let staging = keys.staging(token);
+    let mut pre = redis::pipe();
+    let mode = match body {
+        None => "0",
+        Some(b) if b.len() > INLINE_BODY_MAX => {
+            pre.cmd("SET").arg(&staging).arg(b).arg("PX").arg(ttls[1]);
+            "1"
+        }
+        Some(_) => "2",
+    };
+    let mut both = [0; 16];
+    both[..8].copy_from_slice(&be8(expiries[0]));
+    both[8..].copy_from_slice(&be8(expiries[1]));
+    let mut inv = scripts::COMPLETE.key(&keys.record);
+    inv.key(&keys.body);
+    if mode == "1" {
+        inv.key(staging);
+    }
+    inv.arg(&be8(token)[..])
+        .arg(&both[..])
+        .arg(&[outcome_byte(outcome)][..])
+        .arg(ttls[0])
+        .arg(mode)
+        .arg(if resource_id.is_some() { "1" } else { "0" })
+        .arg(resource_id.unwrap_or_default());
+    if let (Some(b), "2") = (body, mode) {
+        inv.arg(b).arg(ttls[1]);
+    }
+    (pre, inv)
+}
+
+/// Runs `$op` (an expression giving `Result<_, StoreError>`) again after
+/// rewriting a record of the hash layout found at `$record`.
+macro_rules! migrating {
+    ($self:ident, $record:expr, $op:expr) => {{
+        let mut tries = 1;
+        loop {
+            match $op {
+                Err(e) if tries < MIGRATE_TRIES && is_wrong_type(&e) => {
+                    if !$self.migrate($record).await? {
+                        break Err(e);
+                    }
+                    tries += 1;
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+
 impl Store for RedisStore {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let keys = RecordKeys::new(&self.prefix, req.id);
         // A lease is never outlived by its key.
         let key_expires_at = req.key_expires_at.max(req.lease_until);
-        let mut inv = scripts::CLAIM.key(&keys.record);
-        inv.key(&keys.body)
-            .arg(req.fingerprint.as_bytes().as_slice())
-            .arg(req.token.as_i64())
-            .arg(req.now.as_unix_millis())
-            .arg(req.lease_until.as_unix_millis())
-            .arg(key_expires_at.as_unix_millis())
-            .arg(ttl_ms(key_expires_at, req.now))
-            .arg(ttl_ms(req.lease_until, req.now))
-            .arg(req.id.owner())
-            .arg(req.id.operation())
-            .arg(req.id.key().as_str());
-        let (reply, acked) = self.write(&inv, &keys.record).await?;
-        let outcome = decode_claim(reply)?;
-        if let (ClaimOutcome::Claimed(_), Err(e)) = (&outcome, acked) {
-            // Not acknowledged: the work must not run. Give the key back so
-            // the next retry need not wait for the lease (a lost release only
-            // delays it).
-            let _ = self.release_keys(&keys, req.token, req.now).await;
-            return Err(e);
+        let fresh = Record::in_flight(
+            req.id,
+            &req.fingerprint,
+            req.token,
+            req.lease_until,
+            key_expires_at,
+        )
+        .encode()?;
+        let ttl = ttl_ms(key_expires_at, req.now);
+        for _ in 0..CLAIM_ROUNDS {
+            let once = migrating!(
+                self,
+                &keys.record,
+                self.claim_once(req, &keys, &fresh, ttl).await
+            );
+            if let Some(outcome) = once? {
+                return Ok(outcome);
+            }
         }
-        Ok(outcome)
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: format!("the record changed under {CLAIM_ROUNDS} claims in a row").into(),
+        })
     }
 
     async fn complete(
@@ -396,34 +853,20 @@ impl Store for RedisStore {
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::COMPLETE.key(&keys.record);
-        inv.key(&keys.body)
-            .arg(token.as_i64())
-            .arg(c.outcome.as_str())
-            .arg(c.response_expires_at.as_unix_millis())
-            .arg(c.key_expires_at.as_unix_millis())
-            .arg(ttl_ms(c.response_expires_at, c.now))
-            .arg(ttl_ms(c.key_expires_at, c.now))
-            .arg(if c.body.is_some() { "1" } else { "0" })
-            .arg(c.body.unwrap_or_default())
-            .arg(if c.resource_id.is_some() { "1" } else { "0" })
-            .arg(c.resource_id.unwrap_or_default());
-        let (reply, acked) = self.write(&inv, &keys.record).await?;
-        match reply {
-            Value::Int(1) => acked,
-            // Already completed under this token: a retry after a lost reply
-            // or a missing acknowledgement. The script rewrote the token, so
-            // the `WAIT` after it covers the completion: with the option, a
-            // confirmation now is the confirmation the first call lacked.
-            Value::Int(2) if self.ack.is_some() => acked,
-            Value::Int(0 | 2) => Err(StoreError::LeaseLost),
-            other => Err(unexpected(&other)),
-        }
+        migrating!(
+            self,
+            &keys.record,
+            self.complete_once(&keys, token, c).await
+        )
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.release_keys(&RecordKeys::new(&self.prefix, id), token, now)
-            .await
+        let keys = RecordKeys::new(&self.prefix, id);
+        migrating!(
+            self,
+            &keys.record,
+            self.release_keys(&keys, token, now).await
+        )
     }
 
     async fn checkpoint(
@@ -434,8 +877,8 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
         let mut inv = scripts::CHECKPOINT.key(&keys.record);
-        inv.arg(token.as_i64()).arg(resource_id);
-        self.guarded(&inv, &keys.record).await
+        inv.arg(&be8(token.as_i64())[..]).arg(resource_id);
+        migrating!(self, &keys.record, self.guarded(&inv, &keys.record).await)
     }
 
     async fn extend_lease(
@@ -446,8 +889,10 @@ impl Store for RedisStore {
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
         let mut inv = scripts::EXTEND.key(&keys.record);
-        inv.arg(token.as_i64()).arg(lease_until.as_unix_millis());
-        self.guarded(&inv, &keys.record).await
+        inv.arg(&be8(token.as_i64())[..])
+            .arg(&be8(lease_until.as_unix_millis())[..])
+            .arg(lease_until.as_unix_millis());
+        migrating!(self, &keys.record, self.guarded(&inv, &keys.record).await)
     }
 
     async fn fetch(
@@ -456,13 +901,23 @@ impl Store for RedisStore {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::FETCH.key(&keys.record);
-        inv.key(&keys.body).arg(now.as_unix_millis());
-        match self.run(&inv).await? {
-            Value::Nil => Ok(None),
-            Value::Array(fields) => decode_record(&fields).map(Some),
-            other => Err(unexpected(&other)),
+        let now = now.as_unix_millis();
+        for _ in 0..CLAIM_ROUNDS {
+            let Some((rec, body)) = migrating!(self, &keys.record, self.read(&keys).await)? else {
+                return Ok(None);
+            };
+            if rec.is_expired(now) {
+                return Ok(None);
+            }
+            if rec.has_foreign_body(body.as_deref(), now)? {
+                continue; // read between a record's and its body's writes
+            }
+            return rec.to_stored(body.as_deref(), now).map(Some);
         }
+        Err(StoreError::Unavailable {
+            backend: BACKEND,
+            source: "the record kept changing while read".into(),
+        })
     }
 
     /// Redis drops expired bodies and keys itself (`PEXPIRE` set from the
@@ -476,75 +931,55 @@ impl Store for RedisStore {
     }
 }
 
-/// Decodes the claim script's reply.
-fn decode_claim(reply: Value) -> Result<ClaimOutcome, StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(unexpected(&reply));
-    };
-    match items.split_first() {
-        Some((Value::Int(0), [attempt, reason, checkpoint])) => {
-            let attempt = int(attempt, "attempt").and_then(|a| {
-                u32::try_from(a).map_err(|_| corrupt(format!("attempt {a} is out of range")))
-            })?;
-            let reason = match reason {
-                Value::Int(0) => None,
-                Value::Int(1) => Some(TakeoverReason::LeaseExpired),
-                Value::Int(2) => Some(TakeoverReason::Released),
-                other => return Err(unexpected(other)),
-            };
-            let checkpoint = opt_text(checkpoint, "resource id")?;
-            Ok(ClaimOutcome::Claimed(Claimed {
-                attempt,
-                previous: reason.map(|reason| Previous {
-                    reason,
-                    resource_id: checkpoint,
-                }),
-            }))
-        }
-        Some((Value::Int(1), fields)) => Ok(ClaimOutcome::Existing(decode_record(fields)?)),
-        _ => Err(corrupt("the claim script gave an unexpected reply")),
+/// A string reply's bytes, `None` for nil; an error reply becomes its
+/// [`StoreError`].
+pub(crate) fn string(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
+    match v.extract_error().map_err(store_error)? {
+        Value::Nil => Ok(None),
+        Value::BulkString(b) => Ok(Some(b)),
+        Value::SimpleString(s) => Ok(Some(s.into_bytes())),
+        other => Err(unexpected(&other)),
     }
 }
 
-/// Decodes `{f, s, a, l, k, x, o, e, body}`; anything off is `Corrupt`.
-fn decode_record(fields: &[Value]) -> Result<StoredRecord, StoreError> {
-    let [f, s, a, l, k, x, o, e, body] = fields else {
-        return Err(corrupt(format!(
-            "a record has {} fields instead of 9",
-            fields.len()
-        )));
+/// A record of the hash layout (`f s t a l k x o e io ip ik`) in layout 1.
+fn legacy_record(f: &[Value]) -> Result<Record, StoreError> {
+    let [fp, s, t, a, l, k, x, o, e, io, ip, ik] = f else {
+        return Err(corrupt("a hash record has the wrong number of fields"));
     };
-    let fingerprint =
-        Fingerprint::from_slice(bytes(f, "fingerprint")?.ok_or_else(|| missing("fingerprint"))?)
-            .map_err(|len| corrupt(format!("the fingerprint is {len} bytes long")))?;
+    let fingerprint: [u8; 32] = bytes(fp, "fingerprint")?
+        .ok_or_else(|| missing("fingerprint"))?
+        .try_into()
+        .map_err(|_| corrupt("the fingerprint is not 32 bytes long"))?;
     let state = text(s, "state")?;
     let state =
         RecordState::parse(state).ok_or_else(|| corrupt(format!("unknown state {state:?}")))?;
-    let attempt = int(a, "attempt")?;
-    let attempt = u32::try_from(attempt)
-        .map_err(|_| corrupt(format!("attempt {attempt} is out of range")))?;
     let outcome = match opt_text(o, "outcome")? {
         None => None,
         Some(o) => {
             Some(OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {o:?}")))?)
         }
     };
-    if state == RecordState::Completed && outcome.is_none() {
-        return Err(corrupt("a completed record has no outcome"));
-    }
-    Ok(StoredRecord {
-        fingerprint,
+    let attempt = int(a, "attempt")?;
+    Ok(Record {
         state,
-        attempt,
-        lease_until: Timestamp::from_unix_millis(int(l, "lease")?),
-        resource_id: opt_text(x, "resource id")?,
-        outcome,
-        response: bytes(body, "body")?.map(<[u8]>::to_vec),
+        token: int(t, "token")?,
+        attempt: u32::try_from(attempt)
+            .ok()
+            .filter(|a| *a > 0)
+            .ok_or_else(|| corrupt(format!("attempt {attempt} is out of range")))?,
+        lease_until: int(l, "lease")?,
+        key_expires_at: int(k, "key expiry")?,
         response_expires_at: match e {
-            Value::Nil => None,
-            v => Some(Timestamp::from_unix_millis(int(v, "response expiry")?)),
+            Value::Nil => 0,
+            v => int(v, "response expiry")?,
         },
-        key_expires_at: Timestamp::from_unix_millis(int(k, "key expiry")?),
+        fingerprint,
+        outcome,
+        owner: opt_text(io, "owner")?.unwrap_or_default(),
+        operation: opt_text(ip, "operation")?.unwrap_or_default(),
+        key: opt_text(ik, "key")?.unwrap_or_default(),
+        resource_id: opt_text(x, "resource id")?,
     })
 }
 
@@ -608,57 +1043,5 @@ mod tests {
             ttl_ms(Timestamp::from_unix_millis(i64::MAX), now),
             MAX_TTL_MS
         );
-    }
-
-    #[test]
-    fn records_decode_defensively() {
-        let s = |b: &[u8]| Value::BulkString(b.to_vec());
-        let good = [
-            s(&[1; 32]),
-            s(b"completed"),
-            s(b"2"),
-            s(b"10"),
-            s(b"99"),
-            Value::Nil,
-            s(b"success"),
-            s(b"50"),
-            s(b"body"),
-        ];
-        let rec = decode_record(&good).expect("decodes");
-        assert_eq!(rec.state, RecordState::Completed);
-        assert_eq!(rec.attempt, 2);
-        assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
-        assert_eq!(
-            rec.response_expires_at,
-            Some(Timestamp::from_unix_millis(50))
-        );
-        for (i, bad) in [
-            s(b""),
-            s(b"?"),
-            s(b"-1"),
-            s(b"x"),
-            s(b"1.5"),
-            Value::Nil,
-            s(b"no"),
-            s(b"x"),
-            Value::Int(1),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let mut fields = good.clone();
-            fields[i] = bad;
-            if i == 5 {
-                continue; // a missing resource id is fine
-            }
-            assert!(
-                matches!(decode_record(&fields), Err(StoreError::Corrupt { .. })),
-                "field {i}"
-            );
-        }
-        assert!(matches!(
-            decode_record(&good[..8]),
-            Err(StoreError::Corrupt { .. })
-        ));
     }
 }

@@ -296,15 +296,22 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     // A fresh server: the first call of each script also takes the NOSCRIPT
     // reload path of the pipeline.
     // Two engines on one server: the first writes (which also take the
-    // NOSCRIPT reload path on a fresh server) get a generous acknowledgement
-    // timeout; the refusals below use one under the connection's 500 ms
-    // response timeout, which would otherwise answer first ("timed out").
+    // NOSCRIPT reload path on a fresh server, and the first `WAIT` on a
+    // replica that has just synchronised) get a generous acknowledgement
+    // timeout; the refusals below a short one. The connections' response
+    // timeout (500 ms by default) is raised above both, or it would answer
+    // first ("timed out") on a loaded machine.
     let engine = |ack: Duration| {
         let (url, clock) = (pair.url(), clock.clone());
         async move {
-            let store = RedisStore::connect(&url)
+            let config = idem_redis::redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(10)));
+            let manager = idem_redis::redis::Client::open(url.as_str())
+                .expect("url")
+                .get_connection_manager_with_config(config)
                 .await
-                .expect("connect")
+                .expect("connect");
+            let store = RedisStore::from_manager(manager)
                 .with_prefix("idem-ack:")
                 .expect("prefix")
                 .with_replica_ack(1, ack);
@@ -341,6 +348,29 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     assert!(replay.is_replay());
     assert_eq!(runs.get(), 1);
 
+    // The operator's release is confirmed by the replica like any write.
+    let operator_id = idem_core::RecordId::new(
+        scope.clone(),
+        idem_core::IdempotencyKey::parse("op-1").expect("key"),
+    );
+    let now = idem_core::Clock::now(&clock);
+    let held = idem_core::store::ClaimRequest::new(
+        &operator_id,
+        idem_core::Fingerprint::from_slice(&[1; 32]).expect("fingerprint"),
+        idem_core::store::Token::random(),
+        now,
+        now.plus(Duration::from_secs(60)),
+        now.plus(Duration::from_secs(3600)),
+    );
+    idem_core::Store::claim(warm.store(), &held)
+        .await
+        .expect("claim");
+    assert!(
+        idem_core::admin::AdminStore::release_in_flight(warm.store(), &operator_id, None, now)
+            .await
+            .expect("an acknowledged operator release")
+    );
+
     // The replica dies during the work: the checkpoint and the completion
     // are refused (the outcome still reaches the caller, not stored).
     let (r, s, p) = (runs.clone(), Arc::clone(&seen), &pair);
@@ -375,4 +405,24 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     // Reads and replays still work.
     let replay = call(&idem, &scope, "k1", &runs).await.expect("replay");
     assert!(replay.is_replay());
+
+    // No replica: the operator's delete is refused the same way (it is on
+    // the primary, not confirmed).
+    let k1 = idem_core::RecordId::new(
+        scope.clone(),
+        idem_core::IdempotencyKey::parse("k1").expect("key"),
+    );
+    let refused = idem_core::admin::AdminStore::delete_completed(
+        idem.store(),
+        &k1,
+        idem_core::Clock::now(&clock),
+    )
+    .await;
+    let Err(idem_core::StoreError::Unavailable { source, .. }) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert!(
+        source.downcast_ref::<NotAcknowledged>().is_some(),
+        "{source}"
+    );
 }

@@ -290,7 +290,7 @@ fn counts(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_transition_is_one_evalsha_with_few_inner_commands() {
+async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes() {
     let server = Throwaway::start();
     let store = impatient_store(&server.url()).await;
     let mut admin = support::admin(&server.url()).await;
@@ -343,7 +343,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                 ));
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1), ("pexpire", 1)]),
+            counts(&[("get", 1), ("set", 1)]),
         ),
         (
             "claim (in flight)",
@@ -354,7 +354,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                 ));
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1)]),
+            counts(&[("get", 1), ("set", 1)]),
         ),
         (
             "checkpoint",
@@ -365,7 +365,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                     .expect("checkpoint")
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+            counts(&[("evalsha", 1), ("get", 1), ("set", 1)]),
         ),
         (
             "extend",
@@ -376,7 +376,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                     .expect("extend")
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+            counts(&[("evalsha", 1), ("get", 1), ("set", 1)]),
         ),
         (
             "complete",
@@ -387,13 +387,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                     .expect("complete")
             })
             .await,
-            counts(&[
-                ("evalsha", 1),
-                ("hmget", 1),
-                ("hset", 1),
-                ("pexpire", 1),
-                ("set", 1),
-            ]),
+            counts(&[("evalsha", 1), ("get", 1), ("rename", 1), ("set", 2)]),
         ),
         (
             "claim (replay)",
@@ -405,7 +399,7 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                 assert_eq!(rec.response.as_deref(), Some([7u8; 4096].as_slice()));
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1), ("get", 1)]),
+            counts(&[("get", 1), ("set", 1)]),
         ),
         (
             "fetch",
@@ -417,10 +411,16 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
                     .expect("record")
             })
             .await,
-            counts(&[("evalsha", 1), ("hmget", 1), ("get", 1)]),
+            counts(&[("get", 2)]),
         ),
     ] {
         assert_eq!(got, want, "{name}");
+        if name.starts_with("claim") || name == "fetch" {
+            assert!(
+                !got.iter().any(|(cmd, _)| cmd.starts_with("eval")),
+                "{name} runs no script: {got:?}"
+            );
+        }
         eprintln!("{name}: {got:?}");
     }
     let id2 = record_id(&scope());
@@ -435,7 +435,115 @@ async fn each_transition_is_one_evalsha_with_few_inner_commands() {
     .await;
     assert_eq!(
         got,
-        counts(&[("evalsha", 1), ("hmget", 1), ("hset", 1)]),
+        counts(&[("evalsha", 1), ("get", 1), ("set", 1)]),
         "release"
+    );
+    // A takeover: the claim's pipeline reads the released record, the
+    // client decides, and one `swap.lua` replaces it if unchanged.
+    let req3 = claim_req(&id2, &clock);
+    let got = delta(&mut admin, async {
+        let claimed = store.claim(&req3).await;
+        assert!(
+            matches!(&claimed, Ok(ClaimOutcome::Claimed(c)) if c.attempt == 2),
+            "{claimed:?}"
+        );
+    })
+    .await;
+    assert_eq!(
+        got,
+        counts(&[("evalsha", 1), ("get", 2), ("set", 2)]),
+        "claim (takeover)"
+    );
+    // A small body (up to 1 KiB) goes to the script as an argument; a larger
+    // one (the 4 KiB above) is staged natively and renamed into place.
+    let now = clock.now();
+    let small = Completion::new(
+        OutcomeKind::Success,
+        Some(&[1u8; 100]),
+        None,
+        now,
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
+    let got = delta(&mut admin, async {
+        store
+            .complete(&id2, req3.token, &small)
+            .await
+            .expect("complete");
+    })
+    .await;
+    assert_eq!(
+        got,
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
+        "complete (small body)"
+    );
+}
+
+/// The operator's writes (release, delete) wait for replicas like the data
+/// path's: a swap not confirmed in time is `Unavailable` with a
+/// `NotAcknowledged` source, never reported done (here no replica exists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_writes_wait_for_replicas_like_the_data_path() {
+    use idem_core::admin::AdminStore;
+    use idem_redis::NotAcknowledged;
+
+    let server = Throwaway::start();
+    let store = impatient_store(&server.url()).await;
+    let acked = store.clone().with_replica_ack(1, Duration::from_millis(20));
+    let clock = ManualClock::starting_now();
+    let not_acknowledged = |r: Result<bool, StoreError>| {
+        let Err(StoreError::Unavailable { source, .. }) = &r else {
+            panic!("{r:?}");
+        };
+        assert_eq!(
+            source.downcast_ref::<NotAcknowledged>(),
+            Some(&NotAcknowledged {
+                acknowledged: 0,
+                required: 1,
+                timeout: Duration::from_millis(20)
+            })
+        );
+    };
+
+    // Release: the lease's end is written on the primary, not confirmed.
+    let id = record_id(&scope());
+    let req = claim_req(&id, &clock);
+    store.claim(&req).await.expect("claim");
+    not_acknowledged(acked.release_in_flight(&id, None, clock.now()).await);
+    let rec = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(rec.lease_until, clock.now(), "on the primary, unconfirmed");
+    // Nothing left to write (the lease is over): no WAIT, a plain answer.
+    assert!(
+        acked
+            .release_in_flight(&id, None, clock.now())
+            .await
+            .expect("release")
+    );
+
+    // Delete.
+    let now = clock.now();
+    let done = Completion::new(
+        OutcomeKind::Success,
+        Some(b"ok"),
+        None,
+        now,
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    );
+    store
+        .complete(&id, req.token, &done)
+        .await
+        .expect("complete");
+    not_acknowledged(acked.delete_completed(&id, clock.now()).await);
+    assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
+    assert!(
+        !acked
+            .delete_completed(&id, clock.now())
+            .await
+            .expect("absent")
     );
 }

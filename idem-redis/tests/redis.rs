@@ -1,6 +1,6 @@
 //! Redis-specific behaviour on the shared server and the cluster: NOSCRIPT
-//! reload on every primary, garbage records, the key layout, isolation,
-//! native expiry, contention and volume.
+//! reload on every primary, garbage records, the key layout, records of the
+//! hash layout migrated, isolation, native expiry, contention and volume.
 
 mod support;
 
@@ -13,7 +13,7 @@ use idem_core::{Clock, Error, IdempotencyKey, ManualClock, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
-    Counter, KEY_TTL, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,20 +57,28 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
     let clock = ManualClock::starting_now();
     let scope = scope();
 
-    let edits: [(&str, &[u8]); 7] = [
-        ("s", b"banana"),
-        ("f", b"short"),
-        ("a", b"many"),
-        ("l", b"soon"),
-        ("k", b"\xff\xfe"),
-        ("o", b"maybe"),
-        ("x", b"\xff not utf-8"),
+    // Each edit damages one field of the record's value (layout 1, see
+    // `src/record.rs`); offsets from 0.
+    type Edit = fn(&mut Vec<u8>);
+    let edits: [(&str, bool, Edit); 9] = [
+        ("version", false, |v| v[0] = 9),
+        ("state", false, |v| v[1] = b'?'),
+        ("attempt 0", false, |v| v[10..14].copy_from_slice(&[0; 4])),
+        ("outcome", true, |v| v[70] = b'?'),
+        ("resource flag", false, |v| v[77] = 7),
+        ("identity cut short", false, |v| v.truncate(v.len() - 1)),
+        ("header cut short", false, |v| v.truncate(40)),
+        ("owner not UTF-8", false, |v| v[78] = 0xff),
+        ("resource id not UTF-8", true, |v| {
+            let n = v.len();
+            v[n - 1] = 0xff;
+        }),
     ];
-    for (field, value) in edits {
+    for (what, completed, edit) in edits {
         let id = record_id(&scope);
         let req = claim_req(&id, &clock);
         store.claim(&req).await.expect("claim");
-        if field == "o" || field == "x" {
+        if completed {
             let now = clock.now();
             store
                 .complete(
@@ -88,12 +96,17 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
                 .await
                 .expect("complete");
         }
-        let _: i64 = admin
-            .hset(store.record_key(&id), field, value)
+        let mut value: Vec<u8> = admin.get(store.record_key(&id)).await.expect("GET");
+        edit(&mut value);
+        let _: () = redis::cmd("SET")
+            .arg(store.record_key(&id))
+            .arg(value)
+            .arg("KEEPTTL")
+            .query_async(&mut admin)
             .await
-            .expect("HSET");
-        corrupt(store.fetch(&id, clock.now()).await, field);
-        corrupt(store.claim(&claim_req(&id, &clock)).await, field);
+            .expect("SET");
+        corrupt(store.fetch(&id, clock.now()).await, what);
+        corrupt(store.claim(&claim_req(&id, &clock)).await, what);
     }
 
     // A body replaced by another type.
@@ -210,7 +223,7 @@ async fn hostile_identities_stay_inside_their_hash_tag() {
                 .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
             "{key}"
         );
-        assert!(suffix == ":r" || suffix == ":b", "{key}");
+        assert!(suffix == ":r" || suffix == ":v", "{key}");
     }
     // Redis Cluster puts both keys of a record in one slot.
     let mut admin = support::admin(&support::cluster::urls()[0]).await;
@@ -222,9 +235,9 @@ async fn hostile_identities_stay_inside_their_hash_tag() {
             .await
             .expect("KEYSLOT");
         let pair = if key.ends_with(":r") {
-            key.replace("}:r", "}:b")
+            key.replace("}:r", "}:v")
         } else {
-            key.replace("}:b", "}:r")
+            key.replace("}:v", "}:r")
         };
         let other: i64 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
@@ -509,5 +522,196 @@ async fn ten_thousand_distinct_keys_run_ten_thousand_times() {
         assert_eq!(reply.into_result(), Ok(format!("ch_{i}")));
     }
     assert_eq!(runs.get(), 10_000);
+    fixture.teardown_checked().await;
+}
+
+/// Writes a record in the hash layout (before layout 1) by hand, as the old
+/// claim and complete scripts left it; returns its token.
+async fn write_hash_layout(
+    admin: &mut redis::aio::MultiplexedConnection,
+    store: &RedisStore,
+    id: &idem_core::RecordId,
+    state: &str,
+    now: idem_core::Timestamp,
+) -> Token {
+    let token = Token::random();
+    let record = store.record_key(id);
+    let req = claim_req(id, &ManualClock::new(now));
+    let mut fields: Vec<(&str, Vec<u8>)> = vec![
+        ("f", req.fingerprint.as_bytes().to_vec()),
+        ("s", state.into()),
+        ("t", token.as_i64().to_string().into()),
+        ("a", b"2".to_vec()),
+        ("l", now.plus(LEASE).as_unix_millis().to_string().into()),
+        ("k", now.plus(KEY_TTL).as_unix_millis().to_string().into()),
+        ("x", b"ch_legacy".to_vec()),
+        ("io", id.owner().into()),
+        ("ip", id.operation().into()),
+        ("ik", id.key().as_str().into()),
+    ];
+    if state == "completed" {
+        fields.push(("o", b"success".to_vec()));
+        let e = now.plus(RESPONSE_TTL).as_unix_millis();
+        fields.push(("e", e.to_string().into()));
+        let _: () = admin
+            .pset_ex(
+                format!("{}:b", record.trim_end_matches(":r")),
+                "legacy body",
+                3_600_000,
+            )
+            .await
+            .expect("SET");
+    }
+    let _: () = admin.hset_multiple(&record, &fields).await.expect("HSET");
+    let _: bool = admin.pexpire(&record, 86_400_000).await.expect("PEXPIRE");
+    token
+}
+
+/// Records written in the hash layout (before layout 1) are still read and
+/// written correctly: the first touch rewrites them in layout 1, native TTLs
+/// carried over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
+    use idem_core::admin::{AdminStore, InFlightQuery};
+    use idem_core::store::{ClaimOutcome, RecordState};
+
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let mut admin = support::admin(&support::standalone_url()).await;
+    let clock = ManualClock::starting_now();
+    let scope = scope();
+
+    // A completed record replays its body.
+    let done = record_id(&scope);
+    write_hash_layout(&mut admin, &store, &done, "completed", clock.now()).await;
+    let Ok(ClaimOutcome::Existing(rec)) = store.claim(&claim_req(&done, &clock)).await else {
+        panic!("the completed record stands");
+    };
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.attempt, 2);
+    assert_eq!(rec.outcome, Some(OutcomeKind::Success));
+    assert_eq!(rec.resource_id.as_deref(), Some("ch_legacy"));
+    assert_eq!(rec.response.as_deref(), Some(b"legacy body".as_slice()));
+    let kind: String = redis::cmd("TYPE")
+        .arg(store.record_key(&done))
+        .query_async(&mut admin)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "string", "rewritten in layout 1");
+    let record_ttl: i64 = admin.pttl(store.record_key(&done)).await.expect("PTTL");
+    assert!(
+        (86_000_000..=86_400_000).contains(&record_ttl),
+        "{record_ttl}"
+    );
+    let body_ttl: i64 = admin.pttl(store.body_key(&done)).await.expect("PTTL");
+    assert!((3_500_000..=3_600_000).contains(&body_ttl), "{body_ttl}");
+    let old_body: bool = admin
+        .exists(format!(
+            "{}:b",
+            store.record_key(&done).trim_end_matches(":r")
+        ))
+        .await
+        .expect("EXISTS");
+    assert!(!old_body, "the old body key is gone");
+    assert_eq!(
+        store.fetch(&done, clock.now()).await.expect("fetch"),
+        Some(rec),
+        "read again in layout 1"
+    );
+
+    // An in-flight record is listed, and its holder completes it.
+    let flying = record_id(&scope);
+    let token = write_hash_layout(&mut admin, &store, &flying, "in_flight", clock.now()).await;
+    let page = store
+        .list_in_flight(&InFlightQuery {
+            now: clock.now(),
+            lease_before: clock.now().plus(LEASE),
+            cursor: None,
+            limit: 100,
+        })
+        .await
+        .expect("list");
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    assert_eq!(page.records[0].id, flying);
+    let now = clock.now();
+    store
+        .complete(
+            &flying,
+            token,
+            &Completion::new(
+                OutcomeKind::Success,
+                Some(b"new body"),
+                None,
+                now,
+                now.plus(RESPONSE_TTL),
+                now.plus(KEY_TTL),
+            ),
+        )
+        .await
+        .expect("the legacy token still holds the lease");
+    let rec = store
+        .fetch(&flying, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(rec.response.as_deref(), Some(b"new body".as_slice()));
+    assert_eq!(
+        rec.resource_id.as_deref(),
+        Some("ch_legacy"),
+        "checkpoint kept"
+    );
+
+    // Another token is still fenced off after the migration.
+    let other = record_id(&scope);
+    write_hash_layout(&mut admin, &store, &other, "in_flight", clock.now()).await;
+    let lost = store.release(&other, Token::random(), clock.now()).await;
+    assert!(matches!(lost, Err(StoreError::LeaseLost)), "{lost:?}");
+    fixture.teardown_checked().await;
+}
+
+/// A completion stages a large body under its own token's key; an attempt
+/// whose lease was lost leaves the holder's body alone and nothing staged
+/// behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_off_completion_leaves_the_body_and_no_staged_key() {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    let first = claim_req(&id, &clock);
+    store.claim(&first).await.expect("claim");
+    clock.advance(LEASE + Duration::from_secs(1));
+    let second = claim_req(&id, &clock);
+    let taken = store.claim(&second).await.expect("takeover");
+    assert!(
+        matches!(&taken, idem_core::store::ClaimOutcome::Claimed(c) if c.attempt == 2),
+        "{taken:?}"
+    );
+    let now = clock.now();
+    let done = |body: &'static [u8]| {
+        Completion::new(
+            OutcomeKind::Success,
+            Some(body),
+            None,
+            now,
+            now.plus(RESPONSE_TTL),
+            now.plus(KEY_TTL),
+        )
+    };
+    store
+        .complete(&id, second.token, &done(&[2; 2000]))
+        .await
+        .expect("the holder completes");
+    let late = store.complete(&id, first.token, &done(&[1; 2000])).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
+    let rec = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(rec.response.as_deref(), Some([2; 2000].as_slice()));
+    let keys = support::scan_keys(&fixture.nodes, store.prefix().as_str()).await;
+    assert_eq!(keys.len(), 2, "record and body only: {keys:?}");
+    assert!(keys.iter().all(|(_, k)| !k.contains("}:s:")), "{keys:?}");
     fixture.teardown_checked().await;
 }

@@ -1,26 +1,26 @@
-//! The raw baseline of `RedisStore`: the same Lua scripts (read from
-//! `idem-redis/scripts/`, so they cannot drift) with the same arguments,
-//! through a clone of the store's multiplexed connection, without the engine.
+//! The "store scripts without the engine" baseline of `RedisStore`: the
+//! store's own command plan, built by `idem_redis::statements` (the same
+//! functions the store calls, so it cannot drift), through a clone of the
+//! store's multiplexed connection, without the engine. A claim is one
+//! pipeline of `SET <record> <in-flight record> NX PX <ttl> GET` and
+//! `GET <body>`: nil means claimed, a completed record with its own body is a
+//! replay; a completion is one `EVALSHA` of `complete.lua` (after a native
+//! `SET` staging the body when it is over 1 KiB, in the same pipeline).
 //!
 //! One difference, on the raw side's favour: the store names a record
 //! `{prefix}{<hex SHA-256 of owner, operation, key>}:r` (a hash tag that is
 //! safe for any key); the baseline uses the key itself as the tag.
 
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use idem_redis::redis::aio::ConnectionManager;
-use idem_redis::redis::{self, Script, Value};
+use idem_redis::redis::aio::{ConnectionLike, ConnectionManager};
+use idem_redis::redis::{self, Value};
+use idem_redis::statements;
 
 use super::workload::{Ended, Target, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
-static CLAIM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../idem-redis/scripts/claim.lua")));
-static COMPLETE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../idem-redis/scripts/complete.lua")));
-
-/// The scripts of `RedisStore` on its connection.
+/// The store's command plan on its connection.
 #[derive(Debug)]
 pub(crate) struct RawRedis {
     conn: ConnectionManager,
@@ -43,7 +43,7 @@ impl RawRedis {
 
     fn keys(&self, key: &str) -> (String, String) {
         let p = &self.prefix;
-        (format!("{p}{{{key}}}:r"), format!("{p}{{{key}}}:b"))
+        (format!("{p}{{{key}}}:r"), format!("{p}{{{key}}}:v"))
     }
 
     /// `Ok(token)` if claimed, else the standing record's body (`None` while
@@ -52,55 +52,63 @@ impl RawRedis {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
         let (record, body) = self.keys(key);
-        let mut inv = CLAIM.key(&record);
-        inv.key(&body)
-            .arg(self.fingerprint.as_slice())
-            .arg(token)
-            .arg(now)
-            .arg(now + LEASE_MS)
-            .arg(now + TTL_MS)
-            .arg(TTL_MS);
-        let reply: Value = inv
-            .invoke_async(&mut self.conn.clone())
+        let fresh = statements::in_flight_record(
+            ("bench", "POST /bench", key),
+            self.fingerprint,
+            token,
+            now + LEASE_MS,
+            now + TTL_MS,
+        );
+        let pipe = statements::claim(&record, &body, &fresh, TTL_MS);
+        let replies = self
+            .conn
+            .clone()
+            .req_packed_commands(&pipe, 0, 2)
             .await
             .expect("claim");
-        let Value::Array(items) = reply else {
-            panic!("unexpected claim reply {reply:?}")
-        };
-        match items.as_slice() {
-            [Value::Int(0), ..] => Ok(token),
-            [Value::Int(1), _, state, .., body] => {
-                let completed =
-                    matches!(state, Value::BulkString(s) if s.as_slice() == b"completed");
-                Err(match (completed, body) {
-                    (true, Value::BulkString(b)) => Some(b.clone()),
-                    _ => None,
-                })
+        match replies.as_slice() {
+            [Value::Nil, _] => Ok(token),
+            [Value::BulkString(rec), Value::BulkString(b)] => {
+                Err(statements::replayed(rec, Some(b)))
             }
+            [Value::BulkString(rec), Value::Nil] => Err(statements::replayed(rec, None)),
             other => panic!("unexpected claim reply {other:?}"),
         }
     }
 
     async fn complete(&self, key: &str, token: i64) {
         let now = now_ms();
-        let (record, body) = self.keys(key);
-        let mut inv = COMPLETE.key(&record);
-        inv.key(&body)
-            .arg(token)
-            .arg("success")
-            .arg(now + TTL_MS)
-            .arg(now + TTL_MS)
-            .arg(TTL_MS)
-            .arg(TTL_MS)
-            .arg("1")
-            .arg(self.body.as_slice())
-            .arg("0")
-            .arg("");
-        let done: i64 = inv
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .expect("complete");
-        assert_eq!(done, 1, "lease lost");
+        let (record, _) = self.keys(key);
+        let value = statements::body_value(token, &self.body);
+        let pipe = statements::complete(
+            &record,
+            token,
+            [now + TTL_MS, now + TTL_MS],
+            [TTL_MS, TTL_MS],
+            &value,
+        );
+        let n = pipe.len();
+        for _ in 0..2 {
+            let replies = self
+                .conn
+                .clone()
+                .req_packed_commands(&pipe, 0, n)
+                .await
+                .expect("complete");
+            match &replies[n - 1] {
+                Value::Int(1) => return,
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                    let _: String = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(statements::COMPLETE)
+                        .query_async(&mut self.conn.clone())
+                        .await
+                        .expect("SCRIPT LOAD");
+                }
+                other => panic!("complete: {other:?}"),
+            }
+        }
+        panic!("complete: NOSCRIPT after SCRIPT LOAD");
     }
 }
 
