@@ -140,7 +140,7 @@ impl ReplicatedCluster {
             out.contains("[OK] All 16384 slots covered"),
             "redis-cli --cluster create failed:\n{out}"
         );
-        wait_for(Duration::from_secs(20), "a replica per primary", || {
+        wait_for(Duration::from_secs(60), "a replica per primary", || {
             let shards = cluster.shards();
             shards.len() == 3
                 && shards.iter().all(|s| {
@@ -264,7 +264,7 @@ impl ReplicatedCluster {
     /// handshake with its dead primary) and waits until every live node
     /// routes the shard's slots to it.
     pub(crate) fn take_over(&self, shard: &Shard) {
-        wait_for(Duration::from_secs(10), "the replica to wake", || {
+        wait_for(Duration::from_secs(30), "the replica to wake", || {
             answers_within(shard.replica, Duration::from_millis(200))
         });
         let out = cli(shard.replica, &["cluster", "failover", "takeover"]).unwrap_or_default();
@@ -349,14 +349,14 @@ impl ReplicatedPair {
             pids: Mutex::new([Some(primary_pid), Some(pid(replica))]),
             dir,
         };
-        wait_for(Duration::from_secs(20), "the replica to sync", || {
+        wait_for(Duration::from_secs(60), "the replica to sync", || {
             cli(replica, &["info", "replication"])
                 .is_some_and(|i| i.contains("master_link_status:up"))
         });
         // The replica's side is up before the primary counts it: WAIT only
         // counts replicas the primary sees online.
         wait_for(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "the primary to see its replica online",
             || {
                 cli(primary, &["info", "replication"])
