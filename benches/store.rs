@@ -420,6 +420,16 @@ fn profile(which: &str, rt: &Runtime) {
     } else {
         Scenario::Replay
     };
+    #[cfg(feature = "postgres")]
+    if let Some(side) = which.strip_prefix("postgres-") {
+        profile_postgres(side, scenario, rt);
+        return;
+    }
+    #[cfg(feature = "redis")]
+    if let Some(side) = which.strip_prefix("redis-") {
+        profile_redis(side, scenario, rt);
+        return;
+    }
     // `raw-fresh|raw-replay`: the same loop on the raw baseline, so that
     // idem minus raw is the engine's own count.
     let took = if which.starts_with("raw-") {
@@ -432,6 +442,106 @@ fn profile(which: &str, rt: &Runtime) {
         rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed
     };
     println!("{which}: 20000 calls in {took:?}");
+}
+
+/// `IDEM_STORE_PROFILE=redis-fresh|redis-replay|redis-min-fresh|redis-min-replay`:
+/// 200,000 calls (`IDEM_PROFILE_CALLS`) at 64 tasks (`IDEM_PROFILE_TASKS`)
+/// through the library or the minimal hand-written pattern on the Redis of
+/// `IDEM_REDIS_URL`, then exits: one side per process, so `perf stat` on the
+/// client and `INFO cpu` on the server give each side's CPU per call.
+#[cfg(feature = "redis")]
+fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
+    use common::stores::redis::clean;
+    use common::stores::redis_min::MinRedis;
+    use idem_redis::RedisStore;
+    use idem_redis::redis::aio::ConnectionManager;
+
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (calls, tasks) = (
+        var("IDEM_PROFILE_CALLS", 200_000) as u64,
+        var("IDEM_PROFILE_TASKS", 64),
+    );
+    let url = redis_url();
+    let conn = rt
+        .block_on(async {
+            ConnectionManager::new(idem_redis::redis::Client::open(url.as_str())?).await
+        })
+        .expect("Redis reachable");
+    let prefix = format!("idem-profile-{}:", std::process::id());
+    let took = if side.starts_with("min-") {
+        let plan = Arc::new(Plan::new(
+            MinRedis::new(conn.clone(), &prefix, 256),
+            run_id(),
+        ));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, tasks, calls, false))
+            .elapsed
+    } else {
+        let store = RedisStore::from_manager(conn.clone())
+            .with_prefix(&prefix)
+            .expect("valid prefix");
+        let plan = Arc::new(Plan::new(Lib::new(store, 256), run_id()));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, tasks, calls, false))
+            .elapsed
+    };
+    rt.block_on(clean(&conn, &prefix));
+    println!("redis-{side}: {calls} calls at {tasks} tasks in {took:?}");
+}
+
+/// `IDEM_STORE_PROFILE=postgres-fresh|postgres-replay|postgres-min-fresh|postgres-min-replay`:
+/// like [`profile_redis`], on the Postgres of `IDEM_POSTGRES_URL` (pool of
+/// min(tasks, 16), schema `idem_bench`, dropped at the end).
+#[cfg(feature = "postgres")]
+fn profile_postgres(side: &str, scenario: Scenario, rt: &Runtime) {
+    use common::stores::min::postgres::MinPostgres;
+    use idem_postgres::PgStore;
+    use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (calls, tasks) = (
+        var("IDEM_PROFILE_CALLS", 50_000) as u64,
+        var("IDEM_PROFILE_TASKS", 64),
+    );
+    let options: PgConnectOptions = postgres_url().parse().expect("Postgres URL");
+    let pool = PgPoolOptions::new().max_connections(u32::try_from(tasks.min(16)).unwrap_or(16));
+    let store = rt
+        .block_on(PgStore::connect_with(pool, options))
+        .expect("Postgres reachable")
+        .with_schema_name(PG_SCHEMA)
+        .and_then(|s| s.with_table_name("bench_records"))
+        .expect("valid names");
+    rt.block_on(store.migrate())
+        .expect("migrate the bench schema");
+    let took = if side.starts_with("min-") {
+        let min = rt.block_on(MinPostgres::new(store.pool().clone(), PG_SCHEMA, 256));
+        let plan = Arc::new(Plan::new(min, run_id()));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, tasks, calls, false))
+            .elapsed
+    } else {
+        let plan = Arc::new(Plan::new(Lib::new(store.clone(), 256), run_id()));
+        rt.block_on(plan.prepare_replays());
+        rt.block_on(run(&plan, scenario, tasks, calls, false))
+            .elapsed
+    };
+    let drop = format!("DROP SCHEMA IF EXISTS \"{PG_SCHEMA}\" CASCADE");
+    rt.block_on(
+        idem_postgres::sqlx::raw_sql(idem_postgres::sqlx::AssertSqlSafe(drop))
+            .execute(store.pool()),
+    )
+    .expect("drop the bench schema");
+    println!("postgres-{side}: {calls} calls at {tasks} tasks in {took:?}");
 }
 
 /// The Postgres URL of the tests (`IDEM_POSTGRES_URL`).
