@@ -13,7 +13,8 @@ use crate::store::{PurgeReport, Store, Token};
 /// How a background purger runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgerConfig {
-    /// The pause between two rounds.
+    /// The pause between two rounds (at least 1 ms). Any `Duration` works:
+    /// a pause beyond what the timer holds waits as long as it can.
     pub interval: Duration,
     /// Records per store call; a round calls until a batch comes back empty.
     pub batch: u32,
@@ -49,21 +50,42 @@ pub struct PurgerHandle {
 
 impl PurgerHandle {
     /// Stops the purger: a batch already sent to the store finishes, no
-    /// other starts. Returns what it purged over its whole life.
+    /// other starts. Returns what it purged over its whole life (what it
+    /// had purged is lost, and an error logged, if the task was aborted
+    /// with its runtime).
     pub async fn stop(self) -> PurgeReport {
         let _ = self.stop.send(());
-        self.task.await.unwrap_or_default()
+        match self.task.await {
+            Ok(report) => report,
+            Err(e) => {
+                tracing::error!(error = %e, "the purger task ended abnormally");
+                PurgeReport::default()
+            }
+        }
+    }
+
+    /// Whether the purger task is still running (for a health check):
+    /// `false` once it has stopped, or if its runtime shut down.
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
     }
 }
 
+/// The pause before the next round: `interval` plus up to `jitter`, at
+/// least 1 ms (an interval of zero does not spin), and saturating rather
+/// than overflowing for any `Duration` (Tokio's timers cap a far deadline).
 fn pause(config: &PurgerConfig) -> Duration {
     let jitter_ms = u64::try_from(config.jitter.as_millis()).unwrap_or(u64::MAX);
     let extra = if jitter_ms == 0 {
         0
     } else {
-        Token::random().as_i64().unsigned_abs() % (jitter_ms + 1)
+        Token::random().as_i64().unsigned_abs() % jitter_ms.saturating_add(1)
     };
-    config.interval + Duration::from_millis(extra)
+    config
+        .interval
+        .saturating_add(Duration::from_millis(extra))
+        .max(Duration::from_millis(1))
 }
 
 impl<S: Store> Idem<S> {
@@ -111,8 +133,9 @@ impl<S: Store> Idem<S> {
                     match result {
                         Ok(r) if r == PurgeReport::default() => break,
                         Ok(r) => {
-                            total.keys_removed += r.keys_removed;
-                            total.bodies_dropped += r.bodies_dropped;
+                            total.keys_removed = total.keys_removed.saturating_add(r.keys_removed);
+                            total.bodies_dropped =
+                                total.bodies_dropped.saturating_add(r.bodies_dropped);
                             tracing::debug!(
                                 keys = r.keys_removed,
                                 bodies = r.bodies_dropped,

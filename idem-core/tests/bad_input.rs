@@ -441,6 +441,33 @@ async fn policy_longest_durations_execute() {
     assert_eq!(runs.get(), 1);
 }
 
+/// Any `Duration` in a `PurgerConfig` works: the purger does not panic on its
+/// first pause (it used to overflow adding `jitter` to `interval`), keeps
+/// running, and stops when asked.
+#[tokio::test]
+async fn purger_any_durations() {
+    for (interval, jitter, timeout) in [
+        (Duration::MAX, Duration::MAX, Duration::MAX),
+        (Duration::ZERO, Duration::MAX, Duration::ZERO),
+        (Duration::MAX, Duration::ZERO, Duration::from_nanos(1)),
+    ] {
+        let purger = engine().spawn_purger(idem_core::PurgerConfig {
+            interval,
+            batch: 10,
+            jitter,
+            timeout,
+        });
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            purger.is_running(),
+            "the purger died on interval {interval:?}, jitter {jitter:?}"
+        );
+        assert_eq!(purger.stop().await, PurgeReport::default());
+    }
+}
+
 // ---------------------------------------------------------------- responses
 
 /// Asserts the first call returns the work's outcome marked not stored, and
