@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::http::{IdemAttempt, IdempotencyLayer, OwnerId, owner_from_extension};
-use idem::{Idem, InFlightMode, Policy, Store};
+use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -99,34 +99,40 @@ fn policy() -> Result<Policy, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let policy = policy()?;
+    // The backend is chosen at run time: every constructor returns an
+    // `AnyStore`, so one `Idem<AnyStore>` type serves them all.
     let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
-    match which.as_str() {
-        "memory" => serve(Idem::new(idem::MemoryStore::new()).with_policy(policy)).await,
-        "sqlite" => sqlite(policy).await,
-        "postgres" => postgres(policy).await,
-        "redis" => redis(policy).await,
-        other => Err(format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into()),
-    }
+    let store = match which.as_str() {
+        "memory" => AnyStore::new(idem::MemoryStore::new()),
+        "sqlite" => sqlite().await?,
+        "postgres" => postgres().await?,
+        "redis" => redis().await?,
+        other => {
+            return Err(
+                format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into(),
+            );
+        }
+    };
+    serve(Idem::new(store).with_policy(policy)).await
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite(policy: Policy) -> Result<(), BoxError> {
+async fn sqlite() -> Result<AnyStore, BoxError> {
     let path = match std::env::var("IDEM_SQLITE_PATH") {
         Ok(p) => std::path::PathBuf::from(p),
         Err(_) => std::env::temp_dir().join(format!("idem-http-orders-{}.db", std::process::id())),
     };
     println!("store: sqlite {}", path.display());
-    let store = idem::sqlite::SqliteStore::open(&path).await?;
-    serve(Idem::new(store).with_policy(policy)).await
+    Ok(AnyStore::new(idem::sqlite::SqliteStore::open(&path).await?))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn sqlite(_: Policy) -> Result<(), BoxError> {
+async fn sqlite() -> Result<AnyStore, BoxError> {
     Err("IDEM_STORE=sqlite needs the `sqlite` feature (on by default)".into())
 }
 
 #[cfg(feature = "postgres")]
-async fn postgres(policy: Policy) -> Result<(), BoxError> {
+async fn postgres() -> Result<AnyStore, BoxError> {
     let url = std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let store = idem::postgres::PgStore::connect(&url)
@@ -134,31 +140,31 @@ async fn postgres(policy: Policy) -> Result<(), BoxError> {
         .with_schema_name("idem_http_orders")?;
     store.migrate().await?;
     println!("store: postgres, schema idem_http_orders");
-    serve(Idem::new(store).with_policy(policy)).await
+    Ok(AnyStore::new(store))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn postgres(_: Policy) -> Result<(), BoxError> {
+async fn postgres() -> Result<AnyStore, BoxError> {
     Err("IDEM_STORE=postgres needs `--features axum,postgres`".into())
 }
 
 #[cfg(feature = "redis")]
-async fn redis(policy: Policy) -> Result<(), BoxError> {
+async fn redis() -> Result<AnyStore, BoxError> {
     let url =
         std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
     let store = idem::redis::RedisStore::connect(&url)
         .await?
         .with_prefix("idem-http-orders:")?;
     println!("store: redis, prefix idem-http-orders:");
-    serve(Idem::new(store).with_policy(policy)).await
+    Ok(AnyStore::new(store))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis(_: Policy) -> Result<(), BoxError> {
+async fn redis() -> Result<AnyStore, BoxError> {
     Err("IDEM_STORE=redis needs `--features axum,redis`".into())
 }
 
-async fn serve<S: Store>(idem: Idem<S>) -> Result<(), BoxError> {
+async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {
     let layer = IdempotencyLayer::builder(idem)
         .owner(owner_from_extension::<Account>())
         .build()?;
