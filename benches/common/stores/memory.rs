@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::workload::{Ended, OPERATION, OWNER, Target, body};
+use super::workload::{OPERATION, OWNER, Statements, body};
 
 #[derive(Debug)]
 struct Record {
@@ -38,9 +38,11 @@ impl RawMemory {
     fn id(key: &str) -> (String, String, String) {
         (OWNER.to_owned(), OPERATION.to_owned(), key.to_owned())
     }
+}
 
+impl Statements for RawMemory {
     /// `Some(token)` if claimed; `None` with the standing record's state.
-    fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
+    async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let mut map = self
             .map
@@ -63,7 +65,7 @@ impl RawMemory {
         Ok(token)
     }
 
-    fn complete(&self, key: &str, token: i64) {
+    async fn complete(&self, key: &str, token: i64) {
         let mut map = self
             .map
             .lock()
@@ -72,31 +74,5 @@ impl RawMemory {
         assert!(r.token == token && !r.completed, "lease lost");
         r.completed = true;
         r.body = Some(self.body.clone());
-    }
-}
-
-impl Target for RawMemory {
-    async fn fresh(&self, key: &str) {
-        let token = self.claim(key).expect("fresh key");
-        self.complete(key, token);
-    }
-
-    async fn replay(&self, key: &str) {
-        let body = self.claim(key).expect_err("completed key");
-        std::hint::black_box(body.expect("stored body"));
-    }
-
-    async fn contended(&self, key: &str) -> Ended {
-        match self.claim(key) {
-            Ok(token) => {
-                self.complete(key, token);
-                Ended::Executed
-            }
-            Err(Some(body)) => {
-                std::hint::black_box(body);
-                Ended::Replayed
-            }
-            Err(None) => Ended::Conflict,
-        }
     }
 }

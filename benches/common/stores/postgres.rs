@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
-use super::workload::{Ended, OPERATION, OWNER, Target, body};
+use super::workload::{OPERATION, OWNER, Statements, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `PgStore` on its own pool.
@@ -36,7 +36,9 @@ impl RawPostgres {
             tokens: AtomicI64::new(1),
         }
     }
+}
 
+impl Statements for RawPostgres {
     /// `Ok(token)` if claimed, else the standing record's body (`None` while
     /// it is in flight). A lost race (no row) is run again, as the store does.
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
@@ -81,31 +83,5 @@ impl RawPostgres {
             .await
             .expect("complete");
         assert_eq!(done.rows_affected(), 1, "lease lost");
-    }
-}
-
-impl Target for RawPostgres {
-    async fn fresh(&self, key: &str) {
-        let token = self.claim(key).await.expect("fresh key");
-        self.complete(key, token).await;
-    }
-
-    async fn replay(&self, key: &str) {
-        let body = self.claim(key).await.expect_err("completed key");
-        std::hint::black_box(body.expect("stored body"));
-    }
-
-    async fn contended(&self, key: &str) -> Ended {
-        match self.claim(key).await {
-            Ok(token) => {
-                self.complete(key, token).await;
-                Ended::Executed
-            }
-            Err(Some(body)) => {
-                std::hint::black_box(body);
-                Ended::Replayed
-            }
-            Err(None) => Ended::Conflict,
-        }
     }
 }

@@ -17,7 +17,7 @@ use idem_redis::redis::aio::{ConnectionLike, ConnectionManager};
 use idem_redis::redis::{self, Value};
 use idem_redis::statements;
 
-use super::workload::{Ended, Target, body};
+use super::workload::{Statements, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The store's command plan on its connection.
@@ -45,7 +45,9 @@ impl RawRedis {
         let p = &self.prefix;
         (format!("{p}{{{key}}}:r"), format!("{p}{{{key}}}:v"))
     }
+}
 
+impl Statements for RawRedis {
     /// `Ok(token)` if claimed, else the standing record's body (`None` while
     /// it is in flight).
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
@@ -137,31 +139,5 @@ pub(crate) async fn clean(conn: &ConnectionManager, prefix: &str) {
             break;
         }
         cursor = next;
-    }
-}
-
-impl Target for RawRedis {
-    async fn fresh(&self, key: &str) {
-        let token = self.claim(key).await.expect("fresh key");
-        self.complete(key, token).await;
-    }
-
-    async fn replay(&self, key: &str) {
-        let body = self.claim(key).await.expect_err("completed key");
-        std::hint::black_box(body.expect("stored body"));
-    }
-
-    async fn contended(&self, key: &str) -> Ended {
-        match self.claim(key).await {
-            Ok(token) => {
-                self.complete(key, token).await;
-                Ended::Executed
-            }
-            Err(Some(body)) => {
-                std::hint::black_box(body);
-                Ended::Replayed
-            }
-            Err(None) => Ended::Conflict,
-        }
     }
 }

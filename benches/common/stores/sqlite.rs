@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, Row, SqlitePool};
 
-use super::workload::{Ended, OPERATION, OWNER, Target, body};
+use super::workload::{OPERATION, OWNER, Statements, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 use idem_sqlite::statements::{CLAIM, COMPLETE, FETCH};
@@ -35,7 +35,9 @@ impl RawSqlite {
             tokens: AtomicI64::new(1),
         }
     }
+}
 
+impl Statements for RawSqlite {
     /// `Ok(token)` if claimed, else the standing record's body (`None`
     /// while it is in flight). The store's sequence on one connection: the
     /// read, and only for an absent key the claim.
@@ -94,31 +96,5 @@ impl RawSqlite {
             .await
             .expect("complete");
         assert_eq!(done.rows_affected(), 1, "lease lost");
-    }
-}
-
-impl Target for RawSqlite {
-    async fn fresh(&self, key: &str) {
-        let token = self.claim(key).await.expect("fresh key");
-        self.complete(key, token).await;
-    }
-
-    async fn replay(&self, key: &str) {
-        let body = self.claim(key).await.expect_err("completed key");
-        std::hint::black_box(body.expect("stored body"));
-    }
-
-    async fn contended(&self, key: &str) -> Ended {
-        match self.claim(key).await {
-            Ok(token) => {
-                self.complete(key, token).await;
-                Ended::Executed
-            }
-            Err(Some(body)) => {
-                std::hint::black_box(body);
-                Ended::Replayed
-            }
-            Err(None) => Ended::Conflict,
-        }
     }
 }

@@ -63,6 +63,43 @@ pub(crate) trait Target: Send + Sync + 'static {
     fn contended(&self, key: &str) -> impl Future<Output = Ended> + Send;
 }
 
+/// A store's own statements (or scripts) run without the engine: the
+/// "store-stmts" side of every backend is these two calls, and the one
+/// [`Target`] impl below runs every scenario on them.
+pub(crate) trait Statements: Send + Sync + 'static {
+    /// `Ok(token)` if claimed, else the standing record's body (`None`
+    /// while it is in flight).
+    fn claim(&self, key: &str) -> impl Future<Output = Result<i64, Option<Vec<u8>>>> + Send;
+    /// Completes a claimed key with the bench body.
+    fn complete(&self, key: &str, token: i64) -> impl Future<Output = ()> + Send;
+}
+
+impl<S: Statements> Target for S {
+    async fn fresh(&self, key: &str) {
+        let token = self.claim(key).await.expect("fresh key");
+        self.complete(key, token).await;
+    }
+
+    async fn replay(&self, key: &str) {
+        let body = self.claim(key).await.expect_err("completed key");
+        std::hint::black_box(body.expect("stored body"));
+    }
+
+    async fn contended(&self, key: &str) -> Ended {
+        match self.claim(key).await {
+            Ok(token) => {
+                self.complete(key, token).await;
+                Ended::Executed
+            }
+            Err(Some(body)) => {
+                std::hint::black_box(body);
+                Ended::Replayed
+            }
+            Err(None) => Ended::Conflict,
+        }
+    }
+}
+
 /// A run-unique prefix, so fresh keys never collide with earlier runs on a
 /// persistent server.
 pub(crate) fn run_id() -> String {
