@@ -17,7 +17,7 @@
 //! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
 //! | `idem_work_seconds` | histogram | `operation` | how long the work ran |
 //! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
-//! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purger rounds, and rounds that failed |
+//! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Idem::purge_expired`](crate::Idem::purge_expired)), and batches that failed |
 //!
 //! Labels are bounded: `operation` is the caller-chosen operation name of the
 //! [`Scope`](crate::Scope) (e.g. `POST /payments`): keep it a route template,

@@ -305,7 +305,7 @@ impl<S: Store> Admin<'_, S> {
         let mut total = PurgeReport::default();
         loop {
             let store = self.idem.store();
-            let report = bounded(
+            let result = bounded(
                 "purge_expired",
                 self.timeout,
                 crate::metrics::time_store(
@@ -313,9 +313,12 @@ impl<S: Store> Admin<'_, S> {
                     store.purge_expired(self.idem.clock().now(), batch.max(1)),
                 ),
             )
-            .await?;
-            total.keys_removed += report.keys_removed;
-            total.bodies_dropped += report.bodies_dropped;
+            .await
+            .map_err(Error::from);
+            crate::metrics::record_purge(&result);
+            let report = result?;
+            total.keys_removed = total.keys_removed.saturating_add(report.keys_removed);
+            total.bodies_dropped = total.bodies_dropped.saturating_add(report.bodies_dropped);
             if report == PurgeReport::default() {
                 return Ok(total);
             }

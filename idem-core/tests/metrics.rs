@@ -1,11 +1,15 @@
-//! The metrics of a scripted run, read back from a recording exporter:
-//! first call, replay, mismatch, in flight, recovery, invalid key.
+//! The metrics of scripted runs, read back from a recording exporter: first
+//! call, replay, mismatch, in flight, recovery, invalid key; then a transient
+//! release and its recovery, a response not stored, a store outage and a
+//! purge.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{ClaimRequest, Store, Token};
-use idem_core::{Clock, Idem, ManualClock, MemoryStore, Outcome, Scope};
+use idem_core::testkit::FailingStore;
+use idem_core::{Clock, Idem, ManualClock, MemoryStore, Outcome, Policy, Scope};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 type Out = Outcome<String, String>;
@@ -110,6 +114,102 @@ fn a_scripted_run_counts_exactly() {
         (format!("idem_work_seconds{{{op}}}"), 2),
         ("idem_store_call_seconds{call=claim}".to_owned(), 5),
         ("idem_store_call_seconds{call=complete}".to_owned(), 2),
+    ];
+    for (name, n) in &want {
+        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
+    }
+    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
+}
+
+#[test]
+fn failures_and_purges_count_exactly() {
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let clock = ManualClock::starting_now();
+            let store = FailingStore::new(Arc::new(MemoryStore::new()));
+            let policy = Policy::builder()
+                .max_response_bytes(16)
+                .store_retries(1, Duration::from_millis(1))
+                .build()
+                .expect("policy");
+            let idem = Idem::new(store.clone())
+                .with_clock(clock.clone())
+                .with_policy(policy);
+            let scope = Scope::new("acct_1", "POST /refunds").expect("scope");
+            let req = serde_json::json!({"amount": 1});
+
+            // A transient failure releases k1; the next call recovers it.
+            let reply = idem
+                .execute(&scope, "k1", &req, |_| async {
+                    Out::Transient("busy".to_owned())
+                })
+                .await
+                .expect("transient");
+            assert!(!reply.is_stored());
+            let reply = idem
+                .execute(&scope, "k1", &req, |_| async {
+                    Out::Success("ok".to_owned())
+                })
+                .await
+                .expect("recovered");
+            assert_eq!(reply.attempt(), 2);
+
+            // A response over the 16-byte limit is not stored.
+            let reply = idem
+                .execute(&scope, "k2", &req, |_| async {
+                    Out::Success("x".repeat(100))
+                })
+                .await
+                .expect("not stored");
+            assert!(!reply.is_stored());
+
+            // The store is down: the claim fails, the work does not run.
+            store.fail_all(true);
+            let err = idem
+                .execute(&scope, "k3", &req, |_| async {
+                    Out::Success("never".to_owned())
+                })
+                .await
+                .expect_err("store down");
+            assert_eq!(err.code(), "store_unavailable");
+            store.fail_all(false);
+
+            // Past key_ttl, a purge by hand removes k1 and k2, one key per
+            // batch (and drops k1's body, expired too): 2 batches and an
+            // empty one.
+            clock.advance(idem.policy().key_ttl() + Duration::from_secs(1));
+            let report = idem.purge_expired(1).await.expect("purge");
+            assert_eq!(report.keys_removed, 2);
+        });
+    });
+    let m = snapshot_map(&recorder);
+    let op = "operation=POST /refunds";
+    let want = [
+        (format!("idem_executions_total{{{op}}}"), 3),
+        (format!("idem_work_seconds{{{op}}}"), 3),
+        (format!("idem_transient_releases_total{{{op}}}"), 1),
+        (format!("idem_recoveries_total{{{op},reason=released}}"), 1),
+        (format!("idem_responses_not_stored_total{{{op}}}"), 1),
+        (
+            format!("idem_rejections_total{{code=store_unavailable,{op}}}"),
+            1,
+        ),
+        (
+            "idem_store_errors_total{call=claim,kind=unavailable}".to_owned(),
+            1,
+        ),
+        ("idem_store_call_seconds{call=claim}".to_owned(), 4),
+        ("idem_store_call_seconds{call=complete}".to_owned(), 2),
+        ("idem_store_call_seconds{call=release}".to_owned(), 1),
+        ("idem_store_call_seconds{call=purge}".to_owned(), 3),
+        ("idem_purge_runs_total{}".to_owned(), 3),
+        ("idem_purge_keys_removed_total{}".to_owned(), 2),
+        ("idem_purge_bodies_dropped_total{}".to_owned(), 1),
     ];
     for (name, n) in &want {
         assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
