@@ -50,7 +50,8 @@ fn main() -> ExitCode {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         return child::main(&spec);
     }
-    let tests: [Test; 5] = [
+    let tests: [Test; 6] = [
+        ("sqlite_human_output", sqlite_human_output),
         ("sqlite_killed_process", sqlite_killed_process),
         ("postgres_killed_process", postgres_killed_process),
         ("redis_killed_process", redis_killed_process),
@@ -871,4 +872,93 @@ fn silent_server_times_out() {
         );
     }
     drop(silent);
+}
+
+/// Runs `idem <store args> <args>` (human output) with no standard input:
+/// the exit code, stdout and stderr.
+fn idem_text(store: &[String], args: &[&str]) -> (i32, String, String) {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(store)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The default (human) output of `inspect`, `stats` and `purge`, and a
+/// destructive command refused without a terminal or `--yes`.
+fn sqlite_human_output() {
+    runtime().block_on(async {
+        let path = std::env::temp_dir().join(format!("idem-cli-{}.db", IdempotencyKey::random()));
+        let store = idem_sqlite::SqliteStore::open(&path).await.expect("open");
+        let owner = owner();
+        let scope = idem_core::Scope::new(owner.as_str(), OPERATION).expect("scope");
+        let reply = idem_core::Idem::new(store.clone())
+            .execute(&scope, "human-1", &json!({"amount": 7}), |_| async {
+                idem_core::Outcome::<String, String>::Success("ch_7".to_owned())
+            })
+            .await
+            .expect("execute");
+        assert!(reply.is_stored());
+        let args = Backend::Sqlite {
+            path: path.display().to_string(),
+        }
+        .cli_args();
+        let record = [
+            "--owner",
+            owner.as_str(),
+            "--operation",
+            OPERATION,
+            "--key",
+            "human-1",
+        ];
+
+        let inspect: Vec<&str> = std::iter::once("inspect").chain(record).collect();
+        let (code, out, err) = idem_text(&args, &inspect);
+        assert_eq!(code, 0, "inspect: {err}");
+        let want_record = format!("record      {owner} / {OPERATION} / human-1");
+        for line in [
+            want_record.as_str(),
+            "state       completed (attempt 1)",
+            "outcome     success",
+            "resource id -",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line:?} in {out}");
+        }
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("body        ") && l.ends_with(" bytes")),
+            "body size in {out}"
+        );
+
+        let (code, out, err) = idem_text(&args, &["stats"]);
+        assert_eq!(code, 0, "stats: {err}");
+        assert!(out.lines().any(|l| l == "completed 1"), "{out}");
+        assert!(out.lines().any(|l| l == "in_flight 0"), "{out}");
+
+        // No terminal and no --yes: refused (exit 4), nothing deleted.
+        let delete: Vec<&str> = std::iter::once("delete").chain(record).collect();
+        let (code, _, err) = idem_text(&args, &delete);
+        assert_eq!(code, 4, "delete without --yes: {err}");
+        assert!(err.contains("not confirmed"), "{err}");
+        let (code, out, _) = idem_text(&args, &inspect);
+        assert_eq!(code, 0);
+        assert!(out.contains("state       completed"), "{out}");
+
+        let (code, out, err) = idem_text(&args, &["purge", "--yes"]);
+        assert_eq!(code, 0, "purge: {err}");
+        assert_eq!(out.trim(), "0 key(s) removed, 0 body(ies) dropped");
+
+        store.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    });
 }
