@@ -77,6 +77,7 @@ macro_rules! http_conformance {
             race_64_wait_mode_replays_to_all,
             response_body_failure_releases_the_key,
             problem_echoes_the_unquoted_key,
+            json_duplicate_members_are_400,
             wait_mode_timeout_is_409_with_retry_after,
             nested_router_names_the_full_route,
             layer_setters_derive_per_route_layers,
