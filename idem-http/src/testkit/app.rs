@@ -56,6 +56,7 @@ pub struct Counts {
     executions: AtomicUsize,
     entered: Notify,
     release: Semaphore,
+    stream: Semaphore,
 }
 
 impl Default for Counts {
@@ -64,6 +65,7 @@ impl Default for Counts {
             executions: AtomicUsize::new(0),
             entered: Notify::new(),
             release: Semaphore::new(0),
+            stream: Semaphore::new(0),
         }
     }
 }
@@ -81,6 +83,23 @@ impl Counts {
     pub fn release(&self, n: usize) {
         self.release.add_permits(n);
     }
+    /// Lets `n` live SSE bodies (`x-sse-live`) produce their last event.
+    pub fn release_stream(&self, n: usize) {
+        self.stream.add_permits(n);
+    }
+}
+
+/// The `x-stream` body: `chunks` chunks of distinct bytes (execution `n`
+/// included), with a yield to the runtime before each one and no size hint.
+pub fn streamed_body(n: usize, chunks: usize) -> Vec<u8> {
+    (0..chunks).flat_map(|i| stream_chunk(n, i)).collect()
+}
+
+fn stream_chunk(n: usize, i: usize) -> Vec<u8> {
+    let mut c = format!("exec {n} chunk {i};").into_bytes();
+    c.push(u8::try_from(i % 256).unwrap_or_default());
+    c.push(0xff);
+    c
 }
 
 /// How the test app is configured.
@@ -340,8 +359,8 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The test handler. Behaviour comes from request headers (not part of the
 /// fingerprint): `x-hold`, `x-panic`, `x-status`, `x-size`, `x-chunked`,
-/// `x-sse`, `x-bin`, `x-cookie`, `x-nonutf8`, `x-resource`, `x-class`,
-/// `x-body-error`.
+/// `x-sse`, `x-sse-live`, `x-stream`, `x-bin`, `x-cookie`, `x-nonutf8`,
+/// `x-resource`, `x-class`, `x-body-error`.
 async fn order(
     State(counts): State<Arc<Counts>>,
     attempt: Option<IdemAttempt>,
@@ -364,7 +383,43 @@ async fn order(
         .and_then(|s| s.parse().ok())
         .unwrap_or(201);
     let size: Option<usize> = header(&headers, "x-size").and_then(|s| s.parse().ok());
-    let mut res = if headers.contains_key("x-sse") {
+    let stream: Option<usize> = header(&headers, "x-stream").and_then(|s| s.parse().ok());
+    let mut res = if headers.contains_key("x-sse-live") {
+        // A live event stream: the first event at once, the second only
+        // after the test's signal, so the client can hold the first event
+        // while the handler's stream is still unfinished.
+        let counts = Arc::clone(&counts);
+        let events = futures_util::stream::unfold(0u8, move |i| {
+            let counts = Arc::clone(&counts);
+            async move {
+                match i {
+                    0 => Some((Ok::<_, std::io::Error>(Bytes::from_static(b"data: 1\n\n")), 1)),
+                    1 => {
+                        if let Ok(p) = counts.stream.acquire().await {
+                            p.forget();
+                        }
+                        Some((Ok(Bytes::from_static(b"data: 2\n\n")), 2))
+                    }
+                    _ => None,
+                }
+            }
+        });
+        let mut r = Response::new(Body::from_stream(events));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else if let Some(chunks) = stream {
+        let parts = futures_util::stream::unfold(0usize, move |i| async move {
+            if i == chunks {
+                return None;
+            }
+            tokio::task::yield_now().await;
+            Some((Ok::<_, std::io::Error>(Bytes::from(stream_chunk(n, i))), i + 1))
+        });
+        Response::new(Body::from_stream(parts))
+    } else if headers.contains_key("x-sse") {
         let mut r = Response::new(Body::from("data: 1\n\ndata: 2\n\n"));
         r.headers_mut().insert(
             "content-type",

@@ -30,7 +30,7 @@ mod rows;
 
 pub use app::{
     App, Counts, KEY_TTL, LEASE, MAX_REQUEST, MAX_RESPONSE, Options, Owner, RESPONSE_TTL,
-    TestLayer, WAIT_TIMEOUT, engine, engine_waiting,
+    TestLayer, WAIT_TIMEOUT, engine, engine_waiting, streamed_body,
 };
 pub use check::{Got, is_urn_uuid_v4};
 pub use extra::*;
@@ -57,6 +57,8 @@ macro_rules! http_conformance {
             row_13_wait_mode_replays_when_the_first_finishes,
             row_14_expired_response_is_409_with_resource_id,
             row_15_unstored_response_is_409_not_stored,
+            row_15_streamed_body_under_the_limit_is_stored,
+            row_15_sse_streams_and_is_never_stored,
             row_16_expired_lease_is_taken_over_as_recovery,
             row_17_transient_statuses_release_the_key,
             row_18_oversized_response_streams_and_is_not_stored,
