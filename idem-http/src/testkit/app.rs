@@ -232,7 +232,14 @@ impl<S: Store> App<S> {
         let counts = Arc::new(Counts::default());
         let router = Router::new()
             .route("/orders", post(order).get(order))
-            .route("/orders/{id}", patch(order).put(order).delete(order))
+            .route(
+                "/orders/{id}",
+                patch(order)
+                    .put(order)
+                    .delete(order)
+                    .options(order)
+                    .trace(order),
+            )
             .route("/accounts/{id}/charges", post(order))
             .route("/other", post(order))
             .route_layer(layer.clone())

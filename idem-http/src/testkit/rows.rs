@@ -42,18 +42,27 @@ pub async fn raw(addr: &str, request: &[u8]) -> (u16, String) {
     (status, text)
 }
 
-/// Row 1: GET, PUT, DELETE pass through untouched, with or without a key,
-/// valid or not: no buffering, no validation, no marker.
+/// Row 1: GET, HEAD, PUT, DELETE, OPTIONS and TRACE pass through
+/// untouched, with or without a key, valid or not: no buffering, no
+/// validation, no marker, no record (the same key runs again).
 pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
-    for (m, path) in [
-        (Method::GET, "/orders"),
-        (Method::PUT, "/orders/1"),
-        (Method::DELETE, "/orders/1"),
+    for (m, path, body) in [
+        (Method::GET, "/orders", "{}"),
+        (Method::HEAD, "/orders", ""),
+        (Method::PUT, "/orders/1", "{}"),
+        (Method::DELETE, "/orders/1", "{}"),
+        (Method::OPTIONS, "/orders/1", "{}"),
+        (Method::TRACE, "/orders/1", ""),
     ] {
-        for k in [None, Some("a, b"), Some("good-key")] {
-            let g = send(app.request(m.clone(), path, k, "{}")).await;
+        for k in [None, Some("a, b"), Some("good-key"), Some("good-key")] {
+            let g = send(app.request(m.clone(), path, k, body)).await;
             g.assert_executed(201);
+            if m == Method::HEAD {
+                assert!(g.body.is_empty(), "HEAD has no body");
+            } else {
+                assert_eq!(g.json()["id"], format!("ord_{}", app.counts.executions()));
+            }
         }
     }
     let g = send(
@@ -62,7 +71,7 @@ pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
     )
     .await;
     g.assert_executed(201);
-    assert_eq!(app.counts.executions(), 10);
+    assert_eq!(app.counts.executions(), 25);
 }
 
 /// Row 2 (and `docs_url`): a covered request without a key on a `Required` route: 400
