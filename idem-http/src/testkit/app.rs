@@ -40,6 +40,11 @@ pub const MAX_RESPONSE: usize = 16 * 1024;
 /// `max_request_body` of the test layer.
 pub const MAX_REQUEST: usize = 8 * 1024;
 
+/// The `Date` every test handler response carries: a fixed, long-past
+/// value (RFC 9110's example), so a replay's `Date` can be told apart from
+/// the stored response's without a real clock gap.
+pub const STALE_DATE: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
+
 /// The owner the test auth layer inserts (from the `x-owner` header).
 #[derive(Debug, Clone)]
 pub struct Owner(pub String);
@@ -471,6 +476,7 @@ async fn order(
         HeaderValue::from_static(if recovery { "true" } else { "false" }),
     );
     h.insert("x-execution", HeaderValue::from(n));
+    h.insert("date", HeaderValue::from_static(STALE_DATE));
     h.append("link", HeaderValue::from_static("</a>; rel=\"a\""));
     h.append("link", HeaderValue::from_static("</b>; rel=\"b\""));
     if headers.contains_key("x-cookie") {

@@ -30,7 +30,7 @@ mod rows;
 
 pub use app::{
     App, Counts, KEY_TTL, LEASE, MAX_REQUEST, MAX_RESPONSE, Options, Owner, RESPONSE_TTL,
-    TestLayer, WAIT_TIMEOUT, engine, engine_waiting, streamed_body,
+    STALE_DATE, TestLayer, WAIT_TIMEOUT, engine, engine_waiting, streamed_body,
 };
 pub use check::{Got, is_urn_uuid_v4};
 pub use extra::*;
