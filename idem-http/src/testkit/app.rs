@@ -405,7 +405,10 @@ async fn order(
             let counts = Arc::clone(&counts);
             async move {
                 match i {
-                    0 => Some((Ok::<_, std::io::Error>(Bytes::from_static(b"data: 1\n\n")), 1)),
+                    0 => Some((
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"data: 1\n\n")),
+                        1,
+                    )),
                     1 => {
                         if let Ok(p) = counts.stream.acquire().await {
                             p.forget();
@@ -428,7 +431,10 @@ async fn order(
                 return None;
             }
             tokio::task::yield_now().await;
-            Some((Ok::<_, std::io::Error>(Bytes::from(stream_chunk(n, i))), i + 1))
+            Some((
+                Ok::<_, std::io::Error>(Bytes::from(stream_chunk(n, i))),
+                i + 1,
+            ))
         });
         Response::new(Body::from_stream(parts))
     } else if headers.contains_key("x-sse") {
