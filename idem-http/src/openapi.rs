@@ -121,7 +121,7 @@ pub fn components<S: idem_core::Store, O>(layer: &IdempotencyLayer<S, O>) -> Val
                 }
             },
             "responses": {
-                "IdempotencyBadRequest": { "description": "Idempotency-Key missing or invalid.", "content": problem_ref() },
+                "IdempotencyBadRequest": { "description": "Idempotency-Key missing or invalid, the request body unreadable, or a JSON body naming a member twice (invalid_request).", "content": problem_ref() },
                 "IdempotencyKeyReused": { "description": "The key was already used with a different request.", "content": problem_ref() },
                 "IdempotencyConflict": {
                     "description": "in_flight, lease_lost (retry after Retry-After), response_expired or response_not_stored (done; see resource_id).",

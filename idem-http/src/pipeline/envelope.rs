@@ -1,7 +1,7 @@
 //! The fingerprint envelope (version 1): what makes two HTTP requests "the
 //! same request", as JSON arrays and strings so the framing is injective.
 
-use idem_core::{FieldFilter, Fingerprint, RequestError, fingerprint};
+use idem_core::{FieldFilter, Fingerprint, RawJson, RequestError, fingerprint};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -132,8 +132,13 @@ pub struct RequestView<'a> {
 }
 
 /// The version-1 envelope of `req` under `spec` (before field filters).
-#[must_use]
-pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Value {
+///
+/// # Errors
+///
+/// [`RequestError::DuplicateMember`] when a JSON body names an object member
+/// twice: `{"amount":1,"amount":1000}` is not one request (serde_json would
+/// keep the last value), so it is refused rather than fingerprinted.
+pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Result<Value, RequestError> {
     let query = if spec.query {
         Value::Array(sorted_pairs(req.query.unwrap_or("").as_bytes()).unwrap_or_default())
     } else {
@@ -149,7 +154,7 @@ pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Value {
         BodyFingerprint::Ignore => None,
         BodyFingerprint::Raw if req.body.is_empty() => Some(Value::Null),
         BodyFingerprint::Raw => Some(raw(req)),
-        BodyFingerprint::Auto => Some(auto_body(req)),
+        BodyFingerprint::Auto => Some(auto_body(req)?),
     };
     let mut env = json!({
         "v": 1,
@@ -162,7 +167,7 @@ pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Value {
     if let (Some(body), Value::Object(map)) = (body, &mut env) {
         map.insert("body".to_owned(), body);
     }
-    env
+    Ok(env)
 }
 
 /// The fingerprint of `req` for `operation` under `spec`: core's
@@ -171,13 +176,15 @@ pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Value {
 ///
 /// # Errors
 ///
-/// [`RequestError`] only if a field filter pointer is malformed.
+/// [`RequestError::DuplicateMember`] for a JSON body that names an object
+/// member twice (core's strict [`RawJson`] parse); otherwise [`RequestError`]
+/// only if a field filter pointer is malformed.
 pub fn fingerprint_request(
     operation: &str,
     req: &RequestView<'_>,
     spec: &FingerprintSpec,
 ) -> Result<Fingerprint, RequestError> {
-    let mut env = envelope(req, spec);
+    let mut env = envelope(req, spec)?;
     match fingerprint(operation, &env, &spec.filter) {
         Err(RequestError::TooDeep) => {
             env["body"] = raw(req);
@@ -200,23 +207,28 @@ fn raw(req: &RequestView<'_>) -> Value {
     json!({"raw": hex(&digest), "type": essence(req.content_type)})
 }
 
-fn auto_body(req: &RequestView<'_>) -> Value {
+fn auto_body(req: &RequestView<'_>) -> Result<Value, RequestError> {
     if req.body.is_empty() {
-        return Value::Null;
+        return Ok(Value::Null);
     }
     let ty = essence(req.content_type);
     let is_json =
         ty == "application/json" || (ty.starts_with("application/") && ty.ends_with("+json"));
     if is_json {
-        if let Ok(v) = serde_json::from_slice::<Value>(req.body) {
-            return json!({ "json": v });
+        // Core's strict parse: the same values serde_json makes, but a
+        // duplicate member name is refused instead of "last one wins".
+        // Invalid or too-deep JSON still counts as its raw bytes.
+        match RawJson(req.body).parse() {
+            Ok(v) => return Ok(json!({ "json": v })),
+            Err(RequestError::DuplicateMember) => return Err(RequestError::DuplicateMember),
+            Err(_) => {}
         }
     } else if ty == "application/x-www-form-urlencoded"
         && let Some(pairs) = sorted_pairs(req.body)
     {
-        return json!({ "form": pairs });
+        return Ok(json!({ "form": pairs }));
     }
-    raw(req)
+    Ok(raw(req))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -362,6 +374,38 @@ mod tests {
                 .into_boxed_slice(),
         );
         assert!(fingerprint_request("op", &view(deep), &spec).is_ok());
+    }
+
+    #[test]
+    fn duplicate_json_members_are_refused() {
+        let view = |ct: &'static [u8], body: &'static [u8]| RequestView {
+            method: "POST",
+            route: "/r",
+            path: "/r",
+            query: None,
+            headers: &[],
+            content_type: Some(ct),
+            body,
+        };
+        let spec = FingerprintSpec::default();
+        for body in [
+            &br#"{"amount":1,"amount":1000}"#[..],
+            br#"[{"a":{"b":1,"b":1}}]"#,
+        ] {
+            assert!(matches!(
+                fingerprint_request("op", &view(b"application/json", body), &spec),
+                Err(RequestError::DuplicateMember)
+            ));
+        }
+        // Not JSON by its media type, or not JSON at all: raw bytes, as before.
+        let dup = br#"{"a":1,"a":2}"#;
+        assert!(fingerprint_request("op", &view(b"text/plain", dup), &spec).is_ok());
+        assert!(fingerprint_request("op", &view(b"application/json", b"{nope"), &spec).is_ok());
+        // Raw and Ignore never parse the body.
+        for mode in [BodyFingerprint::Raw, BodyFingerprint::Ignore] {
+            let spec = FingerprintSpec::default().body(mode);
+            assert!(fingerprint_request("op", &view(b"application/json", dup), &spec).is_ok());
+        }
     }
 
     proptest! {

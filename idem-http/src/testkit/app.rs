@@ -40,6 +40,11 @@ pub const MAX_RESPONSE: usize = 16 * 1024;
 /// `max_request_body` of the test layer.
 pub const MAX_REQUEST: usize = 8 * 1024;
 
+/// The `Date` every test handler response carries: a fixed, long-past
+/// value (RFC 9110's example), so a replay's `Date` can be told apart from
+/// the stored response's without a real clock gap.
+pub const STALE_DATE: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
+
 /// The owner the test auth layer inserts (from the `x-owner` header).
 #[derive(Debug, Clone)]
 pub struct Owner(pub String);
@@ -56,6 +61,7 @@ pub struct Counts {
     executions: AtomicUsize,
     entered: Notify,
     release: Semaphore,
+    stream: Semaphore,
 }
 
 impl Default for Counts {
@@ -64,6 +70,7 @@ impl Default for Counts {
             executions: AtomicUsize::new(0),
             entered: Notify::new(),
             release: Semaphore::new(0),
+            stream: Semaphore::new(0),
         }
     }
 }
@@ -81,6 +88,23 @@ impl Counts {
     pub fn release(&self, n: usize) {
         self.release.add_permits(n);
     }
+    /// Lets `n` live SSE bodies (`x-sse-live`) produce their last event.
+    pub fn release_stream(&self, n: usize) {
+        self.stream.add_permits(n);
+    }
+}
+
+/// The `x-stream` body: `chunks` chunks of distinct bytes (execution `n`
+/// included), with a yield to the runtime before each one and no size hint.
+pub fn streamed_body(n: usize, chunks: usize) -> Vec<u8> {
+    (0..chunks).flat_map(|i| stream_chunk(n, i)).collect()
+}
+
+fn stream_chunk(n: usize, i: usize) -> Vec<u8> {
+    let mut c = format!("exec {n} chunk {i};").into_bytes();
+    c.push(u8::try_from(i % 256).unwrap_or_default());
+    c.push(0xff);
+    c
 }
 
 /// How the test app is configured.
@@ -213,7 +237,14 @@ impl<S: Store> App<S> {
         let counts = Arc::new(Counts::default());
         let router = Router::new()
             .route("/orders", post(order).get(order))
-            .route("/orders/{id}", patch(order).put(order).delete(order))
+            .route(
+                "/orders/{id}",
+                patch(order)
+                    .put(order)
+                    .delete(order)
+                    .options(order)
+                    .trace(order),
+            )
             .route("/accounts/{id}/charges", post(order))
             .route("/other", post(order))
             .route_layer(layer.clone())
@@ -340,8 +371,8 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// The test handler. Behaviour comes from request headers (not part of the
 /// fingerprint): `x-hold`, `x-panic`, `x-status`, `x-size`, `x-chunked`,
-/// `x-sse`, `x-bin`, `x-cookie`, `x-nonutf8`, `x-resource`, `x-class`,
-/// `x-body-error`.
+/// `x-sse`, `x-sse-live`, `x-stream`, `x-bin`, `x-cookie`, `x-nonutf8`,
+/// `x-resource`, `x-class`, `x-body-error`.
 async fn order(
     State(counts): State<Arc<Counts>>,
     attempt: Option<IdemAttempt>,
@@ -364,7 +395,49 @@ async fn order(
         .and_then(|s| s.parse().ok())
         .unwrap_or(201);
     let size: Option<usize> = header(&headers, "x-size").and_then(|s| s.parse().ok());
-    let mut res = if headers.contains_key("x-sse") {
+    let stream: Option<usize> = header(&headers, "x-stream").and_then(|s| s.parse().ok());
+    let mut res = if headers.contains_key("x-sse-live") {
+        // A live event stream: the first event at once, the second only
+        // after the test's signal, so the client can hold the first event
+        // while the handler's stream is still unfinished.
+        let counts = Arc::clone(&counts);
+        let events = futures_util::stream::unfold(0u8, move |i| {
+            let counts = Arc::clone(&counts);
+            async move {
+                match i {
+                    0 => Some((
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"data: 1\n\n")),
+                        1,
+                    )),
+                    1 => {
+                        if let Ok(p) = counts.stream.acquire().await {
+                            p.forget();
+                        }
+                        Some((Ok(Bytes::from_static(b"data: 2\n\n")), 2))
+                    }
+                    _ => None,
+                }
+            }
+        });
+        let mut r = Response::new(Body::from_stream(events));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else if let Some(chunks) = stream {
+        let parts = futures_util::stream::unfold(0usize, move |i| async move {
+            if i == chunks {
+                return None;
+            }
+            tokio::task::yield_now().await;
+            Some((
+                Ok::<_, std::io::Error>(Bytes::from(stream_chunk(n, i))),
+                i + 1,
+            ))
+        });
+        Response::new(Body::from_stream(parts))
+    } else if headers.contains_key("x-sse") {
         let mut r = Response::new(Body::from("data: 1\n\ndata: 2\n\n"));
         r.headers_mut().insert(
             "content-type",
@@ -409,6 +482,7 @@ async fn order(
         HeaderValue::from_static(if recovery { "true" } else { "false" }),
     );
     h.insert("x-execution", HeaderValue::from(n));
+    h.insert("date", HeaderValue::from_static(STALE_DATE));
     h.append("link", HeaderValue::from_static("</a>; rel=\"a\""));
     h.append("link", HeaderValue::from_static("</b>; rel=\"b\""));
     if headers.contains_key("x-cookie") {

@@ -66,7 +66,8 @@ impl Got {
     }
 
     /// Asserts a replay of `first`: same status, same bytes, stored headers,
-    /// marker, exact `Content-Length`, a `Date`.
+    /// marker, exact `Content-Length`, a fresh `Date` (not the stored
+    /// response's [`STALE_DATE`](super::STALE_DATE)).
     pub fn assert_replay_of(&self, first: &Got) {
         assert_eq!(self.status, first.status);
         assert_eq!(self.body, first.body, "byte-exact replay");
@@ -75,7 +76,20 @@ impl Got {
             self.header("content-length"),
             Some(first.body.len().to_string().as_str())
         );
-        assert!(self.header("date").is_some(), "a fresh Date");
+        // The handler's own Date is a fixed old value: a replay carrying it
+        // would be a replayed Date, not the server's fresh one.
+        assert_eq!(
+            first.header("date"),
+            Some(super::app::STALE_DATE),
+            "the first response carries the handler's Date"
+        );
+        let date = self.header("date").expect("a replay carries a Date");
+        assert_ne!(
+            date,
+            super::app::STALE_DATE,
+            "the replay's Date is the replay time, not the stored one"
+        );
+        assert!(date.ends_with(" GMT"), "an HTTP date: {date}");
         assert_eq!(
             self.all("link"),
             first.all("link"),

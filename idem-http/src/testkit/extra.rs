@@ -118,6 +118,49 @@ pub async fn problem_echoes_the_unquoted_key<S: Store>(store: Arc<S>) {
     g.assert_problem(500, "owner_unavailable", Some("quoted-key-1"));
 }
 
+/// A JSON body naming an object member twice (`{"amount":1,"amount":1000}`)
+/// is not one request: 400 `invalid_request`, the handler does not run and
+/// nothing is recorded, so a later `{"amount":1000}` under the same key is a
+/// first execution, not a replay of the duplicate. Nested objects and
+/// `application/*+json` are refused the same way.
+pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    let k = IdempotencyKey::random().as_str().to_owned();
+    let g = send(app.post("/orders", Some(&k), r#"{"amount":1,"amount":1000}"#)).await;
+    let p = g.assert_problem(400, "invalid_request", Some(&k));
+    assert_eq!(p["retryable"], false);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("duplicate member"),
+        "{p}"
+    );
+    assert_eq!(app.counts.executions(), 0, "the work did not run");
+    let first = send(app.post("/orders", Some(&k), r#"{"amount":1000}"#)).await;
+    first.assert_executed(201);
+    assert_eq!(app.counts.executions(), 1);
+    send(app.post("/orders", Some(&k), r#"{"amount":1000}"#))
+        .await
+        .assert_replay_of(&first);
+    // Still refused once the key has a record: the request is invalid, not a
+    // mismatch or a replay.
+    send(app.post("/orders", Some(&k), r#"{"amount":1000,"amount":1000}"#))
+        .await
+        .assert_problem(400, "invalid_request", Some(&k));
+    let k = IdempotencyKey::random().as_str().to_owned();
+    send(app.post_with(
+        "/orders",
+        Some(&k),
+        r#"{"a":{"b":1,"b":2}}"#,
+        "alice",
+        "application/merge-patch+json",
+    ))
+    .await
+    .assert_problem(400, "invalid_request", Some(&k));
+    assert_eq!(app.counts.executions(), 1);
+}
+
 async fn send(r: reqwest::RequestBuilder) -> Got {
     Got::read(r.send().await.expect("request sent")).await
 }

@@ -22,6 +22,12 @@
 //!
 //! Time moves through the engine's [`ManualClock`](idem_core::ManualClock);
 //! a handler is held in flight with a gate, not a sleep.
+//!
+//! **Not covered by semver.** Like idem-core's store testkit (and
+//! object_store's integration tests), this module's items (the scenarios,
+//! [`App`], [`Options`], [`Got`], the constants and
+//! [`http_conformance!`](crate::http_conformance)'s list) may change in any
+//! release: they exist to prove backends and adapters, not to be built upon.
 
 mod app;
 mod check;
@@ -30,7 +36,7 @@ mod rows;
 
 pub use app::{
     App, Counts, KEY_TTL, LEASE, MAX_REQUEST, MAX_RESPONSE, Options, Owner, RESPONSE_TTL,
-    TestLayer, WAIT_TIMEOUT, engine, engine_waiting,
+    STALE_DATE, TestLayer, WAIT_TIMEOUT, engine, engine_waiting, streamed_body,
 };
 pub use check::{Got, is_urn_uuid_v4};
 pub use extra::*;
@@ -57,6 +63,8 @@ macro_rules! http_conformance {
             row_13_wait_mode_replays_when_the_first_finishes,
             row_14_expired_response_is_409_with_resource_id,
             row_15_unstored_response_is_409_not_stored,
+            row_15_streamed_body_under_the_limit_is_stored,
+            row_15_sse_streams_and_is_never_stored,
             row_16_expired_lease_is_taken_over_as_recovery,
             row_17_transient_statuses_release_the_key,
             row_18_oversized_response_streams_and_is_not_stored,
@@ -77,6 +85,7 @@ macro_rules! http_conformance {
             race_64_wait_mode_replays_to_all,
             response_body_failure_releases_the_key,
             problem_echoes_the_unquoted_key,
+            json_duplicate_members_are_400,
             wait_mode_timeout_is_409_with_retry_after,
             nested_router_names_the_full_route,
             layer_setters_derive_per_route_layers,
@@ -90,4 +99,55 @@ macro_rules! http_conformance {
             }
         )+
     };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The scenario names `http_conformance!` expands, read from this file.
+    fn listed() -> Vec<&'static str> {
+        let src = include_str!("mod.rs");
+        let start = src
+            .find("http_conformance!(@each $setup;")
+            .expect("the macro's scenario list");
+        let list = &src[start..];
+        let end = list.find(");").expect("the end of the list");
+        list[..end]
+            .lines()
+            .skip(1)
+            .map(|l| l.trim().trim_end_matches(','))
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    /// A scenario written but not listed would never run on any backend.
+    #[test]
+    fn every_scenario_is_listed() {
+        let listed = listed();
+        let mut found = Vec::new();
+        for src in [include_str!("rows.rs"), include_str!("extra.rs")] {
+            for line in src.lines() {
+                let Some(rest) = line.strip_prefix("pub async fn ") else {
+                    continue;
+                };
+                // Scenarios take the store; helpers such as `raw` do not.
+                if !rest.contains("(store: Arc<S>)") {
+                    continue;
+                }
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(
+                    listed.contains(&name.as_str()),
+                    "scenario `{name}` is not in http_conformance!"
+                );
+                found.push(name);
+            }
+        }
+        let mut unique = listed.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), listed.len(), "a scenario is listed twice");
+        assert_eq!(found.len(), listed.len(), "a listed scenario has no source");
+    }
 }
