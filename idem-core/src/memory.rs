@@ -176,7 +176,7 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
