@@ -53,9 +53,9 @@ impl<S: Store> Store for Counted<S> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.release(id, t, now).await
     }
-    async fn checkpoint(&self, id: &RecordId, t: Token, r: &str) -> Result<(), StoreError> {
+    async fn save_resource_id(&self, id: &RecordId, t: Token, r: &str) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.checkpoint(id, t, r).await
+        self.inner.save_resource_id(id, t, r).await
     }
     async fn extend_lease(
         &self,

@@ -39,7 +39,7 @@ impl Store for DiscardStore {
         Ok(())
     }
 
-    async fn checkpoint(&self, _: &RecordId, _: Token, _: &str) -> Result<(), StoreError> {
+    async fn save_resource_id(&self, _: &RecordId, _: Token, _: &str) -> Result<(), StoreError> {
         Ok(())
     }
 

@@ -95,7 +95,7 @@ enum Command {
         all: bool,
     },
     /// End an in-flight record's lease now: its next attempt runs as a
-    /// recovery, with the checkpoint.
+    /// recovery, with the saved resource id.
     Release {
         #[command(flatten)]
         record: RecordArgs,

@@ -1,9 +1,9 @@
 //! The `idem` binary end to end, against a real SQLite file, Postgres, Redis
 //! and a throwaway Redis Cluster: a **child process** claims keys, saves a
-//! checkpoint, says so on stdout and hangs; the test SIGKILLs it, then runs
+//! resource id, says so on stdout and hangs; the test SIGKILLs it, then runs
 //! the real `idem` binary (`stuck`, `inspect`, `release`, `delete`, `stats`,
 //! `purge`, `migrate`, parsing `--json`), and the next attempt in the test
-//! runs as a recovery with the killed process's checkpoint, once.
+//! runs as a recovery with the killed process's saved resource id, once.
 //!
 //! The child is this test binary itself, started again with
 //! `IDEM_CLI_TEST_CHILD` set (hence `harness = false`: `main` decides). It
@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 /// Set in the child's environment: its instructions, as JSON.
 const CHILD_ENV: &str = "IDEM_CLI_TEST_CHILD";
 const OPERATION: &str = "POST /charges";
-const CHECKPOINT: &str = "ch_1";
+const RESOURCE_ID: &str = "ch_1";
 
 type Test = (&'static str, fn());
 
@@ -160,7 +160,7 @@ impl Backend {
     }
 }
 
-/// The child process: opens the store, claims the keys, checkpoints each,
+/// The child process: opens the store, claims the keys, saves a resource id for each,
 /// prints `READY <key>` per key, then hangs until it is killed.
 mod child {
     use super::*;
@@ -256,7 +256,7 @@ mod child {
                     key.as_str(),
                     &json!({"amount": 5}),
                     |a| async move {
-                        if let Err(e) = a.save_resource_id(CHECKPOINT).await {
+                        if let Err(e) = a.save_resource_id(RESOURCE_ID).await {
                             return Outcome::<String, String>::Failure(e.to_string());
                         }
                         let _ = ready.send(name);
@@ -473,7 +473,7 @@ async fn killed_process<S: AdminStore>(
         idem(&args, &refs)
     };
 
-    // A real process claims, checkpoints, and is SIGKILLed.
+    // A real process claims, saves a resource id, and is SIGKILLed.
     let mut holder = spawn_holder(&backend, &owner, &long_key, &ended);
     holder.0.kill().expect("SIGKILL");
     let status = holder.0.wait().expect("reap");
@@ -508,7 +508,7 @@ async fn killed_process<S: AdminStore>(
     for r in doc["records"].as_array().expect("records") {
         assert_eq!(r["state"], "in_flight", "{r}");
         assert_eq!(r["attempt"], 1, "{r}");
-        assert_eq!(r["resource_id"], CHECKPOINT, "{r}");
+        assert_eq!(r["resource_id"], RESOURCE_ID, "{r}");
         assert_eq!(r["owner"], owner.as_str(), "{r}");
     }
     // ...which shows up when asked for leases ending within two hours.
@@ -551,8 +551,8 @@ async fn killed_process<S: AdminStore>(
                     |a| async move {
                         runs.fetch_add(1, Ordering::SeqCst);
                         assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
-                        assert_eq!(a.previous_resource_id(), Some(CHECKPOINT));
-                        Outcome::<String, String>::Success(CHECKPOINT.to_owned())
+                        assert_eq!(a.previous_resource_id(), Some(RESOURCE_ID));
+                        Outcome::<String, String>::Success(RESOURCE_ID.to_owned())
                     },
                 )
                 .await
@@ -569,7 +569,7 @@ async fn killed_process<S: AdminStore>(
     assert_eq!(doc["state"], "in_flight");
     assert_eq!(doc["attempt"], 1);
     assert_eq!(doc["lease_expired"], false);
-    assert_eq!(doc["resource_id"], CHECKPOINT);
+    assert_eq!(doc["resource_id"], RESOURCE_ID);
     assert!(doc.get("body").is_none(), "no body unless asked: {doc}");
 
     // A store that does not answer in time: exit code 5, typed, per call.
@@ -607,7 +607,7 @@ async fn killed_process<S: AdminStore>(
     );
 
     // The next attempt runs as a recovery with the dead process's
-    // checkpoint: the work runs once after the kill, and only once.
+    // saved resource id: the work runs once after the kill, and only once.
     let reply = retry(long_key.clone()).await.expect("recovery");
     assert!(!reply.is_replay());
     assert_eq!(reply.attempt(), 2);
@@ -623,7 +623,9 @@ async fn killed_process<S: AdminStore>(
     );
     assert_eq!(doc["attempt"], 2);
     assert!(
-        doc["body"].as_str().is_some_and(|b| b.contains(CHECKPOINT)),
+        doc["body"]
+            .as_str()
+            .is_some_and(|b| b.contains(RESOURCE_ID)),
         "{doc}"
     );
     // Releasing a completed record is refused.

@@ -16,7 +16,7 @@
 //!   end to `now`. Its token is unchanged (the holder, if alive, may still
 //!   complete), and the next claim with the same fingerprint takes it over as
 //!   [`TakeoverReason::LeaseExpired`](crate::store::TakeoverReason) with the
-//!   checkpoint kept, under a new token that fences the old holder out: the
+//!   resource id kept, under a new token that fences the old holder out: the
 //!   same path as a lease that ended by itself.
 //! * [`AdminStore::delete_completed`] removes only completed records (the key
 //!   becomes a new operation, as after `key_ttl`); it refuses records in
@@ -143,7 +143,7 @@ pub struct RecordSummary {
     pub attempt: u32,
     /// When its lease ends (or ended).
     pub lease_until: Timestamp,
-    /// Its checkpoint or resource id.
+    /// Its resource id (saved by an attempt, or given at completion).
     pub resource_id: Option<String>,
     /// When its key is forgotten.
     pub key_expires_at: Timestamp,
@@ -193,13 +193,13 @@ pub trait AdminStore: Store {
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// Ends the lease of an in-flight record now, so that the next claim with
-    /// the same fingerprint takes it over as a recovery (checkpoint kept).
+    /// the same fingerprint takes it over as a recovery (resource id kept).
     ///
     /// # Behavior
     ///
     /// Atomically, only if the record is live, `in_flight`, and (when
     /// `attempt` is given) at exactly that attempt: `lease_until` becomes
-    /// `min(lease_until, now)`; the token, checkpoint and attempt are kept.
+    /// `min(lease_until, now)`; the token, resource id and attempt are kept.
     /// Returns whether it did.
     fn release_in_flight(
         &self,

@@ -35,7 +35,7 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         token: Token,
         now: Timestamp,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn checkpoint<'a>(
+    fn save_resource_id<'a>(
         &'a self,
         id: &'a RecordId,
         token: Token,
@@ -99,13 +99,13 @@ impl<S: AdminStore> DynStore for S {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::release(self, id, token, now))
     }
-    fn checkpoint<'a>(
+    fn save_resource_id<'a>(
         &'a self,
         id: &'a RecordId,
         token: Token,
         resource_id: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::checkpoint(self, id, token, resource_id))
+        Box::pin(Store::save_resource_id(self, id, token, resource_id))
     }
     fn extend_lease<'a>(
         &'a self,
@@ -215,13 +215,13 @@ impl Store for AnyStore {
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
         self.0.release(id, token, now).await
     }
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.0.checkpoint(id, token, resource_id).await
+        self.0.save_resource_id(id, token, resource_id).await
     }
     async fn extend_lease(
         &self,

@@ -1,5 +1,5 @@
-//! The handle the work receives: recovery information, checkpoints, lease
-//! extension and downstream keys.
+//! The handle the work receives: recovery information, saved resource ids,
+//! lease extension and downstream keys.
 
 use std::fmt;
 use std::future::Future;
@@ -19,7 +19,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The token-guarded writes an [`Attempt`] makes while its work runs,
 /// with the store's type erased so `Attempt` is not generic.
 pub(crate) trait AttemptControl: Send + Sync + fmt::Debug + 'static {
-    fn checkpoint<'a>(
+    fn save_resource_id<'a>(
         &'a self,
         id: &'a RecordId,
         token: Token,
@@ -37,13 +37,13 @@ pub(crate) trait AttemptControl: Send + Sync + fmt::Debug + 'static {
 pub(crate) struct StoreControl<S>(pub(crate) Arc<S>);
 
 impl<S: Store> AttemptControl for StoreControl<S> {
-    fn checkpoint<'a>(
+    fn save_resource_id<'a>(
         &'a self,
         id: &'a RecordId,
         token: Token,
         resource_id: &'a str,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.0.checkpoint(id, token, resource_id))
+        Box::pin(self.0.save_resource_id(id, token, resource_id))
     }
     fn extend_lease<'a>(
         &'a self,
@@ -152,8 +152,8 @@ impl Attempt {
         self.inner.previous.as_ref().map(|p| p.reason)
     }
 
-    /// The resource id an earlier attempt saved on this record (its
-    /// checkpoint), if any: what a recovery reconciles from.
+    /// The resource id an earlier attempt saved on this record, if
+    /// any: what a recovery reconciles from.
     #[must_use]
     pub fn previous_resource_id(&self) -> Option<&str> {
         self.inner.previous.as_ref()?.resource_id.as_deref()
@@ -171,8 +171,8 @@ impl Attempt {
         self.inner.token
     }
 
-    /// Saves the record's resource id *now*, under this attempt's token: a
-    /// checkpoint, e.g. the id of the charge just created, so a later
+    /// Saves the record's resource id *now*, under this attempt's token,
+    /// e.g. the id of the charge just created, so a later
     /// recovery can reconcile ([`Attempt::previous_resource_id`]). It is kept
     /// after the response body is dropped. One round trip; use
     /// [`Attempt::set_resource_id`] to save it with the outcome instead.
@@ -188,7 +188,7 @@ impl Attempt {
             return Ok(());
         };
         control
-            .checkpoint(&i.id, i.token, resource_id)
+            .save_resource_id(&i.id, i.token, resource_id)
             .await
             .map_err(Error::from)?;
         Ok(())

@@ -81,7 +81,7 @@ impl<S: Store> Claim<S> {
         }
     }
 
-    /// This attempt: recovery information, checkpoints, lease extension and
+    /// This attempt: recovery information, saved resource ids, lease extension and
     /// downstream keys. Clone it to hand it to the work.
     pub fn attempt(&self) -> &Attempt {
         &self.attempt
@@ -212,7 +212,7 @@ impl<S: Store> Claim<S> {
     }
 
     /// Releases the key after a transient failure: the next attempt with the
-    /// same request runs the work again, as a recovery with the checkpoint.
+    /// same request runs the work again, as a recovery with the saved resource id.
     ///
     /// # Errors
     ///

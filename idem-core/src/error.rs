@@ -62,7 +62,7 @@ pub enum Error {
         resource_id: Option<String>,
     },
     /// This attempt's lease was taken over by a newer attempt, so it can no
-    /// longer complete, checkpoint or release (409 + `Retry-After`). Temporary:
+    /// longer complete, save a resource id or release (409 + `Retry-After`). Temporary:
     /// the newer attempt's outcome will be replayed.
     #[error("the lease on this idempotency key was taken over by a newer attempt")]
     LeaseLost {

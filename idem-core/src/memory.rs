@@ -8,7 +8,7 @@ use crate::clock::Timestamp;
 use crate::scope::RecordId;
 use crate::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, PurgeReport,
-    RecordState, Store, StoreError, StoredRecord, TakeoverReason, Token,
+    RecordState, Store, StoreError, StoredRecord, Token,
 };
 
 /// An in-process store: one map behind one mutex.
@@ -74,10 +74,9 @@ impl MemoryStore {
 
 /// Whether the record still counts at `now`: its key has not expired, or it
 /// is in flight under a lease that has not ended (a lease is never outlived
-/// by its key).
+/// by its key). The shared rule, [`StoredRecord::is_expired`], negated.
 fn live(record: &StoredRecord, now: Timestamp) -> bool {
-    record.key_expires_at > now
-        || (record.state == RecordState::InFlight && record.lease_until > now)
+    !record.is_expired(now)
 }
 
 fn visible(record: &StoredRecord, now: Timestamp) -> StoredRecord {
@@ -128,13 +127,9 @@ impl Store for MemoryStore {
                 previous: None,
             }));
         }
-        let reason = match r.state {
-            _ if r.fingerprint != req.fingerprint => None,
-            RecordState::Released => Some(TakeoverReason::Released),
-            RecordState::InFlight if r.lease_until <= req.now => Some(TakeoverReason::LeaseExpired),
-            _ => None,
-        };
-        let Some(reason) = reason else {
+        // The shared rule (as SQLite and Postgres use it): released, or a
+        // lease that has ended, with the same fingerprint.
+        let Some(reason) = r.takeover_reason(&req.fingerprint, req.now) else {
             return Ok(ClaimOutcome::Existing(visible(r, req.now)));
         };
         entry.token = req.token;
@@ -176,7 +171,7 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,

@@ -95,7 +95,7 @@ pub struct RecordView {
     /// Whether the lease has ended at the time of the read (meaningful while
     /// in flight: then the next attempt is a recovery).
     pub lease_expired: bool,
-    /// The checkpoint or resource id.
+    /// The resource id (saved by an attempt, or given at completion).
     pub resource_id: Option<String>,
     /// The outcome, once completed.
     pub outcome: Option<OutcomeKind>,
@@ -204,7 +204,7 @@ impl<S: AdminStore> Idem<S> {
 
     /// Ends the lease of a record stuck in flight now, so that the next
     /// attempt with the same request runs as a recovery (with the
-    /// checkpoint). With `attempt`, only if the record is still at that
+    /// saved resource id). With `attempt`, only if the record is still at that
     /// attempt (what an operator inspected). Bounded by
     /// [`DEFAULT_ADMIN_TIMEOUT`] per store call.
     ///

@@ -34,7 +34,7 @@
 //!    between, and is claimable after all). Run the claim again through
 //!    [`retry_claim_race`], which bounds it and classifies exhaustion as
 //!    [`StoreError::Unavailable`] like every other backend.
-//! 3. **Token-guarded writes.** `complete`, `release`, `checkpoint` and
+//! 3. **Token-guarded writes.** `complete`, `release`, `save_resource_id` and
 //!    `extend_lease` change the record only if it is `in_flight` under the
 //!    caller's [`Token`] (one conditional update each); otherwise
 //!    [`StoreError::LeaseLost`].
@@ -78,8 +78,8 @@
 //!     async fn release(&self, id: &RecordId, t: Token, now: Timestamp) -> Result<(), StoreError> {
 //!         self.inner.release(id, t, now).await
 //!     }
-//!     async fn checkpoint(&self, id: &RecordId, t: Token, r: &str) -> Result<(), StoreError> {
-//!         self.inner.checkpoint(id, t, r).await
+//!     async fn save_resource_id(&self, id: &RecordId, t: Token, r: &str) -> Result<(), StoreError> {
+//!         self.inner.save_resource_id(id, t, r).await
 //!     }
 //!     async fn extend_lease(&self, id: &RecordId, t: Token, until: Timestamp) -> Result<(), StoreError> {
 //!         self.inner.extend_lease(id, t, until).await
@@ -119,7 +119,7 @@ use crate::scope::RecordId;
 pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A fencing token: whoever holds the record's current token may complete,
-/// release, checkpoint or extend it; anybody else is refused.
+/// release or extend it or save its resource id; anybody else is refused.
 ///
 /// Tokens are random 63-bit values (they fit a signed 64-bit column), made by
 /// the engine for every claim and takeover.
@@ -337,7 +337,7 @@ impl TakeoverReason {
 pub struct Previous {
     /// Why the record could be taken over.
     pub reason: TakeoverReason,
-    /// The resource id an earlier attempt saved (its checkpoint).
+    /// The resource id an earlier attempt saved.
     pub resource_id: Option<String>,
 }
 
@@ -370,7 +370,7 @@ pub struct StoredRecord {
     pub attempt: u32,
     /// End of the current lease (meaningful while `in_flight`).
     pub lease_until: Timestamp,
-    /// Resource id: the last checkpoint, or the id given at completion.
+    /// Resource id: the last one saved, or the id given at completion.
     pub resource_id: Option<String>,
     /// The outcome, once completed.
     pub outcome: Option<OutcomeKind>,
@@ -509,7 +509,7 @@ pub struct Completion<'a> {
     pub outcome: OutcomeKind,
     /// The encoded response (`None` for [`OutcomeKind::NotStored`]).
     pub body: Option<&'a [u8]>,
-    /// The resource id; `None` keeps the last checkpoint.
+    /// The resource id; `None` keeps the last one saved.
     pub resource_id: Option<&'a str>,
     /// The engine's time.
     pub now: Timestamp,
@@ -639,11 +639,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// * absent, or expired (`key_expires_at <= now` and not `in_flight`
     ///   with `lease_until > now`: a lease is never outlived by its key):
-    ///   insert a new `in_flight` record (attempt 1, no checkpoint, the new
+    ///   insert a new `in_flight` record (attempt 1, no resource id, the new
     ///   fingerprint) → `Claimed`.
     /// * same fingerprint and `released`, or `in_flight` with
     ///   `lease_until <= now`: take over with the new token and lease,
-    ///   attempt + 1, keeping the checkpoint → `Claimed` with `previous`.
+    ///   attempt + 1, keeping the resource id → `Claimed` with `previous`.
     /// * whenever it claims, the key is kept at least until the new lease
     ///   ends: `key_expires_at = max(key_expires_at, lease_until)` (and a
     ///   native TTL to match).
@@ -672,7 +672,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Behavior
     ///
-    /// Only if `in_flight` under `token`: state `released`, the checkpoint and
+    /// Only if `in_flight` under `token`: state `released`, the resource id and
     /// attempt count kept. Otherwise [`StoreError::LeaseLost`].
     fn release(
         &self,
@@ -681,13 +681,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Persists a recovery point (e.g. the id of a charge just created).
+    /// Saves the record's resource id, a recovery point (e.g. the id of a
+    /// charge just created); what
+    /// [`Attempt::save_resource_id`](crate::Attempt::save_resource_id) calls.
     ///
     /// # Behavior
     ///
     /// Only if `in_flight` under `token`: the resource id is set. Otherwise
     /// [`StoreError::LeaseLost`].
-    fn checkpoint(
+    fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
@@ -766,13 +768,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         S::release(self, id, token, now)
     }
-    fn checkpoint(
+    fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
         resource_id: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::checkpoint(self, id, token, resource_id)
+        S::save_resource_id(self, id, token, resource_id)
     }
     fn extend_lease(
         &self,

@@ -629,7 +629,7 @@ impl Store for Canned {
     async fn release(&self, _: &RecordId, _: Token, _: Timestamp) -> Result<(), StoreError> {
         (self.write)()
     }
-    async fn checkpoint(&self, _: &RecordId, _: Token, _: &str) -> Result<(), StoreError> {
+    async fn save_resource_id(&self, _: &RecordId, _: Token, _: &str) -> Result<(), StoreError> {
         (self.write)()
     }
     async fn extend_lease(&self, _: &RecordId, _: Token, _: Timestamp) -> Result<(), StoreError> {

@@ -29,7 +29,7 @@ use crate::rejection::Rejection;
 pub struct IdemKey(pub IdempotencyKey);
 
 /// The handler's [`Attempt`](idem_core::Attempt) (recovery information,
-/// checkpoints, resource id, downstream keys), in the request's extensions.
+/// saved resource id, downstream keys), in the request's extensions.
 #[derive(Debug, Clone)]
 pub struct IdemAttempt(pub idem_core::Attempt);
 

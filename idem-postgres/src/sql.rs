@@ -28,7 +28,7 @@ pub(crate) struct Statements {
     pub(crate) takeover: Arc<str>,
     pub(crate) complete: Arc<str>,
     pub(crate) release: Arc<str>,
-    pub(crate) checkpoint: Arc<str>,
+    pub(crate) save_resource_id: Arc<str>,
     pub(crate) extend_lease: Arc<str>,
     pub(crate) fetch: Arc<str>,
     pub(crate) purge: Arc<str>,
@@ -128,7 +128,7 @@ impl Statements {
             )
             .into(),
             release: guarded("state = 'released', lease_until = $5").into(),
-            checkpoint: guarded("resource_id = $5").into(),
+            save_resource_id: guarded("resource_id = $5").into(),
             // The key is kept at least until the lease ends.
             extend_lease: guarded(
                 "lease_until = $5, sweep_at = $5, key_expires_at = GREATEST(key_expires_at, $5)",
@@ -203,7 +203,7 @@ impl Statements {
             )
             .into(),
             // $4 now, $5 the attempt or NULL: the lease ends now; the token,
-            // checkpoint and attempt stay.
+            // resource id and attempt stay.
             release_in_flight: format!(
                 "UPDATE {t} SET lease_until = LEAST(lease_until, $4), sweep_at = LEAST(lease_until, $4)
                  WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4

@@ -454,7 +454,7 @@ impl Store for PgStore {
         self.release_on(&self.pool, id, token, now).await
     }
 
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
@@ -462,7 +462,7 @@ impl Store for PgStore {
     ) -> Result<(), StoreError> {
         self.guarded(
             &self.pool,
-            &self.sql.checkpoint,
+            &self.sql.save_resource_id,
             id,
             token,
             GuardedValue::Text(resource_id),

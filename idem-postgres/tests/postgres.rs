@@ -121,7 +121,10 @@ async fn tx_commits_claim_writes_and_response_together() {
                 .execute_in_tx(&scope, "order-1", &request(), move |attempt, conn| {
                     Box::pin(async move {
                         r.hit();
-                        attempt.save_resource_id("ord_1").await.expect("checkpoint");
+                        attempt
+                            .save_resource_id("ord_1")
+                            .await
+                            .expect("save_resource_id");
                         insert_order(&schema)
                             .bind("first")
                             .execute(&mut *conn)
@@ -150,7 +153,7 @@ async fn tx_commits_claim_writes_and_response_together() {
         assert_eq!(
             rec.resource_id.as_deref(),
             Some("ord_1"),
-            "checkpoint written with the outcome"
+            "resource id written with the outcome"
         );
     })
     .await;
@@ -596,7 +599,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
             idem_core::store::TakeoverReason::LeaseExpired
         );
         assert!(matches!(
-            store.checkpoint(&id, t2, "zombie").await,
+            store.save_resource_id(&id, t2, "zombie").await,
             Err(StoreError::LeaseLost)
         ));
         clock.advance(Duration::from_secs(86_400));
@@ -1331,8 +1334,11 @@ async fn one_statement_per_transition() {
             store.claim(&req(t1)).await.expect("claim");
             let claim = measure("claim (fresh)", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
-            store.checkpoint(&id, t1, "ch").await.expect("checkpoint");
-            let checkpoint = measure("checkpoint", s, proxy.snapshot(), &mut r);
+            store
+                .save_resource_id(&id, t1, "ch")
+                .await
+                .expect("save_resource_id");
+            let save_resource_id = measure("save_resource_id", s, proxy.snapshot(), &mut r);
             let s = proxy.snapshot();
             store
                 .extend_lease(&id, t1, now.plus(LEASE * 2))
@@ -1390,7 +1396,14 @@ async fn one_statement_per_transition() {
             let tx_replay = measure("execute_in_tx, replay", s, proxy.snapshot(), &mut r);
             if pass == 1 {
                 for d in [
-                    claim, checkpoint, extend, release, complete, replay, fetch, purge,
+                    claim,
+                    save_resource_id,
+                    extend,
+                    release,
+                    complete,
+                    replay,
+                    fetch,
+                    purge,
                 ] {
                     assert_eq!(
                         (d.statements(), d.round_trips(), d.parse),

@@ -1,7 +1,7 @@
 -- release: after a transient failure, if in flight under the token.
 -- Layout 1 (src/record.rs). KEYS[1] record
 -- ARGV[1] token (8 bytes)   ARGV[2] now (8 bytes: the lease ends now)
--- Reply: 1 done, 0 lease lost. Checkpoint, attempt and TTL are kept.
+-- Reply: 1 done, 0 lease lost. Resource id, attempt and TTL are kept.
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if string.byte(v, 1) ~= 1 or #v < 78 then

@@ -19,7 +19,7 @@ pub(crate) mod sources {
     /// Release the key under the token.
     pub const RELEASE: &str = include_str!("../scripts/release.lua");
     /// Set the resource id under the token.
-    pub const CHECKPOINT: &str = include_str!("../scripts/checkpoint.lua");
+    pub const SAVE_RESOURCE_ID: &str = include_str!("../scripts/save_resource_id.lua");
     /// Move the lease's end under the token.
     pub const EXTEND: &str = include_str!("../scripts/extend.lua");
     /// Replace a record if it still holds what the client read.
@@ -33,7 +33,8 @@ pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(sour
 /// Release the key under the token.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(sources::RELEASE));
 /// Set the resource id under the token.
-pub(crate) static CHECKPOINT: LazyLock<Script> = LazyLock::new(|| Script::new(sources::CHECKPOINT));
+pub(crate) static SAVE_RESOURCE_ID: LazyLock<Script> =
+    LazyLock::new(|| Script::new(sources::SAVE_RESOURCE_ID));
 /// Move the lease's end under the token.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(sources::EXTEND));
 /// Replace a record if it still holds what the client read.

@@ -25,7 +25,7 @@ use crate::scripts;
 /// An idempotency store in Redis or Redis Cluster.
 ///
 /// A claim (and so a replay) is one pipeline of two native commands; a
-/// completion, release, checkpoint or lease extension is one `EVALSHA` of a
+/// completion, release, saved resource id or lease extension is one `EVALSHA` of a
 /// small Lua script that checks the fencing token (see the
 /// [crate docs](crate) for the record layout and the commands of each
 /// transition). Every call is one round trip, except a takeover (the claim,
@@ -338,7 +338,7 @@ impl RedisStore {
         RecordKeys::new(&self.prefix, id).body
     }
 
-    /// Reports a claim, completion, checkpoint or lease extension done only
+    /// Reports a claim, completion, saved resource id or lease extension done only
     /// once `replicas` replicas have received it: each of those scripts is
     /// followed by `WAIT <replicas> <timeout>` in one pipeline, on the
     /// connection that wrote. When fewer replicas confirm within `timeout`,
@@ -869,14 +869,14 @@ impl Store for RedisStore {
         )
     }
 
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::CHECKPOINT.key(&keys.record);
+        let mut inv = scripts::SAVE_RESOURCE_ID.key(&keys.record);
         inv.arg(&be8(token.as_i64())[..]).arg(resource_id);
         migrating!(self, &keys.record, self.guarded(&inv, &keys.record).await)
     }

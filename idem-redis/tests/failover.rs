@@ -335,7 +335,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let idem = engine(Duration::from_millis(300)).await;
     let scope = Scope::new("tenant", "POST /charges").expect("scope");
 
-    // With the replica: claim, checkpoint, extension and completion are
+    // With the replica: claim, saved resource id, extension and completion are
     // confirmed; the replay needs nothing.
     let runs = Counter::default();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -343,12 +343,12 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let done = warm
         .execute(&scope, "k1", &request(), |attempt| async move {
             r.hit();
-            let checkpoint = attempt
+            let saved = attempt
                 .save_resource_id("ch_1")
                 .await
                 .map_err(|e| e.http_status());
             let extend = attempt.renew_lease().await.map_err(|e| e.http_status());
-            s.lock().expect("seen").extend([checkpoint, extend]);
+            s.lock().expect("seen").extend([saved, extend]);
             Out::Success("ch_1".to_owned())
         })
         .await
@@ -382,7 +382,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
             .expect("an acknowledged operator release")
     );
 
-    // The replica dies during the work: the checkpoint and the completion
+    // The replica dies during the work: the saved resource id and the completion
     // are refused (the outcome still reaches the caller, not stored).
     let (r, s, p) = (runs.clone(), Arc::clone(&seen), &pair);
     s.lock().expect("seen").clear();
@@ -390,11 +390,11 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
         .execute(&scope, "k2", &request(), |attempt| async move {
             r.hit();
             p.kill_replica();
-            let checkpoint = attempt
+            let saved = attempt
                 .save_resource_id("ch_2")
                 .await
                 .map_err(|e| e.http_status());
-            s.lock().expect("seen").push(checkpoint);
+            s.lock().expect("seen").push(saved);
             Out::Success("ch_2".to_owned())
         })
         .await

@@ -300,7 +300,10 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
     // (no SCRIPT LOAD after NOSCRIPT).
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("warm");
-    store.checkpoint(&id, req.token, "x").await.expect("warm");
+    store
+        .save_resource_id(&id, req.token, "x")
+        .await
+        .expect("warm");
     store
         .extend_lease(&id, req.token, clock.now().plus(LEASE))
         .await
@@ -357,12 +360,12 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
             counts(&[("get", 1), ("set", 1)]),
         ),
         (
-            "checkpoint",
+            "save_resource_id",
             delta(&mut admin, async {
                 store
-                    .checkpoint(&id, req.token, "ch_1")
+                    .save_resource_id(&id, req.token, "ch_1")
                     .await
-                    .expect("checkpoint")
+                    .expect("save_resource_id")
             })
             .await,
             counts(&[("evalsha", 1), ("get", 1), ("set", 1)]),

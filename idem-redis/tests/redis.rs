@@ -658,7 +658,7 @@ async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
     assert_eq!(
         rec.resource_id.as_deref(),
         Some("ch_legacy"),
-        "checkpoint kept"
+        "resource id kept"
     );
 
     // Another token is still fenced off after the migration.

@@ -11,7 +11,9 @@ pub use error::Error;
 pub use schema::MIGRATION;
 
 /// The statements the store runs, exactly, for review, `EXPLAIN QUERY PLAN`
-/// or a raw-driver baseline.
+/// or a raw-driver baseline (the benches use them). Not part of the stable
+/// API, like the Postgres and Redis crates' `statements`.
+#[doc(hidden)]
 pub mod statements {
     pub use crate::schema::{CLAIM, COMPLETE, FETCH};
 }

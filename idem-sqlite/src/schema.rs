@@ -67,7 +67,7 @@ pub const COMPLETE: &str = guarded!(
      key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)"
 );
 pub(crate) const RELEASE: &str = guarded!("state = 'released', lease_until = ?5");
-pub(crate) const CHECKPOINT: &str = guarded!("resource_id = ?5");
+pub(crate) const SAVE_RESOURCE_ID: &str = guarded!("resource_id = ?5");
 /// Extending a lease keeps the key at least until the lease ends.
 pub(crate) const EXTEND: &str =
     guarded!("lease_until = ?5, key_expires_at = MAX(key_expires_at, ?5)");
@@ -101,7 +101,7 @@ ORDER BY lease_until, owner, operation, key
 LIMIT ?3";
 
 /// The operator release (`?1`–`?3` the record, `?4` now, `?5` the attempt or
-/// NULL): the lease ends now; token, checkpoint and attempt stay.
+/// NULL): the lease ends now; token, resource id and attempt stay.
 pub(crate) const RELEASE_IN_FLIGHT: &str = "
 UPDATE idem_records SET lease_until = MIN(lease_until, ?4)
 WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND state = 'in_flight'

@@ -214,13 +214,13 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.guarded(schema::CHECKPOINT, id, token, |q| q.bind(resource_id))
+        self.guarded(schema::SAVE_RESOURCE_ID, id, token, |q| q.bind(resource_id))
             .await
     }
 

@@ -145,7 +145,7 @@ pub async fn admin_lists_stuck_records_in_pages<S: AdminStore>(store: Arc<S>) {
 }
 
 /// An operator releases a record stuck in flight under a long lease: the next
-/// attempt runs as a recovery (lease expired, checkpoint kept), the old
+/// attempt runs as a recovery (lease expired, resource id kept), the old
 /// holder is fenced out, and the work ran once per attempt only.
 pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
@@ -154,9 +154,9 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
     let id = record_id(&sc, &k);
     let old = claim(&*store, &id, &clock, LEASE).await;
     store
-        .checkpoint(&id, old, "ch_1")
+        .save_resource_id(&id, old, "ch_1")
         .await
-        .expect("checkpoint");
+        .expect("save_resource_id");
 
     let view = idem
         .inspect(&sc, &k, false)

@@ -26,7 +26,7 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
     let (scope2, key2) = (scope.clone(), super::support::key());
     idem.execute(&scope, &key, &charge_request(100), |a| async move {
-        a.save_resource_id("ch_9").await.expect("checkpoint");
+        a.save_resource_id("ch_9").await.expect("save_resource_id");
         charge("ch_9")
     })
     .await

@@ -15,7 +15,7 @@ use super::support::{
 /// If the outcome cannot be stored after the work succeeded, the caller still
 /// gets the work's result (marked not stored), duplicates get 409 (never a
 /// second run while the lease holds), and after the lease the next attempt is
-/// a recovery that finds the checkpoint and reconciles. A store that is down
+/// a recovery that finds the saved resource id and reconciles. A store that is down
 /// before the claim gives a typed 503 and runs nothing.
 pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
@@ -48,7 +48,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
-            a.save_resource_id("ch_1").await.expect("checkpoint");
+            a.save_resource_id("ch_1").await.expect("save_resource_id");
             Out::Success(Charge {
                 id: "ch_1".into(),
                 amount: 100,
@@ -82,7 +82,10 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             assert!(a.is_recovery());
-            let id = a.previous_resource_id().expect("checkpoint").to_owned();
+            let id = a
+                .previous_resource_id()
+                .expect("saved resource id")
+                .to_owned();
             Out::Success(Charge { id, amount: 100 })
         })
         .await

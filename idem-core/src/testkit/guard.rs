@@ -69,7 +69,7 @@ pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: A
         .attempt()
         .save_resource_id("ch_before_crash")
         .await
-        .expect("checkpoint");
+        .expect("save_resource_id");
     drop(claim);
     let id = RecordId::new(scope.clone(), key.clone());
     let record = store

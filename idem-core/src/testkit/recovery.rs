@@ -153,8 +153,8 @@ pub async fn in_flight_wait_mode_times_out<S: Store>(store: Arc<S>) {
 
 /// An attempt that dies mid-work leaves the record in flight: duplicates get
 /// 409 until its lease ends; then the same request takes the record over as
-/// a *recovery* with a new token, attempt 2 and the dead attempt's checkpoint.
-pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(store: Arc<S>) {
+/// a *recovery* with a new token, attempt 2 and the dead attempt's saved resource id.
+pub async fn expired_lease_is_taken_over_as_recovery_with_resource_id<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let (scope, key) = (scope("POST /charges"), key());
@@ -162,7 +162,7 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
     let dead = started.await.expect("first started");
     dead.save_resource_id("ch_created_before_crash")
         .await
-        .expect("checkpoint");
+        .expect("save_resource_id");
     first.abort(); // the process dies: no completion, no release
     let _ = first.await;
     let err = idem
@@ -185,7 +185,7 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_checkpoint<S: Store>(s
             // Reconcile: the charge exists, so return it instead of charging again.
             let id = attempt
                 .previous_resource_id()
-                .expect("checkpoint survives")
+                .expect("saved resource id survives")
                 .to_owned();
             Out::Success(Charge { id, amount: 100 })
         })
@@ -234,9 +234,9 @@ pub async fn expired_lease_with_other_request_is_a_mismatch<S: Store>(store: Arc
     assert_eq!(reply.attempt(), 2);
 }
 
-/// A holder whose lease was taken over can no longer complete, checkpoint or
+/// A holder whose lease was taken over can no longer complete, save a resource id or
 /// extend: the store checks its token, and the newer outcome stands.
-pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store: Arc<S>) {
+pub async fn zombie_holder_cannot_complete_save_resource_id_or_extend<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
     let (scope, key) = (scope("POST /charges"), key());
@@ -254,7 +254,7 @@ pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store:
     let err = zombie
         .save_resource_id("ch_zombie")
         .await
-        .expect_err("zombie checkpoint");
+        .expect_err("zombie save_resource_id");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     assert_eq!(err.http_status(), 409);
     let err = zombie.extend_lease(LEASE).await.expect_err("zombie extend");
@@ -280,7 +280,7 @@ pub async fn zombie_holder_cannot_complete_checkpoint_or_extend<S: Store>(store:
         .expect("record");
     assert_eq!(
         record.resource_id, None,
-        "the zombie's checkpoint was refused"
+        "the zombie's save_resource_id was refused"
     );
 }
 
@@ -332,7 +332,7 @@ pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
 
 /// A transient failure is not stored: the key is released, the caller gets
 /// the failure, and the next attempt with the same request runs the work
-/// again (told it follows a release, with the checkpoint).
+/// again (told it follows a release, with the saved resource id).
 pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = engine(&store, &clock);
@@ -341,7 +341,9 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
-            a.save_resource_id("pi_pending").await.expect("checkpoint");
+            a.save_resource_id("pi_pending")
+                .await
+                .expect("save_resource_id");
             Out::Transient(Decline {
                 code: "provider_503".into(),
             })

@@ -37,7 +37,7 @@ fn lost<T: std::fmt::Debug>(r: Result<T, StoreError>) {
     );
 }
 
-/// Complete, release, checkpoint and extend change nothing unless the record
+/// Complete, release, save_resource_id and extend change nothing unless the record
 /// is in flight under exactly the caller's token.
 pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
@@ -66,13 +66,13 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     };
     lost(store.complete(&id, other, &done).await);
     lost(store.release(&id, other, now).await);
-    lost(store.checkpoint(&id, other, "x").await);
+    lost(store.save_resource_id(&id, other, "x").await);
     lost(store.extend_lease(&id, other, now.plus(LEASE * 10)).await);
     assert_eq!(store.fetch(&id, now).await.expect("fetch"), Some(before));
     store
-        .checkpoint(&id, mine, "ch_1")
+        .save_resource_id(&id, mine, "ch_1")
         .await
-        .expect("checkpoint");
+        .expect("save_resource_id");
     store
         .extend_lease(&id, mine, now.plus(LEASE * 2))
         .await
@@ -93,13 +93,13 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     assert_eq!(
         rec.resource_id.as_deref(),
         Some("ch_1"),
-        "None keeps the checkpoint"
+        "None keeps the saved resource id"
     );
     assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
     // Completed: even the right token can no longer write.
     lost(store.complete(&id, mine, &done).await);
     lost(store.release(&id, mine, now).await);
-    lost(store.checkpoint(&id, mine, "y").await);
+    lost(store.save_resource_id(&id, mine, "y").await);
     lost(store.extend_lease(&id, mine, now).await);
     // Writes to a record that does not exist are refused too.
     let ghost = record_id(&scope("POST /charges"), &key());
@@ -110,7 +110,7 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
 
 /// A claim that loses reports the standing record: fingerprint, state, lease,
 /// attempt, and the body only until `response_expires_at`; a released record
-/// and an expired lease are taken over, keeping the checkpoint.
+/// and an expired lease are taken over, keeping the saved resource id.
 pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let id = record_id(&scope("POST /charges"), &key());
@@ -138,7 +138,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
         ClaimOutcome::Existing(_)
     ));
     store
-        .checkpoint(&id, t1, "ch_a")
+        .save_resource_id(&id, t1, "ch_a")
         .await
         .expect("still mine until taken over");
     let t2 = Token::random();
@@ -153,7 +153,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     let prev = c.previous.expect("previous");
     assert_eq!(prev.reason, TakeoverReason::LeaseExpired);
     assert_eq!(prev.resource_id.as_deref(), Some("ch_a"));
-    lost(store.checkpoint(&id, t1, "zombie").await);
+    lost(store.save_resource_id(&id, t1, "zombie").await);
     store.release(&id, t2, clock.now()).await.expect("release");
     let t3 = Token::random();
     let ClaimOutcome::Claimed(c) = store

@@ -162,14 +162,14 @@ impl<S: Store> Store for FailingStore<S> {
         self.check()?;
         self.inner.release(id, token, now).await
     }
-    async fn checkpoint(
+    async fn save_resource_id(
         &self,
         id: &RecordId,
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
         self.check()?;
-        self.inner.checkpoint(id, token, resource_id).await
+        self.inner.save_resource_id(id, token, resource_id).await
     }
     async fn extend_lease(
         &self,

@@ -1,4 +1,4 @@
--- checkpoint: set the resource id, if in flight under the token.
+-- save_resource_id: set the resource id, if in flight under the token.
 -- Layout 1 (src/record.rs). KEYS[1] record
 -- ARGV[1] token (8 bytes)   ARGV[2] resource id
 -- Reply: 1 done, 0 lease lost.
