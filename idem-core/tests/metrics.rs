@@ -179,12 +179,15 @@ fn failures_and_purges_count_exactly() {
             assert_eq!(err.code(), "store_unavailable");
             store.fail_all(false);
 
-            // Past key_ttl, a purge by hand removes k1 and k2, one key per
-            // batch (and drops k1's body, expired too): 2 batches and an
-            // empty one.
-            clock.advance(idem.policy().key_ttl() + Duration::from_secs(1));
-            let report = idem.purge_expired(1).await.expect("purge");
-            assert_eq!(report.keys_removed, 2);
+            // Past response_ttl, a purge by hand drops k1's body (k2 stored
+            // none); past key_ttl, another removes both keys. Each is one
+            // batch that did something and an empty one.
+            clock.advance(idem.policy().response_ttl() + Duration::from_secs(1));
+            let report = idem.purge_expired(10).await.expect("purge bodies");
+            assert_eq!((report.keys_removed, report.bodies_dropped), (0, 1));
+            clock.advance(idem.policy().key_ttl());
+            let report = idem.purge_expired(10).await.expect("purge keys");
+            assert_eq!((report.keys_removed, report.bodies_dropped), (2, 0));
         });
     });
     let m = snapshot_map(&recorder);
@@ -206,8 +209,8 @@ fn failures_and_purges_count_exactly() {
         ("idem_store_call_seconds{call=claim}".to_owned(), 4),
         ("idem_store_call_seconds{call=complete}".to_owned(), 2),
         ("idem_store_call_seconds{call=release}".to_owned(), 1),
-        ("idem_store_call_seconds{call=purge}".to_owned(), 3),
-        ("idem_purge_runs_total{}".to_owned(), 3),
+        ("idem_store_call_seconds{call=purge}".to_owned(), 4),
+        ("idem_purge_runs_total{}".to_owned(), 4),
         ("idem_purge_keys_removed_total{}".to_owned(), 2),
         ("idem_purge_bodies_dropped_total{}".to_owned(), 1),
     ];
