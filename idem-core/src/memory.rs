@@ -152,6 +152,17 @@ impl Store for MemoryStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
+        {
+            let map = self.lock();
+            if map
+                .get(id)
+                .is_some_and(|e| e.token == token && e.record.state == RecordState::Completed)
+            {
+                // Already completed under this token: a retry after a lost
+                // reply. Nothing changes.
+                return Ok(());
+            }
+        }
         self.guarded(id, token, |r| {
             r.state = RecordState::Completed;
             r.outcome = Some(c.outcome);

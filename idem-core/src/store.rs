@@ -660,7 +660,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// Only if the record is `in_flight` under `token` (expired lease or not):
     /// state `completed`, the outcome, body and expiries set; the resource id
-    /// replaced if given. Otherwise [`StoreError::LeaseLost`], nothing changed.
+    /// replaced if given. A record already `completed` under `token` answers
+    /// `Ok(())` with nothing changed: the engine retries a completion whose
+    /// reply was lost (a timeout after the write), and that retry must not
+    /// read as a lost lease. Otherwise [`StoreError::LeaseLost`], nothing
+    /// changed.
     fn complete(
         &self,
         id: &RecordId,

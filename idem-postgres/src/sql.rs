@@ -27,6 +27,7 @@ pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
     pub(crate) takeover: Arc<str>,
     pub(crate) complete: Arc<str>,
+    pub(crate) completed_under: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) save_resource_id: Arc<str>,
     pub(crate) extend_lease: Arc<str>,
@@ -125,6 +126,13 @@ impl Statements {
             complete: guarded(
                 "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
                  key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
+            )
+            .into(),
+            // Asked only when a completion changed no row: is the record
+            // already completed under this token (a retry after a lost
+            // reply, not a lost lease)?
+            completed_under: format!(
+                "SELECT 1 FROM {t} WHERE {pk} AND token = $4 AND state = 'completed'"
             )
             .into(),
             release: guarded("state = 'released', lease_until = $5").into(),

@@ -447,7 +447,21 @@ impl Store for PgStore {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        self.complete_on(&self.pool, id, token, completion).await
+        let done = self.complete_on(&self.pool, id, token, completion).await;
+        if !matches!(done, Err(StoreError::LeaseLost)) {
+            return done;
+        }
+        // No row changed: a lost lease, or this completion already applied
+        // (a retry after a lost reply), which is not an error.
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if applied.is_some() { Ok(()) } else { done }
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {

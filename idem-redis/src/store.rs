@@ -714,13 +714,13 @@ impl RedisStore {
             (Some(_), other) => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
         };
         match reply {
-            Value::Int(1) => acked,
-            // Already completed under this token: a retry after a lost reply
-            // or a missing acknowledgement. The script rewrote the record, so
-            // the `WAIT` after it covers the completion: with the option, a
-            // confirmation now is the confirmation the first call lacked.
-            Value::Int(2) if self.ack.is_some() => acked,
-            Value::Int(0 | 2) => Err(StoreError::LeaseLost),
+            // 2: already completed under this token, a retry after a lost
+            // reply or a missing acknowledgement: done, not a lost lease. The
+            // script rewrote the record unchanged, so the `WAIT` after it
+            // covers the completion: with the option, a confirmation now is
+            // the confirmation the first call lacked.
+            Value::Int(1 | 2) => acked,
+            Value::Int(0) => Err(StoreError::LeaseLost),
             other => Err(unexpected(&other)),
         }
     }

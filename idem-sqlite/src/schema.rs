@@ -66,6 +66,12 @@ pub const COMPLETE: &str = guarded!(
     "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
      key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)"
 );
+/// Whether the record (`?1`–`?3`) is already completed under the token `?4`:
+/// asked only when a completion changed no row, so that a retry after a lost
+/// reply is not reported as a lost lease.
+pub(crate) const COMPLETED_UNDER: &str = "
+SELECT 1 FROM idem_records
+WHERE owner = ?1 AND operation = ?2 AND key = ?3 AND token = ?4 AND state = 'completed'";
 pub(crate) const RELEASE: &str = guarded!("state = 'released', lease_until = ?5");
 pub(crate) const SAVE_RESOURCE_ID: &str = guarded!("resource_id = ?5");
 /// Extending a lease keeps the key at least until the lease ends.

@@ -199,14 +199,29 @@ impl Store for SqliteStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        self.guarded(schema::COMPLETE, id, token, |q| {
-            q.bind(c.outcome.as_str())
-                .bind(c.body)
-                .bind(ms(c.response_expires_at))
-                .bind(ms(c.key_expires_at))
-                .bind(c.resource_id)
-        })
-        .await
+        let done = self
+            .guarded(schema::COMPLETE, id, token, |q| {
+                q.bind(c.outcome.as_str())
+                    .bind(c.body)
+                    .bind(ms(c.response_expires_at))
+                    .bind(ms(c.key_expires_at))
+                    .bind(c.resource_id)
+            })
+            .await;
+        if !matches!(done, Err(StoreError::LeaseLost)) {
+            return done;
+        }
+        // No row changed: a lost lease, or this completion already applied
+        // (a retry after a lost reply), which is not an error.
+        let applied = sqlx::query(schema::COMPLETED_UNDER)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map)?;
+        if applied.is_some() { Ok(()) } else { done }
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {

@@ -93,3 +93,50 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     assert!(reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
 }
+
+/// A completion that reached the store but whose reply was lost (a timeout
+/// after the write) is retried by the engine; the retry finds the record
+/// completed under the attempt's own token, so the caller gets its outcome
+/// reported stored, not a lost lease, and a duplicate replays it. The work
+/// runs once.
+pub async fn completion_with_a_lost_reply_is_reported_stored<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let failing = FailingStore::new(Arc::clone(&store));
+    let idem = Idem::new(failing.clone())
+        .with_clock(clock.clone())
+        .with_policy(policy(crate::InFlightMode::Reject));
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let work = |runs: Counter| {
+        move |_| async move {
+            runs.hit();
+            Out::Success(Charge {
+                id: "ch_9".into(),
+                amount: 900,
+            })
+        }
+    };
+
+    failing.lose_complete_replies(1);
+    let reply = idem
+        .execute(&scope, &key, &charge_request(900), work(runs.clone()))
+        .await
+        .expect("a retried completion that already applied is not a lost lease");
+    assert!(reply.is_stored(), "the outcome is stored and said so");
+    assert!(!reply.is_replay());
+    assert_eq!(reply.into_result().expect("ok").id, "ch_9");
+
+    let replay = idem
+        .execute(&scope, &key, &charge_request(900), work(runs.clone()))
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(replay.into_result().expect("ok").id, "ch_9");
+    assert_eq!(runs.get(), 1, "the work ran once");
+    let record = store
+        .fetch(&super::support::record_id(&scope, &key), clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(record.state, RecordState::Completed);
+    assert_eq!(record.attempt, 1);
+}

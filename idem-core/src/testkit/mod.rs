@@ -128,6 +128,7 @@ macro_rules! __idem_for_each_scenario {
             store_writes_are_fenced_by_token,
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
+            completion_with_a_lost_reply_is_reported_stored,
             extended_lease_outlives_key_ttl,
             takeover_lease_outlives_key_ttl,
             claim_checks_the_lease_before_key_expiry,

@@ -38,7 +38,8 @@ fn lost<T: std::fmt::Debug>(r: Result<T, StoreError>) {
 }
 
 /// Complete, release, save_resource_id and extend change nothing unless the record
-/// is in flight under exactly the caller's token.
+/// is in flight under exactly the caller's token; a completion retried under
+/// the token that completed the record answers Ok and changes nothing.
 pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let id = record_id(&scope("POST /charges"), &key());
@@ -96,8 +97,20 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
         "None keeps the saved resource id"
     );
     assert_eq!(rec.response.as_deref(), Some(b"body".as_slice()));
-    // Completed: even the right token can no longer write.
-    lost(store.complete(&id, mine, &done).await);
+    // Completed: even the right token can no longer write. A completion
+    // under the token that completed it answers Ok (a retry after a lost
+    // reply) and changes nothing, even with other contents.
+    let completed = store.fetch(&id, now).await.expect("fetch");
+    store
+        .complete(&id, mine, &done)
+        .await
+        .expect("a completion retried under its token is not a lost lease");
+    assert_eq!(
+        store.fetch(&id, now).await.expect("fetch"),
+        completed,
+        "a retried completion changes nothing"
+    );
+    lost(store.complete(&id, other, &done).await);
     lost(store.release(&id, mine, now).await);
     lost(store.save_resource_id(&id, mine, "y").await);
     lost(store.extend_lease(&id, mine, now).await);

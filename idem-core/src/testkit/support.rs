@@ -97,6 +97,7 @@ pub struct FailingStore<S> {
     inner: Arc<S>,
     fail_complete: Arc<AtomicBool>,
     fail_all: Arc<AtomicBool>,
+    lose_complete_replies: Arc<AtomicUsize>,
 }
 
 impl<S> Clone for FailingStore<S> {
@@ -105,6 +106,7 @@ impl<S> Clone for FailingStore<S> {
             inner: Arc::clone(&self.inner),
             fail_complete: Arc::clone(&self.fail_complete),
             fail_all: Arc::clone(&self.fail_all),
+            lose_complete_replies: Arc::clone(&self.lose_complete_replies),
         }
     }
 }
@@ -116,7 +118,13 @@ impl<S: Store> FailingStore<S> {
             inner,
             fail_complete: Arc::new(AtomicBool::new(false)),
             fail_all: Arc::new(AtomicBool::new(false)),
+            lose_complete_replies: Arc::new(AtomicUsize::new(0)),
         }
+    }
+    /// Makes the next `n` completions reach the store and then fail as if
+    /// their reply was lost (a timeout after the write).
+    pub fn lose_complete_replies(&self, n: usize) {
+        self.lose_complete_replies.store(n, Ordering::SeqCst);
     }
     /// Makes `complete` fail (or succeed again).
     pub fn fail_complete(&self, on: bool) {
@@ -156,7 +164,18 @@ impl<S: Store> Store for FailingStore<S> {
                 source: "injected completion failure".into(),
             });
         }
-        self.inner.complete(id, token, c).await
+        self.inner.complete(id, token, c).await?;
+        let lose = self
+            .lose_complete_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(StoreError::Unavailable {
+                backend: "failing-store",
+                source: "injected lost reply after the completion was written".into(),
+            });
+        }
+        Ok(())
     }
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
         self.check()?;
