@@ -364,6 +364,15 @@ impl RedisStore {
     /// * A replay carries the claim's `WAIT` (the claim's `SET … NX` cannot
     ///   know beforehand whether it writes); a fetch sends none.
     ///
+    /// The connection's own response timeout must be longer than `timeout`,
+    /// or the client gives up first and the write is reported as
+    /// [`StoreError::Unavailable`] ("timed out") before `WAIT` could answer.
+    /// [`RedisStore::connect`] keeps redis-rs's default of 500 ms; for a
+    /// longer acknowledgement, build the store with
+    /// [`RedisStore::from_manager`] on a
+    /// [`ConnectionManagerConfig`](redis::aio::ConnectionManagerConfig) with a
+    /// larger `set_response_timeout` (as the `replica_ack` bench does).
+    ///
     /// `WAIT` confirms the write reached the replicas' memory, not their
     /// disks, and Redis still promotes whichever replica it likes: see the
     /// durability table in the [crate docs](crate). Every write then costs a
