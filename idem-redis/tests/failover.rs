@@ -315,13 +315,8 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let engine = |ack: Duration| {
         let (url, clock) = (pair.url(), clock.clone());
         async move {
-            let config = idem_redis::redis::aio::ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(10)));
-            let manager = idem_redis::redis::Client::open(url.as_str())
-                .expect("url")
-                .get_connection_manager_with_config(config)
-                .await
-                .expect("connect");
+            let manager =
+                support::manager_with_response_timeout(&url, Duration::from_secs(10)).await;
             let store = RedisStore::from_manager(manager)
                 .with_prefix("idem-ack:")
                 .expect("prefix")

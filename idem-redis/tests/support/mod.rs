@@ -171,3 +171,18 @@ pub(crate) async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
         .await
         .unwrap_or_else(|e| unreachable(url, &e))
 }
+
+/// A connection manager on `url` whose response timeout is `timeout` instead
+/// of redis-rs's 500 ms: for stores with a replica acknowledgement, whose
+/// `WAIT` must be answered by its own timeout, not cut by the client.
+pub(crate) async fn manager_with_response_timeout(
+    url: &str,
+    timeout: std::time::Duration,
+) -> redis::aio::ConnectionManager {
+    let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(timeout));
+    Client::open(url)
+        .expect("url")
+        .get_connection_manager_with_config(config)
+        .await
+        .expect("connect")
+}
