@@ -433,15 +433,37 @@ fn profile(which: &str, rt: &Runtime) {
     // `raw-fresh|raw-replay`: the same loop on the raw baseline, so that
     // idem minus raw is the engine's own count.
     let took = if which.starts_with("raw-") {
-        let plan = Arc::new(Plan::new(RawMemory::new(256), run_id()));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed
+        profile_loop(rt, RawMemory::new(256), scenario, 1, 20_000)
     } else {
-        let plan = Arc::new(Plan::new(Lib::new(MemoryStore::new(), 256), run_id()));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, 1, 20_000, false)).elapsed
+        profile_loop(rt, Lib::new(MemoryStore::new(), 256), scenario, 1, 20_000)
     };
     println!("{which}: 20000 calls in {took:?}");
+}
+
+/// One profile loop: `calls` calls of `scenario` on `target` at `tasks`
+/// tasks (the replay keys prepared first); how long the calls took.
+fn profile_loop<T: Target>(
+    rt: &Runtime,
+    target: T,
+    scenario: Scenario,
+    tasks: usize,
+    calls: u64,
+) -> Duration {
+    let plan = Arc::new(Plan::new(target, run_id()));
+    rt.block_on(plan.prepare_replays());
+    rt.block_on(run(&plan, scenario, tasks, calls, false))
+        .elapsed
+}
+
+/// `IDEM_PROFILE_CALLS` (default `calls`) and `IDEM_PROFILE_TASKS` (default
+/// 64) of the backend profile modes.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn profile_size(calls: u64) -> (u64, usize) {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    (
+        var("IDEM_PROFILE_CALLS").unwrap_or(calls),
+        var("IDEM_PROFILE_TASKS").map_or(64, |t: u64| usize::try_from(t).unwrap_or(64)),
+    )
 }
 
 /// `IDEM_STORE_PROFILE=redis-fresh|redis-replay|redis-min-fresh|redis-min-replay`:
@@ -456,16 +478,7 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
     use idem_redis::RedisStore;
     use idem_redis::redis::aio::ConnectionManager;
 
-    let var = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let (calls, tasks) = (
-        var("IDEM_PROFILE_CALLS", 200_000) as u64,
-        var("IDEM_PROFILE_TASKS", 64),
-    );
+    let (calls, tasks) = profile_size(200_000);
     let url = redis_url();
     let conn = rt
         .block_on(async {
@@ -474,21 +487,13 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
         .expect("Redis reachable");
     let prefix = format!("idem-profile-{}:", std::process::id());
     let took = if side.starts_with("min-") {
-        let plan = Arc::new(Plan::new(
-            MinRedis::new(conn.clone(), &prefix, 256),
-            run_id(),
-        ));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, tasks, calls, false))
-            .elapsed
+        let min = MinRedis::new(conn.clone(), &prefix, 256);
+        profile_loop(rt, min, scenario, tasks, calls)
     } else {
         let store = RedisStore::from_manager(conn.clone())
             .with_prefix(&prefix)
             .expect("valid prefix");
-        let plan = Arc::new(Plan::new(Lib::new(store, 256), run_id()));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, tasks, calls, false))
-            .elapsed
+        profile_loop(rt, Lib::new(store, 256), scenario, tasks, calls)
     };
     rt.block_on(clean(&conn, &prefix));
     println!("redis-{side}: {calls} calls at {tasks} tasks in {took:?}");
@@ -503,16 +508,7 @@ fn profile_postgres(side: &str, scenario: Scenario, rt: &Runtime) {
     use idem_postgres::PgStore;
     use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-    let var = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let (calls, tasks) = (
-        var("IDEM_PROFILE_CALLS", 50_000) as u64,
-        var("IDEM_PROFILE_TASKS", 64),
-    );
+    let (calls, tasks) = profile_size(50_000);
     let options: PgConnectOptions = postgres_url().parse().expect("Postgres URL");
     let pool = PgPoolOptions::new().max_connections(u32::try_from(tasks.min(16)).unwrap_or(16));
     let store = rt
@@ -525,15 +521,9 @@ fn profile_postgres(side: &str, scenario: Scenario, rt: &Runtime) {
         .expect("migrate the bench schema");
     let took = if side.starts_with("min-") {
         let min = rt.block_on(MinPostgres::new(store.pool().clone(), PG_SCHEMA, 256));
-        let plan = Arc::new(Plan::new(min, run_id()));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, tasks, calls, false))
-            .elapsed
+        profile_loop(rt, min, scenario, tasks, calls)
     } else {
-        let plan = Arc::new(Plan::new(Lib::new(store.clone(), 256), run_id()));
-        rt.block_on(plan.prepare_replays());
-        rt.block_on(run(&plan, scenario, tasks, calls, false))
-            .elapsed
+        profile_loop(rt, Lib::new(store.clone(), 256), scenario, tasks, calls)
     };
     let drop = format!("DROP SCHEMA IF EXISTS \"{PG_SCHEMA}\" CASCADE");
     rt.block_on(
