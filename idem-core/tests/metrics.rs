@@ -35,68 +35,80 @@ fn snapshot_map(recorder: &DebuggingRecorder) -> HashMap<String, u64> {
     out
 }
 
-#[test]
-fn a_scripted_run_counts_exactly() {
+/// Runs `script` on a current-thread runtime with a recording exporter as
+/// this thread's recorder, and returns what it recorded.
+fn recorded(script: impl std::future::Future<Output = ()>) -> HashMap<String, u64> {
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let clock = ManualClock::starting_now();
-            let idem = Idem::new(MemoryStore::new()).with_clock(clock.clone());
-            let scope = Scope::new("acct_1", "POST /charges").expect("scope");
-            let work = |_| async { Out::Success("ch_1".to_owned()) };
-            let req = serde_json::json!({"amount": 1});
+    metrics::with_local_recorder(&recorder, || runtime.block_on(script));
+    snapshot_map(&recorder)
+}
 
-            idem.execute(&scope, "k1", &req, work).await.expect("first");
-            let replay = idem
-                .execute(&scope, "k1", &req, work)
-                .await
-                .expect("replay");
-            assert!(replay.is_replay());
-            let other = serde_json::json!({"amount": 2});
-            let err = idem
-                .execute(&scope, "k1", &other, work)
-                .await
-                .expect_err("mismatch");
-            assert_eq!(err.code(), "fingerprint_mismatch");
+/// Every wanted series has exactly its count, and nothing else was recorded.
+fn assert_exactly(m: &HashMap<String, u64>, want: &[(String, u64)]) {
+    for (name, n) in want {
+        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
+    }
+    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
+}
 
-            // A crashed attempt on k2: claimed, never completed.
-            let prepared = idem.prepare(&scope, "k2", &req).expect("prepare");
-            let now = clock.now();
-            idem.store()
-                .claim(&ClaimRequest::new(
-                    &prepared.id,
-                    prepared.fingerprint,
-                    Token::random(),
-                    now,
-                    now.plus(idem.policy().lease()),
-                    now.plus(idem.policy().key_ttl()),
-                ))
-                .await
-                .expect("claim");
-            let err = idem
-                .execute(&scope, "k2", &req, work)
-                .await
-                .expect_err("in flight");
-            assert_eq!(err.code(), "in_flight");
-            clock.advance(idem.policy().lease() + Duration::from_secs(1));
-            let recovered = idem
-                .execute(&scope, "k2", &req, work)
-                .await
-                .expect("recovery");
-            assert_eq!(recovered.attempt(), 2);
+#[test]
+fn a_scripted_run_counts_exactly() {
+    let m = recorded(async {
+        let clock = ManualClock::starting_now();
+        let idem = Idem::new(MemoryStore::new()).with_clock(clock.clone());
+        let scope = Scope::new("acct_1", "POST /charges").expect("scope");
+        let work = |_| async { Out::Success("ch_1".to_owned()) };
+        let req = serde_json::json!({"amount": 1});
 
-            let err = idem
-                .execute(&scope, " ", &req, work)
-                .await
-                .expect_err("invalid");
-            assert_eq!(err.code(), "invalid_key");
-        });
+        idem.execute(&scope, "k1", &req, work).await.expect("first");
+        let replay = idem
+            .execute(&scope, "k1", &req, work)
+            .await
+            .expect("replay");
+        assert!(replay.is_replay());
+        let other = serde_json::json!({"amount": 2});
+        let err = idem
+            .execute(&scope, "k1", &other, work)
+            .await
+            .expect_err("mismatch");
+        assert_eq!(err.code(), "fingerprint_mismatch");
+
+        // A crashed attempt on k2: claimed, never completed.
+        let prepared = idem.prepare(&scope, "k2", &req).expect("prepare");
+        let now = clock.now();
+        idem.store()
+            .claim(&ClaimRequest::new(
+                &prepared.id,
+                prepared.fingerprint,
+                Token::random(),
+                now,
+                now.plus(idem.policy().lease()),
+                now.plus(idem.policy().key_ttl()),
+            ))
+            .await
+            .expect("claim");
+        let err = idem
+            .execute(&scope, "k2", &req, work)
+            .await
+            .expect_err("in flight");
+        assert_eq!(err.code(), "in_flight");
+        clock.advance(idem.policy().lease() + Duration::from_secs(1));
+        let recovered = idem
+            .execute(&scope, "k2", &req, work)
+            .await
+            .expect("recovery");
+        assert_eq!(recovered.attempt(), 2);
+
+        let err = idem
+            .execute(&scope, " ", &req, work)
+            .await
+            .expect_err("invalid");
+        assert_eq!(err.code(), "invalid_key");
     });
-    let m = snapshot_map(&recorder);
     let op = "operation=POST /charges";
     let want = [
         (format!("idem_executions_total{{{op}}}"), 2),
@@ -115,82 +127,71 @@ fn a_scripted_run_counts_exactly() {
         ("idem_store_call_seconds{call=claim}".to_owned(), 5),
         ("idem_store_call_seconds{call=complete}".to_owned(), 2),
     ];
-    for (name, n) in &want {
-        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
-    }
-    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
+    assert_exactly(&m, &want);
 }
 
 #[test]
 fn failures_and_purges_count_exactly() {
-    let recorder = DebuggingRecorder::new();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let clock = ManualClock::starting_now();
-            let store = FailingStore::new(Arc::new(MemoryStore::new()));
-            let policy = Policy::builder()
-                .max_response_bytes(16)
-                .store_retries(1, Duration::from_millis(1))
-                .build()
-                .expect("policy");
-            let idem = Idem::new(store.clone())
-                .with_clock(clock.clone())
-                .with_policy(policy);
-            let scope = Scope::new("acct_1", "POST /refunds").expect("scope");
-            let req = serde_json::json!({"amount": 1});
+    let m = recorded(async {
+        let clock = ManualClock::starting_now();
+        let store = FailingStore::new(Arc::new(MemoryStore::new()));
+        let policy = Policy::builder()
+            .max_response_bytes(16)
+            .store_retries(1, Duration::from_millis(1))
+            .build()
+            .expect("policy");
+        let idem = Idem::new(store.clone())
+            .with_clock(clock.clone())
+            .with_policy(policy);
+        let scope = Scope::new("acct_1", "POST /refunds").expect("scope");
+        let req = serde_json::json!({"amount": 1});
 
-            // A transient failure releases k1; the next call recovers it.
-            let reply = idem
-                .execute(&scope, "k1", &req, |_| async {
-                    Out::Transient("busy".to_owned())
-                })
-                .await
-                .expect("transient");
-            assert!(!reply.is_stored());
-            let reply = idem
-                .execute(&scope, "k1", &req, |_| async {
-                    Out::Success("ok".to_owned())
-                })
-                .await
-                .expect("recovered");
-            assert_eq!(reply.attempt(), 2);
+        // A transient failure releases k1; the next call recovers it.
+        let reply = idem
+            .execute(&scope, "k1", &req, |_| async {
+                Out::Transient("busy".to_owned())
+            })
+            .await
+            .expect("transient");
+        assert!(!reply.is_stored());
+        let reply = idem
+            .execute(&scope, "k1", &req, |_| async {
+                Out::Success("ok".to_owned())
+            })
+            .await
+            .expect("recovered");
+        assert_eq!(reply.attempt(), 2);
 
-            // A response over the 16-byte limit is not stored.
-            let reply = idem
-                .execute(&scope, "k2", &req, |_| async {
-                    Out::Success("x".repeat(100))
-                })
-                .await
-                .expect("not stored");
-            assert!(!reply.is_stored());
+        // A response over the 16-byte limit is not stored.
+        let reply = idem
+            .execute(&scope, "k2", &req, |_| async {
+                Out::Success("x".repeat(100))
+            })
+            .await
+            .expect("not stored");
+        assert!(!reply.is_stored());
 
-            // The store is down: the claim fails, the work does not run.
-            store.fail_all(true);
-            let err = idem
-                .execute(&scope, "k3", &req, |_| async {
-                    Out::Success("never".to_owned())
-                })
-                .await
-                .expect_err("store down");
-            assert_eq!(err.code(), "store_unavailable");
-            store.fail_all(false);
+        // The store is down: the claim fails, the work does not run.
+        store.fail_all(true);
+        let err = idem
+            .execute(&scope, "k3", &req, |_| async {
+                Out::Success("never".to_owned())
+            })
+            .await
+            .expect_err("store down");
+        assert_eq!(err.code(), "store_unavailable");
+        store.fail_all(false);
 
-            // Past response_ttl, a purge by hand drops k1's body (k2 stored
-            // none); past key_ttl, another removes both keys. Each is one
-            // batch that did something and an empty one.
-            clock.advance(idem.policy().response_ttl() + Duration::from_secs(1));
-            let report = idem.purge_expired(10).await.expect("purge bodies");
-            assert_eq!((report.keys_removed, report.bodies_dropped), (0, 1));
-            clock.advance(idem.policy().key_ttl());
-            let report = idem.purge_expired(10).await.expect("purge keys");
-            assert_eq!((report.keys_removed, report.bodies_dropped), (2, 0));
-        });
+        // Past response_ttl, a purge by hand drops k1's body (k2 stored
+        // none); past key_ttl, another removes both keys. Each is one
+        // batch that did something and an empty one.
+        clock.advance(idem.policy().response_ttl() + Duration::from_secs(1));
+        let report = idem.purge_expired(10).await.expect("purge bodies");
+        assert_eq!((report.keys_removed, report.bodies_dropped), (0, 1));
+        clock.advance(idem.policy().key_ttl());
+        let report = idem.purge_expired(10).await.expect("purge keys");
+        assert_eq!((report.keys_removed, report.bodies_dropped), (2, 0));
     });
-    let m = snapshot_map(&recorder);
     let op = "operation=POST /refunds";
     let want = [
         (format!("idem_executions_total{{{op}}}"), 3),
@@ -214,8 +215,5 @@ fn failures_and_purges_count_exactly() {
         ("idem_purge_keys_removed_total{}".to_owned(), 2),
         ("idem_purge_bodies_dropped_total{}".to_owned(), 1),
     ];
-    for (name, n) in &want {
-        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
-    }
-    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
+    assert_exactly(&m, &want);
 }
