@@ -12,6 +12,19 @@ use super::support::{
     Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope,
 };
 
+/// An engine on `store` behind a [`FailingStore`] (returned too, to switch
+/// its failures), on `clock`, in reject mode.
+fn failing_engine<S: Store>(
+    store: &Arc<S>,
+    clock: &ManualClock,
+) -> (FailingStore<S>, Idem<FailingStore<S>>) {
+    let failing = FailingStore::new(Arc::clone(store));
+    let idem = Idem::new(failing.clone())
+        .with_clock(clock.clone())
+        .with_policy(policy(crate::InFlightMode::Reject));
+    (failing, idem)
+}
+
 /// If the outcome cannot be stored after the work succeeded, the caller still
 /// gets the work's result (marked not stored), duplicates get 409 (never a
 /// second run while the lease holds), and after the lease the next attempt is
@@ -19,10 +32,7 @@ use super::support::{
 /// before the claim gives a typed 503 and runs nothing.
 pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
-    let failing = FailingStore::new(Arc::clone(&store));
-    let idem = Idem::new(failing.clone())
-        .with_clock(clock.clone())
-        .with_policy(policy(crate::InFlightMode::Reject));
+    let (failing, idem) = failing_engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
 
     failing.fail_all(true);
@@ -101,10 +111,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
 /// runs once.
 pub async fn completion_with_a_lost_reply_is_reported_stored<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
-    let failing = FailingStore::new(Arc::clone(&store));
-    let idem = Idem::new(failing.clone())
-        .with_clock(clock.clone())
-        .with_policy(policy(crate::InFlightMode::Reject));
+    let (failing, idem) = failing_engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
     let work = |runs: Counter| {
         move |_| async move {
