@@ -55,10 +55,14 @@ impl MemoryStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Applies `write` if the record is in flight under `token`. A record
+    /// already in the state `done` under `token` (a write retried after a
+    /// lost reply) answers `Ok` unchanged; anything else is a lost lease.
     fn guarded(
         &self,
         id: &RecordId,
         token: Token,
+        done: Option<RecordState>,
         write: impl FnOnce(&mut StoredRecord),
     ) -> Result<(), StoreError> {
         let mut map = self.lock();
@@ -67,6 +71,7 @@ impl MemoryStore {
                 write(&mut e.record);
                 Ok(())
             }
+            Some(e) if e.token == token && Some(e.record.state) == done => Ok(()),
             _ => Err(StoreError::LeaseLost),
         }
     }
@@ -152,18 +157,7 @@ impl Store for MemoryStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        {
-            let map = self.lock();
-            if map
-                .get(id)
-                .is_some_and(|e| e.token == token && e.record.state == RecordState::Completed)
-            {
-                // Already completed under this token: a retry after a lost
-                // reply. Nothing changes.
-                return Ok(());
-            }
-        }
-        self.guarded(id, token, |r| {
+        self.guarded(id, token, Some(RecordState::Completed), |r| {
             r.state = RecordState::Completed;
             r.outcome = Some(c.outcome);
             r.response = c.body.map(<[u8]>::to_vec);
@@ -176,7 +170,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.guarded(id, token, |r| {
+        self.guarded(id, token, None, |r| {
             r.state = RecordState::Released;
             r.lease_until = now;
         })
@@ -188,7 +182,9 @@ impl Store for MemoryStore {
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.guarded(id, token, |r| r.resource_id = Some(resource_id.to_owned()))
+        self.guarded(id, token, None, |r| {
+            r.resource_id = Some(resource_id.to_owned())
+        })
     }
 
     async fn extend_lease(
@@ -197,7 +193,7 @@ impl Store for MemoryStore {
         token: Token,
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
-        self.guarded(id, token, |r| {
+        self.guarded(id, token, None, |r| {
             r.lease_until = lease_until;
             r.key_expires_at = r.key_expires_at.max(lease_until);
         })
