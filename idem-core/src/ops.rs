@@ -304,25 +304,31 @@ impl<S: Store> Admin<'_, S> {
     pub async fn purge_expired(&self, batch: u32) -> Result<PurgeReport, Error> {
         let mut total = PurgeReport::default();
         loop {
-            let store = self.idem.store();
-            let result = bounded(
-                "purge_expired",
-                self.timeout,
-                crate::metrics::time_store(
-                    "purge",
-                    store.purge_expired(self.idem.clock().now(), batch.max(1)),
-                ),
-            )
-            .await
-            .map_err(Error::from);
-            crate::metrics::record_purge(&result);
-            let report = result?;
-            total.keys_removed = total.keys_removed.saturating_add(report.keys_removed);
-            total.bodies_dropped = total.bodies_dropped.saturating_add(report.bodies_dropped);
+            let report = self.purge_batch(batch).await?;
+            total.add(report);
             if report == PurgeReport::default() {
                 return Ok(total);
             }
         }
+    }
+
+    /// One purge batch of up to `batch` records, bounded by this timeout
+    /// and counted in the purge metrics: what [`Admin::purge_expired`] and
+    /// the background purger each repeat until a batch comes back empty.
+    pub(crate) async fn purge_batch(&self, batch: u32) -> Result<PurgeReport, Error> {
+        let store = self.idem.store();
+        let result = bounded(
+            "purge_expired",
+            self.timeout,
+            crate::metrics::time_store(
+                "purge",
+                store.purge_expired(self.idem.clock().now(), batch.max(1)),
+            ),
+        )
+        .await
+        .map_err(Error::from);
+        crate::metrics::record_purge(&result);
+        result
     }
 
     async fn explain(&self, id: &RecordId, now: Timestamp) -> Result<AdminOutcome, Error> {

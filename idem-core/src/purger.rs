@@ -6,7 +6,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::engine::Idem;
-use crate::error::Error;
 use crate::ops::DEFAULT_ADMIN_TIMEOUT;
 use crate::store::{PurgeReport, Store, Token};
 
@@ -117,25 +116,12 @@ impl<S: Store> Idem<S> {
                     _ = &mut stopped => return total,
                     () = tokio::time::sleep(pause(&config)) => {}
                 }
+                let admin = idem.admin().timeout(config.timeout);
                 loop {
-                    let now = idem.clock().now();
-                    let result: Result<PurgeReport, Error> = crate::ops::bounded(
-                        "purge_expired",
-                        config.timeout.max(Duration::from_millis(1)),
-                        crate::metrics::time_store(
-                            "purge",
-                            idem.store().purge_expired(now, config.batch.max(1)),
-                        ),
-                    )
-                    .await
-                    .map_err(Error::from);
-                    crate::metrics::record_purge(&result);
-                    match result {
+                    match admin.purge_batch(config.batch).await {
                         Ok(r) if r == PurgeReport::default() => break,
                         Ok(r) => {
-                            total.keys_removed = total.keys_removed.saturating_add(r.keys_removed);
-                            total.bodies_dropped =
-                                total.bodies_dropped.saturating_add(r.bodies_dropped);
+                            total.add(r);
                             tracing::debug!(
                                 keys = r.keys_removed,
                                 bodies = r.bodies_dropped,

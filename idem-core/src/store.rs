@@ -550,6 +550,14 @@ pub struct PurgeReport {
     pub bodies_dropped: u64,
 }
 
+impl PurgeReport {
+    /// Adds `other` to this total (saturating).
+    pub(crate) fn add(&mut self, other: Self) {
+        self.keys_removed = self.keys_removed.saturating_add(other.keys_removed);
+        self.bodies_dropped = self.bodies_dropped.saturating_add(other.bodies_dropped);
+    }
+}
+
 /// What a backend can do beyond the contract.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
