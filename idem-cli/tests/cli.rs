@@ -336,21 +336,10 @@ fn spawn_holder(backend: &Backend, owner: &str, long_key: &str, ended: &[String]
 /// Runs `idem <store args> <args> --json` with no standard input; the exit
 /// code and the one JSON document it printed.
 fn idem(store: &[String], args: &[&str]) -> (i32, Value) {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(store)
-        .args(args)
-        .arg("--json")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run idem");
-    let code = out.status.code().expect("exit code");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let doc = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {stdout:?}; stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
+    let (code, stdout, stderr) = idem_text(store, &args);
+    let doc = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout:?}; stderr: {stderr}"));
     (code, doc)
 }
 
