@@ -29,16 +29,27 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
     CONSTRAINT "{prefix}_fingerprint_check" CHECK (octet_length(fingerprint) = 32)
 );
 
--- Purging expired keys walks this index, never the table.
-CREATE INDEX IF NOT EXISTS "{prefix}_key_expires_idx"
-    ON {schema}.{table} (key_expires_at);
-
--- Dropping expired bodies walks this one; rows whose body is gone leave it.
-CREATE INDEX IF NOT EXISTS "{prefix}_response_expires_idx"
-    ON {schema}.{table} (response_expires_at) WHERE response IS NOT NULL;
-
--- Operators list records stuck in flight through this one, in keyset order
--- (added with the operator API; `IF NOT EXISTS` adds it to an existing
--- table on the next migrate).
-CREATE INDEX IF NOT EXISTS "{prefix}_in_flight_idx"
-    ON {schema}.{table} (lease_until, owner, operation, key) WHERE state = 'in_flight';
+-- The expiry and in-flight indexes of this first version. 0002 replaces
+-- them with one sweep index and adds the `sweep_at` column: on a table that
+-- has it they are not made again (running this file again must not rebuild,
+-- under a lock that blocks writes, three indexes the next file drops).
+DO $idem$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_attribute
+        WHERE attrelid = '{schema}.{table}'::regclass AND attname = 'sweep_at' AND NOT attisdropped
+    ) THEN
+        -- Purging expired keys walks this index, never the table.
+        CREATE INDEX IF NOT EXISTS "{prefix}_key_expires_idx"
+            ON {schema}.{table} (key_expires_at);
+        -- Dropping expired bodies walks this one; rows whose body is gone leave it.
+        CREATE INDEX IF NOT EXISTS "{prefix}_response_expires_idx"
+            ON {schema}.{table} (response_expires_at) WHERE response IS NOT NULL;
+        -- Operators list records stuck in flight through this one, in keyset
+        -- order (added with the operator API; `IF NOT EXISTS` adds it to an
+        -- existing first-version table on the next migrate).
+        CREATE INDEX IF NOT EXISTS "{prefix}_in_flight_idx"
+            ON {schema}.{table} (lease_until, owner, operation, key) WHERE state = 'in_flight';
+    END IF;
+END
+$idem$;

@@ -40,8 +40,17 @@ BEGIN
 END
 $idem$;
 
-CREATE INDEX IF NOT EXISTS "{prefix}_sweep_idx"
-    ON {schema}.{table} (sweep_at, owner, operation, key);
+-- Made only when absent: `CREATE INDEX IF NOT EXISTS` would take its lock
+-- (which waits for, and then blocks, every write) even when the index
+-- exists, so running this file again on a live table would stall writes.
+DO $idem$
+BEGIN
+    IF to_regclass('{schema}."{prefix}_sweep_idx"') IS NULL THEN
+        CREATE INDEX "{prefix}_sweep_idx"
+            ON {schema}.{table} (sweep_at, owner, operation, key);
+    END IF;
+END
+$idem$;
 
 DROP INDEX IF EXISTS {schema}."{prefix}_key_expires_idx";
 DROP INDEX IF EXISTS {schema}."{prefix}_response_expires_idx";

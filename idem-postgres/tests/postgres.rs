@@ -1269,6 +1269,52 @@ async fn migrate_upgrades_a_first_version_table() {
     .await;
 }
 
+/// `migrate` runs at every start, while other instances write: on a table it
+/// has already brought up to date it builds nothing and takes no lock that
+/// waits for a writer. A transaction holding an uncommitted insert (the
+/// `ROW EXCLUSIVE` lock every write takes) stays open across it. Before this
+/// held, the first file rebuilt three indexes the second one then dropped,
+/// and `CREATE INDEX IF NOT EXISTS` waited for the writer even when the index
+/// was there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
+    let fx = PgFixture::new(2).await;
+    with_fixture(fx, |fx| async move {
+        let t = fx.table();
+        let oids = |pool: sqlx::PgPool, schema: String| async move {
+            sqlx::query_as::<_, (String, sqlx::postgres::types::Oid)>(
+                "SELECT c.relname::text, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relkind = 'i' ORDER BY 1",
+            )
+            .bind(schema)
+            .fetch_all(&pool)
+            .await
+            .expect("indexes")
+        };
+        let before = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        let mut writer = fx.store.pool().acquire().await.expect("connection");
+        writer
+            .execute(sqlx::AssertSqlSafe(format!(
+                "BEGIN; INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at) \
+                 VALUES ('o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1)"
+            )))
+            .await
+            .expect("an open write");
+        let again = tokio::time::timeout(Duration::from_secs(20), fx.store.migrate()).await;
+        writer.execute("ROLLBACK").await.expect("rollback");
+        again
+            .expect("migrate must not wait for the open writer")
+            .expect("migrate");
+        let after = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        assert_eq!(before, after, "the same indexes, none rebuilt");
+        assert_eq!(
+            after.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["idem_records_pkey", "idem_records_sweep_idx"]
+        );
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------- statements per transition
 
 /// Counts the statements and round trips each transition sends, through a
