@@ -20,6 +20,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
 );
 
 -- Purges find expired keys and expired bodies through these, never by scanning.
+-- (0002 replaces these three indexes with one sweep index.)
 CREATE INDEX IF NOT EXISTS idem_records_key_expiry
     ON idem_records (key_expires_at);
 CREATE INDEX IF NOT EXISTS idem_records_response_expiry

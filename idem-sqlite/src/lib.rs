@@ -15,7 +15,10 @@ pub use schema::MIGRATION;
 /// API, like the Postgres and Redis crates' `statements`.
 #[doc(hidden)]
 pub mod statements {
-    pub use crate::schema::{CLAIM, COMPLETE, FETCH};
+    pub use crate::schema::{
+        CLAIM, COMPLETE, FETCH, LIST_IN_FLIGHT, LIST_IN_FLIGHT_AFTER, PURGE_BODIES, PURGE_KEYS,
+        REFILE,
+    };
 }
 pub use sqlx;
 pub use store::SqliteStore;

@@ -18,7 +18,8 @@ use crate::schema;
 /// record (a replay or a conflict ends there, one read that takes no lock
 /// under WAL); a key that is absent or claimable then runs an
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING` that SQLite runs under
-/// its write lock, so two racing claims can never both win. A claim that loses
+/// its write lock, so two racing claims can never both win. A completion
+/// writes the table and no index (see `migrations/0002_sweep.sql`). A claim that loses
 /// reads the standing record again; if that read finds the record claimable
 /// after all (it changed in between), the claim runs again.
 #[derive(Debug, Clone)]
@@ -40,15 +41,28 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates the table and its indexes if they do not exist (the shipped
-    /// `migrations/0001_idem.sql`, in one transaction).
+    /// Creates the table and its index, or brings a table made by an earlier
+    /// version up to date, in one `BEGIN IMMEDIATE` transaction: the shipped
+    /// `migrations/0001_idem.sql` and `migrations/0002_sweep.sql`, each only
+    /// when the table lacks it. On an up-to-date table it is one read.
     ///
     /// # Errors
     ///
     /// The DDL fails.
     pub async fn migrate(&self) -> Result<(), crate::Error> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::raw_sql(schema::MIGRATION).execute(&mut *tx).await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let current: bool = sqlx::query_scalar(schema::HAS_SWEEP)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !current {
+            sqlx::raw_sql(schema::MIGRATION_0001)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::raw_sql(schema::MIGRATION_0002)
+                .execute(&mut *tx)
+                .await?;
+        }
         Ok(tx.commit().await?)
     }
 
@@ -258,23 +272,34 @@ impl Store for SqliteStore {
         fetch_on(&mut conn, id, now).await
     }
 
+    /// One batch of each purge statement, in one transaction; batches that
+    /// only re-filed records run again, so an empty report means nothing
+    /// is left to purge.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        let keys = sqlx::query(schema::PURGE_KEYS)
-            .bind(ms(now))
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(map)?;
-        let bodies = sqlx::query(schema::PURGE_BODIES)
-            .bind(ms(now))
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await
-            .map_err(map)?;
-        Ok(PurgeReport {
-            keys_removed: keys.rows_affected(),
-            bodies_dropped: bodies.rows_affected(),
-        })
+        let mut conn = self.pool.acquire().await.map_err(map)?;
+        loop {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+                .await
+                .map_err(map)?;
+            let mut run = async |sql: &'static str| {
+                sqlx::query(sql)
+                    .bind(ms(now))
+                    .bind(i64::from(limit))
+                    .execute(&mut *tx)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(map)
+            };
+            let report = PurgeReport {
+                keys_removed: run(schema::PURGE_KEYS).await?,
+                bodies_dropped: run(schema::PURGE_BODIES).await?,
+            };
+            let refiled = run(schema::REFILE).await?;
+            tx.commit().await.map_err(map)?;
+            if report != PurgeReport::default() || refiled == 0 {
+                return Ok(report);
+            }
+        }
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -131,19 +131,20 @@ async fn migration_is_idempotent_and_wal_is_on() {
     db.teardown().await;
 }
 
-/// The purge statements reach rows through the expiry indexes, not a scan.
+/// The purge statements and the stuck list reach rows through the sweep
+/// index, in its order: no scan of the table, no sort.
 #[tokio::test]
-async fn purges_use_the_expiry_indexes() {
+async fn purges_and_the_stuck_list_walk_the_sweep_index() {
+    use idem_sqlite::statements::{
+        LIST_IN_FLIGHT, LIST_IN_FLIGHT_AFTER, PURGE_BODIES, PURGE_KEYS, REFILE,
+    };
     let db = FileDb::new().await;
-    for (sql, index) in [
-        (
-            "SELECT rowid FROM idem_records WHERE key_expires_at <= 1 LIMIT 10",
-            "idem_records_key_expiry",
-        ),
-        (
-            "SELECT rowid FROM idem_records WHERE response IS NOT NULL AND response_expires_at <= 1 LIMIT 10",
-            "idem_records_response_expiry",
-        ),
+    for sql in [
+        PURGE_KEYS,
+        PURGE_BODIES,
+        REFILE,
+        LIST_IN_FLIGHT,
+        LIST_IN_FLIGHT_AFTER,
     ] {
         let plan: Vec<(i64, i64, i64, String)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
@@ -151,13 +152,223 @@ async fn purges_use_the_expiry_indexes() {
                 .await
                 .unwrap();
         let text: Vec<_> = plan.iter().map(|r| r.3.as_str()).collect();
-        assert!(text.iter().any(|d| d.contains(index)), "{sql}: {text:?}");
         assert!(
-            !text.iter().any(|d| d.starts_with("SCAN")),
+            text.iter().any(|d| d.contains("idem_records_sweep")),
+            "{sql}: {text:?}"
+        );
+        assert!(
+            !text
+                .iter()
+                .any(|d| d.starts_with("SCAN") || d.contains("TEMP B-TREE")),
             "{sql}: {text:?}"
         );
     }
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' ORDER BY 1",
+    )
+    .fetch_all(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["idem_records_sweep", "sqlite_autoindex_idem_records_1"]
+    );
     db.teardown().await;
+}
+
+/// What each step of a fresh key writes, counted as the WAL frames (pages)
+/// its commit appends: the claim writes the table, the primary key and the
+/// sweep index; the completion changes no indexed column, so it writes the
+/// table's page alone (it wrote four pages while three indexes covered the
+/// expiries and the in-flight state, and the claim wrote four).
+#[tokio::test]
+async fn a_completion_writes_the_table_and_no_index() {
+    use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, Token};
+    use idem_core::{FieldFilter, IdempotencyKey, RecordId, Store, Timestamp, fingerprint};
+
+    let db = FileDb::new().await;
+    let pool = db.store.pool().clone();
+    // The frames in the WAL since it was last emptied.
+    let frames = || {
+        let pool = pool.clone();
+        async move {
+            let (_, log, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            log
+        }
+    };
+    let truncate = || {
+        let pool = pool.clone();
+        async move {
+            let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(busy, 0, "the WAL could not be emptied");
+        }
+    };
+    let scope = Scope::new("acct", "POST /charges").unwrap();
+    let at = |ms: i64| Timestamp::from_unix_millis(1_000_000_000_000 + ms);
+    let now = at(0);
+    let fp = fingerprint(scope.operation(), &json!({"amount": 1}), &FieldFilter::All).unwrap();
+    // Some records first, so that each b-tree has a page to change.
+    let mut pages = Vec::new();
+    for i in 0..20 {
+        let id = RecordId::new(
+            scope.clone(),
+            IdempotencyKey::parse(&format!("k{i}")).unwrap(),
+        );
+        let token = Token::random();
+        truncate().await;
+        let claimed = db
+            .store
+            .claim(&ClaimRequest::new(
+                &id,
+                fp,
+                token,
+                now,
+                at(30_000),
+                at(86_400_000),
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(claimed, ClaimOutcome::Claimed(_)));
+        let claim = frames().await;
+        truncate().await;
+        db.store
+            .complete(
+                &id,
+                token,
+                &Completion::new(
+                    OutcomeKind::Success,
+                    Some(&[7; 100]),
+                    None,
+                    now,
+                    at(3_600_000),
+                    at(86_400_000),
+                ),
+            )
+            .await
+            .unwrap();
+        pages.push((claim, frames().await));
+    }
+    // A claim that splits a full page writes more; the completions of these
+    // 100-byte bodies never do.
+    assert!(
+        pages.iter().all(|&(_, complete)| complete == 1),
+        "(claim, completion) pages per key: {pages:?}"
+    );
+    assert_eq!(
+        pages.iter().map(|&(claim, _)| claim).min(),
+        Some(3),
+        "(claim, completion) pages per key: {pages:?}"
+    );
+    db.teardown().await;
+}
+
+/// A database made by the first migration (three expiry and in-flight
+/// indexes, no `sweep_at`) is upgraded in place by `migrate`: records
+/// survive, an in-flight one keeps its place in the stuck list, the old
+/// indexes go, and a purge re-files or removes the old records.
+#[tokio::test]
+async fn migrate_upgrades_a_first_version_database() {
+    use idem_core::{ManualClock, Timestamp};
+
+    let path = std::env::temp_dir().join(format!(
+        "idem-test-{}.db",
+        idem_core::IdempotencyKey::random()
+    ));
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let now: i64 = 1_000_000_000_000;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "{v1};
+         INSERT INTO idem_records (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                   outcome, response, response_expires_at, key_expires_at)
+         VALUES ('o', 'op', 'stuck', x'01', 'in_flight', 1, 1, {now} - 10, NULL, NULL, NULL, {now} + 1000),
+                ('o', 'op', 'live', x'02', 'completed', 2, 1, {now} - 500, 'success', x'01', {now} + 500, {now} + 1000),
+                ('o', 'op', 'old-body', x'03', 'completed', 3, 1, {now} - 500, 'success', x'01', {now} - 1, {now} + 1000),
+                ('o', 'op', 'expired', x'04', 'completed', 4, 1, {now} - 500, 'success', x'01', {now} - 1, {now} - 1);",
+        v1 = include_str!("../migrations/0001_idem.sql")
+    )))
+    .execute(&pool)
+    .await
+    .expect("a first-version database");
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.expect("upgrade");
+    store.migrate().await.expect("upgrade again: a no-op");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["idem_records_sweep", "sqlite_autoindex_idem_records_1"]
+    );
+    let sweep = |pool: sqlx::SqlitePool| async move {
+        sqlx::query_as::<_, (String, i64, bool)>(
+            "SELECT key, sweep_at, response IS NOT NULL FROM idem_records ORDER BY key",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        sweep(pool.clone()).await,
+        [
+            ("expired".to_owned(), 0, true),
+            ("live".to_owned(), 0, true),
+            ("old-body".to_owned(), 0, true),
+            ("stuck".to_owned(), now - 10, false)
+        ],
+        "in-flight records at their lease end, the rest due now"
+    );
+    let clock = ManualClock::new(Timestamp::from_unix_millis(now));
+    let idem = Idem::new(store.clone()).with_clock(clock);
+    let stuck = idem
+        .list_stuck(std::time::Duration::ZERO, None, 10)
+        .await
+        .expect("stuck list");
+    let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
+    assert_eq!(keys, ["stuck"]);
+    let report = idem.purge_expired(1).await.expect("purge");
+    assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
+    assert_eq!(
+        sweep(pool.clone()).await,
+        [
+            ("live".to_owned(), now + 500, true),
+            ("old-body".to_owned(), now + 1000, false),
+            ("stuck".to_owned(), now - 10, false)
+        ],
+        "re-filed at the next expiry; the stuck record stays at its lease end"
+    );
+    let reply = idem
+        .execute(
+            &Scope::new("o", "op").unwrap(),
+            "after-upgrade",
+            &json!({"amount": 1}),
+            |_| async {
+                Out::Success(Charge {
+                    id: "x".into(),
+                    amount: 1,
+                })
+            },
+        )
+        .await
+        .expect("the upgraded table serves calls");
+    assert!(!reply.is_replay());
+    FileDb { store, path }.teardown().await;
 }
 
 /// Two in-memory stores are separate databases.
