@@ -430,6 +430,11 @@ fn profile(which: &str, rt: &Runtime) {
         profile_redis(side, scenario, rt);
         return;
     }
+    #[cfg(feature = "sqlite")]
+    if let Some(side) = which.strip_prefix("sqlite-") {
+        profile_sqlite(side, scenario, rt);
+        return;
+    }
     // `raw-fresh|raw-replay`: the same loop on the raw baseline, so that
     // idem minus raw is the engine's own count.
     let took = if which.starts_with("raw-") {
@@ -457,7 +462,7 @@ fn profile_loop<T: Target>(
 
 /// `IDEM_PROFILE_CALLS` (default `calls`) and `IDEM_PROFILE_TASKS` (default
 /// 64) of the backend profile modes.
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "redis", feature = "sqlite"))]
 fn profile_size(calls: u64) -> (u64, usize) {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     (
@@ -532,6 +537,40 @@ fn profile_postgres(side: &str, scenario: Scenario, rt: &Runtime) {
     )
     .expect("drop the bench schema");
     println!("postgres-{side}: {calls} calls at {tasks} tasks in {took:?}");
+}
+
+/// `IDEM_STORE_PROFILE=sqlite-fresh|sqlite-replay|sqlite-min-fresh|sqlite-min-replay`:
+/// like [`profile_redis`], on a temporary SQLite file opened with
+/// `SqliteStore::open`'s settings and a pool of min(tasks, 16), removed at
+/// the end. Everything runs in the bench's process (sqlx's worker threads
+/// included), so `perf stat` on it counts the whole cost.
+#[cfg(feature = "sqlite")]
+fn profile_sqlite(side: &str, scenario: Scenario, rt: &Runtime) {
+    use common::stores::TempDb;
+    use common::stores::min::sqlite::MinSqlite;
+    use idem_sqlite::SqliteStore;
+    use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+
+    let (calls, tasks) = profile_size(50_000);
+    let db = TempDb::new("profile");
+    let options = SqliteConnectOptions::new()
+        .filename(&db.0)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(idem_sqlite::DEFAULT_BUSY_TIMEOUT);
+    let size = u32::try_from(tasks.min(16)).unwrap_or(16);
+    let store = rt
+        .block_on(SqliteStore::open_with(options, size))
+        .expect("open SQLite file");
+    let took = if side.starts_with("min-") {
+        let min = rt.block_on(MinSqlite::new(store.pool().clone(), 256));
+        profile_loop(rt, min, scenario, tasks, calls)
+    } else {
+        profile_loop(rt, Lib::new(store.clone(), 256), scenario, tasks, calls)
+    };
+    rt.block_on(store.pool().close());
+    println!("sqlite-{side}: {calls} calls at {tasks} tasks in {took:?}");
 }
 
 /// The Postgres URL of the tests (`IDEM_POSTGRES_URL`).
