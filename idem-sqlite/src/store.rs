@@ -42,20 +42,24 @@ impl SqliteStore {
     }
 
     /// Creates the table and its index, or brings a table made by an earlier
-    /// version up to date, in one `BEGIN IMMEDIATE` transaction: the shipped
-    /// `migrations/0001_idem.sql` and `migrations/0002_sweep.sql`, each only
-    /// when the table lacks it. On an up-to-date table it is one read.
+    /// version up to date: the shipped `migrations/0001_idem.sql` and
+    /// `migrations/0002_sweep.sql`, each only when the table lacks it, in one
+    /// `BEGIN IMMEDIATE` transaction. On an up-to-date table it is one read
+    /// and takes no write lock (so it waits for no writer, and a read-only
+    /// file opens).
     ///
     /// # Errors
     ///
     /// The DDL fails.
     pub async fn migrate(&self) -> Result<(), crate::Error> {
         let mut conn = self.pool.acquire().await?;
+        if has_sweep(&mut conn).await? {
+            return Ok(());
+        }
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
-        let current: bool = sqlx::query_scalar(schema::HAS_SWEEP)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !current {
+        // Asked again under the write lock: another process may have
+        // migrated in between.
+        if !has_sweep(&mut tx).await? {
             sqlx::raw_sql(schema::MIGRATION_0001)
                 .execute(&mut *tx)
                 .await?;
@@ -305,6 +309,11 @@ impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
     }
+}
+
+/// Whether the table exists and has had `0002_sweep.sql`.
+async fn has_sweep(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(schema::HAS_SWEEP).fetch_one(conn).await
 }
 
 /// Rebuilds a record's identity from its stored columns.

@@ -131,6 +131,52 @@ async fn migration_is_idempotent_and_wal_is_on() {
     db.teardown().await;
 }
 
+/// On an up-to-date database `migrate` (which every open runs) is one read:
+/// it takes no write lock, so it succeeds while another connection holds
+/// the lock (it would fail with `SQLITE_BUSY` after the busy timeout if it
+/// asked for it), and a read-only file opens and replays.
+#[tokio::test]
+async fn migrate_on_a_current_database_takes_no_write_lock() {
+    use sqlx::sqlite::SqliteConnectOptions;
+
+    let db = FileDb::new().await;
+    let scope = Scope::new("acct", "POST /charges").unwrap();
+    complete_one(&Idem::new(db.store()), &scope, "k1").await;
+    let options = || {
+        SqliteConnectOptions::new()
+            .filename(&db.path)
+            .busy_timeout(std::time::Duration::from_millis(50))
+    };
+    let mut writer = db.store.pool().acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let second = SqliteStore::open_with(options(), 1).await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    drop(writer);
+    let second = second.expect("open (and migrate) beside a writer");
+    second.pool().close().await;
+    let read_only = SqliteStore::open_with(options().read_only(true), 1)
+        .await
+        .expect("a read-only file opens");
+    let reply = Idem::new(read_only.clone())
+        .execute(&scope, "k1", &json!({"amount": 100}), |_| async {
+            Out::Success(Charge {
+                id: "again".into(),
+                amount: 1,
+            })
+        })
+        .await
+        .expect("a replay reads only");
+    assert!(reply.is_replay());
+    read_only.pool().close().await;
+    db.teardown().await;
+}
+
 /// The purge statements and the stuck list reach rows through the sweep
 /// index, in its order: no scan of the table, no sort.
 #[tokio::test]
