@@ -25,6 +25,23 @@ async fn complete_one(idem: &Idem<SqliteStore>, scope: &Scope, key: &str) {
     .expect("first call");
 }
 
+/// Calls `key` again, as `complete_one` did, and returns the outcome it
+/// replays (asserting that it is a replay: the work, which would answer
+/// "again", does not run).
+async fn replay_one(idem: &Idem<SqliteStore>, scope: &Scope, key: &str) -> Charge {
+    let reply = idem
+        .execute(scope, key, &json!({"amount": 100}), |_| async {
+            Out::Success(Charge {
+                id: "again".into(),
+                amount: 1,
+            })
+        })
+        .await
+        .expect("replay");
+    assert!(reply.is_replay());
+    reply.into_result().expect("the stored success")
+}
+
 /// A record corrupted by hand in the file is a typed 500 error on the next
 /// call: never a panic and never a second execution.
 #[tokio::test]
@@ -94,17 +111,8 @@ async fn records_survive_reopening_the_file() {
     complete_one(&Idem::new(db.store()), &scope, "k1").await;
     db.store.pool().close().await;
     let reopened = SqliteStore::open(&db.path).await.unwrap();
-    let reply = Idem::new(reopened.clone())
-        .execute(&scope, "k1", &json!({"amount": 100}), |_| async {
-            Out::Success(Charge {
-                id: "again".into(),
-                amount: 1,
-            })
-        })
-        .await
-        .unwrap();
-    assert!(reply.is_replay());
-    assert_eq!(reply.into_result().unwrap().id, "ch_1");
+    let charge = replay_one(&Idem::new(reopened.clone()), &scope, "k1").await;
+    assert_eq!(charge.id, "ch_1");
     let db = FileDb {
         store: reopened,
         path: db.path,
@@ -163,16 +171,8 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
     let read_only = SqliteStore::open_with(options().read_only(true), 1)
         .await
         .expect("a read-only file opens");
-    let reply = Idem::new(read_only.clone())
-        .execute(&scope, "k1", &json!({"amount": 100}), |_| async {
-            Out::Success(Charge {
-                id: "again".into(),
-                amount: 1,
-            })
-        })
-        .await
-        .expect("a replay reads only");
-    assert!(reply.is_replay());
+    let charge = replay_one(&Idem::new(read_only.clone()), &scope, "k1").await;
+    assert_eq!(charge.id, "ch_1", "a replay reads only");
     read_only.pool().close().await;
     db.teardown().await;
 }
@@ -234,32 +234,30 @@ async fn a_completion_writes_the_table_and_no_index() {
 
     let db = FileDb::new().await;
     let pool = db.store.pool().clone();
-    // The frames in the WAL since it was last emptied.
-    let frames = || {
+    // `PRAGMA wal_checkpoint(mode)`: whether it was blocked, and the frames
+    // in the WAL (since it was last emptied by a `TRUNCATE`).
+    let checkpoint = |mode: &'static str| {
         let pool = pool.clone();
         async move {
-            let (_, log, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            log
+            let (busy, log, _): (i64, i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "PRAGMA wal_checkpoint({mode})"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (busy, log)
         }
     };
-    let truncate = || {
-        let pool = pool.clone();
-        async move {
-            let (busy, _, _): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(TRUNCATE)")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            assert_eq!(busy, 0, "the WAL could not be emptied");
-        }
+    let frames = async || checkpoint("PASSIVE").await.1;
+    let truncate = async || {
+        let (busy, _) = checkpoint("TRUNCATE").await;
+        assert_eq!(busy, 0, "the WAL could not be emptied");
     };
     let scope = Scope::new("acct", "POST /charges").unwrap();
     let at = |ms: i64| Timestamp::from_unix_millis(1_000_000_000_000 + ms);
     let now = at(0);
     let fp = fingerprint(scope.operation(), &json!({"amount": 1}), &FieldFilter::All).unwrap();
-    // Some records first, so that each b-tree has a page to change.
+    // Twenty keys, each step counted on its own.
     let mut pages = Vec::new();
     for i in 0..20 {
         let id = RecordId::new(
