@@ -1,4 +1,4 @@
-//! Canonical JSON and fingerprints: `idem_core::canonical_json` (+ SHA-256)
+//! Canonical JSON and fingerprints: `idem_core::adapter::canonical_json` (+ SHA-256)
 //! against `serde_json::to_vec` (not canonical, the speed of plain
 //! serialisation) and `serde_json_canonicalizer` (an RFC 8785 crate), on a
 //! 1 KiB and a 100 KiB nested request.
@@ -11,7 +11,9 @@ mod common;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Throughput};
-use idem_core::{FieldFilter, canonical_json, fingerprint};
+use idem_core::FieldFilter;
+use idem_core::adapter::canonical_json;
+use idem_core::adapter::fingerprint;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

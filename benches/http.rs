@@ -19,11 +19,22 @@ use axum::http::Request;
 use axum::routing::post;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use http_body_util::BodyExt;
-use idem::http::{IdempotencyLayer, owner_fixed};
-use idem::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, StoredRecord, Token,
-};
-use idem::{Idem, IdempotencyKey, MemoryStore, RecordId, Store, StoreError, Timestamp};
+use idem::Idem;
+use idem::IdempotencyKey;
+use idem::MemoryStore;
+use idem::RecordId;
+use idem::clock::Timestamp;
+use idem::http::IdempotencyLayer;
+use idem::http::owner_fixed;
+use idem::ops::PurgeReport;
+use idem::store::Capabilities;
+use idem::store::ClaimOutcome;
+use idem::store::ClaimRequest;
+use idem::store::Completion;
+use idem::store::Store;
+use idem::store::StoreError;
+use idem::store::StoredRecord;
+use idem::store::Token;
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 

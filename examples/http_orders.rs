@@ -37,8 +37,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{IdemAttempt, IdempotencyLayer, OwnerId, owner_from_extension};
-use idem::{AnyStore, Idem, InFlightMode, Policy};
+use idem::AnyStore;
+use idem::Idem;
+use idem::InFlightMode;
+use idem::Policy;
+use idem::http::IdemAttempt;
+use idem::http::IdempotencyLayer;
+use idem::http::OwnerId;
+use idem::http::owner_from_extension;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -26,9 +26,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use idem::postgres::sqlx::{self, Executor};
-use idem::postgres::{PgIdemExt, PgStore};
-use idem::{Idem, Outcome, Scope};
+use idem::Idem;
+use idem::Outcome;
+use idem::Scope;
+use idem::postgres::PgIdemExt;
+use idem::postgres::PgStore;
+use idem::postgres::sqlx;
+use idem::postgres::sqlx::Executor;
 use serde::{Deserialize, Serialize};
 
 const SCHEMA: &str = "idem_payments_example";

@@ -10,8 +10,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use idem_core::admin::{AdminStore, Cursor, Page, RecordSummary};
-use idem_core::{AdminOutcome, Idem, RecordView, Scope, Timestamp};
+use idem_core::Idem;
+use idem_core::Scope;
+use idem_core::clock::Timestamp;
+use idem_core::ops::AdminOutcome;
+use idem_core::ops::Cursor;
+use idem_core::ops::Page;
+use idem_core::ops::RecordSummary;
+use idem_core::ops::RecordView;
+use idem_core::store::AdminStore;
 use serde_json::{Value, json};
 
 /// Operate an idem store: find and release stuck keys, delete records, purge,
@@ -395,7 +402,7 @@ fn scope_of(r: &RecordArgs) -> Result<Scope, Failure> {
 }
 
 fn engine_failure(e: idem_core::Error) -> Failure {
-    if let Some(t) = idem_core::AdminTimeout::find(&e) {
+    if let Some(t) = idem_core::ops::AdminTimeout::find(&e) {
         return Failure::Timeout(t.to_string());
     }
     match e {

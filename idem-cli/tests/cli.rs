@@ -32,11 +32,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::store::TakeoverReason;
-use idem_core::{
-    AdminStore, Clock, Error, Idem, IdempotencyKey, Outcome, Policy, RecordId, Scope, Store,
-    SystemClock, Timestamp,
-};
+use idem_core::Error;
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::Outcome;
+use idem_core::Policy;
+use idem_core::RecordId;
+use idem_core::Scope;
+use idem_core::TakeoverReason;
+use idem_core::clock::Clock;
+use idem_core::clock::SystemClock;
+use idem_core::clock::Timestamp;
+use idem_core::store::AdminStore;
+use idem_core::store::Store;
 use serde_json::{Value, json};
 
 /// Set in the child's environment: its instructions, as JSON.

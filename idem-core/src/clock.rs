@@ -71,7 +71,8 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{Clock, ManualClock};
+/// use idem_core::clock::Clock;
+/// use idem_core::clock::ManualClock;
 ///
 /// let clock = ManualClock::starting_now();
 /// let t0 = clock.now();

@@ -1,59 +1,53 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod admin;
-mod any;
-mod attempt;
-mod canonical;
-mod canonical_ser;
-mod claim;
-mod clock;
-mod codec;
+// The application API is re-exported at the root (below); each module is one
+// layer of the architecture, and the public ones are the three other tiers:
+// `ops` (operators), `store` (backend implementers), `adapter` (adapters that
+// run the engine on their own terms).
 mod engine;
-mod error;
 mod fingerprint;
-mod http;
-mod json_check;
-mod key;
-mod memory;
-pub mod metrics;
-mod ops;
-mod outcome;
+mod id;
+mod metrics;
 mod policy;
-mod purger;
-mod scope;
-pub mod store;
 mod util;
+
+pub mod adapter;
+pub mod clock;
+pub mod ops;
+pub mod store;
 
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
-pub use admin::AdminStore;
-pub use any::AnyStore;
-pub use attempt::{Attempt, downstream_key};
-pub use canonical::canonical_json;
-pub use claim::{Begin, Claim, PendingCompletion};
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use codec::{HttpResponse, Json, Storable};
+/// The detailed errors behind [`Error`]'s input variants: what exactly was
+/// wrong with a key, a scope, a policy or a request.
+pub mod error {
+    pub use crate::fingerprint::RequestError;
+    pub use crate::id::key::KeyError;
+    pub use crate::id::scope::ScopeError;
+    pub use crate::policy::PolicyError;
+}
+
+/// Support for [`storable_as_json!`]; not part of the API.
 #[doc(hidden)]
-pub use codec::{json_decode as codec_json_decode, json_encode as codec_json_encode};
-pub use engine::{ClaimTicket, Idem, Prepared};
-pub use error::{Error, ErrorKind, Result};
-pub use fingerprint::{
-    FieldFilter, Fingerprint, MAX_REQUEST_DEPTH, RawJson, RequestError, fingerprint,
-};
-pub use http::method_needs_key;
-pub use key::{
-    IDEMPOTENCY_KEY_HEADER, IdempotencyKey, IntoKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
-};
-pub use memory::MemoryStore;
-pub use ops::{Admin, AdminOutcome, AdminTimeout, DEFAULT_ADMIN_TIMEOUT, RecordView};
-pub use outcome::{Failure, Outcome, Reply};
-pub use policy::{InFlightMode, Policy, PolicyBuilder, PolicyError};
-pub use purger::{PurgerConfig, PurgerHandle};
-pub use scope::{MAX_SCOPE_PART_LEN, RecordId, Scope, ScopeError};
-pub use store::{BoxDynError, Store, StoreError};
+pub mod __private {
+    pub use crate::engine::codec::{json_decode, json_encode};
+}
+
+pub use engine::Idem;
+pub use engine::attempt::{Attempt, TakeoverReason};
+pub use engine::claim::{Begin, Claim};
+pub use engine::codec::{HttpResponse, Json, Storable};
+pub use engine::error::{Error, ErrorKind, Result};
+pub use engine::outcome::{Failure, Outcome, Reply};
+pub use fingerprint::{FieldFilter, RawJson};
+pub use id::key::{IdempotencyKey, IntoKey};
+pub use id::scope::{RecordId, Scope};
+pub use policy::{InFlightMode, Policy, PolicyBuilder};
+pub use store::any::AnyStore;
+pub use store::memory::MemoryStore;
 
 #[cfg(all(test, feature = "testkit"))]
 mod memory_conformance {
@@ -80,8 +74,9 @@ mod memory_conformance {
 /// promise.
 #[cfg(all(test, feature = "testkit"))]
 mod any_store_conformance {
+    use crate::AnyStore;
+    use crate::MemoryStore;
     use crate::testkit::Fixture;
-    use crate::{AnyStore, MemoryStore};
 
     struct Any(AnyStore);
     impl Fixture for Any {

@@ -13,11 +13,11 @@
 //! | `idem_recoveries_total` | counter | `operation`, `reason` | a claim took over a record: `lease_expired` (a crash, or an operator release) or `released` (after a transient failure) |
 //! | `idem_transient_releases_total` | counter | `operation` | the work failed transiently and the key was released ([`Claim::complete`](crate::Claim::complete) with `Transient`) |
 //! | `idem_responses_not_stored_total` | counter | `operation` | the work finished but its outcome was not stored (too large, not encodable, or the store failed): retries get 409 or a recovery |
-//! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch`, `purge`…; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
+//! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch` (an operator's inspect), `purge`; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
 //! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
-//! | `idem_work_seconds` | histogram | `operation` | how long the work ran |
+//! | `idem_work_seconds` | histogram | `operation` | how long the work ran: from the won claim to its completion, release or hand-over to a transaction (every path) |
 //! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
-//! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Idem::purge_expired`](crate::Idem::purge_expired)), and batches that failed |
+//! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Admin::purge_expired`](crate::ops::Admin::purge_expired)), and batches that failed |
 //!
 //! Labels are bounded: `operation` is the caller-chosen operation name of the
 //! [`Scope`](crate::Scope) (e.g. `POST /payments`): keep it a route template,
@@ -28,17 +28,10 @@ mod on {
     use std::future::Future;
     use std::time::{Duration, Instant};
 
-    use crate::claim::Begin;
-    use crate::error::Error;
-    use crate::outcome::{Outcome, Reply};
-    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
-
-    /// The operation label, made once per call.
-    pub(crate) type Label = String;
-
-    pub(crate) fn label(op: &str) -> Label {
-        op.to_owned()
-    }
+    use crate::Error;
+    use crate::TakeoverReason;
+    use crate::ops::PurgeReport;
+    use crate::store::StoreError;
 
     pub(crate) fn record_rejection(op: &str, e: &Error) {
         metrics::counter!(
@@ -49,37 +42,26 @@ mod on {
         .increment(1);
     }
 
-    /// A claim won (the work runs), a replay, or a rejection.
-    pub(crate) fn record_begin<S: Store, T, E>(
-        op: Label,
-        result: Result<Begin<S, T, E>, Error>,
-    ) -> Result<Begin<S, T, E>, Error> {
-        match &result {
-            Ok(Begin::Run(_)) => {
-                metrics::counter!("idem_executions_total", "operation" => op).increment(1);
-            }
-            Ok(Begin::Replay(_)) => {
-                metrics::counter!("idem_replays_total", "operation" => op).increment(1);
-            }
-            Err(e) => record_rejection(&op, e),
-        }
-        result
+    /// A claim was won: the work runs.
+    pub(crate) fn record_run(op: &str) {
+        metrics::counter!("idem_executions_total", "operation" => op.to_owned()).increment(1);
     }
 
-    /// What became of an outcome: released (transient), not stored, or
-    /// refused (lease lost).
-    pub(crate) fn record_completion<T, E>(op: Label, result: &Result<Reply<T, E>, Error>) {
-        match result {
-            Ok(reply) if matches!(reply.outcome(), Outcome::Transient(_)) => {
-                metrics::counter!("idem_transient_releases_total", "operation" => op).increment(1);
-            }
-            Ok(reply) if !reply.is_stored() => {
-                metrics::counter!("idem_responses_not_stored_total", "operation" => op)
-                    .increment(1);
-            }
-            Ok(_) => {}
-            Err(e) => record_rejection(&op, e),
-        }
+    /// A stored outcome was returned without running the work.
+    pub(crate) fn record_replay(op: &str) {
+        metrics::counter!("idem_replays_total", "operation" => op.to_owned()).increment(1);
+    }
+
+    /// The work failed transiently and the key was released.
+    pub(crate) fn record_transient_release(op: &str) {
+        metrics::counter!("idem_transient_releases_total", "operation" => op.to_owned())
+            .increment(1);
+    }
+
+    /// The work finished but its outcome was not stored.
+    pub(crate) fn record_not_stored(op: &str) {
+        metrics::counter!("idem_responses_not_stored_total", "operation" => op.to_owned())
+            .increment(1);
     }
 
     pub(crate) fn record_recovery(op: &str, reason: TakeoverReason) {
@@ -113,14 +95,8 @@ mod on {
         result
     }
 
-    pub(crate) async fn time_work<F: Future>(op: &str, fut: F) -> F::Output {
-        let start = Instant::now();
-        let out = fut.await;
-        record_work(op, start.elapsed());
-        out
-    }
-
-    fn record_work(op: &str, d: Duration) {
+    /// How long the work ran: from the claim to its completion.
+    pub(crate) fn record_work(op: &str, d: Duration) {
         metrics::histogram!("idem_work_seconds", "operation" => op.to_owned())
             .record(d.as_secs_f64());
     }
@@ -140,36 +116,27 @@ mod on {
 #[cfg(not(feature = "metrics"))]
 mod on {
     use std::future::Future;
+    use std::time::Duration;
 
-    use crate::claim::Begin;
-    use crate::error::Error;
-    use crate::outcome::Reply;
-    use crate::store::{PurgeReport, Store, StoreError, TakeoverReason};
-
-    /// No label: nothing is made (zero-sized).
-    pub(crate) struct Label;
-
-    // Without the feature the label costs nothing to make or to pass.
-    const _: () = assert!(std::mem::size_of::<Label>() == 0);
-
-    #[inline(always)]
-    pub(crate) fn label(_op: &str) -> Label {
-        Label
-    }
+    use crate::Error;
+    use crate::TakeoverReason;
+    use crate::ops::PurgeReport;
+    use crate::store::StoreError;
 
     #[inline(always)]
     pub(crate) fn record_rejection(_op: &str, _e: &Error) {}
 
     #[inline(always)]
-    pub(crate) fn record_begin<S: Store, T, E>(
-        _op: Label,
-        result: Result<Begin<S, T, E>, Error>,
-    ) -> Result<Begin<S, T, E>, Error> {
-        result
-    }
+    pub(crate) fn record_run(_op: &str) {}
 
     #[inline(always)]
-    pub(crate) fn record_completion<T, E>(_op: Label, _result: &Result<Reply<T, E>, Error>) {}
+    pub(crate) fn record_replay(_op: &str) {}
+
+    #[inline(always)]
+    pub(crate) fn record_transient_release(_op: &str) {}
+
+    #[inline(always)]
+    pub(crate) fn record_not_stored(_op: &str) {}
 
     #[inline(always)]
     pub(crate) fn record_recovery(_op: &str, _reason: TakeoverReason) {}
@@ -183,11 +150,8 @@ mod on {
         fut
     }
 
-    /// The work itself, untouched.
     #[inline(always)]
-    pub(crate) fn time_work<F: Future>(_op: &str, fut: F) -> F {
-        fut
-    }
+    pub(crate) fn record_work(_op: &str, _d: Duration) {}
 
     #[inline(always)]
     pub(crate) fn record_purge(_result: &Result<PurgeReport, Error>) {}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::fingerprint::FieldFilter;
+use crate::FieldFilter;
 
 /// What a duplicate gets while the first attempt is still running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +37,8 @@ pub enum InFlightMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::{InFlightMode, Policy};
+/// use idem_core::InFlightMode;
+/// use idem_core::Policy;
 ///
 /// let policy = Policy::builder()
 ///     .response_ttl(Duration::from_secs(3600))
@@ -183,43 +184,54 @@ impl Policy {
 pub struct PolicyBuilder(Policy);
 
 impl PolicyBuilder {
-    /// Sets `response_ttl`.
+    /// How long a completed outcome is replayed (default 24 h); after it,
+    /// retries get [`Error::ResponseExpired`](crate::Error::ResponseExpired)
+    /// with the resource id.
     #[must_use]
     pub fn response_ttl(mut self, d: Duration) -> Self {
         self.0.response_ttl = d;
         self
     }
-    /// Sets `key_ttl`.
+    /// How long the key is remembered at all (default 30 days, at least
+    /// `response_ttl`); after it, the same key is a new operation.
     #[must_use]
     pub fn key_ttl(mut self, d: Duration) -> Self {
         self.0.key_ttl = d;
         self
     }
-    /// Sets the lease.
+    /// How long an attempt holds the record before a duplicate may take it
+    /// over as a recovery (default 60 s; long work extends it with
+    /// [`Attempt::extend_lease`](crate::Attempt::extend_lease)).
     #[must_use]
     pub fn lease(mut self, d: Duration) -> Self {
         self.0.lease = d;
         self
     }
-    /// Sets the in-flight mode.
+    /// What a duplicate of a running attempt gets: a 409 at once (default)
+    /// or a bounded wait for the first attempt's outcome.
     #[must_use]
     pub fn in_flight(mut self, mode: InFlightMode) -> Self {
         self.0.in_flight = mode;
         self
     }
-    /// Sets the largest stored response, in bytes.
+    /// The largest encoded outcome that is stored (default 1 MiB); a larger
+    /// one completes the record without a body, so retries get
+    /// [`Error::ResponseNotStored`](crate::Error::ResponseNotStored), never a
+    /// second run.
     #[must_use]
     pub fn max_response_bytes(mut self, n: usize) -> Self {
         self.0.max_response_bytes = n;
         self
     }
-    /// Sets the fingerprint's field filter.
+    /// Which request fields the fingerprint covers (default: all).
     #[must_use]
     pub fn fields(mut self, filter: FieldFilter) -> Self {
         self.0.fields = filter;
         self
     }
-    /// Sets how many times (≥ 1) the completion write is tried, and the pause.
+    /// How many times (≥ 1) a token-guarded write (completion, release) is
+    /// tried when the store is unavailable, and the pause between tries
+    /// (default 3 tries, 50 ms apart).
     #[must_use]
     pub fn store_retries(mut self, tries: u32, backoff: Duration) -> Self {
         self.0.store_retries = tries;
@@ -271,7 +283,9 @@ impl PolicyBuilder {
         if p.store_retries == 0 {
             return Err(PolicyError::NoStoreTries);
         }
-        p.fields.validate()?;
+        p.fields
+            .validate()
+            .map_err(|(pointer, reason)| PolicyError::InvalidPointer { pointer, reason })?;
         Ok(p)
     }
 }

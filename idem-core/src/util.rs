@@ -4,6 +4,9 @@
 
 use sha2::{Digest, Sha256};
 
+/// A boxed error source: what a store or a codec wraps a driver's error in.
+pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Eight hex characters of SHA-256: enough to correlate log lines, never the value.
 pub(crate) fn short_hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);

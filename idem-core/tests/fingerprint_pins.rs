@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use idem_core::{FieldFilter, RawJson, fingerprint};
+use idem_core::FieldFilter;
+use idem_core::RawJson;
+use idem_core::adapter::fingerprint;
 use serde_json::json;
 
 #[derive(serde::Serialize)]
@@ -40,7 +42,7 @@ enum Kind {
 }
 
 fn cases() -> Vec<(&'static str, String)> {
-    let hex = |r: Result<idem_core::Fingerprint, idem_core::RequestError>| {
+    let hex = |r: Result<idem_core::adapter::Fingerprint, idem_core::error::RequestError>| {
         r.expect("fingerprint").to_hex()
     };
     let charge = Charge {

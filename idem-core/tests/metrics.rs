@@ -3,57 +3,25 @@
 //! release and its recovery, a response not stored, a store outage and a
 //! purge.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimRequest, Store, Token};
+use idem_core::Begin;
+use idem_core::Idem;
+use idem_core::MemoryStore;
+use idem_core::Outcome;
+use idem_core::Policy;
+use idem_core::Scope;
+use idem_core::adapter::EngineExt;
+use idem_core::clock::Clock;
+use idem_core::clock::ManualClock;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Store;
+use idem_core::store::Token;
 use idem_core::testkit::FailingStore;
-use idem_core::{Clock, Idem, ManualClock, MemoryStore, Outcome, Policy, Scope};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use idem_core::testkit::metrics::{assert_exactly, recorded};
 
 type Out = Outcome<String, String>;
-
-/// `name{label=value,…}` → the counter's value or the histogram's sample count.
-fn snapshot_map(recorder: &DebuggingRecorder) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    for (key, _, _, value) in recorder.snapshotter().snapshot().into_vec() {
-        let key = key.key();
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        let n = match value {
-            DebugValue::Counter(n) => n,
-            DebugValue::Histogram(samples) => samples.len() as u64,
-            DebugValue::Gauge(_) => continue,
-        };
-        out.insert(name, n);
-    }
-    out
-}
-
-/// Runs `script` on a current-thread runtime with a recording exporter as
-/// this thread's recorder, and returns what it recorded.
-fn recorded(script: impl std::future::Future<Output = ()>) -> HashMap<String, u64> {
-    let recorder = DebuggingRecorder::new();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    metrics::with_local_recorder(&recorder, || runtime.block_on(script));
-    snapshot_map(&recorder)
-}
-
-/// Every wanted series has exactly its count, and nothing else was recorded.
-fn assert_exactly(m: &HashMap<String, u64>, want: &[(String, u64)]) {
-    for (name, n) in want {
-        assert_eq!(m.get(name), Some(n), "{name} in {m:#?}");
-    }
-    assert_eq!(m.len(), want.len(), "nothing else recorded: {m:#?}");
-}
 
 #[test]
 fn a_scripted_run_counts_exactly() {
@@ -186,10 +154,10 @@ fn failures_and_purges_count_exactly() {
         // none); past key_ttl, another removes both keys. Each is one
         // batch that did something and an empty one.
         clock.advance(idem.policy().response_ttl() + Duration::from_secs(1));
-        let report = idem.purge_expired(10).await.expect("purge bodies");
+        let report = idem.admin().purge_expired(10).await.expect("purge bodies");
         assert_eq!((report.keys_removed, report.bodies_dropped), (0, 1));
         clock.advance(idem.policy().key_ttl());
-        let report = idem.purge_expired(10).await.expect("purge keys");
+        let report = idem.admin().purge_expired(10).await.expect("purge keys");
         assert_eq!((report.keys_removed, report.bodies_dropped), (2, 0));
     });
     let op = "operation=POST /refunds";
@@ -214,6 +182,84 @@ fn failures_and_purges_count_exactly() {
         ("idem_purge_runs_total{}".to_owned(), 4),
         ("idem_purge_keys_removed_total{}".to_owned(), 2),
         ("idem_purge_bodies_dropped_total{}".to_owned(), 1),
+    ];
+    assert_exactly(&m, &want);
+}
+
+/// The guard path (`begin`, then `Claim::complete`, `complete_not_stored`
+/// or `release`) counts what `execute` counts: runs, replays, work time,
+/// transient releases, responses not stored, and a fenced holder's lost
+/// lease as a rejection.
+#[test]
+fn the_claim_guard_counts_exactly() {
+    let m = recorded(async {
+        let clock = ManualClock::starting_now();
+        let idem = Idem::new(MemoryStore::new()).with_clock(clock.clone());
+        let scope = Scope::new("acct_1", "POST /guarded").expect("scope");
+        let req = serde_json::json!({"amount": 1});
+        let begin = |key: &'static str| idem.begin::<String, String, _, _>(&scope, key, &req);
+
+        // k1: run and complete, then a replay.
+        let Begin::Run(claim) = begin("k1").await.expect("begin") else {
+            panic!("fresh");
+        };
+        claim
+            .complete(Out::Success("ok".to_owned()))
+            .await
+            .expect("complete");
+        assert!(matches!(
+            begin("k1").await.expect("again"),
+            Begin::Replay(_)
+        ));
+
+        // k2: completed without a body.
+        let Begin::Run(claim) = begin("k2").await.expect("begin") else {
+            panic!("fresh");
+        };
+        assert!(claim.complete_not_stored().await.expect("not stored"));
+
+        // k3: released after a transient failure.
+        let Begin::Run(claim) = begin("k3").await.expect("begin") else {
+            panic!("fresh");
+        };
+        claim.release().await.expect("release");
+
+        // k4: taken over after the lease; the old holder's write is refused.
+        let Begin::Run(old) = begin("k4").await.expect("begin") else {
+            panic!("fresh");
+        };
+        clock.advance(idem.policy().lease() + Duration::from_secs(1));
+        let Begin::Run(newer) = begin("k4").await.expect("takeover") else {
+            panic!("expired lease");
+        };
+        let err = old
+            .complete(Out::Transient("busy".to_owned()))
+            .await
+            .expect_err("fenced");
+        assert_eq!(err.code(), "lease_lost");
+        newer
+            .complete(Out::Success("new".to_owned()))
+            .await
+            .expect("newer");
+    });
+    let op = "operation=POST /guarded";
+    let want = [
+        // k1, k2, k3, k4 twice.
+        (format!("idem_executions_total{{{op}}}"), 5),
+        (format!("idem_replays_total{{{op}}}"), 1),
+        (format!("idem_work_seconds{{{op}}}"), 5),
+        (format!("idem_responses_not_stored_total{{{op}}}"), 1),
+        (format!("idem_transient_releases_total{{{op}}}"), 1),
+        (
+            format!("idem_recoveries_total{{{op},reason=lease_expired}}"),
+            1,
+        ),
+        (format!("idem_rejections_total{{code=lease_lost,{op}}}"), 1),
+        ("idem_store_call_seconds{call=claim}".to_owned(), 6),
+        // k1, k2, k4's newer attempt.
+        ("idem_store_call_seconds{call=complete}".to_owned(), 3),
+        // k3's release and the old k4 holder's refused one.
+        ("idem_store_call_seconds{call=release}".to_owned(), 2),
     ];
     assert_exactly(&m, &want);
 }

@@ -4,11 +4,28 @@
 
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, OutcomeKind, RecordState, StoredRecord};
-use idem_core::{
-    FieldFilter, Fingerprint, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, ManualClock,
-    MemoryStore, Outcome, Policy, RawJson, Scope, Storable, Timestamp, canonical_json, fingerprint,
-};
+use idem_core::FieldFilter;
+use idem_core::HttpResponse;
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::InFlightMode;
+use idem_core::Json;
+use idem_core::MemoryStore;
+use idem_core::Outcome;
+use idem_core::Policy;
+use idem_core::RawJson;
+use idem_core::Scope;
+use idem_core::Storable;
+use idem_core::adapter::EngineExt;
+use idem_core::adapter::Fingerprint;
+use idem_core::adapter::canonical_json;
+use idem_core::adapter::fingerprint;
+use idem_core::clock::ManualClock;
+use idem_core::clock::Timestamp;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::RecordState;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::StoredRecord;
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
 
@@ -323,8 +340,9 @@ proptest! {
         let answer = || ClaimOutcome::Existing(record.clone());
         let _ = idem.settle::<HttpResponse, HttpResponse>(idem.ticket(prepared.clone()), answer());
         if let Err(e) = idem.settle::<Value, String>(idem.ticket(prepared), answer()) {
-            let _ = e.to_http();
-            let _ = e.problem_json();
+            // Every refusal of a stored record has a status and a code.
+            prop_assert!(e.http_status() >= 400);
+            prop_assert!(!e.code().is_empty());
         }
     }
 }

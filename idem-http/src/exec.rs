@@ -16,7 +16,13 @@ use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::{Attempt, Begin, Error, HttpResponse, Outcome, Prepared, Store};
+use idem_core::Attempt;
+use idem_core::Begin;
+use idem_core::Error;
+use idem_core::HttpResponse;
+use idem_core::Outcome;
+use idem_core::adapter::{EngineExt, Prepared};
+use idem_core::store::Store;
 use tower_service::Service;
 use tracing::{Instrument, warn};
 
@@ -184,7 +190,7 @@ async fn renewing<F: Future + Send>(
                 if start.elapsed() >= ceiling {
                     return fut.await;
                 }
-                if let Err(e) = attempt.renew_lease().await {
+                if let Err(e) = attempt.extend_lease(lease).await {
                     warn!(error = %e, "lease renewal failed; no more renewals");
                     return fut.await;
                 }

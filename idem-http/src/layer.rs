@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
-use idem_core::{Idem, IdempotencyKey, Store};
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::store::Store;
 use tokio_util::task::TaskTracker;
 
 use crate::owner::{NoOwner, OwnerSource};

@@ -39,7 +39,8 @@ fn problem_ref() -> Value {
 /// # Examples
 ///
 /// ```
-/// use idem_core::{Idem, MemoryStore};
+/// use idem_core::Idem;
+/// use idem_core::MemoryStore;
 /// use idem_http::{IdempotencyLayer, owner_fixed};
 ///
 /// let layer = IdempotencyLayer::builder(Idem::new(MemoryStore::new()))
@@ -51,7 +52,7 @@ fn problem_ref() -> Value {
 /// assert_eq!(doc["components"]["parameters"]["IdempotencyKey"]["required"], true);
 /// ```
 #[must_use]
-pub fn components<S: idem_core::Store, O>(layer: &IdempotencyLayer<S, O>) -> Value {
+pub fn components<S: idem_core::store::Store, O>(layer: &IdempotencyLayer<S, O>) -> Value {
     let cfg = &layer.shared.cfg;
     let policy = layer.shared.idem.policy();
     let header = cfg.key_header.as_str();

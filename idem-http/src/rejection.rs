@@ -184,7 +184,7 @@ mod tests {
     #[test]
     fn rejection_table() {
         let s = Duration::from_secs(3);
-        let store = idem_core::StoreError::Unavailable {
+        let store = idem_core::store::StoreError::Unavailable {
             backend: "x",
             source: "secret-detail".into(),
         };
@@ -327,15 +327,17 @@ mod openapi_sync {
             Rejection::Engine(Error::ResponseExpired { resource_id: None }),
             Rejection::Engine(Error::ResponseNotStored { resource_id: None }),
             Rejection::Engine(Error::LeaseLost { retry_after: s }),
-            Rejection::Engine(Error::Store(idem_core::StoreError::Unavailable {
+            Rejection::Engine(Error::Store(idem_core::store::StoreError::Unavailable {
                 backend: "x",
                 source: "x".into(),
             })),
             Rejection::Engine(Error::CorruptRecord {
                 detail: String::new(),
             }),
-            Rejection::Engine(Error::InvalidRequest(idem_core::RequestError::TooDeep)),
-            Rejection::Engine(Error::Store(idem_core::StoreError::Backend {
+            Rejection::Engine(Error::InvalidRequest(
+                idem_core::error::RequestError::TooDeep,
+            )),
+            Rejection::Engine(Error::Store(idem_core::store::StoreError::Backend {
                 backend: "x",
                 source: "x".into(),
             })),

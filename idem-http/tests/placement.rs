@@ -10,7 +10,12 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderName, Method};
 use axum::routing::post;
-use idem_core::{HttpResponse, Idem, IdempotencyKey, MemoryStore, Scope, Storable};
+use idem_core::HttpResponse;
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::MemoryStore;
+use idem_core::Scope;
+use idem_core::Storable;
 use idem_http::{IdempotencyLayer, owner_fixed};
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -103,6 +108,7 @@ async fn compression_outside_stores_identity_and_compresses_each_replay() {
     let scope = Scope::new("tenant", "POST /orders").expect("scope");
     let record = s
         .idem
+        .admin()
         .inspect(&scope, key.as_str(), true)
         .await
         .expect("inspect")

@@ -1,7 +1,7 @@
 //! This backend's errors, and the one place that maps them onto
-//! [`idem_core::StoreError`].
+//! [`idem_core::store::StoreError`].
 
-use idem_core::StoreError;
+use idem_core::store::StoreError;
 use sqlx::error::DatabaseError;
 
 /// The backend's name in [`StoreError`]s.

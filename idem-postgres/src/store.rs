@@ -5,12 +5,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::RecordId;
+use idem_core::adapter::Fingerprint;
+use idem_core::clock::Timestamp;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::PurgeReport;
+use idem_core::ops::RecordState;
+use idem_core::store::Capabilities;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Claimed;
+use idem_core::store::Completion;
+use idem_core::store::Previous;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_core::store::StoredRecord;
 use idem_core::store::Token;
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, retry_claim_race,
-};
-use idem_core::{Fingerprint, RecordId, Store, StoreError, Timestamp};
+use idem_core::store::retry_claim_race;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
 use tracing::debug;
@@ -52,7 +63,7 @@ impl PgStore {
     /// [`PgPoolOptions::test_before_acquire(false)`](PgPoolOptions::test_before_acquire):
     /// otherwise sqlx pings every connection before handing it out, which
     /// doubles the round trips of every call. A dead connection then fails
-    /// one call with [`StoreError::Unavailable`](idem_core::StoreError) and
+    /// one call with [`StoreError::Unavailable`](idem_core::store::StoreError) and
     /// is replaced.
     ///
     /// Run [`PgStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
@@ -86,7 +97,7 @@ impl PgStore {
     /// The pool is built with `test_before_acquire(false)`: no ping before
     /// each call, so a claim or a replay is one round trip. The price: a
     /// connection that died while idle fails the one call that picks it up
-    /// (a typed [`StoreError::Unavailable`](idem_core::StoreError), HTTP 503),
+    /// (a typed [`StoreError::Unavailable`](idem_core::store::StoreError), HTTP 503),
     /// and the pool replaces it. Use [`PgStore::new`] with your own
     /// [`PgPoolOptions`] to choose otherwise.
     ///

@@ -9,10 +9,19 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_core::store::{CLAIM_RACE_TRIES, ClaimOutcome};
-use idem_core::{
-    Attempt, Begin, Claim, ClaimTicket, Error, Idem, IntoKey, Outcome, Reply, Scope, Storable,
-};
+use idem_core::Attempt;
+use idem_core::Begin;
+use idem_core::Claim;
+use idem_core::Error;
+use idem_core::Idem;
+use idem_core::IntoKey;
+use idem_core::Outcome;
+use idem_core::Reply;
+use idem_core::Scope;
+use idem_core::Storable;
+use idem_core::adapter::{ClaimExt, ClaimTicket, EngineExt};
+use idem_core::store::CLAIM_RACE_TRIES;
+use idem_core::store::ClaimOutcome;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 use tracing::{debug, warn};
@@ -86,7 +95,9 @@ pub trait PgIdemExt {
     /// # Examples
     ///
     /// ```no_run
-    /// use idem_core::{Idem, Outcome, Scope};
+    /// use idem_core::Idem;
+    /// use idem_core::Outcome;
+    /// use idem_core::Scope;
     /// use idem_postgres::{PgIdemExt, PgStore, sqlx};
     ///
     /// # async fn f(idem: Idem<PgStore>) -> Result<(), idem_core::Error> {
@@ -109,7 +120,7 @@ pub trait PgIdemExt {
     /// println!("order {:?}, replayed: {}", reply.outcome(), reply.is_replay());
     /// # Ok(()) }
     /// ```
-    fn execute_in_tx<K, R, T, E, F>(
+    fn execute_in_tx<K, R, T, E, O, F>(
         &self,
         scope: &Scope,
         key: K,
@@ -121,11 +132,12 @@ pub trait PgIdemExt {
         R: Serialize + Sync + ?Sized,
         T: Storable,
         E: Storable,
-        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, Outcome<T, E>> + Send;
+        O: Into<Outcome<T, E>> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send;
 }
 
 impl PgIdemExt for Idem<PgStore> {
-    async fn execute_in_tx<K, R, T, E, F>(
+    async fn execute_in_tx<K, R, T, E, O, F>(
         &self,
         scope: &Scope,
         key: K,
@@ -137,7 +149,8 @@ impl PgIdemExt for Idem<PgStore> {
         R: Serialize + Sync + ?Sized,
         T: Storable,
         E: Storable,
-        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, Outcome<T, E>> + Send,
+        O: Into<Outcome<T, E>> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
     {
         // Validate before touching the server: invalid input costs nothing.
         let prepared = self.prepare(scope, key, request)?;
@@ -155,7 +168,7 @@ impl PgIdemExt for Idem<PgStore> {
                 return Err(e);
             }
         };
-        let claim: Claim<PgStore> = match self.settle(ticket, answer) {
+        let claim: Claim<PgStore, T, E> = match self.settle(ticket, answer) {
             Ok(Begin::Run(claim)) => claim,
             Ok(Begin::Replay(reply)) => {
                 rollback(tx).await;

@@ -9,11 +9,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Token};
-use idem_core::{
-    Clock, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy,
-    RecordId, Scope, Store, StoreError, fingerprint,
-};
+use idem_core::Error;
+use idem_core::FieldFilter;
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::InFlightMode;
+use idem_core::Outcome;
+use idem_core::Policy;
+use idem_core::RecordId;
+use idem_core::Scope;
+use idem_core::adapter::fingerprint;
+use idem_core::clock::Clock;
+use idem_core::clock::ManualClock;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::RecordState;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Completion;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_core::store::Token;
 use idem_postgres::sqlx::{self, Executor, Row};
 use idem_postgres::{PgIdemExt, PgStore};
 use support::PgFixture;
@@ -145,6 +160,7 @@ async fn tx_commits_claim_writes_and_response_together() {
             "the work's write committed once"
         );
         let rec = idem
+            .admin()
             .inspect(&scope, "order-1", true)
             .await
             .expect("inspect")
@@ -183,7 +199,10 @@ async fn tx_transient_failure_or_dropped_future_leaves_nothing() {
         assert_eq!(reply.into_result(), Err("provider 503".to_owned()));
         assert_eq!(count_rows(&fx, "orders").await, 0);
         assert_eq!(
-            idem.inspect(&scope, "k", true).await.expect("inspect"),
+            idem.admin()
+                .inspect(&scope, "k", true)
+                .await
+                .expect("inspect"),
             None
         );
 
@@ -538,7 +557,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
             )
             .expect("fp")
         };
-        let race = |now: idem_core::Timestamp, distinct: bool| {
+        let race = |now: idem_core::clock::Timestamp, distinct: bool| {
             let barrier = Arc::new(tokio::sync::Barrier::new(32));
             let tasks: Vec<_> = (0..32u64)
                 .map(|i| {
@@ -585,7 +604,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
         assert_eq!(second.attempt, 2);
         assert_eq!(
             second.previous.expect("previous").reason,
-            idem_core::store::TakeoverReason::Released
+            idem_core::TakeoverReason::Released
         );
         assert!(matches!(
             store.release(&id, t1, clock.now()).await,
@@ -596,7 +615,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
         assert_eq!(third.attempt, 3);
         assert_eq!(
             third.previous.expect("previous").reason,
-            idem_core::store::TakeoverReason::LeaseExpired
+            idem_core::TakeoverReason::LeaseExpired
         );
         assert!(matches!(
             store.save_resource_id(&id, t2, "zombie").await,
@@ -1054,9 +1073,9 @@ async fn purge_uses_the_sweep_index() {
         assert!(plan.contains(&format!("{p}_sweep_idx")), "the purge must walk the sweep index:\n{plan}");
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
         assert_eq!(plan.matches("Tid Scan").count(), 2, "the batch is then reached by ctid:\n{plan}");
-        let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
-        let report = idem.purge_expired(30).await.expect("purge");
+        let report = idem.admin().purge_expired(30).await.expect("purge");
         assert_eq!(report.keys_removed, 50);
         assert_eq!(report.bodies_dropped, 50);
         assert_eq!(count_rows(&fx, "idem_records").await, 20_000 - 50);
@@ -1101,12 +1120,12 @@ async fn stuck_listing_uses_the_sweep_index() {
         let p = fx.store.table_name();
         assert!(plan.contains(&format!("{p}_sweep_idx")), "listing must use its index:\n{plan}");
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
-        let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
         let (mut seen, mut cursor) = (Vec::new(), None);
         loop {
             let page = idem
-                .list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
+                .admin().list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
                 .await
                 .expect("list");
             assert!(page.records.len() <= 7);
@@ -1234,15 +1253,15 @@ async fn migrate_upgrades_a_first_version_table() {
             ],
             "in-flight records at their lease end, the rest due now"
         );
-        let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(now));
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
         let stuck = idem
-            .list_stuck(Duration::ZERO, None, 10)
+            .admin().list_stuck(Duration::ZERO, None, 10)
             .await
             .expect("stuck list");
         let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
         assert_eq!(keys, ["stuck"]);
-        let report = idem.purge_expired(1).await.expect("purge");
+        let report = idem.admin().purge_expired(1).await.expect("purge");
         assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
         let sweep: Vec<(String, i64, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT key, sweep_at, response IS NOT NULL FROM {t} ORDER BY key"

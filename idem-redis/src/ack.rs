@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use idem_core::StoreError;
+use idem_core::store::StoreError;
 
 use crate::error::BACKEND;
 

@@ -1,7 +1,7 @@
 //! Errors: building a store, and the one mapping from Redis errors to
 //! [`StoreError`].
 
-use idem_core::StoreError;
+use idem_core::store::StoreError;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::config::PrefixError;

@@ -64,7 +64,8 @@ impl RecordKeys {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::{IdempotencyKey, Scope};
+    use idem_core::IdempotencyKey;
+    use idem_core::Scope;
 
     use super::*;
 

@@ -24,8 +24,14 @@
 //! that wrote it (8 bytes), then the body. A body whose token differs from
 //! its record's belongs to another completion and is never returned.
 
-use idem_core::store::{OutcomeKind, RecordState, StoreError, StoredRecord, Token};
-use idem_core::{Fingerprint, RecordId, Timestamp};
+use idem_core::RecordId;
+use idem_core::adapter::Fingerprint;
+use idem_core::clock::Timestamp;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::RecordState;
+use idem_core::store::StoreError;
+use idem_core::store::StoredRecord;
+use idem_core::store::Token;
 
 use crate::error::corrupt;
 
@@ -302,7 +308,8 @@ pub(crate) fn encode_body(token: i64, body: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::{IdempotencyKey, Scope};
+    use idem_core::IdempotencyKey;
+    use idem_core::Scope;
 
     use super::*;
 

@@ -4,11 +4,21 @@
 use std::fmt;
 use std::time::Duration;
 
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, Store, StoreError, StoredRecord, Token,
-};
-use idem_core::{RecordId, Timestamp};
+use idem_core::RecordId;
+use idem_core::clock::Timestamp;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::PurgeReport;
+use idem_core::ops::RecordState;
+use idem_core::store::Capabilities;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Claimed;
+use idem_core::store::Completion;
+use idem_core::store::Previous;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_core::store::StoredRecord;
+use idem_core::store::Token;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -359,7 +369,7 @@ impl RedisStore {
     ///   record `in_flight` until its lease ends, which delays the next
     ///   attempt but never lets the work run twice.
     /// * An operator's release or delete
-    ///   ([`AdminStore`](idem_core::admin::AdminStore)) not acknowledged is the
+    ///   ([`AdminStore`](idem_core::store::AdminStore)) not acknowledged is the
     ///   same error: on the primary, not confirmed.
     /// * A replay carries the claim's `WAIT` (the claim's `SET … NX` cannot
     ///   know beforehand whether it writes); a fetch sends none.

@@ -23,10 +23,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::store::RecordState;
-use idem_core::{
-    Error, Idem, IdempotencyKey, InFlightMode, ManualClock, Outcome, Policy, Scope, StoreError,
-};
+use idem_core::Error;
+use idem_core::Idem;
+use idem_core::IdempotencyKey;
+use idem_core::InFlightMode;
+use idem_core::Outcome;
+use idem_core::Policy;
+use idem_core::Scope;
+use idem_core::clock::ManualClock;
+use idem_core::ops::RecordState;
+use idem_core::store::StoreError;
 use idem_redis::{NotAcknowledged, RedisStore};
 use support::replicated::{ReplicatedCluster, ReplicatedPair, Shard};
 use support::scenario::{Counter, Out, request};
@@ -138,6 +144,7 @@ fn is_unacknowledged(e: &Error) -> bool {
 
 async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
     engine
+        .admin()
         .inspect(scope, key, true)
         .await
         .expect("inspect")
@@ -147,7 +154,9 @@ async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
     let cluster = ReplicatedCluster::start();
-    let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(1_800_000_000_000));
+    let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(
+        1_800_000_000_000,
+    ));
     let plain = engine(&cluster, &clock, false).await;
     let acked = engine(&cluster, &clock, true).await;
     let scope = Scope::new(
@@ -224,10 +233,12 @@ async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
     cluster.take_over(&shard);
     let started = Instant::now();
     while plain
+        .admin()
         .inspect(&scope, keys["a"].as_str(), true)
         .await
         .is_err()
         || acked
+            .admin()
             .inspect(&scope, keys["a"].as_str(), true)
             .await
             .is_err()
@@ -303,7 +314,9 @@ async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
     let pair = ReplicatedPair::start();
-    let clock = ManualClock::new(idem_core::Timestamp::from_unix_millis(1_800_000_000_000));
+    let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(
+        1_800_000_000_000,
+    ));
     // A fresh server: the first call of each script also takes the NOSCRIPT
     // reload path of the pipeline.
     // Two engines on one server: the first writes (which also take the
@@ -342,7 +355,10 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
                 .save_resource_id("ch_1")
                 .await
                 .map_err(|e| e.http_status());
-            let extend = attempt.renew_lease().await.map_err(|e| e.http_status());
+            let extend = attempt
+                .extend_lease(Duration::from_secs(60))
+                .await
+                .map_err(|e| e.http_status());
             s.lock().expect("seen").extend([saved, extend]);
             Out::Success("ch_1".to_owned())
         })
@@ -359,20 +375,20 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
         scope.clone(),
         idem_core::IdempotencyKey::parse("op-1").expect("key"),
     );
-    let now = idem_core::Clock::now(&clock);
+    let now = idem_core::clock::Clock::now(&clock);
     let held = idem_core::store::ClaimRequest::new(
         &operator_id,
-        idem_core::Fingerprint::from_slice(&[1; 32]).expect("fingerprint"),
+        idem_core::adapter::Fingerprint::from_slice(&[1; 32]).expect("fingerprint"),
         idem_core::store::Token::random(),
         now,
         now.plus(Duration::from_secs(60)),
         now.plus(Duration::from_secs(3600)),
     );
-    idem_core::Store::claim(warm.store(), &held)
+    idem_core::store::Store::claim(warm.store(), &held)
         .await
         .expect("claim");
     assert!(
-        idem_core::admin::AdminStore::release_in_flight(warm.store(), &operator_id, None, now)
+        idem_core::store::AdminStore::release_in_flight(warm.store(), &operator_id, None, now)
             .await
             .expect("an acknowledged operator release")
     );
@@ -418,13 +434,13 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
         scope.clone(),
         idem_core::IdempotencyKey::parse("k1").expect("key"),
     );
-    let refused = idem_core::admin::AdminStore::delete_completed(
+    let refused = idem_core::store::AdminStore::delete_completed(
         idem.store(),
         &k1,
-        idem_core::Clock::now(&clock),
+        idem_core::clock::Clock::now(&clock),
     )
     .await;
-    let Err(idem_core::StoreError::Unavailable { source, .. }) = &refused else {
+    let Err(idem_core::store::StoreError::Unavailable { source, .. }) = &refused else {
         panic!("{refused:?}");
     };
     assert!(

@@ -7,8 +7,16 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, Completion, OutcomeKind, Store, StoreError};
-use idem_core::{Clock, Error, IdempotencyKey, ManualClock, RecordId};
+use idem_core::Error;
+use idem_core::IdempotencyKey;
+use idem_core::RecordId;
+use idem_core::clock::Clock;
+use idem_core::clock::ManualClock;
+use idem_core::ops::OutcomeKind;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::Completion;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
 use idem_redis::RedisStore;
 use idem_redis::redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use idem_redis::redis::{self, Client};
@@ -34,7 +42,7 @@ async fn impatient_store(url: &str) -> RedisStore {
 }
 
 /// Polls until the store answers again (it reconnects on its own).
-async fn wait_until_reachable(store: &RedisStore, id: &RecordId, now: idem_core::Timestamp) {
+async fn wait_until_reachable(store: &RedisStore, id: &RecordId, now: idem_core::clock::Timestamp) {
     for _ in 0..250 {
         if store.fetch(id, now).await.is_ok() {
             return;
@@ -487,7 +495,7 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
 /// `NotAcknowledged` source, never reported done (here no replica exists).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_writes_wait_for_replicas_like_the_data_path() {
-    use idem_core::admin::AdminStore;
+    use idem_core::store::AdminStore;
     use idem_redis::NotAcknowledged;
 
     let server = Throwaway::start();

@@ -8,8 +8,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{Completion, OutcomeKind, Store, StoreError, Token};
-use idem_core::{Clock, Error, IdempotencyKey, ManualClock, Scope};
+use idem_core::Error;
+use idem_core::IdempotencyKey;
+use idem_core::Scope;
+use idem_core::clock::Clock;
+use idem_core::clock::ManualClock;
+use idem_core::ops::OutcomeKind;
+use idem_core::store::Completion;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_core::store::Token;
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
@@ -532,7 +540,7 @@ async fn write_hash_layout(
     store: &RedisStore,
     id: &idem_core::RecordId,
     state: &str,
-    now: idem_core::Timestamp,
+    now: idem_core::clock::Timestamp,
 ) -> Token {
     let token = Token::random();
     let record = store.record_key(id);
@@ -572,8 +580,10 @@ async fn write_hash_layout(
 /// carried over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
-    use idem_core::admin::{AdminStore, InFlightQuery};
-    use idem_core::store::{ClaimOutcome, RecordState};
+    use idem_core::ops::RecordState;
+    use idem_core::store::AdminStore;
+    use idem_core::store::ClaimOutcome;
+    use idem_core::store::InFlightQuery;
 
     let fixture = support::standalone().await;
     let store = fixture.store.clone();

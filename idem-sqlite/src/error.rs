@@ -1,7 +1,7 @@
 //! This backend's error, and the one place that decides what a sqlx error
 //! means to the engine.
 
-use idem_core::StoreError;
+use idem_core::store::StoreError;
 
 pub(crate) const BACKEND: &str = "sqlite";
 

@@ -1,11 +1,31 @@
 //! `SqliteStore`: the `Store` contract on SQLite. The claim logic is here.
 
-use idem_core::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, OutcomeKind, Previous,
-    PurgeReport, RecordState, StoredRecord, TakeoverReason, Token, retry_claim_race,
-};
-use idem_core::{Fingerprint, IdempotencyKey, RecordId, Scope, Store, StoreError, Timestamp};
+use idem_core::IdempotencyKey;
+use idem_core::RecordId;
+use idem_core::Scope;
+use idem_core::TakeoverReason;
+use idem_core::adapter::Fingerprint;
+use idem_core::clock::Timestamp;
+use idem_core::ops::Cursor;
+use idem_core::ops::OutcomeKind;
+use idem_core::ops::Page;
+use idem_core::ops::PurgeReport;
+use idem_core::ops::RecordState;
+use idem_core::ops::RecordSummary;
+use idem_core::ops::StateCounts;
+use idem_core::store::AdminStore;
+use idem_core::store::Capabilities;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Claimed;
+use idem_core::store::Completion;
+use idem_core::store::InFlightQuery;
+use idem_core::store::Previous;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_core::store::StoredRecord;
+use idem_core::store::Token;
+use idem_core::store::retry_claim_race;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::{Row, SqlitePool};
 

@@ -5,8 +5,13 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::testkit::{Charge, Decline, Fixture};
-use idem_core::{Error, Idem, Outcome, Scope};
+use idem_core::Error;
+use idem_core::Idem;
+use idem_core::Outcome;
+use idem_core::Scope;
+use idem_core::testkit::Charge;
+use idem_core::testkit::Decline;
+use idem_core::testkit::Fixture;
 use idem_sqlite::SqliteStore;
 use serde_json::json;
 use support::FileDb;
@@ -229,8 +234,17 @@ async fn purges_and_the_stuck_list_walk_the_sweep_index() {
 /// expiries and the in-flight state, and the claim wrote four).
 #[tokio::test]
 async fn a_completion_writes_the_table_and_no_index() {
-    use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, Token};
-    use idem_core::{FieldFilter, IdempotencyKey, RecordId, Store, Timestamp, fingerprint};
+    use idem_core::FieldFilter;
+    use idem_core::IdempotencyKey;
+    use idem_core::RecordId;
+    use idem_core::adapter::fingerprint;
+    use idem_core::clock::Timestamp;
+    use idem_core::ops::OutcomeKind;
+    use idem_core::store::ClaimOutcome;
+    use idem_core::store::ClaimRequest;
+    use idem_core::store::Completion;
+    use idem_core::store::Store;
+    use idem_core::store::Token;
 
     let db = FileDb::new().await;
     let pool = db.store.pool().clone();
@@ -318,7 +332,8 @@ async fn a_completion_writes_the_table_and_no_index() {
 /// indexes go, and a purge re-files or removes the old records.
 #[tokio::test]
 async fn migrate_upgrades_a_first_version_database() {
-    use idem_core::{ManualClock, Timestamp};
+    use idem_core::clock::ManualClock;
+    use idem_core::clock::Timestamp;
 
     let path = std::env::temp_dir().join(format!(
         "idem-test-{}.db",
@@ -381,12 +396,13 @@ async fn migrate_upgrades_a_first_version_database() {
     let clock = ManualClock::new(Timestamp::from_unix_millis(now));
     let idem = Idem::new(store.clone()).with_clock(clock);
     let stuck = idem
+        .admin()
         .list_stuck(std::time::Duration::ZERO, None, 10)
         .await
         .expect("stuck list");
     let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
     assert_eq!(keys, ["stuck"]);
-    let report = idem.purge_expired(1).await.expect("purge");
+    let report = idem.admin().purge_expired(1).await.expect("purge");
     assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
     assert_eq!(
         sweep(pool.clone()).await,
@@ -424,6 +440,7 @@ async fn memory_stores_are_private() {
     complete_one(&Idem::new(a.store()), &scope, "k").await;
     assert!(
         Idem::new(a.store())
+            .admin()
             .inspect(&scope, "k", true)
             .await
             .unwrap()
@@ -431,6 +448,7 @@ async fn memory_stores_are_private() {
     );
     assert!(
         Idem::new(b.store())
+            .admin()
             .inspect(&scope, "k", true)
             .await
             .unwrap()

@@ -4,16 +4,25 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin::{AdminStore, Cursor, InFlightQuery};
-use crate::clock::{Clock, Timestamp};
-use crate::error::Error;
-use crate::fingerprint::{FieldFilter, fingerprint};
+use crate::Error;
+use crate::FieldFilter;
+use crate::Outcome;
+use crate::RecordId;
+use crate::TakeoverReason;
+use crate::adapter::fingerprint;
+use crate::clock::Clock;
+use crate::clock::ManualClock;
+use crate::clock::Timestamp;
 use crate::ops::AdminOutcome;
-use crate::outcome::Outcome;
-use crate::store::{
-    ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, TakeoverReason, Token,
-};
-use crate::{ManualClock, RecordId};
+use crate::ops::Cursor;
+use crate::ops::OutcomeKind;
+use crate::ops::RecordState;
+use crate::store::AdminStore;
+use crate::store::ClaimOutcome;
+use crate::store::ClaimRequest;
+use crate::store::Completion;
+use crate::store::InFlightQuery;
+use crate::store::Token;
 
 use super::support::{
     Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, key, record_id,
@@ -159,6 +168,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         .expect("save_resource_id");
 
     let view = idem
+        .admin()
         .inspect(&sc, &k, false)
         .await
         .expect("inspect")
@@ -189,7 +199,10 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
     };
     assert!(matches!(retry().await, Err(Error::InFlight { .. })));
     assert_eq!(
-        idem.release_stuck(&sc, &k, Some(2)).await.expect("release"),
+        idem.admin()
+            .release_stuck(&sc, &k, Some(2))
+            .await
+            .expect("release"),
         AdminOutcome::Refused {
             state: RecordState::InFlight,
             attempt: 1
@@ -197,10 +210,14 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         "fenced by the attempt the operator saw"
     );
     assert_eq!(
-        idem.release_stuck(&sc, &k, Some(1)).await.expect("release"),
+        idem.admin()
+            .release_stuck(&sc, &k, Some(1))
+            .await
+            .expect("release"),
         AdminOutcome::Done
     );
     let view = idem
+        .admin()
         .inspect(&sc, &k, false)
         .await
         .expect("inspect")
@@ -229,6 +246,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         "old holder fenced"
     );
     let view = idem
+        .admin()
         .inspect(&sc, &k, true)
         .await
         .expect("inspect")
@@ -236,14 +254,20 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
     assert_eq!(view.state, RecordState::Completed);
     assert!(view.body.is_some() && view.body_len == view.body.as_ref().map(Vec::len));
     assert_eq!(
-        idem.release_stuck(&sc, &k, None).await.expect("release"),
+        idem.admin()
+            .release_stuck(&sc, &k, None)
+            .await
+            .expect("release"),
         AdminOutcome::Refused {
             state: RecordState::Completed,
             attempt: 2
         }
     );
     assert_eq!(
-        idem.release_stuck(&sc, key(), None).await.expect("release"),
+        idem.admin()
+            .release_stuck(&sc, key(), None)
+            .await
+            .expect("release"),
         AdminOutcome::Absent
     );
     let replay = retry().await.expect("replay");
@@ -272,28 +296,36 @@ pub async fn admin_delete_refuses_unfinished_records<S: AdminStore>(store: Arc<S
         (&released, RecordState::Released),
     ] {
         assert_eq!(
-            idem.delete_record(&sc, k).await.expect("delete"),
+            idem.admin().delete_record(&sc, k).await.expect("delete"),
             AdminOutcome::Refused { state, attempt: 1 }
         );
         assert!(
-            idem.inspect(&sc, k, false)
+            idem.admin()
+                .inspect(&sc, k, false)
                 .await
                 .expect("inspect")
                 .is_some()
         );
     }
     assert_eq!(
-        idem.delete_record(&sc, &done).await.expect("delete"),
+        idem.admin()
+            .delete_record(&sc, &done)
+            .await
+            .expect("delete"),
         AdminOutcome::Done
     );
     assert!(
-        idem.inspect(&sc, &done, false)
+        idem.admin()
+            .inspect(&sc, &done, false)
             .await
             .expect("inspect")
             .is_none()
     );
     assert_eq!(
-        idem.delete_record(&sc, &done).await.expect("delete"),
+        idem.admin()
+            .delete_record(&sc, &done)
+            .await
+            .expect("delete"),
         AdminOutcome::Absent
     );
     let runs = Counter::default();
@@ -364,7 +396,7 @@ pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
     }
     clock.advance(KEY_TTL + Duration::from_secs(1));
     let native = store.capabilities().native_expiry;
-    let purger = idem.spawn_purger(crate::PurgerConfig {
+    let purger = idem.spawn_purger(crate::ops::PurgerConfig {
         interval: Duration::from_millis(5),
         batch: 2,
         jitter: Duration::from_millis(5),
@@ -387,7 +419,7 @@ pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
     }
     let total = purger.stop().await;
     if native {
-        assert_eq!(total, crate::store::PurgeReport::default());
+        assert_eq!(total, crate::ops::PurgeReport::default());
     } else {
         assert_eq!(total.keys_removed, 5, "{total:?}");
     }

@@ -2,13 +2,16 @@
 
 use std::sync::Arc;
 
-use crate::codec::HttpResponse;
-use crate::error::Error;
-use crate::fingerprint::RawJson;
-use crate::outcome::Outcome;
-use crate::scope::Scope;
-use crate::store::{OutcomeKind, RecordState, Store};
-use crate::{MAX_KEY_LEN, ManualClock};
+use crate::Error;
+use crate::HttpResponse;
+use crate::Outcome;
+use crate::RawJson;
+use crate::Scope;
+use crate::clock::ManualClock;
+use crate::id::key::MAX_KEY_LEN;
+use crate::ops::OutcomeKind;
+use crate::ops::RecordState;
+use crate::store::Store;
 
 use super::support::{Charge, Counter, Decline, Out, charge_request, engine, key, scope};
 
@@ -37,6 +40,7 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
     assert_eq!(reply.attempt(), 1);
     assert_eq!(runs.get(), 1);
     let record = idem
+        .admin()
         .inspect(&scope, &key, true)
         .await
         .expect("inspect")
@@ -131,7 +135,11 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     })
     .await
     .expect("first");
-    let before = idem.inspect(&scope, &key, true).await.expect("inspect");
+    let before = idem
+        .admin()
+        .inspect(&scope, &key, true)
+        .await
+        .expect("inspect");
     let r = runs.clone();
     let err = idem
         .execute(&scope, &key, &charge_request(200), move |_| async move {
@@ -147,7 +155,10 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     assert_eq!(err.http_status(), 422);
     assert_eq!(runs.get(), 0);
     assert_eq!(
-        idem.inspect(&scope, &key, true).await.expect("inspect"),
+        idem.admin()
+            .inspect(&scope, &key, true)
+            .await
+            .expect("inspect"),
         before
     );
     let again = idem
@@ -235,7 +246,8 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
     }
     let c = Scope::new(format!("{}-c", a.owner()), a.operation()).expect("scope");
     assert!(
-        idem.inspect(&c, &key, true)
+        idem.admin()
+            .inspect(&c, &key, true)
             .await
             .expect("inspect")
             .is_none()
@@ -357,7 +369,8 @@ pub async fn invalid_input_stores_nothing_and_runs_nothing<S: Store>(store: Arc<
     }
     assert_eq!(runs.get(), 0);
     assert!(
-        idem.inspect(&scope, &key, true)
+        idem.admin()
+            .inspect(&scope, &key, true)
             .await
             .expect("inspect")
             .is_none()

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Error;
-use crate::store::{RecordState, Store};
-use crate::{Clock, ManualClock};
+use crate::Error;
+use crate::clock::Clock;
+use crate::clock::ManualClock;
+use crate::ops::RecordState;
+use crate::store::Store;
 
 use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope};
 

@@ -3,10 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::Idem;
-use crate::error::Error;
-use crate::store::{RecordState, Store};
-use crate::{Clock, ManualClock};
+use crate::Error;
+use crate::Idem;
+use crate::clock::Clock;
+use crate::clock::ManualClock;
+use crate::ops::RecordState;
+use crate::store::Store;
 
 use super::support::{
     Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope,

@@ -4,11 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::claim::Begin;
-use crate::error::Error;
-use crate::outcome::Outcome;
-use crate::store::{RecordState, Store, TakeoverReason};
-use crate::{Clock, ManualClock, RecordId};
+use crate::Begin;
+use crate::Error;
+use crate::Outcome;
+use crate::RecordId;
+use crate::TakeoverReason;
+use crate::clock::Clock;
+use crate::clock::ManualClock;
+use crate::ops::RecordState;
+use crate::store::Store;
 
 use super::support::{Charge, Decline, LEASE, charge_request, engine, key, scope};
 
@@ -153,5 +157,59 @@ pub async fn guard_complete_not_stored_is_never_rerun<S: Store>(store: Arc<S>) {
             assert_eq!(resource_id.as_deref(), Some("sk_1"));
         }
         other => panic!("expected ResponseNotStored, got {other:?}"),
+    }
+}
+
+/// Every write of a holder whose record a newer attempt took over answers
+/// the same way, [`Error::LeaseLost`]: completing with a success, completing
+/// with a transient failure (which would release), completing without a body,
+/// and releasing. None of them touches the newer attempt's record.
+pub async fn guard_every_write_of_a_fenced_holder_is_lease_lost<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(&store, &clock);
+    let scope = scope("POST /charges");
+    let request = charge_request(100);
+    for finish in 0..4 {
+        let key = key();
+        let begin = || idem.begin::<Charge, Decline, _, _>(&scope, &key, &request);
+        let Begin::Run(old) = begin().await.expect("begin") else {
+            panic!("a fresh key must be claimed");
+        };
+        clock.advance(LEASE + Duration::from_secs(1));
+        let Begin::Run(newer) = begin().await.expect("takeover") else {
+            panic!("an expired lease must be taken over");
+        };
+        assert_eq!(
+            newer.attempt().recovery_reason(),
+            Some(TakeoverReason::LeaseExpired)
+        );
+        let err = match finish {
+            0 => old.complete(charge("ch_old")).await.map(drop),
+            1 => old
+                .complete(Outcome::Transient(Decline {
+                    code: "busy".into(),
+                }))
+                .await
+                .map(drop),
+            2 => old.complete_not_stored().await.map(drop),
+            _ => old.release().await,
+        }
+        .expect_err("a fenced holder cannot write");
+        assert!(matches!(err, Error::LeaseLost { .. }), "{finish}: {err:?}");
+        let id = RecordId::new(scope.clone(), key.clone());
+        let record = store
+            .fetch(&id, clock.now())
+            .await
+            .expect("fetch")
+            .expect("record kept");
+        assert_eq!(
+            (record.state, record.attempt),
+            (RecordState::InFlight, 2),
+            "{finish}: the newer attempt's record is untouched"
+        );
+        newer
+            .complete(charge("ch_new"))
+            .await
+            .expect("newer completes");
     }
 }

@@ -6,14 +6,22 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::attempt::Attempt;
+use crate::Attempt;
+use crate::Error;
+use crate::FieldFilter;
+use crate::Idem;
+use crate::IdempotencyKey;
+use crate::Policy;
+use crate::Reply;
+use crate::Scope;
+use crate::adapter::fingerprint;
 use crate::clock::Clock;
-use crate::engine::Idem;
-use crate::error::Error;
-use crate::fingerprint::{FieldFilter, fingerprint};
-use crate::policy::Policy;
-use crate::store::{ClaimOutcome, ClaimRequest, RecordState, Store, Token};
-use crate::{IdempotencyKey, ManualClock, Reply, Scope};
+use crate::clock::ManualClock;
+use crate::ops::RecordState;
+use crate::store::ClaimOutcome;
+use crate::store::ClaimRequest;
+use crate::store::Store;
+use crate::store::Token;
 
 use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, key, record_id, scope};
 
@@ -93,6 +101,7 @@ async fn assert_duplicates_refused<S: Store>(
         .expect_err("another request under a leased key");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
     let record = idem
+        .admin()
         .inspect(scope, key, true)
         .await
         .expect("inspect")
@@ -117,7 +126,10 @@ pub async fn extended_lease_outlives_key_ttl<S: Store>(store: Arc<S>) {
     assert_duplicates_refused(&idem, &scope, &key, &runs).await;
     // Renewing again, long after key_ttl, still works and still protects.
     clock.advance(Duration::from_secs(90));
-    holder.renew_lease().await.expect("renew past key_ttl");
+    holder
+        .extend_lease(LEASE)
+        .await
+        .expect("renew past key_ttl");
     clock.advance(LEASE - Duration::from_secs(1));
     assert_duplicates_refused(&idem, &scope, &key, &runs).await;
     finish.send(charge("ch_long")).expect("finish");

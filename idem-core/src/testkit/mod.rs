@@ -5,7 +5,8 @@
 //! test, and how to clean it up) and expands [`store_conformance!`](crate::store_conformance):
 //!
 //! ```
-//! use idem_core::{MemoryStore, testkit::Fixture};
+//! use idem_core::MemoryStore;
+//! use idem_core::testkit::Fixture;
 //!
 //! struct Memory(MemoryStore);
 //! impl Fixture for Memory {
@@ -20,7 +21,7 @@
 //! ```
 //!
 //! Each scenario takes the store behind an `Arc`, builds engines with a
-//! [`ManualClock`](crate::ManualClock) starting at the current time, and moves
+//! [`ManualClock`](crate::clock::ManualClock) starting at the current time, and moves
 //! that clock instead of sleeping. Scenarios use random owners and keys, but
 //! some (purge) count every record in the store, so each test needs its own
 //! store (table, schema, file or key prefix): that is the fixture's job.
@@ -41,6 +42,10 @@ mod recovery;
 mod store_level;
 mod support;
 
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -55,7 +60,7 @@ pub use recovery::*;
 pub use store_level::*;
 pub use support::{Charge, Decline, FailingStore};
 
-use crate::admin::AdminStore;
+use crate::store::AdminStore;
 
 /// An isolated store for one test.
 pub trait Fixture: Send + Sized + 'static {
@@ -117,6 +122,7 @@ macro_rules! __idem_for_each_scenario {
             expired_response_answers_with_the_resource_id,
             expired_key_is_a_new_operation,
             purge_runs_in_bounded_batches,
+            purge_counts_each_record_once,
             owners_are_isolated,
             operations_are_isolated,
             hostile_identities_round_trip_and_stay_apart,
@@ -136,6 +142,7 @@ macro_rules! __idem_for_each_scenario {
             guard_dropped_claim_is_recovered_after_the_lease,
             guard_release_makes_the_next_attempt_a_recovery,
             guard_complete_not_stored_is_never_rerun,
+            guard_every_write_of_a_fenced_holder_is_lease_lost,
             admin_lists_stuck_records_in_pages,
             admin_release_makes_the_next_attempt_a_recovery,
             admin_delete_refuses_unfinished_records,

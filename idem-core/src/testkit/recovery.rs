@@ -5,12 +5,18 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::attempt::Attempt;
-use crate::engine::Idem;
-use crate::error::Error;
-use crate::outcome::Outcome;
-use crate::store::{RecordState, Store, TakeoverReason};
-use crate::{IdempotencyKey, InFlightMode, ManualClock, Reply, Scope};
+use crate::Attempt;
+use crate::Error;
+use crate::Idem;
+use crate::IdempotencyKey;
+use crate::InFlightMode;
+use crate::Outcome;
+use crate::Reply;
+use crate::Scope;
+use crate::TakeoverReason;
+use crate::clock::ManualClock;
+use crate::ops::RecordState;
+use crate::store::Store;
 
 use super::support::{
     Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope,
@@ -274,6 +280,7 @@ pub async fn zombie_holder_cannot_complete_save_resource_id_or_extend<S: Store>(
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_newer");
     let record = idem
+        .admin()
         .inspect(&scope, &key, true)
         .await
         .expect("inspect")
@@ -306,7 +313,7 @@ pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(err.retry_after(), Some(Duration::from_secs(100)));
     holder
-        .renew_lease()
+        .extend_lease(LEASE)
         .await
         .expect("renew by the policy's lease");
     clock.advance(LEASE - Duration::from_secs(1));
@@ -353,6 +360,7 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
     assert!(!reply.is_stored());
     assert!(matches!(reply.outcome(), Outcome::Transient(d) if d.code == "provider_503"));
     let record = idem
+        .admin()
         .inspect(&scope, &key, true)
         .await
         .expect("inspect")

@@ -2,13 +2,20 @@
 
 use std::sync::Arc;
 
+use crate::FieldFilter;
+use crate::RecordId;
+use crate::TakeoverReason;
+use crate::adapter::fingerprint;
 use crate::clock::Clock;
-use crate::fingerprint::{FieldFilter, fingerprint};
-use crate::store::{
-    ClaimOutcome, ClaimRequest, Completion, OutcomeKind, RecordState, Store, StoreError,
-    TakeoverReason, Token,
-};
-use crate::{ManualClock, RecordId};
+use crate::clock::ManualClock;
+use crate::ops::OutcomeKind;
+use crate::ops::RecordState;
+use crate::store::ClaimOutcome;
+use crate::store::ClaimRequest;
+use crate::store::Completion;
+use crate::store::Store;
+use crate::store::StoreError;
+use crate::store::Token;
 
 use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};
 

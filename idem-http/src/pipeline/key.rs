@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use idem_core::{IdempotencyKey, KeyError};
+use idem_core::IdempotencyKey;
+use idem_core::error::KeyError;
 
 /// How strictly the key field is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,7 +141,7 @@ pub fn parse_key_header(
         String::from_utf8_lossy(value).into_owned()
     };
     IdempotencyKey::parse(&key).map(Some).map_err(|e| match e {
-        KeyError::Empty | KeyError::Missing => KeyHeaderError::Empty,
+        KeyError::Empty => KeyHeaderError::Empty,
         KeyError::TooLong { .. } => KeyHeaderError::TooLong,
         _ => KeyHeaderError::InvalidCharacter,
     })

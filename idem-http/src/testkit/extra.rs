@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{IdempotencyKey, Scope, Store};
+use idem_core::IdempotencyKey;
+use idem_core::Scope;
+use idem_core::store::Store;
 
 use super::app::{App, Options, engine};
 use super::check::Got;
@@ -253,6 +255,7 @@ pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
     ] {
         let scope = Scope::new("alice", operation).expect("scope");
         let found = idem
+            .admin()
             .inspect(&scope, k.as_str(), false)
             .await
             .expect("inspect");

@@ -6,7 +6,8 @@
 //! expands [`http_conformance!`](crate::http_conformance):
 //!
 //! ```
-//! use idem_core::{MemoryStore, testkit::Fixture};
+//! use idem_core::MemoryStore;
+//! use idem_core::testkit::Fixture;
 //!
 //! struct Memory(MemoryStore);
 //! impl Fixture for Memory {
@@ -20,7 +21,7 @@
 //! // idem_http::http_conformance!(setup());
 //! ```
 //!
-//! Time moves through the engine's [`ManualClock`](idem_core::ManualClock);
+//! Time moves through the engine's [`ManualClock`](idem_core::clock::ManualClock);
 //! a handler is held in flight with a gate, not a sleep.
 //!
 //! **Not covered by semver.** Like idem-core's store testkit (and

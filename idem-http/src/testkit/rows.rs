@@ -3,8 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, Token};
-use idem_core::{Clock, IdempotencyKey, RecordId, Scope, Store};
+use idem_core::IdempotencyKey;
+use idem_core::RecordId;
+use idem_core::Scope;
+use idem_core::clock::Clock;
+use idem_core::ops::OutcomeKind;
+use idem_core::store::ClaimOutcome;
+use idem_core::store::ClaimRequest;
+use idem_core::store::Completion;
+use idem_core::store::Store;
+use idem_core::store::Token;
 use reqwest::Method;
 use reqwest::header::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

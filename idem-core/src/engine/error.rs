@@ -1,10 +1,12 @@
-//! The rejections and failures `Idem::execute` can return, with their HTTP mapping.
+//! The rejections and failures `Idem::execute` can return, each with its
+//! class, HTTP status and retry advice (the HTTP rendering itself is the
+//! adapter's).
 
 use std::time::Duration;
 
-use crate::fingerprint::RequestError;
-use crate::key::KeyError;
-use crate::scope::ScopeError;
+use crate::error::KeyError;
+use crate::error::RequestError;
+use crate::error::ScopeError;
 use crate::store::StoreError;
 
 /// Whole seconds for a `Retry-After` header: rounded up, at least 1.
@@ -34,6 +36,10 @@ pub enum Error {
     /// The request cannot be fingerprinted (400). Permanent.
     #[error(transparent)]
     InvalidRequest(#[from] RequestError),
+    /// A listing cursor that the store did not write (400): an operator's
+    /// input, mistyped or from another backend. Permanent.
+    #[error("the cursor is not one this store wrote")]
+    InvalidCursor,
     /// The key was used with another request (422). Permanent: the stored
     /// record is untouched and the work did not run.
     #[error("this idempotency key was already used with a different request")]
@@ -104,9 +110,10 @@ impl Error {
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidKey(_) | Self::InvalidScope(_) | Self::InvalidRequest(_) => {
-                ErrorKind::BadRequest
-            }
+            Self::InvalidKey(_)
+            | Self::InvalidScope(_)
+            | Self::InvalidRequest(_)
+            | Self::InvalidCursor => ErrorKind::BadRequest,
             Self::FingerprintMismatch => ErrorKind::Mismatch,
             Self::InFlight { .. }
             | Self::ResponseExpired { .. }
@@ -156,17 +163,15 @@ impl Error {
         self.retry_after().is_some()
     }
 
-    /// A short, stable code for this error (`missing_key`, `invalid_key`,
-    /// `in_flight`, ...), used as the problem type and safe to log or match
-    /// on. A key that is absent ([`KeyError::Missing`]) is `missing_key`, as
-    /// the HTTP adapter answers it; any other bad key is `invalid_key`.
+    /// A short, stable code for this error (`invalid_key`, `in_flight`, ...),
+    /// safe to log, match on or use as a metrics label.
     #[must_use]
     pub fn code(&self) -> &'static str {
         match self {
-            Self::InvalidKey(KeyError::Missing) => "missing_key",
             Self::InvalidKey(_) => "invalid_key",
             Self::InvalidScope(_) => "invalid_scope",
             Self::InvalidRequest(_) => "invalid_request",
+            Self::InvalidCursor => "invalid_cursor",
             Self::FingerprintMismatch => "fingerprint_mismatch",
             Self::InFlight { .. } => "in_flight",
             Self::ResponseExpired { .. } => "response_expired",
@@ -176,40 +181,6 @@ impl Error {
             Self::Store(_) => "store_error",
             Self::CorruptRecord { .. } => "corrupt_record",
         }
-    }
-
-    /// An RFC 9457 `application/problem+json` body for this error, with the
-    /// resource id and retry delay as extension members where they apply.
-    /// Store and corruption details are not included (they stay in logs).
-    ///
-    /// ```
-    /// use idem_core::Error;
-    ///
-    /// let e = Error::ResponseExpired { resource_id: Some("ch_1".into()) };
-    /// let body: serde_json::Value = serde_json::from_str(&e.problem_json()).unwrap();
-    /// assert_eq!(body["status"], 409);
-    /// assert_eq!(body["resource_id"], "ch_1");
-    /// assert_eq!(body["type"], "urn:idem:problem:response_expired");
-    /// ```
-    #[must_use]
-    pub fn problem_json(&self) -> String {
-        let detail = match self.kind() {
-            ErrorKind::Unavailable | ErrorKind::Internal => self.code().replace('_', " "),
-            _ => self.to_string(),
-        };
-        let mut body = serde_json::json!({
-            "type": format!("urn:idem:problem:{}", self.code()),
-            "title": self.code().replace('_', " "),
-            "status": self.http_status(),
-            "detail": detail,
-        });
-        if let Some(rid) = self.resource_id() {
-            body["resource_id"] = rid.into();
-        }
-        if let Some(d) = self.retry_after() {
-            body["retry_after"] = retry_after_secs(d).into();
-        }
-        body.to_string()
     }
 
     /// The resource id carried by "already done" conflicts.
@@ -230,6 +201,7 @@ impl From<StoreError> for Error {
             StoreError::LeaseLost => Self::LeaseLost {
                 retry_after: RETRY_SOON,
             },
+            StoreError::InvalidCursor => Self::InvalidCursor,
             StoreError::Corrupt { backend, detail } => Self::CorruptRecord {
                 detail: format!("{backend}: {detail}"),
             },
@@ -247,7 +219,7 @@ mod tests {
         let s = Duration::from_secs(2);
         let cases: Vec<(Error, u16, Option<Duration>)> = vec![
             (Error::InvalidKey(KeyError::Empty), 400, None),
-            (Error::InvalidKey(KeyError::Missing), 400, None),
+            (Error::InvalidCursor, 400, None),
             (Error::FingerprintMismatch, 422, None),
             (Error::InFlight { retry_after: s }, 409, Some(s)),
             (Error::ResponseExpired { resource_id: None }, 409, None),
@@ -281,36 +253,16 @@ mod tests {
             assert_eq!(e.http_status(), status, "{e:?}");
             assert_eq!(e.retry_after(), retry, "{e:?}");
             assert_eq!(e.is_retryable(), retry.is_some(), "{e:?}");
-            let body: serde_json::Value = serde_json::from_str(&e.problem_json()).unwrap();
-            assert_eq!(body["status"], status);
         }
     }
 
     #[test]
-    fn a_missing_key_is_missing_key_not_invalid_key() {
-        let missing = Error::InvalidKey(KeyError::Missing);
-        assert_eq!(missing.code(), "missing_key");
-        let body: serde_json::Value = serde_json::from_str(&missing.problem_json()).unwrap();
-        assert_eq!(body["type"], "urn:idem:problem:missing_key");
-        assert_eq!(body["status"], 400);
-        let from_header = crate::IdempotencyKey::from_header(None).map_err(Error::from);
-        assert_eq!(from_header.map_err(|e| e.code()), Err("missing_key"));
-        for other in [KeyError::Empty, KeyError::TooLong { len: 300 }] {
-            assert_eq!(Error::InvalidKey(other).code(), "invalid_key");
-        }
-    }
-
-    #[test]
-    fn problem_json_never_leaks_store_details() {
-        let e = Error::Store(StoreError::Backend {
-            backend: "pg",
-            source: "password=hunter2".into(),
-        });
-        assert!(!e.problem_json().contains("hunter2"));
-        let e = Error::CorruptRecord {
-            detail: "secret-key-xyz".into(),
-        };
-        assert!(!e.problem_json().contains("secret"));
+    fn a_bad_cursor_is_the_callers_input_not_a_store_failure() {
+        let e = Error::from(StoreError::from(crate::store::CursorError));
+        assert!(matches!(e, Error::InvalidCursor), "{e:?}");
+        assert_eq!(e.http_status(), 400);
+        assert_eq!(e.code(), "invalid_cursor");
+        assert!(!e.is_retryable());
     }
 
     #[test]

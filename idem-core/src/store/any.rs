@@ -5,13 +5,21 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::admin::{AdminStore, InFlightQuery, Page, StateCounts};
+use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::scope::RecordId;
-use crate::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, Store, StoreError,
-    StoredRecord, Token,
-};
+use crate::ops::Page;
+use crate::ops::PurgeReport;
+use crate::ops::StateCounts;
+use crate::store::AdminStore;
+use crate::store::Capabilities;
+use crate::store::ClaimOutcome;
+use crate::store::ClaimRequest;
+use crate::store::Completion;
+use crate::store::InFlightQuery;
+use crate::store::Store;
+use crate::store::StoreError;
+use crate::store::StoredRecord;
+use crate::store::Token;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -171,7 +179,9 @@ impl<S: AdminStore> DynStore for S {
 /// to be wrapped here.
 ///
 /// ```
-/// use idem_core::{AnyStore, Idem, MemoryStore};
+/// use idem_core::AnyStore;
+/// use idem_core::Idem;
+/// use idem_core::MemoryStore;
 ///
 /// fn store_from_config(kind: &str) -> AnyStore {
 ///     match kind {

@@ -1,6 +1,10 @@
 //! Request fingerprints: SHA-256 over the operation and the canonical JSON of
 //! the request, after the caller's field filter.
 
+pub(crate) mod check;
+pub(crate) mod direct;
+pub(crate) mod value;
+
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
@@ -8,15 +12,15 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::canonical::fingerprint_bytes;
-use crate::canonical_ser::{CanonError, Scratch};
-use crate::policy::PolicyError;
+use crate::fingerprint::direct::CanonError;
+use crate::fingerprint::direct::Scratch;
+use crate::fingerprint::value::fingerprint_bytes;
 
 /// The deepest nesting of arrays and objects accepted in a request, the same
 /// for every form (a `Serialize` value, a `serde_json::Value`, [`RawJson`]):
 /// 127, the deepest serde_json's parser reads back. One more is
 /// [`RequestError::TooDeep`].
-pub const MAX_REQUEST_DEPTH: usize = crate::json_check::MAX_DEPTH;
+pub const MAX_REQUEST_DEPTH: usize = crate::fingerprint::check::MAX_DEPTH;
 
 /// Version tags of the fingerprint encoding. `v1`: the RFC 8785 canonical
 /// JSON. `v2`: the same, except that integers beyond 2^53 in magnitude are
@@ -72,14 +76,15 @@ impl fmt::Debug for Fingerprint {
 /// Array elements are addressed by canonical indexes only (`/items/1`, never
 /// `/items/01` or `/items/+1`), as RFC 6901 says: [`PolicyBuilder::build`](crate::PolicyBuilder::build)
 /// refuses a pointer with a token that looks like an index but is not
-/// canonical ([`PolicyError::InvalidPointer`]), so an object member named
+/// canonical ([`PolicyError::InvalidPointer`](crate::error::PolicyError::InvalidPointer)), so an object member named
 /// `01` cannot be filtered. A filter passed to [`fingerprint`] directly is not
 /// checked; such a token then matches no array element in either list.
 ///
 /// # Examples
 ///
 /// ```
-/// use idem_core::{FieldFilter, fingerprint};
+/// use idem_core::FieldFilter;
+/// use idem_core::adapter::fingerprint;
 /// use serde_json::json;
 ///
 /// let ignore_ts = FieldFilter::ignore(["/client_ts"]);
@@ -122,7 +127,9 @@ impl FieldFilter {
     /// Checks every pointer (called by [`PolicyBuilder::build`](crate::PolicyBuilder::build)):
     /// RFC 6901 syntax, and no token that reads as an array index but is not
     /// the canonical spelling RFC 6901 requires (`01`, `+1`, `-1`).
-    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
+    /// A bad pointer comes back as `(pointer, reason)`; the policy builder
+    /// turns it into its own error, so this module does not depend on it.
+    pub(crate) fn validate(&self) -> Result<(), (String, &'static str)> {
         let (Self::Only(pointers) | Self::Ignore(pointers)) = self else {
             return Ok(());
         };
@@ -155,13 +162,8 @@ impl FieldFilter {
 
 /// Refuses a pointer that is not RFC 6901, or whose token looks like an
 /// array index without being a canonical one.
-fn check_pointer(pointer: &str) -> Result<(), PolicyError> {
-    let bad = |reason| {
-        Err(PolicyError::InvalidPointer {
-            pointer: pointer.to_owned(),
-            reason,
-        })
-    };
+fn check_pointer(pointer: &str) -> Result<(), (String, &'static str)> {
+    let bad = |reason| Err((pointer.to_owned(), reason));
     if pointer.is_empty() {
         return Ok(());
     }
@@ -270,7 +272,7 @@ pub fn fingerprint<R: Serialize + ?Sized>(
     }
     let direct = with_scratch(|scratch| {
         RAW_JSON_FAILURE.with(Cell::take);
-        let exact_ints = crate::canonical_ser::write(request, scratch)?;
+        let exact_ints = crate::fingerprint::direct::write(request, scratch)?;
         Ok(digest(operation, &scratch.out, exact_ints))
     });
     match direct {
@@ -343,7 +345,8 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 /// `serde_json::to_value` would turn into `null` or recurse into), then the
 /// conversion; a [`RawJson`] parse reports its own typed failure.
 fn to_request_value<R: Serialize + ?Sized>(request: &R) -> Result<Value, RequestError> {
-    use crate::json_check::{CheckError, check};
+    use crate::fingerprint::check::CheckError;
+    use crate::fingerprint::check::check;
     check(request).map_err(|e| match e {
         CheckError::NonFinite => RequestError::NonFiniteNumber,
         CheckError::TooDeep => RequestError::TooDeep,
@@ -401,7 +404,10 @@ fn exceeds_depth(value: &Value, limit: usize) -> bool {
 /// stored.
 ///
 /// ```
-/// use idem_core::{FieldFilter, RawJson, RequestError, fingerprint};
+/// use idem_core::FieldFilter;
+/// use idem_core::RawJson;
+/// use idem_core::error::RequestError;
+/// use idem_core::adapter::fingerprint;
 ///
 /// let a = fingerprint("op", &RawJson(br#"{"a":1,"b":2}"#), &FieldFilter::All).unwrap();
 /// let b = fingerprint("op", &RawJson(br#"{ "b":2.0, "a":1 }"#), &FieldFilter::All).unwrap();
@@ -444,7 +450,8 @@ impl RawJson<'_> {
 
 impl Serialize for RawJson<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_newtype_struct(crate::json_check::RAW_JSON_TOKEN, &Parsed(self.0))
+        serializer
+            .serialize_newtype_struct(crate::fingerprint::check::RAW_JSON_TOKEN, &Parsed(self.0))
     }
 }
 
@@ -557,6 +564,7 @@ impl<'de> serde::de::Visitor<'de> for Strict<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::PolicyError;
     use serde_json::json;
 
     fn fp(v: &Value) -> Fingerprint {

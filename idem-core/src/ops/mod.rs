@@ -2,27 +2,38 @@
 //! count, purge. Backed by [`Store::fetch`] and [`AdminStore`].
 //!
 //! Every store call made here is bounded in time: [`Idem::admin`] with
-//! [`Admin::timeout`] (default [`DEFAULT_ADMIN_TIMEOUT`] per call) turns a
+//! [`Admin::timeout`] (default [`DEFAULT_TIMEOUT`] per call) turns a
 //! store that does not answer (a row lock held by a long transaction, a
 //! paused server, a full scan of a huge table) into a typed
 //! [`AdminTimeout`] instead of a command that hangs.
+
+mod purger;
+mod record;
+
+pub use self::purger::{PurgerConfig, PurgerHandle};
+pub use self::record::{
+    Cursor, OutcomeKind, Page, PurgeReport, RecordState, RecordSummary, StateCounts,
+};
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::admin::{AdminStore, Cursor, InFlightQuery, Page, StateCounts};
+use crate::Error;
+use crate::Idem;
+use crate::IntoKey;
+use crate::RecordId;
+use crate::Scope;
+use crate::adapter::Fingerprint;
 use crate::clock::Timestamp;
-use crate::engine::Idem;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::IntoKey;
-use crate::scope::{RecordId, Scope};
-use crate::store::{OutcomeKind, PurgeReport, RecordState, Store, StoreError};
+use crate::store::AdminStore;
+use crate::store::InFlightQuery;
+use crate::store::Store;
+use crate::store::StoreError;
 
 /// How long one operator store call may take by default (per call: a
 /// listing of many pages makes one call per page).
-pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An operator store call did not answer within its timeout; the call was
 /// abandoned (dropped), so whatever it would have changed is either fully
@@ -128,8 +139,7 @@ pub enum AdminOutcome {
 }
 
 /// The operator API of one engine with a timeout per store call: see
-/// [`Idem::admin`]. The engine's own `inspect`, `list_stuck`, … are this
-/// with [`DEFAULT_ADMIN_TIMEOUT`].
+/// [`Idem::admin`], the one entry to it.
 pub struct Admin<'a, S> {
     idem: &'a Idem<S>,
     timeout: Duration,
@@ -146,10 +156,11 @@ impl<S: fmt::Debug> fmt::Debug for Admin<'_, S> {
 
 impl<S: Store> Idem<S> {
     /// The operator API with a timeout on every store call
-    /// ([`DEFAULT_ADMIN_TIMEOUT`] unless [`Admin::timeout`] says otherwise).
+    /// ([`DEFAULT_TIMEOUT`] unless [`Admin::timeout`] says otherwise).
     ///
     /// ```
-    /// # use idem_core::{Idem, MemoryStore};
+    /// # use idem_core::Idem;
+    /// # use idem_core::MemoryStore;
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
     /// let idem = Idem::new(MemoryStore::new());
@@ -161,89 +172,8 @@ impl<S: Store> Idem<S> {
     pub fn admin(&self) -> Admin<'_, S> {
         Admin {
             idem: self,
-            timeout: DEFAULT_ADMIN_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT,
         }
-    }
-
-    /// Reads the record for `(scope, key)` for an operator: its state,
-    /// attempt, lease, expiry times and resource id, and its body only if
-    /// `with_body`. One [`Store::fetch`], bounded by
-    /// [`DEFAULT_ADMIN_TIMEOUT`].
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too),
-    /// [`Error::CorruptRecord`].
-    pub async fn inspect<K: IntoKey>(
-        &self,
-        scope: &Scope,
-        key: K,
-        with_body: bool,
-    ) -> Result<Option<RecordView>, Error> {
-        self.admin().inspect(scope, key, with_body).await
-    }
-}
-
-impl<S: AdminStore> Idem<S> {
-    /// One page of the records in flight whose lease has ended, or ends
-    /// within `within` from now (`Duration::ZERO`: only those stuck past
-    /// their lease). Follow [`Page::next`] for the rest. Bounded by
-    /// [`DEFAULT_ADMIN_TIMEOUT`].
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Store`] (an [`AdminTimeout`] too).
-    pub async fn list_stuck(
-        &self,
-        within: Duration,
-        cursor: Option<&Cursor>,
-        limit: u32,
-    ) -> Result<Page, Error> {
-        self.admin().list_stuck(within, cursor, limit).await
-    }
-
-    /// Ends the lease of a record stuck in flight now, so that the next
-    /// attempt with the same request runs as a recovery (with the
-    /// saved resource id). With `attempt`, only if the record is still at that
-    /// attempt (what an operator inspected). Bounded by
-    /// [`DEFAULT_ADMIN_TIMEOUT`] per store call.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
-    pub async fn release_stuck<K: IntoKey>(
-        &self,
-        scope: &Scope,
-        key: K,
-        attempt: Option<u32>,
-    ) -> Result<AdminOutcome, Error> {
-        self.admin().release_stuck(scope, key, attempt).await
-    }
-
-    /// Deletes a completed record: the key becomes a new operation. Records
-    /// in flight or released are refused (release them instead; their next
-    /// attempt recovers). Bounded by [`DEFAULT_ADMIN_TIMEOUT`] per store
-    /// call.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidKey`], [`Error::Store`] (an [`AdminTimeout`] too).
-    pub async fn delete_record<K: IntoKey>(
-        &self,
-        scope: &Scope,
-        key: K,
-    ) -> Result<AdminOutcome, Error> {
-        self.admin().delete_record(scope, key).await
-    }
-
-    /// Counts the live records by state (a full scan: not for a request
-    /// path). Bounded by [`DEFAULT_ADMIN_TIMEOUT`].
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Store`] (an [`AdminTimeout`] too).
-    pub async fn count_states(&self) -> Result<StateCounts, Error> {
-        self.admin().count_states().await
     }
 }
 
@@ -256,13 +186,9 @@ impl<S: Store> Admin<'_, S> {
         self
     }
 
-    /// The timeout of each store call.
-    #[must_use]
-    pub fn timeout_per_call(&self) -> Duration {
-        self.timeout
-    }
-
-    /// [`Idem::inspect`] with this timeout.
+    /// Reads the record for `(scope, key)`: its state, attempt, lease,
+    /// expiry times and resource id, and its body only if `with_body`. One
+    /// store read.
     ///
     /// # Errors
     ///
@@ -276,7 +202,9 @@ impl<S: Store> Admin<'_, S> {
     ) -> Result<Option<RecordView>, Error> {
         let id = RecordId::new(scope.clone(), key.into_key()?);
         let now = self.idem.clock().now();
-        let fetched = bounded("fetch", self.timeout, self.idem.store().fetch(&id, now)).await?;
+        let store = self.idem.store();
+        let fetch = crate::metrics::time_store("fetch", store.fetch(&id, now));
+        let fetched = bounded("fetch", self.timeout, fetch).await?;
         let Some(r) = fetched else {
             return Ok(None);
         };
@@ -296,7 +224,11 @@ impl<S: Store> Admin<'_, S> {
         }))
     }
 
-    /// [`Idem::purge_expired`] with this timeout on each batch.
+    /// Deletes expired keys and drops expired bodies, `batch` records at a
+    /// time (each batch bounded by the timeout), until nothing is left;
+    /// returns the totals. Safe to run from every instance at once. The
+    /// background purger ([`Idem::spawn_purger`](crate::Idem::spawn_purger))
+    /// does the same on a schedule.
     ///
     /// # Errors
     ///
@@ -344,7 +276,9 @@ impl<S: Store> Admin<'_, S> {
 }
 
 impl<S: AdminStore> Admin<'_, S> {
-    /// [`Idem::list_stuck`] with this timeout.
+    /// One page of the records in flight whose lease has ended, or ends
+    /// within `within` from now (`Duration::ZERO`: only those stuck past
+    /// their lease). Follow [`Page::next`] for the rest.
     ///
     /// # Errors
     ///
@@ -366,7 +300,10 @@ impl<S: AdminStore> Admin<'_, S> {
         Ok(bounded("list_in_flight", self.timeout, store.list_in_flight(&query)).await?)
     }
 
-    /// [`Idem::release_stuck`] with this timeout.
+    /// Ends the lease of a record stuck in flight now, so that the next
+    /// attempt with the same request runs as a recovery (with the saved
+    /// resource id). With `attempt`, only if the record is still at that
+    /// attempt (what an operator inspected).
     ///
     /// # Errors
     ///
@@ -393,7 +330,9 @@ impl<S: AdminStore> Admin<'_, S> {
         self.explain(&id, now).await
     }
 
-    /// [`Idem::delete_record`] with this timeout.
+    /// Deletes a completed record: the key becomes a new operation. Records
+    /// in flight or released are refused (release them instead; their next
+    /// attempt recovers).
     ///
     /// # Errors
     ///
@@ -419,7 +358,8 @@ impl<S: AdminStore> Admin<'_, S> {
         self.explain(&id, now).await
     }
 
-    /// [`Idem::count_states`] with this timeout.
+    /// Counts the live records by state (a full scan: not for a request
+    /// path).
     ///
     /// # Errors
     ///

@@ -4,8 +4,10 @@
 //! These are the answers to the three pages an idem deployment gets: a client
 //! stuck on 409 because an attempt crashed holding a long lease, a surge of
 //! rejections, and a store that grows. They live in [`AdminStore`], a trait
-//! beside [`Store`] (not in it), so a wrapper or a custom backend that does
-//! not offer them still runs the engine.
+//! beside [`Store`] (not in it): an engine runs on any `Store`, while the
+//! operator API ([`Admin`](crate::ops::Admin)'s listing, release, delete and
+//! counts), [`AnyStore`](crate::AnyStore) and the conformance suite need
+//! `AdminStore` too.
 //!
 //! # Safety against a live system
 //!
@@ -15,7 +17,7 @@
 //! * [`AdminStore::release_in_flight`] only moves an in-flight record's lease
 //!   end to `now`. Its token is unchanged (the holder, if alive, may still
 //!   complete), and the next claim with the same fingerprint takes it over as
-//!   [`TakeoverReason::LeaseExpired`](crate::store::TakeoverReason) with the
+//!   [`TakeoverReason::LeaseExpired`](crate::TakeoverReason) with the
 //!   resource id kept, under a new token that fences the old holder out: the
 //!   same path as a lease that ended by itself.
 //! * [`AdminStore::delete_completed`] removes only completed records (the key
@@ -24,64 +26,14 @@
 //!   reconciles.
 //! * Listing and counting only read.
 
-use std::fmt;
 use std::future::Future;
 
+use crate::ops::{Cursor, Page, StateCounts};
+
+use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::scope::RecordId;
-use crate::store::{RecordState, Store, StoreError};
-
-/// Where a listing stopped; pass it back to get the next page.
-///
-/// Opaque: each backend writes its own position into it (a keyset position
-/// on SQL, a `SCAN` cursor per node on Redis). It is plain text, so a script
-/// can carry it between runs of the command-line tool.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Cursor(String);
-
-impl Cursor {
-    /// A cursor from its text (as printed by [`Cursor::as_str`]).
-    #[must_use]
-    pub fn new(text: impl Into<String>) -> Self {
-        Self(text.into())
-    }
-
-    /// The cursor's text.
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// A keyset position after the record `(lease_until, id)`: the cursor of
-    /// the SQL backends and of [`MemoryStore`](crate::MemoryStore), which list
-    /// in `(lease_until, owner, operation, key)` order.
-    #[must_use]
-    pub fn keyset(lease_until: Timestamp, id: &RecordId) -> Self {
-        let position = serde_json::json!([
-            lease_until.as_unix_millis(),
-            id.owner(),
-            id.operation(),
-            id.key().as_str()
-        ]);
-        Self(position.to_string())
-    }
-
-    /// Reads a position written by [`Cursor::keyset`].
-    ///
-    /// # Errors
-    ///
-    /// [`CursorError`] when the text is not such a position.
-    pub fn keyset_position(&self) -> Result<KeysetPosition, CursorError> {
-        let (lease, owner, operation, key): (i64, String, String, String) =
-            serde_json::from_str(&self.0).map_err(|_| CursorError)?;
-        Ok(KeysetPosition {
-            lease_until: Timestamp::from_unix_millis(lease),
-            owner,
-            operation,
-            key,
-        })
-    }
-}
+use crate::store::Store;
+use crate::store::StoreError;
 
 /// A position in a keyset listing: the last record of the previous page.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -103,16 +55,8 @@ pub struct CursorError;
 
 impl From<CursorError> for StoreError {
     fn from(e: CursorError) -> Self {
-        StoreError::Backend {
-            backend: "cursor",
-            source: Box::new(e),
-        }
-    }
-}
-
-impl fmt::Debug for Cursor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Cursor").field(&self.0).finish()
+        let CursorError = e;
+        StoreError::InvalidCursor
     }
 }
 
@@ -130,48 +74,6 @@ pub struct InFlightQuery<'a> {
     /// The page size (at least 1). SQL backends return at most this many;
     /// Redis returns what a bounded `SCAN` found (see its crate docs).
     pub limit: u32,
-}
-
-/// A record as an operator sees it in a listing (never its body).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordSummary {
-    /// Its identity.
-    pub id: RecordId,
-    /// Its state.
-    pub state: RecordState,
-    /// Attempts so far.
-    pub attempt: u32,
-    /// When its lease ends (or ended).
-    pub lease_until: Timestamp,
-    /// Its resource id (saved by an attempt, or given at completion).
-    pub resource_id: Option<String>,
-    /// When its key is forgotten.
-    pub key_expires_at: Timestamp,
-}
-
-/// One page of a listing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Page {
-    /// The records of this page.
-    pub records: Vec<RecordSummary>,
-    /// Where to continue; `None` when the listing is complete.
-    pub next: Option<Cursor>,
-}
-
-/// How many live records a store holds, by state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StateCounts {
-    /// In flight (including `stuck`).
-    pub in_flight: u64,
-    /// In flight with a lease that has ended: a crash nobody retried yet.
-    pub stuck: u64,
-    /// Released after a transient failure.
-    pub released: u64,
-    /// Completed.
-    pub completed: u64,
-    /// Whose key expired but that are still stored, waiting for a purge
-    /// (always 0 on a store with native expiry).
-    pub expired: u64,
 }
 
 /// The operator operations of a store. Every backend of this workspace

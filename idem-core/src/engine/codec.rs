@@ -104,7 +104,8 @@ crate::storable_as_json!(bool, i32, i64, u32, u64);
 /// body: `Outcome::Success(Json(charge))`.
 ///
 /// ```
-/// use idem_core::{Json, Storable};
+/// use idem_core::Json;
+/// use idem_core::Storable;
 ///
 /// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 /// struct Charge { id: String, amount: u64 }
@@ -130,7 +131,7 @@ impl<T: Serialize + DeserializeOwned + Send + 'static> Storable for Json<T> {
 /// whether a value can be replayed.
 #[doc(hidden)]
 pub fn json_encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, BoxDynError> {
-    crate::json_check::to_vec_checked(value)
+    crate::fingerprint::check::to_vec_checked(value)
 }
 
 /// How every JSON-stored value is decoded.
@@ -158,11 +159,11 @@ macro_rules! storable_as_json {
     ($($ty:ty),+ $(,)?) => {
         $(
             impl $crate::Storable for $ty {
-                fn encode(&self) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::BoxDynError> {
-                    $crate::codec_json_encode(self)
+                fn encode(&self) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::store::BoxDynError> {
+                    $crate::__private::json_encode(self)
                 }
-                fn decode(bytes: &[u8]) -> ::std::result::Result<Self, $crate::BoxDynError> {
-                    $crate::codec_json_decode(bytes)
+                fn decode(bytes: &[u8]) -> ::std::result::Result<Self, $crate::store::BoxDynError> {
+                    $crate::__private::json_decode(bytes)
                 }
             }
         )+
@@ -174,7 +175,8 @@ macro_rules! storable_as_json {
 /// survive too.
 ///
 /// ```
-/// use idem_core::{HttpResponse, Storable};
+/// use idem_core::HttpResponse;
+/// use idem_core::Storable;
 ///
 /// let r = HttpResponse::new(201, vec![("location".into(), b"/charges/ch_1".to_vec())], b"\x00{\"id\":1}".to_vec())
 ///     .with_header("x-raw", b"\xff\xfe".to_vec());

@@ -17,7 +17,7 @@
 //! differ only beyond double precision therefore canonicalise alike. The
 //! request *fingerprint* still tells them apart: it hashes integers that
 //! serde_json holds exactly (`i64`/`u64`) by their exact digits (see
-//! [`fingerprint`](crate::fingerprint)). Integers up to 2^53 in magnitude are
+//! [`fingerprint`](crate::adapter::fingerprint)). Integers up to 2^53 in magnitude are
 //! written exactly.
 
 use std::cmp::Ordering;
@@ -29,7 +29,7 @@ use serde_json::{Map, Number, Value};
 /// # Examples
 ///
 /// ```
-/// use idem_core::canonical_json;
+/// use idem_core::adapter::canonical_json;
 /// use serde_json::json;
 ///
 /// let v = json!({"b": 1.0, "a": [1e21, 1e-7, "\u{1f600}"], "c": -0.0});

@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::ser::{self, Serialize};
 
-use crate::store::BoxDynError;
+use crate::util::BoxDynError;
 
 /// The deepest nesting of arrays and objects accepted anywhere: requests of
 /// every form, and stored responses. serde_json's parser refuses one more

@@ -4,16 +4,10 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-/// The request header that carries the key (IETF HTTPAPI draft).
-pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
-
-/// The response header that marks a replay; its value is `true`.
-pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
-
 /// The longest key accepted, in characters (after trimming).
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = IdempotencyKey::MAX_LEN;
 
-/// A validated idempotency key: 1 to [`MAX_KEY_LEN`] printable ASCII characters
+/// A validated idempotency key: 1 to [`IdempotencyKey::MAX_LEN`] printable ASCII characters
 /// (`0x20..=0x7E`) after trimming surrounding ASCII spaces and tabs (only
 /// those: a key wrapped in any other whitespace is invalid).
 ///
@@ -45,15 +39,12 @@ pub struct IdempotencyKey(String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The request carries no key on a route that requires one.
-    #[error("the {IDEMPOTENCY_KEY_HEADER} header is required on this route")]
-    Missing,
     /// The key is empty or only spaces and tabs.
     #[error(
         "idempotency key is empty (after trimming spaces and tabs); send 1 to 255 printable ASCII characters"
     )]
     Empty,
-    /// The key is longer than [`MAX_KEY_LEN`] characters.
+    /// The key is longer than [`IdempotencyKey::MAX_LEN`] characters.
     #[error("idempotency key is {len} characters long; the limit is {MAX_KEY_LEN}")]
     TooLong {
         /// Length of the trimmed key, in bytes.
@@ -72,6 +63,9 @@ pub enum KeyError {
 }
 
 impl IdempotencyKey {
+    /// The longest key accepted, in characters (after trimming).
+    pub const MAX_LEN: usize = 255;
+
     /// Validates a key sent by a client.
     ///
     /// # Errors
@@ -104,16 +98,6 @@ impl IdempotencyKey {
             return Err(KeyError::TooLong { len: trimmed.len() });
         }
         Ok(Self(trimmed.to_owned()))
-    }
-
-    /// Validates the value of an `Idempotency-Key` header, where a missing
-    /// header is its own error ([`KeyError::Missing`], 400).
-    ///
-    /// # Errors
-    ///
-    /// As [`IdempotencyKey::parse`], plus [`KeyError::Missing`].
-    pub fn from_header(value: Option<&str>) -> Result<Self, KeyError> {
-        value.map_or(Err(KeyError::Missing), Self::parse)
     }
 
     /// A new random key: 128 bits from the operating system's generator, as 32
@@ -182,6 +166,20 @@ impl TryFrom<String> for IdempotencyKey {
     type Error = KeyError;
     fn try_from(value: String) -> Result<Self, KeyError> {
         Self::parse(&value)
+    }
+}
+
+impl std::str::FromStr for IdempotencyKey {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        Self::parse(s)
+    }
+}
+
+impl AsRef<str> for IdempotencyKey {
+    fn as_ref(&self) -> &str {
+        &self.0
     }
 }
 
@@ -277,13 +275,6 @@ mod tests {
             IdempotencyKey::parse("a\u{7f}"),
             Err(KeyError::InvalidCharacter { .. })
         ));
-    }
-
-    #[test]
-    fn a_missing_header_is_its_own_error() {
-        assert_eq!(IdempotencyKey::from_header(None), Err(KeyError::Missing));
-        assert_eq!(IdempotencyKey::from_header(Some(" ")), Err(KeyError::Empty));
-        assert!(IdempotencyKey::from_header(Some("k")).is_ok());
     }
 
     #[test]

@@ -3,13 +3,26 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::admin::{AdminStore, Cursor, InFlightQuery, Page, RecordSummary, StateCounts};
+use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::scope::RecordId;
-use crate::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, PurgeReport,
-    RecordState, Store, StoreError, StoredRecord, Token,
-};
+use crate::ops::Cursor;
+use crate::ops::Page;
+use crate::ops::PurgeReport;
+use crate::ops::RecordState;
+use crate::ops::RecordSummary;
+use crate::ops::StateCounts;
+use crate::store::AdminStore;
+use crate::store::Capabilities;
+use crate::store::ClaimOutcome;
+use crate::store::ClaimRequest;
+use crate::store::Claimed;
+use crate::store::Completion;
+use crate::store::InFlightQuery;
+use crate::store::Previous;
+use crate::store::Store;
+use crate::store::StoreError;
+use crate::store::StoredRecord;
+use crate::store::Token;
 
 /// An in-process store: one map behind one mutex.
 ///
@@ -227,6 +240,11 @@ impl Store for MemoryStore {
         for e in map.values_mut() {
             if dropped as usize >= limit {
                 break;
+            }
+            // A record whose key expired is deleted (and counted) by a later
+            // batch, not counted here as well: each record is counted once.
+            if !live(&e.record, now) {
+                continue;
             }
             let r = &mut e.record;
             if r.response.is_some() && r.response_expires_at.is_some_and(|t| t <= now) {

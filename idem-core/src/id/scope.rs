@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::key::IdempotencyKey;
+use crate::IdempotencyKey;
 use crate::util::short_hash;
 
 /// The longest owner or operation accepted, in bytes.
-pub const MAX_SCOPE_PART_LEN: usize = 1024;
+pub(crate) const MAX_SCOPE_PART_LEN: usize = Scope::MAX_PART_LEN;
 
 /// Who is asking and what they are doing: `(owner, operation)`.
 ///
@@ -45,7 +45,7 @@ pub enum ScopeError {
         /// `"owner"` or `"operation"`.
         part: &'static str,
     },
-    /// The part is longer than [`MAX_SCOPE_PART_LEN`] bytes.
+    /// The part is longer than [`Scope::MAX_PART_LEN`] bytes.
     #[error("scope {part} is {len} bytes long; the limit is {MAX_SCOPE_PART_LEN}")]
     TooLong {
         /// `"owner"` or `"operation"`.
@@ -81,6 +81,9 @@ fn check_part(part: &'static str, value: &str) -> Result<(), ScopeError> {
 }
 
 impl Scope {
+    /// The longest owner or operation accepted, in bytes.
+    pub const MAX_PART_LEN: usize = 1024;
+
     /// Builds a scope. Any UTF-8 without control characters, 1 to 1024 bytes
     /// per part.
     ///

@@ -9,10 +9,14 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::clock::{Clock, Timestamp};
-use crate::error::Error;
-use crate::scope::RecordId;
-use crate::store::{Previous, Store, StoreError, TakeoverReason, Token};
+use crate::Error;
+use crate::RecordId;
+use crate::clock::Clock;
+use crate::clock::Timestamp;
+use crate::store::Previous;
+use crate::store::Store;
+use crate::store::StoreError;
+use crate::store::Token;
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -58,7 +62,10 @@ impl<S: Store> AttemptControl for StoreControl<S> {
 /// The work's view of its own attempt. Cheap to clone.
 ///
 /// ```
-/// # use idem_core::{Idem, MemoryStore, Outcome, Scope};
+/// # use idem_core::Idem;
+/// # use idem_core::MemoryStore;
+/// # use idem_core::Outcome;
+/// # use idem_core::Scope;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// let idem = Idem::new(MemoryStore::new());
 /// let scope = Scope::new("acct_1", "POST /charges")?;
@@ -89,7 +96,6 @@ struct Inner {
     token: Token,
     number: u32,
     previous: Option<Previous>,
-    lease: Duration,
     clock: Arc<dyn Clock>,
     /// `None` when the writes are deferred (a claim held by a transaction).
     control: Option<Arc<dyn AttemptControl>>,
@@ -113,7 +119,6 @@ impl Attempt {
         token: Token,
         number: u32,
         previous: Option<Previous>,
-        lease: Duration,
         clock: Arc<dyn Clock>,
         control: Option<Arc<dyn AttemptControl>>,
     ) -> Self {
@@ -123,7 +128,6 @@ impl Attempt {
                 token,
                 number,
                 previous,
-                lease,
                 clock,
                 control,
                 resource_id: Mutex::new(None),
@@ -165,9 +169,10 @@ impl Attempt {
         &self.inner.id
     }
 
-    /// This attempt's fencing token.
+    /// This attempt's fencing token (adapters reach it through
+    /// [`PendingCompletion::token`](crate::adapter::PendingCompletion::token)).
     #[must_use]
-    pub fn token(&self) -> Token {
+    pub(crate) fn token(&self) -> Token {
         self.inner.token
     }
 
@@ -213,15 +218,6 @@ impl Attempt {
         Ok(())
     }
 
-    /// Extends the lease by the policy's lease length.
-    ///
-    /// # Errors
-    ///
-    /// As [`Attempt::extend_lease`].
-    pub async fn renew_lease(&self) -> Result<(), Error> {
-        self.extend_lease(self.inner.lease).await
-    }
-
     /// Names the resource the work created, saved with the outcome at no
     /// extra round trip (use [`Attempt::save_resource_id`] to save it right
     /// away). Retries after the body is dropped get it in
@@ -248,13 +244,12 @@ impl Attempt {
     /// collide; bump `version` to roll the derivation.
     #[must_use]
     pub fn downstream_key(&self, name: &str, version: u32) -> String {
-        downstream_key(&self.inner.id, name, version)
+        downstream_key_of(&self.inner.id, name, version)
     }
 }
 
 /// See [`Attempt::downstream_key`].
-#[must_use]
-pub fn downstream_key(id: &RecordId, name: &str, version: u32) -> String {
+fn downstream_key_of(id: &RecordId, name: &str, version: u32) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"idem-downstream-v1\0");
     hasher.update(id.digest());
@@ -264,10 +259,44 @@ pub fn downstream_key(id: &RecordId, name: &str, version: u32) -> String {
     hex::encode(hasher.finalize())
 }
 
+/// Why an attempt took a record over ([`Attempt::recovery_reason`]).
+/// Exhaustive, like [`RecordState`](crate::ops::RecordState).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TakeoverReason {
+    /// The previous attempt's lease ended without an outcome: its fate is
+    /// *unknown*, so the work must reconcile before acting.
+    LeaseExpired,
+    /// The previous attempt failed transiently and released the key.
+    Released,
+}
+
+impl TakeoverReason {
+    /// The stable text a backend may store or return (`lease_expired`,
+    /// `released`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LeaseExpired => "lease_expired",
+            Self::Released => "released",
+        }
+    }
+
+    /// Parses [`TakeoverReason::as_str`]; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "lease_expired" => Some(Self::LeaseExpired),
+            "released" => Some(Self::Released),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdempotencyKey, Scope};
+    use crate::IdempotencyKey;
+    use crate::Scope;
 
     #[test]
     fn downstream_keys_are_scoped_and_versioned() {
@@ -275,21 +304,21 @@ mod tests {
         let a = RecordId::new(Scope::new("tenant-a", "op").unwrap(), key.clone());
         let b = RecordId::new(Scope::new("tenant-b", "op").unwrap(), key);
         assert_eq!(
-            downstream_key(&a, "charge", 1),
-            downstream_key(&a, "charge", 1)
+            downstream_key_of(&a, "charge", 1),
+            downstream_key_of(&a, "charge", 1)
         );
         assert_ne!(
-            downstream_key(&a, "charge", 1),
-            downstream_key(&b, "charge", 1)
+            downstream_key_of(&a, "charge", 1),
+            downstream_key_of(&b, "charge", 1)
         );
         assert_ne!(
-            downstream_key(&a, "charge", 1),
-            downstream_key(&a, "charge", 2)
+            downstream_key_of(&a, "charge", 1),
+            downstream_key_of(&a, "charge", 2)
         );
         assert_ne!(
-            downstream_key(&a, "charge", 1),
-            downstream_key(&a, "refund", 1)
+            downstream_key_of(&a, "charge", 1),
+            downstream_key_of(&a, "refund", 1)
         );
-        assert_eq!(downstream_key(&a, "charge", 1).len(), 64);
+        assert_eq!(downstream_key_of(&a, "charge", 1).len(), 64);
     }
 }

@@ -5,9 +5,11 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::engine::Idem;
-use crate::ops::DEFAULT_ADMIN_TIMEOUT;
-use crate::store::{PurgeReport, Store, Token};
+use crate::Idem;
+use crate::ops::DEFAULT_TIMEOUT;
+use crate::ops::PurgeReport;
+use crate::store::Store;
+use crate::store::Token;
 
 /// How a background purger runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,13 +30,13 @@ pub struct PurgerConfig {
 
 impl Default for PurgerConfig {
     /// Every minute, 1,000 records per batch, up to 10 s of jitter, 30 s
-    /// per batch at most ([`DEFAULT_ADMIN_TIMEOUT`]).
+    /// per batch at most ([`DEFAULT_TIMEOUT`]).
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(60),
             batch: 1000,
             jitter: Duration::from_secs(10),
-            timeout: DEFAULT_ADMIN_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }

@@ -17,7 +17,7 @@
 //!
 //! # Implementing a Store
 //!
-//! [`MemoryStore`](crate::MemoryStore) (`memory.rs`, about 200 lines) is the
+//! [`MemoryStore`](crate::MemoryStore) (`store/memory.rs`) is the
 //! reference implementation: read it first. A new backend (MySQL, DynamoDB,
 //! ...) needs:
 //!
@@ -46,7 +46,9 @@
 //!    (connection lost, timeout, contention): the engine retries it and
 //!    answers 503. Everything else is [`StoreError::Backend`] (500, not
 //!    retried).
-//! 6. **Proof.** Implement `testkit::Fixture` and expand
+//! 6. **Proof.** Implement [`AdminStore`] too (the conformance suite, like
+//!    [`AnyStore`](crate::AnyStore), runs the operator scenarios), then
+//!    implement `testkit::Fixture` and expand
 //!    `idem_core::store_conformance!(setup())` in the backend's tests, against
 //!    a real server.
 //!
@@ -62,7 +64,13 @@
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use idem_core::store::*;
-//! use idem_core::{Idem, MemoryStore, Outcome, RecordId, Scope, Timestamp};
+//! use idem_core::Idem;
+//! use idem_core::MemoryStore;
+//! use idem_core::Outcome;
+//! use idem_core::RecordId;
+//! use idem_core::Scope;
+//! use idem_core::clock::Timestamp;
+//! use idem_core::ops::PurgeReport;
 //!
 //! #[derive(Debug, Default)]
 //! struct Counted { inner: MemoryStore, claims: AtomicU64 }
@@ -108,15 +116,25 @@
 //! Then prove it: in the backend's tests, implement
 //! `idem_core::testkit::Fixture` and expand `idem_core::store_conformance!`.
 
+mod admin;
+pub(crate) mod any;
+pub(crate) mod memory;
+mod race;
+
+pub use self::admin::{AdminStore, CursorError, InFlightQuery, KeysetPosition};
+pub use self::race::{CLAIM_RACE_TRIES, retry_claim_race};
+pub use crate::util::BoxDynError;
+
 use std::fmt;
 use std::future::Future;
 
+use crate::RecordId;
+use crate::TakeoverReason;
+use crate::adapter::Fingerprint;
 use crate::clock::Timestamp;
-use crate::fingerprint::Fingerprint;
-use crate::scope::RecordId;
-
-/// A boxed error source.
-pub type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use crate::ops::OutcomeKind;
+use crate::ops::PurgeReport;
+use crate::ops::RecordState;
 
 /// A fencing token: whoever holds the record's current token may complete,
 /// release or extend it or save its resource id; anybody else is refused.
@@ -183,78 +201,6 @@ impl fmt::Debug for Token {
     }
 }
 
-/// Where a record stands.
-///
-/// Exhaustive on purpose: a state added to the machine must fail to compile
-/// in every backend that branches on it, not slip through a `_ =>` arm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RecordState {
-    /// An attempt holds the lease (or held it and vanished: the lease tells).
-    InFlight,
-    /// The last attempt failed transiently; the same fingerprint may claim again.
-    Released,
-    /// The outcome is stored (the body may already be dropped).
-    Completed,
-}
-
-impl RecordState {
-    /// The stable text backends store (`in_flight`, `released`, `completed`).
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::InFlight => "in_flight",
-            Self::Released => "released",
-            Self::Completed => "completed",
-        }
-    }
-
-    /// Parses [`RecordState::as_str`]; `None` for anything else.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "in_flight" => Some(Self::InFlight),
-            "released" => Some(Self::Released),
-            "completed" => Some(Self::Completed),
-            _ => None,
-        }
-    }
-}
-
-/// What a completed record holds. Exhaustive, like [`RecordState`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutcomeKind {
-    /// The work succeeded; the body is its encoded value.
-    Success,
-    /// The work failed permanently; the body is its encoded error.
-    Failure,
-    /// The work finished but its response could not be stored (larger than
-    /// `max_response_bytes`, or not encodable): no body, only the key.
-    NotStored,
-}
-
-impl OutcomeKind {
-    /// The stable text backends store (`success`, `failure`, `not_stored`).
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Success => "success",
-            Self::Failure => "failure",
-            Self::NotStored => "not_stored",
-        }
-    }
-
-    /// Parses [`OutcomeKind::as_str`]; `None` for anything else.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "success" => Some(Self::Success),
-            "failure" => Some(Self::Failure),
-            "not_stored" => Some(Self::NotStored),
-            _ => None,
-        }
-    }
-}
-
 /// A claim as the engine asks for it.
 ///
 /// Built by the engine, read by stores: `#[non_exhaustive]` so that a field
@@ -295,39 +241,6 @@ impl<'a> ClaimRequest<'a> {
             now,
             lease_until,
             key_expires_at,
-        }
-    }
-}
-
-/// Why a claim took over an existing record. Exhaustive, like
-/// [`RecordState`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TakeoverReason {
-    /// The previous attempt's lease ended without an outcome: its fate is
-    /// *unknown*, so the work must reconcile before acting.
-    LeaseExpired,
-    /// The previous attempt failed transiently and released the key.
-    Released,
-}
-
-impl TakeoverReason {
-    /// The stable text a backend may store or return (`lease_expired`,
-    /// `released`).
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::LeaseExpired => "lease_expired",
-            Self::Released => "released",
-        }
-    }
-
-    /// Parses [`TakeoverReason::as_str`]; `None` for anything else.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "lease_expired" => Some(Self::LeaseExpired),
-            "released" => Some(Self::Released),
-            _ => None,
         }
     }
 }
@@ -447,43 +360,6 @@ impl StoredRecord {
     }
 }
 
-/// How many times a store runs its claim again when a concurrent writer
-/// made the read and the conditional write disagree (see
-/// [`retry_claim_race`]).
-pub const CLAIM_RACE_TRIES: u32 = 8;
-
-/// The bounded "lost a race, run again" loop of a backend whose claim is a
-/// conditional write followed by a read (SQL `INSERT … ON CONFLICT` plus a
-/// guarded `UPDATE`, DynamoDB conditional puts): `try_claim` returns
-/// `Ok(None)` when a concurrent writer changed the record between its steps,
-/// and is run again, at most [`CLAIM_RACE_TRIES`] times.
-///
-/// Exhaustion is [`StoreError::Unavailable`] on every backend: contention is
-/// temporary, so the caller gets 503 with `Retry-After`, and the work never
-/// runs.
-///
-/// # Errors
-///
-/// Whatever `try_claim` returns, or `Unavailable` on exhaustion.
-pub async fn retry_claim_race<F, Fut>(
-    backend: &'static str,
-    mut try_claim: F,
-) -> Result<ClaimOutcome, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<ClaimOutcome>, StoreError>>,
-{
-    for _ in 0..CLAIM_RACE_TRIES {
-        if let Some(outcome) = try_claim().await? {
-            return Ok(outcome);
-        }
-    }
-    Err(StoreError::Unavailable {
-        backend,
-        source: format!("the claim lost {CLAIM_RACE_TRIES} races in a row").into(),
-    })
-}
-
 impl fmt::Debug for StoredRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoredRecord")
@@ -541,23 +417,6 @@ impl<'a> Completion<'a> {
     }
 }
 
-/// What a purge removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PurgeReport {
-    /// Records whose key expired and that were deleted.
-    pub keys_removed: u64,
-    /// Records whose body expired and was dropped (the key stays).
-    pub bodies_dropped: u64,
-}
-
-impl PurgeReport {
-    /// Adds `other` to this total (saturating).
-    pub(crate) fn add(&mut self, other: Self) {
-        self.keys_removed = self.keys_removed.saturating_add(other.keys_removed);
-        self.bodies_dropped = self.bodies_dropped.saturating_add(other.bodies_dropped);
-    }
-}
-
 /// What a backend can do beyond the contract.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -612,6 +471,10 @@ pub enum StoreError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A listing cursor this store did not write (see
+    /// [`CursorError`]): the caller's input, answered 400 and not retried.
+    #[error("the cursor is not one this store wrote")]
+    InvalidCursor,
     /// Any other backend error: a failed statement, a missing table, a
     /// permission error. Not temporary: the engine does not retry it and
     /// answers 500 (not 503), since sending the request again will not help
