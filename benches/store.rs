@@ -499,7 +499,7 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
         let min = MinRedis::new(conn.clone(), &prefix, 256);
         profile_loop(rt, min, scenario, tasks, calls)
     } else {
-        let store = RedisStore::from_manager(conn.clone())
+        let store = RedisStore::new(conn.clone())
             .with_prefix(&prefix)
             .expect("valid prefix");
         profile_loop(rt, Lib::new(store, 256), scenario, tasks, calls)
@@ -674,7 +674,7 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
         bench_backend(c, rt, summary, "redis", body, |_| {
             let (conn, prefix) = (conn.clone(), prefix.clone());
             async move {
-                let store = RedisStore::from_manager(conn.clone())
+                let store = RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
