@@ -241,7 +241,8 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// The table holding the records.
+    /// The table holding the records (default `idem_records`), as validated
+    /// by [`SqliteStore::with_table_name`].
     #[must_use]
     pub fn table_name(&self) -> &str {
         &self.table
