@@ -221,7 +221,7 @@ async fn main() {
         match conn {
             Ok(conn) => {
                 let prefix = format!("idem-compare-{}:", std::process::id());
-                let store = RedisStore::from_manager(conn.clone())
+                let store = RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), BODY);

@@ -330,7 +330,9 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use common::stores::min::sqlite::MinSqlite;
     use common::stores::sqlite::RawSqlite;
     use idem_sqlite::SqliteStore;
-    use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use idem_sqlite::sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
 
     for body in common::stores::BODIES {
         let db = TempDb::new(&format!("file-{body}"));
@@ -344,9 +346,11 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 .synchronous(SqliteSynchronous::Normal)
                 .busy_timeout(idem_sqlite::DEFAULT_BUSY_TIMEOUT);
             async move {
-                let store = SqliteStore::open_with(options, size)
+                let pool = SqlitePoolOptions::new().max_connections(size.max(1));
+                let store = SqliteStore::connect_with(pool, options)
                     .await
                     .expect("open SQLite file");
+                store.migrate().await.expect("migrate");
                 let raw = RawSqlite::new(&store, body);
                 let min = MinSqlite::new(store.pool().clone(), body).await;
                 (Lib::new(store, body), raw, min)
@@ -499,7 +503,7 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
         let min = MinRedis::new(conn.clone(), &prefix, 256);
         profile_loop(rt, min, scenario, tasks, calls)
     } else {
-        let store = RedisStore::from_manager(conn.clone())
+        let store = RedisStore::new(conn.clone())
             .with_prefix(&prefix)
             .expect("valid prefix");
         profile_loop(rt, Lib::new(store, 256), scenario, tasks, calls)
@@ -553,7 +557,9 @@ fn profile_sqlite(side: &str, scenario: Scenario, rt: &Runtime) {
     use common::stores::TempDb;
     use common::stores::min::sqlite::MinSqlite;
     use idem_sqlite::SqliteStore;
-    use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+    use idem_sqlite::sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
 
     let (calls, tasks) = profile_size(50_000);
     let db = TempDb::new("profile");
@@ -564,9 +570,11 @@ fn profile_sqlite(side: &str, scenario: Scenario, rt: &Runtime) {
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(idem_sqlite::DEFAULT_BUSY_TIMEOUT);
     let size = u32::try_from(tasks.min(16)).unwrap_or(16);
+    let pool = SqlitePoolOptions::new().max_connections(size);
     let store = rt
-        .block_on(SqliteStore::open_with(options, size))
+        .block_on(SqliteStore::connect_with(pool, options))
         .expect("open SQLite file");
+    rt.block_on(store.migrate()).expect("migrate");
     let took = if side.starts_with("min-") {
         let min = rt.block_on(MinSqlite::new(store.pool().clone(), 256));
         profile_loop(rt, min, scenario, tasks, calls)
@@ -670,7 +678,7 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
         bench_backend(c, rt, summary, "redis", body, |_| {
             let (conn, prefix) = (conn.clone(), prefix.clone());
             async move {
-                let store = RedisStore::from_manager(conn.clone())
+                let store = RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);

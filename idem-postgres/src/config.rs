@@ -4,9 +4,13 @@ use std::time::Duration;
 
 use crate::error::Error;
 
-/// The default schema.
+/// The schema a store uses unless
+/// [`PgStore::with_schema_name`](crate::PgStore::with_schema_name) says
+/// otherwise.
 pub const DEFAULT_SCHEMA: &str = "public";
-/// The default table.
+/// The table a store uses unless
+/// [`PgStore::with_table_name`](crate::PgStore::with_table_name) says
+/// otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
 /// Longest accepted table name: Postgres keeps 63 bytes of an identifier,
 /// and index and constraint names append up to 23 bytes to the table name.

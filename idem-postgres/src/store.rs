@@ -214,19 +214,23 @@ impl PgStore {
         Ok(())
     }
 
-    /// The pool.
+    /// The pool the store runs its statements on, for your own queries on
+    /// the same database (the transactional mode borrows a connection from
+    /// it), for closing it, or for its size and idle connections.
     #[must_use]
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
-    /// The schema holding the table.
+    /// The schema holding the table (default `public`), as validated by
+    /// [`PgStore::with_schema_name`].
     #[must_use]
     pub fn schema_name(&self) -> &str {
         &self.name.schema
     }
 
-    /// The table holding the records.
+    /// The table holding the records (default `idem_records`), as validated
+    /// by [`PgStore::with_table_name`].
     #[must_use]
     pub fn table_name(&self) -> &str {
         &self.name.table

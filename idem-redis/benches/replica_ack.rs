@@ -60,7 +60,7 @@ fn bench(c: &mut Criterion) {
         rt.block_on(async move {
             let manager =
                 support::manager_with_response_timeout(&url, Duration::from_secs(10)).await;
-            let store = RedisStore::from_manager(manager)
+            let store = RedisStore::new(manager)
                 .with_prefix("idem-bench-ack:")
                 .expect("prefix");
             let store = match ack {

@@ -191,7 +191,8 @@ impl RedisStore {
         let mut out = Vec::with_capacity(keys.len());
         for (key, reply) in keys.iter().zip(replies) {
             let value = match reply.map_err(store_error).and_then(string) {
-                Err(e) if crate::error::is_wrong_type(&e) && self.migrate(key).await? => {
+                Err(e) if crate::error::is_wrong_type(&e) && self.migrate_record(key).await? => {
+                    tracing::info!("rewrote a record of the hash layout in layout 1");
                     let v = self
                         .conn
                         .query(redis::cmd("GET").arg(key))
@@ -230,6 +231,7 @@ impl RedisStore {
                 acked?;
                 return Ok(answer);
             }
+            tracing::debug!("the record changed under an operator's write; reading again");
         }
         Err(StoreError::Unavailable {
             backend: BACKEND,
@@ -317,6 +319,13 @@ impl AdminStore for RedisStore {
         .await
     }
 
+    /// Walks every record (a `SCAN` of each primary). `expired` is always
+    /// 0: Redis drops a record when its own TTL fires, and nothing waits for
+    /// a purge. A record whose key expired on the engine's clock before
+    /// Redis's TTL fired (the engine's clock ahead of the server's, or a
+    /// test clock) is counted in no state: the engine already treats it as
+    /// absent (a fetch finds nothing, a claim starts a new operation), and
+    /// Redis drops it by itself.
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
         let nodes = self.conn.primaries().await.map_err(store_error)?;
         let pattern = self.record_pattern();
@@ -331,7 +340,8 @@ impl AdminStore for RedisStore {
                     .map_err(store_error)?;
                 for r in self.records(&keys).await?.into_iter().flatten() {
                     if r.key_expires_at <= now.as_unix_millis() {
-                        c.expired += 1;
+                        // Expired on the engine's clock, not yet dropped by
+                        // Redis (see `count_states` below): in no state.
                         continue;
                     }
                     match r.state {

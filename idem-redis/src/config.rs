@@ -70,7 +70,7 @@ impl KeyPrefix {
         Ok(Self(Arc::from(prefix)))
     }
 
-    /// The prefix.
+    /// The prefix as text, exactly as it starts every key of the store.
     #[must_use]
     pub fn as_str(&self) -> &str {
         &self.0

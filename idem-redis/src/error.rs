@@ -85,7 +85,7 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
 
 /// How a `WRONGTYPE` reply's [`StoreError::Corrupt`] detail starts: a key of
 /// the record holds another type, e.g. a record still in the hash layout
-/// (which the store then migrates, see `RedisStore::migrate`).
+/// (which the store then rewrites, see `RedisStore::migrate_record`).
 const WRONG_TYPE: &str = "a key of the record holds another type";
 
 /// Whether `e` came from a `WRONGTYPE` reply.

@@ -29,14 +29,17 @@ pub mod statements {
     pub use crate::scripts::sources::*;
 
     /// A new in-flight record (attempt 1, layout 1) as the claim writes it.
-    #[must_use]
+    ///
+    /// # Errors
+    ///
+    /// An owner, operation or key longer than 65,535 bytes.
     pub fn in_flight_record(
         (owner, operation, key): (&str, &str, &str),
         fingerprint: [u8; 32],
         token: i64,
         lease_until: i64,
         key_expires_at: i64,
-    ) -> Vec<u8> {
+    ) -> Result<Vec<u8>, idem_core::store::StoreError> {
         crate::record::Record {
             state: RecordState::InFlight,
             token,
@@ -52,7 +55,6 @@ pub mod statements {
             resource_id: None,
         }
         .encode()
-        .unwrap_or_default()
     }
 
     /// The claim's pipeline: `SET … NX PX … GET` and `GET <body>`.

@@ -33,7 +33,7 @@ use idem_core::store::StoreError;
 use idem_core::store::StoredRecord;
 use idem_core::store::Token;
 
-use crate::error::corrupt;
+use crate::error::{BACKEND, corrupt};
 
 /// The layout version, the first byte of every record and body value.
 pub(crate) const VERSION: u8 = 1;
@@ -109,7 +109,7 @@ fn len16(s: &str, field: &str) -> Result<[u8; 2], StoreError> {
     u16::try_from(s.len())
         .map(u16::to_be_bytes)
         .map_err(|_| StoreError::Backend {
-            backend: crate::error::BACKEND,
+            backend: BACKEND,
             source: format!("the {field} is longer than 65,535 bytes").into(),
         })
 }
@@ -170,8 +170,13 @@ impl Record {
         Ok(v)
     }
 
-    /// Decodes a record value; anything off is [`StoreError::Corrupt`].
+    /// Decodes a record value; anything off is [`StoreError::Corrupt`]
+    /// (and a warning in the log).
     pub(crate) fn decode(v: &[u8]) -> Result<Self, StoreError> {
+        Self::decode_fields(v).inspect_err(log_refused)
+    }
+
+    fn decode_fields(v: &[u8]) -> Result<Self, StoreError> {
         if v.len() < HEADER {
             return Err(corrupt(format!(
                 "a record is {} bytes long, shorter than its header",
@@ -272,7 +277,7 @@ impl Record {
             }
             _ => None,
         };
-        Ok(StoredRecord {
+        StoredRecord {
             fingerprint: Fingerprint::from_slice(&self.fingerprint)
                 .map_err(|len| corrupt(format!("the fingerprint is {len} bytes long")))?,
             state: self.state,
@@ -284,7 +289,19 @@ impl Record {
             response_expires_at: completed
                 .then(|| Timestamp::from_unix_millis(self.response_expires_at)),
             key_expires_at: Timestamp::from_unix_millis(self.key_expires_at),
-        })
+        }
+        .validate(BACKEND)
+        .inspect_err(log_refused)
+    }
+}
+
+/// Logs a record refused as corrupt: the engine answers such a call with a
+/// non-retryable error and never runs the work, so an operator must repair
+/// or delete the record. The detail names the broken field, never the key
+/// or the body.
+fn log_refused(e: &StoreError) {
+    if let StoreError::Corrupt { detail, .. } = e {
+        tracing::warn!(%detail, "a stored record is corrupt: refused");
     }
 }
 
@@ -369,6 +386,34 @@ mod tests {
                 "case {i}"
             );
         }
+    }
+
+    /// What the layout can hold but the engine's invariants refuse is
+    /// refused by `StoredRecord::validate`, as on the other backends.
+    #[test]
+    fn decoded_records_are_validated() {
+        let with_outcome = Record {
+            outcome: Some(OutcomeKind::Success),
+            ..sample()
+        };
+        let decoded = Record::decode(&with_outcome.encode().unwrap()).unwrap();
+        assert!(matches!(
+            decoded.to_stored(None, 0),
+            Err(StoreError::Corrupt { backend: "redis", ref detail })
+                if detail.contains("not completed")
+        ));
+        let rec = Record {
+            state: RecordState::Completed,
+            outcome: Some(OutcomeKind::NotStored),
+            response_expires_at: 100,
+            token: 42,
+            ..sample()
+        };
+        assert!(matches!(
+            rec.to_stored(Some(&encode_body(42, b"x")), 99),
+            Err(StoreError::Corrupt { ref detail, .. }) if detail.contains("not_stored")
+        ));
+        assert!(rec.to_stored(None, 99).is_ok());
     }
 
     #[test]

@@ -19,11 +19,12 @@ use idem_core::store::Store;
 use idem_core::store::StoreError;
 use idem_core::store::StoredRecord;
 use idem_core::store::Token;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Client, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value};
+use tracing::{debug, info, warn};
 
 use crate::ack::ReplicaAck;
 use crate::config::KeyPrefix;
@@ -90,6 +91,10 @@ impl Connection {
                         && e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
+                    debug!(
+                        tries,
+                        "script not loaded on the server (NOSCRIPT): calling again"
+                    );
                     tries += 1;
                 }
                 other => return other,
@@ -166,6 +171,10 @@ impl Connection {
                         && e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
+                    debug!(
+                        tries,
+                        "script not loaded on the server (NOSCRIPT): loading it"
+                    );
                     match self {
                         Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
                         Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
@@ -230,6 +239,10 @@ impl Connection {
                         && e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
+                    debug!(
+                        tries,
+                        "script not loaded on the server (NOSCRIPT): loading it"
+                    );
                     match self {
                         Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
                         Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
@@ -258,30 +271,26 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to a standalone Redis (`redis://host:port/db`) with a
-    /// reconnecting connection and the default prefix `idem:`.
+    /// A store over your reconnecting [`ConnectionManager`] (the Redis
+    /// counterpart of the SQL backends' pool), with the default prefix
+    /// `idem:`. Clones of the manager share its connection; so do clones of
+    /// the store.
     ///
-    /// # Errors
+    /// # Examples
     ///
-    /// [`Error::Connect`] when the URL is invalid or the server unreachable.
-    pub async fn connect(url: &str) -> Result<Self, Error> {
-        Self::from_client(Client::open(url)?).await
-    }
-
-    /// Builds a store over a reconnecting [`ConnectionManager`] made from
-    /// `client`.
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_redis::RedisStore;
     ///
-    /// # Errors
-    ///
-    /// [`Error::Connect`] when the server is unreachable.
-    pub async fn from_client(client: Client) -> Result<Self, Error> {
-        Ok(Self::from_manager(ConnectionManager::new(client).await?))
-    }
-
-    /// Builds a store over an existing [`ConnectionManager`] (for custom
-    /// timeouts or retry settings).
+    /// let manager = redis::Client::open("redis://127.0.0.1:6379/")?
+    ///     .get_connection_manager()
+    ///     .await?;
+    /// let store = RedisStore::new(manager).with_prefix("shop:idem:")?;
+    /// store.migrate().await?; // nothing to do on Redis, see `migrate`
+    /// # Ok(()) }
+    /// ```
     #[must_use]
-    pub fn from_manager(manager: ConnectionManager) -> Self {
+    pub fn new(manager: ConnectionManager) -> Self {
         Self {
             conn: Connection::Standalone(manager),
             prefix: KeyPrefix::default(),
@@ -289,7 +298,58 @@ impl RedisStore {
         }
     }
 
-    /// Connects to a Redis Cluster through any of its nodes.
+    /// Connects to a standalone Redis (`redis://host:port/db`,
+    /// `rediss://…` for TLS) with a reconnecting connection and redis-rs's
+    /// default timeouts, and the default prefix `idem:`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the URL is invalid or the server unreachable.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(ConnectionManagerConfig::new(), Client::open(url)?).await
+    }
+
+    /// Connects to a standalone Redis through your `client` (its address,
+    /// credentials, TLS) with your connection settings (`config`: response
+    /// and connection timeouts, reconnection backoff), and the default prefix
+    /// `idem:`.
+    ///
+    /// With [`RedisStore::with_replica_ack`], give the connection a response
+    /// timeout longer than the acknowledgement's, or the client gives up
+    /// before `WAIT` answers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the server is unreachable.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// use idem_redis::RedisStore;
+    /// use redis::aio::ConnectionManagerConfig;
+    ///
+    /// let config = ConnectionManagerConfig::new().set_response_timeout(Some(Duration::from_secs(2)));
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let store = RedisStore::connect_with(config, client).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        config: ConnectionManagerConfig,
+        client: Client,
+    ) -> Result<Self, Error> {
+        let manager = client.get_connection_manager_with_config(config).await?;
+        debug!(
+            server = %client.get_connection_info().addr(),
+            "connected to redis"
+        );
+        Ok(Self::new(manager))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes, with the
+    /// default prefix `idem:`.
     ///
     /// # Errors
     ///
@@ -300,18 +360,39 @@ impl RedisStore {
         U: AsRef<str>,
     {
         let urls: Vec<String> = nodes.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let client = ClusterClient::new(urls)?;
-        Ok(Self::from_cluster(client.get_async_connection().await?))
+        let client = ClusterClient::new(urls.clone())?;
+        let conn = client.get_async_connection().await?;
+        // The URLs may carry passwords: only their number is logged.
+        debug!(nodes = urls.len(), "connected to redis cluster");
+        Ok(Self::new_cluster(conn))
     }
 
-    /// Builds a store over an existing cluster connection.
+    /// A store over your cluster connection (built with your
+    /// [`ClusterClientBuilder`](redis::cluster::ClusterClientBuilder)
+    /// settings), with the default prefix `idem:`.
     #[must_use]
-    pub fn from_cluster(conn: ClusterConnection) -> Self {
+    pub fn new_cluster(conn: ClusterConnection) -> Self {
         Self {
             conn: Connection::Cluster(conn),
             prefix: KeyPrefix::default(),
             ack: None,
         }
+    }
+
+    /// Does nothing and returns `Ok(())`: Redis has no schema to create.
+    /// It exists so that code written for any backend (a deployment step, the
+    /// command-line tool) can call `migrate()` on every store alike.
+    ///
+    /// Records of an older layout are not rewritten here, all at once (that
+    /// would walk the keyspace); each is rewritten in the current layout when
+    /// a call first meets it (one `WRONGTYPE` reply, then `migrate.lua`), and
+    /// the rest age out with their keys.
+    ///
+    /// # Errors
+    ///
+    /// None today; the `Result` keeps the signature of the other backends.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        Ok(())
     }
 
     /// Sets the key prefix (default `idem:`).
@@ -330,19 +411,29 @@ impl RedisStore {
         self
     }
 
-    /// The key prefix.
+    /// The prefix every key of this store starts with (`SCAN MATCH
+    /// <prefix>*` finds them all).
     #[must_use]
     pub fn prefix(&self) -> &KeyPrefix {
         &self.prefix
     }
 
-    /// The Redis key of a record (for operators and tests).
+    /// The Redis key holding a record (`<prefix>{<hex>}:r`, `<hex>` the
+    /// SHA-256 of owner, operation and key, so every key of the record
+    /// shares one cluster slot), for an operator who wants `TTL`, `OBJECT` or
+    /// `DEBUG` on it, or a test that damages it by hand. Reading or writing
+    /// it directly bypasses the fencing token: the operator API
+    /// ([`AdminStore`](idem_core::store::AdminStore)) is the safe way to
+    /// change a record. The layout of its value is internal and may change.
     #[must_use]
     pub fn record_key(&self, id: &RecordId) -> String {
         RecordKeys::new(&self.prefix, id).record
     }
 
-    /// The Redis key of a record's response body (for operators and tests).
+    /// The Redis key holding a record's stored response body (`…:v`, in the
+    /// record's slot), which expires natively at the response TTL while the
+    /// record stays until the key TTL. For the same uses as
+    /// [`RedisStore::record_key`], with the same caveats.
     #[must_use]
     pub fn body_key(&self, id: &RecordId) -> String {
         RecordKeys::new(&self.prefix, id).body
@@ -379,9 +470,9 @@ impl RedisStore {
     /// [`StoreError::Unavailable`] ("timed out") before `WAIT` could answer.
     /// [`RedisStore::connect`] keeps redis-rs's default of 500 ms; for a
     /// longer acknowledgement, build the store with
-    /// [`RedisStore::from_manager`] on a
+    /// [`RedisStore::connect_with`] and a
     /// [`ConnectionManagerConfig`](redis::aio::ConnectionManagerConfig) with a
-    /// larger `set_response_timeout` (as the `replica_ack` bench does).
+    /// larger `set_response_timeout`.
     ///
     /// `WAIT` confirms the write reached the replicas' memory, not their
     /// disks, and Redis still promotes whichever replica it likes: see the
@@ -544,7 +635,7 @@ impl RedisStore {
     /// operation may run again: migrated, or changed or gone meanwhile (a
     /// retry reads it afresh); `false` when the record is not a hash, so the
     /// `WRONGTYPE` came from something else.
-    pub(crate) async fn migrate(&self, record_key: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn migrate_record(&self, record_key: &str) -> Result<bool, StoreError> {
         const FIELDS: [&str; 12] = [
             "f", "s", "t", "a", "l", "k", "x", "o", "e", "io", "ip", "ik",
         ];
@@ -677,7 +768,10 @@ impl RedisStore {
             // Not acknowledged: the work must not run. Give the key back so
             // the next retry need not wait for the lease (a lost release only
             // delays it).
-            let _ = self.release_keys(keys, req.token, req.now).await;
+            warn!(error = %e, "claim not acknowledged by the replicas: given back, work not run");
+            if let Err(release) = self.release_keys(keys, req.token, req.now).await {
+                warn!(error = %release, "giving the claim back failed; left to its lease");
+            }
             return Err(e);
         }
         Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))
@@ -824,9 +918,10 @@ macro_rules! migrating {
         loop {
             match $op {
                 Err(e) if tries < MIGRATE_TRIES && is_wrong_type(&e) => {
-                    if !$self.migrate($record).await? {
+                    if !$self.migrate_record($record).await? {
                         break Err(e);
                     }
+                    info!("rewrote a record of the hash layout in layout 1");
                     tries += 1;
                 }
                 other => break other,
@@ -858,6 +953,7 @@ impl Store for RedisStore {
             if let Some(outcome) = once? {
                 return Ok(outcome);
             }
+            debug!("claim lost a race; reading the record again");
         }
         Err(StoreError::Unavailable {
             backend: BACKEND,
@@ -929,7 +1025,9 @@ impl Store for RedisStore {
                 return Ok(None);
             }
             if rec.has_foreign_body(body.as_deref(), now)? {
-                continue; // read between a record's and its body's writes
+                // Read between a record's and its body's writes.
+                debug!("fetch read a body of another completion; reading again");
+                continue;
             }
             return rec.to_stored(body.as_deref(), now).map(Some);
         }

@@ -330,7 +330,7 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
         async move {
             let manager =
                 support::manager_with_response_timeout(&url, Duration::from_secs(10)).await;
-            let store = RedisStore::from_manager(manager)
+            let store = RedisStore::new(manager)
                 .with_prefix("idem-ack:")
                 .expect("prefix")
                 .with_replica_ack(1, ack);

@@ -31,12 +31,9 @@ async fn impatient_store(url: &str) -> RedisStore {
         .set_number_of_retries(1)
         .set_connection_timeout(Some(Duration::from_millis(500)))
         .set_response_timeout(Some(Duration::from_secs(2)));
-    let manager = Client::open(url)
-        .expect("url")
-        .get_connection_manager_with_config(config)
+    RedisStore::connect_with(config, Client::open(url).expect("url"))
         .await
-        .expect("connect");
-    RedisStore::from_manager(manager)
+        .expect("connect")
         .with_prefix(&support::unique_prefix())
         .expect("prefix")
 }

@@ -362,6 +362,92 @@ async fn body_and_record_expire_natively_on_their_own_clocks() {
     fixture.teardown_checked().await;
 }
 
+/// `count_states` follows the engine's clock for what is live, and its
+/// `expired` is always 0: a record whose key expired on the engine's clock
+/// while Redis still holds it (its native TTL has not fired) is counted in no
+/// state, since the engine treats it as absent and Redis drops it by itself,
+/// with no purge to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_leave_out_records_expired_on_the_engine_clock_before_redis_drops_them() {
+    use idem_core::store::AdminStore;
+
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let mut admin = support::admin(&support::standalone_url()).await;
+    let clock = ManualClock::starting_now();
+    let scope = scope();
+    let mut ids = Vec::new();
+    for complete in [false, true, true] {
+        let id = record_id(&scope);
+        let req = claim_req(&id, &clock);
+        store.claim(&req).await.expect("claim");
+        if complete {
+            let now = clock.now();
+            let done = Completion::new(
+                OutcomeKind::Success,
+                Some(b"body"),
+                None,
+                now,
+                now.plus(RESPONSE_TTL),
+                now.plus(KEY_TTL),
+            );
+            store
+                .complete(&id, req.token, &done)
+                .await
+                .expect("complete");
+        }
+        ids.push(id);
+    }
+    let c = store.count_states(clock.now()).await.expect("count");
+    assert_eq!(
+        (c.in_flight, c.stuck, c.released, c.completed, c.expired),
+        (1, 0, 0, 2, 0),
+        "{c:?}"
+    );
+    clock.advance(KEY_TTL + LEASE);
+    for id in &ids {
+        let pttl: i64 = admin.pttl(store.record_key(id)).await.expect("PTTL");
+        assert!(pttl > 0, "Redis still holds the record: PTTL {pttl}");
+        assert!(
+            store.fetch(id, clock.now()).await.expect("fetch").is_none(),
+            "the engine sees no record"
+        );
+    }
+    let c = store.count_states(clock.now()).await.expect("count");
+    assert_eq!(c, idem_core::ops::StateCounts::default(), "{c:?}");
+    fixture.teardown_checked().await;
+}
+
+/// `migrate` exists on every backend; on Redis it writes nothing.
+/// `connect_with` takes the client and the connection settings apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_a_no_op_and_connect_with_takes_the_settings() {
+    let url = support::standalone_url();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(3)));
+    let store = RedisStore::connect_with(config, redis::Client::open(url.as_str()).unwrap())
+        .await
+        .expect("connect")
+        .with_prefix(&support::unique_prefix())
+        .expect("prefix");
+    store.migrate().await.expect("nothing to migrate");
+    let fixture = support::RedisFixture::from_store(store, vec![url]);
+    assert!(
+        support::scan_keys(&fixture.nodes, fixture.store.prefix().as_str())
+            .await
+            .is_empty(),
+        "migrate wrote nothing"
+    );
+    let clock = ManualClock::starting_now();
+    let id = record_id(&scope());
+    fixture
+        .store
+        .claim(&claim_req(&id, &clock))
+        .await
+        .expect("the store works");
+    fixture.teardown_checked().await;
+}
+
 /// A lease extended past the key's expiry moves the native TTL too, so Redis
 /// cannot drop an in-flight record while its lease holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,10 @@
 -- idem: one row per (owner, operation, key). Idempotent: safe to run on every start.
+-- The table's name is a placeholder, in braces: `table` for the (validated,
+-- quoted) name, `prefix` for the bare name that starts the index names.
+-- `SqliteStore::migration_sql()` fills them in.
 -- Times are Unix milliseconds from the engine's clock; the token is the
 -- fencing token of the attempt that holds (or last held) the record.
-CREATE TABLE IF NOT EXISTS idem_records (
+CREATE TABLE IF NOT EXISTS {table} (
     owner               TEXT    NOT NULL,
     operation           TEXT    NOT NULL,
     key                 TEXT    NOT NULL,
@@ -21,13 +24,13 @@ CREATE TABLE IF NOT EXISTS idem_records (
 
 -- Purges find expired keys and expired bodies through these, never by scanning.
 -- (0002 replaces these three indexes with one sweep index.)
-CREATE INDEX IF NOT EXISTS idem_records_key_expiry
-    ON idem_records (key_expires_at);
-CREATE INDEX IF NOT EXISTS idem_records_response_expiry
-    ON idem_records (response_expires_at) WHERE response IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "{prefix}_key_expiry"
+    ON {table} (key_expires_at);
+CREATE INDEX IF NOT EXISTS "{prefix}_response_expiry"
+    ON {table} (response_expires_at) WHERE response IS NOT NULL;
 
 -- Operators list records stuck in flight through this one, in keyset order
 -- (added with the operator API; `CREATE … IF NOT EXISTS` adds it to an
 -- existing database on the next migrate).
-CREATE INDEX IF NOT EXISTS idem_records_in_flight
-    ON idem_records (lease_until, owner, operation, key) WHERE state = 'in_flight';
+CREATE INDEX IF NOT EXISTS "{prefix}_in_flight"
+    ON {table} (lease_until, owner, operation, key) WHERE state = 'in_flight';

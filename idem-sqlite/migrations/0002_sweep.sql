@@ -21,12 +21,12 @@
 -- default 0, so every existing record is due at the first purges, which
 -- re-file them in batches; in-flight records get their lease end right away.
 
-ALTER TABLE idem_records ADD COLUMN sweep_at INTEGER NOT NULL DEFAULT 0;
-UPDATE idem_records SET sweep_at = lease_until WHERE state = 'in_flight';
+ALTER TABLE {table} ADD COLUMN sweep_at INTEGER NOT NULL DEFAULT 0;
+UPDATE {table} SET sweep_at = lease_until WHERE state = 'in_flight';
 
-CREATE INDEX IF NOT EXISTS idem_records_sweep
-    ON idem_records (sweep_at, owner, operation, key);
+CREATE INDEX IF NOT EXISTS "{prefix}_sweep"
+    ON {table} (sweep_at, owner, operation, key);
 
-DROP INDEX IF EXISTS idem_records_key_expiry;
-DROP INDEX IF EXISTS idem_records_response_expiry;
-DROP INDEX IF EXISTS idem_records_in_flight;
+DROP INDEX IF EXISTS "{prefix}_key_expiry";
+DROP INDEX IF EXISTS "{prefix}_response_expiry";
+DROP INDEX IF EXISTS "{prefix}_in_flight";

@@ -1,13 +1,9 @@
-//! Opening a database with the settings an embedded store wants.
+//! Configuration: the defaults of a file database and the validation of
+//! table names.
 
-use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-
 use crate::Error;
-use crate::SqliteStore;
 
 /// How long a writer waits for SQLite's write lock before giving up
 /// (then the call fails with a retryable store error).
@@ -17,79 +13,85 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// WAL; writers queue on SQLite's single write lock).
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 
-impl SqliteStore {
-    /// Opens (creating if needed) a database file with WAL,
-    /// `synchronous = NORMAL`, a 5 s busy timeout and a pool of 8
-    /// connections, and runs the migration.
-    ///
-    /// `synchronous = NORMAL` under WAL is the usual embedded setting: a
-    /// committed record survives a crash of the process; a power loss can
-    /// lose the last transactions. Use [`SqliteStore::open_with`] with
-    /// `SqliteSynchronous::Full` if that matters.
-    ///
-    /// # Errors
-    ///
-    /// The database cannot be opened or migrated.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn f() -> Result<(), idem_sqlite::Error> {
-    /// let store = idem_sqlite::SqliteStore::open("idem.db").await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(DEFAULT_BUSY_TIMEOUT);
-        Self::open_with(options, DEFAULT_MAX_CONNECTIONS).await
-    }
+/// The table a store uses unless told otherwise
+/// ([`SqliteStore::with_table_name`](crate::SqliteStore::with_table_name)).
+pub const DEFAULT_TABLE: &str = "idem_records";
 
-    /// Opens a private in-memory database (gone when the store is dropped).
-    /// For tests and examples; it is not shared between processes.
-    ///
-    /// # Errors
-    ///
-    /// The database cannot be created.
-    pub async fn memory() -> Result<Self, Error> {
-        // One connection, kept forever: an in-memory database lives exactly
-        // as long as its connection.
-        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .test_before_acquire(false)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await?;
-        let store = Self::new(pool);
-        store.migrate().await?;
-        Ok(store)
-    }
+/// Longest accepted table name, in bytes. SQLite itself has no practical
+/// limit; this one keeps index names (the table name plus up to 16 bytes)
+/// readable in `sqlite_master`.
+pub const MAX_TABLE_NAME_LEN: usize = 64;
 
-    /// Opens a database with your own options and pool size, then migrates.
-    ///
-    /// # Errors
-    ///
-    /// The database cannot be opened or migrated.
-    pub async fn open_with(
-        options: SqliteConnectOptions,
-        max_connections: u32,
-    ) -> Result<Self, Error> {
-        // No ping before a checkout: a SQLite connection is a handle on a
-        // local file, with no peer to lose; the ping would be one more trip
-        // to the connection's worker thread on every call.
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await?;
-        let store = Self::new(pool);
-        store.migrate().await?;
-        Ok(store)
+/// Accepts `[A-Za-z_][A-Za-z0-9_]*` up to [`MAX_TABLE_NAME_LEN`] bytes, not
+/// starting with `sqlite_` (reserved by SQLite): nothing that needs quoting
+/// or escaping, so the name can be spliced into the statements. SQLite
+/// compares identifiers without regard to ASCII case, so `Idem` and `idem`
+/// name the same table.
+pub(crate) fn validate_table_name(name: &str) -> Result<String, Error> {
+    let invalid = |reason| {
+        Err(Error::InvalidIdentifier {
+            what: "table",
+            reason,
+        })
+    };
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return invalid("it is empty");
+    };
+    if name.len() > MAX_TABLE_NAME_LEN {
+        return invalid("it is longer than 64 bytes");
+    }
+    if !(first.is_ascii_alphabetic() || first == '_') {
+        return invalid("it must start with an ASCII letter or '_'");
+    }
+    if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return invalid("only ASCII letters, digits and '_' are allowed");
+    }
+    if name
+        .get(..7)
+        .is_some_and(|p| p.eq_ignore_ascii_case("sqlite_"))
+    {
+        return invalid("the sqlite_ prefix is reserved by SQLite");
+    }
+    Ok(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_validated() {
+        for ok in [
+            "idem_records",
+            "_t",
+            "T1",
+            "sqlite",
+            "a".repeat(64).as_str(),
+        ] {
+            assert_eq!(validate_table_name(ok).ok().as_deref(), Some(ok));
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "x\"; DROP TABLE y; --",
+            "t'",
+            "t;",
+            "é",
+            "sqlite_master",
+            "SQLite_x",
+            "a\0",
+            "a".repeat(65).as_str(),
+        ] {
+            assert!(
+                matches!(
+                    validate_table_name(bad),
+                    Err(Error::InvalidIdentifier { what: "table", .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

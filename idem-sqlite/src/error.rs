@@ -11,6 +11,16 @@ pub(crate) const BACKEND: &str = "sqlite";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A configured table name is not a plain SQL identifier (see
+    /// [`SqliteStore::with_table_name`](crate::SqliteStore::with_table_name)).
+    /// Permanent: fix the configuration.
+    #[error("invalid {what} name: {reason}")]
+    InvalidIdentifier {
+        /// What was named: `"table"`.
+        what: &'static str,
+        /// Why it was refused.
+        reason: &'static str,
+    },
     /// The driver failed (the file cannot be opened, a statement failed).
     #[error(transparent)]
     Sqlx(#[from] sqlx::Error),
@@ -20,6 +30,10 @@ impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
         match e {
             Error::Sqlx(e) => map(e),
+            invalid @ Error::InvalidIdentifier { .. } => StoreError::Backend {
+                backend: BACKEND,
+                source: Box::new(invalid),
+            },
         }
     }
 }

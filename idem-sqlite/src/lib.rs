@@ -1,24 +1,66 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admin;
 mod config;
 mod error;
 mod schema;
+mod sql;
 mod store;
 
-pub use config::{DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
+pub use config::{
+    DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
+};
 pub use error::Error;
 pub use schema::MIGRATION;
-
-/// The statements the store runs, exactly, for review, `EXPLAIN QUERY PLAN`
-/// or a raw-driver baseline (the benches use them). Not part of the stable
-/// API, like the Postgres and Redis crates' `statements`.
-#[doc(hidden)]
-pub mod statements {
-    pub use crate::schema::{
-        CLAIM, COMPLETE, FETCH, LIST_IN_FLIGHT, LIST_IN_FLIGHT_AFTER, PURGE_BODIES, PURGE_KEYS,
-        REFILE,
-    };
-}
 pub use sqlx;
 pub use store::SqliteStore;
+
+/// The statements a [`SqliteStore`] runs, exactly as it runs them on its
+/// table, for review, `EXPLAIN QUERY PLAN` or a raw-driver baseline (the
+/// benches use them). Not part of the stable API, like the Postgres and
+/// Redis crates' `statements`.
+#[doc(hidden)]
+pub mod statements {
+    use crate::SqliteStore;
+
+    /// The claim (`?1` owner, `?2` operation, `?3` key, `?4` fingerprint,
+    /// `?5` token, `?6` lease end, `?7` key expiry, `?8` now; Unix ms).
+    /// Returns a row only when the caller won.
+    #[must_use]
+    pub fn claim(store: &SqliteStore) -> &str {
+        &store.sql().claim
+    }
+
+    /// The completion (`?1`–`?3` the record, `?4` token, `?5` outcome, `?6`
+    /// body, `?7` response expiry, `?8` key expiry, `?9` resource id or
+    /// NULL).
+    #[must_use]
+    pub fn complete(store: &SqliteStore) -> &str {
+        &store.sql().complete
+    }
+
+    /// The read of a live record (`?1`–`?3` the record, `?4` now).
+    #[must_use]
+    pub fn fetch(store: &SqliteStore) -> &str {
+        &store.sql().fetch
+    }
+
+    /// The three statements of one purge batch, in the order the store runs
+    /// them (delete expired keys, drop expired bodies, re-file the rest; `?1`
+    /// now, `?2` the batch limit).
+    #[must_use]
+    pub fn purge(store: &SqliteStore) -> [&str; 3] {
+        let sql = store.sql();
+        [&sql.purge_keys, &sql.purge_bodies, &sql.refile]
+    }
+
+    /// The operator listing of in-flight records: the first page (`?1`
+    /// lease bound, `?2` now, `?3` limit) and the next ones (then `?4`–`?7`
+    /// the keyset position).
+    #[must_use]
+    pub fn list_in_flight(store: &SqliteStore) -> [&str; 2] {
+        let sql = store.sql();
+        [&sql.list_in_flight, &sql.list_in_flight_after]
+    }
+}

@@ -1,38 +1,43 @@
-//! `SqliteStore`: the `Store` contract on SQLite. The claim logic is here.
+//! [`SqliteStore`]: building it (from a pool, a URL, a file or memory),
+//! migrating its table, and the [`Store`] implementation. The claim logic is
+//! here; the statements are in [`crate::sql`].
 
-use idem_core::IdempotencyKey;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
 use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::TakeoverReason;
 use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::Cursor;
 use idem_core::ops::OutcomeKind;
-use idem_core::ops::Page;
 use idem_core::ops::PurgeReport;
 use idem_core::ops::RecordState;
-use idem_core::ops::RecordSummary;
-use idem_core::ops::StateCounts;
-use idem_core::store::AdminStore;
 use idem_core::store::Capabilities;
 use idem_core::store::ClaimOutcome;
 use idem_core::store::ClaimRequest;
 use idem_core::store::Claimed;
 use idem_core::store::Completion;
-use idem_core::store::InFlightQuery;
 use idem_core::store::Previous;
 use idem_core::store::Store;
 use idem_core::store::StoreError;
 use idem_core::store::StoredRecord;
 use idem_core::store::Token;
 use idem_core::store::retry_claim_race;
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
-use sqlx::{Row, SqlitePool};
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, SqlitePool};
 
-use crate::error::{corrupt, map};
-use crate::schema;
+use crate::config::{
+    DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, validate_table_name,
+};
+use crate::error::{BACKEND, Error, corrupt, map};
+use crate::sql::{Statements, q};
 
-/// An idempotency store in one SQLite table, `idem_records`.
+/// An idempotency store in one SQLite table (`idem_records` unless
+/// [`SqliteStore::with_table_name`] says otherwise).
 ///
 /// Every transition is one statement, except the claim: it first reads the
 /// record (a replay or a conflict ends there, one read that takes no lock
@@ -42,23 +47,226 @@ use crate::schema;
 /// writes the table and no index (see `migrations/0002_sweep.sql`). A claim that loses
 /// reads the standing record again; if that read finds the record claimable
 /// after all (it changed in between), the claim runs again.
-#[derive(Debug, Clone)]
+///
+/// # Building one
+///
+/// The same words as the other backends: [`SqliteStore::new`] over your
+/// pool, [`SqliteStore::connect`] from a URL, [`SqliteStore::connect_with`]
+/// with your pool and connect options; none of them touches the schema, so
+/// call [`SqliteStore::migrate`] once they are built. Two shortcuts for an
+/// embedded database also migrate: [`SqliteStore::open`] (a file) and
+/// [`SqliteStore::memory`] (a private in-memory database).
+///
+/// Cheap to clone (a pool and an `Arc`); clones share the pool.
+#[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    table: Arc<str>,
+    sql: Arc<Statements>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SqliteStore {
-    /// A store over your pool. Run [`SqliteStore::migrate`] once (the
-    /// `open*`/`memory` constructors do it for you).
+    /// A store over your pool, on the table `idem_records`. The pool is used
+    /// as given; run [`SqliteStore::migrate`] (or apply
+    /// [`SqliteStore::migration_sql`] yourself) before the first call.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_sqlite::Error> {
+    /// use idem_sqlite::{SqliteStore, sqlx::SqlitePool};
+    ///
+    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+    /// let store = SqliteStore::new(pool).with_table_name("payments_idem")?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn new(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self::build(pool, Arc::from(DEFAULT_TABLE))
     }
 
-    /// The pool.
+    /// Connects a pool to the database `url` names (`sqlite://path`,
+    /// `sqlite:path`, with sqlx's query parameters such as `?mode=rwc` to
+    /// create a missing file, or `sqlite::memory:`) and returns a store over
+    /// it. It does not migrate: call [`SqliteStore::migrate`].
+    ///
+    /// A file gets what [`SqliteStore::open`] sets up (WAL,
+    /// `synchronous = NORMAL`, a 5 s busy timeout, a pool of 8 connections
+    /// with no ping before a checkout), except creating the file, which the
+    /// URL decides. An in-memory URL gets the one connection, kept for the
+    /// store's life, that [`SqliteStore::memory`] uses: an in-memory
+    /// database lives as long as its connection.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the URL is invalid or the database cannot be
+    /// opened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_sqlite::Error> {
+    /// let store = idem_sqlite::SqliteStore::connect("sqlite://idem.db?mode=rwc").await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)?;
+        if is_in_memory(url) {
+            return Self::connect_with(memory_pool(), options).await;
+        }
+        let options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(DEFAULT_BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new().max_connections(DEFAULT_MAX_CONNECTIONS);
+        Self::connect_with(pool, options).await
+    }
+
+    /// Connects a pool built from your pool and connect options and returns a
+    /// store over it; `test_before_acquire(false)` is set (a SQLite
+    /// connection is a handle on a local file, with no peer to lose: a ping
+    /// before each checkout would be one more trip to the connection's worker
+    /// thread on every call). It does not migrate: call
+    /// [`SqliteStore::migrate`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the database cannot be opened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_sqlite::Error> {
+    /// use idem_sqlite::SqliteStore;
+    /// use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+    ///
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename("idem.db")
+    ///     .create_if_missing(true)
+    ///     .synchronous(SqliteSynchronous::Full);
+    /// let store =
+    ///     SqliteStore::connect_with(SqlitePoolOptions::new().max_connections(4), options).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        pool: SqlitePoolOptions,
+        options: SqliteConnectOptions,
+    ) -> Result<Self, Error> {
+        let pool = pool
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
+    /// Opens (creating if needed) a database file with WAL,
+    /// `synchronous = NORMAL`, a 5 s busy timeout and a pool of 8
+    /// connections, and migrates the default table: the embedded shortcut for
+    /// [`SqliteStore::connect_with`] followed by [`SqliteStore::migrate`].
+    ///
+    /// `synchronous = NORMAL` under WAL is the usual embedded setting: a
+    /// committed record survives a crash of the process; a power loss can
+    /// lose the last transactions. Use [`SqliteStore::connect_with`] with
+    /// `SqliteSynchronous::Full` if that matters.
+    ///
+    /// # Errors
+    ///
+    /// The database cannot be opened or migrated.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_sqlite::Error> {
+    /// let store = idem_sqlite::SqliteStore::open("idem.db").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(DEFAULT_BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new().max_connections(DEFAULT_MAX_CONNECTIONS);
+        let store = Self::connect_with(pool, options).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Opens a private in-memory database on one connection kept for the
+    /// store's life, and migrates the default table. For tests, examples and
+    /// a single process that may forget its records when it stops: the
+    /// database is not shared with another process or another `memory()`
+    /// store, and it is gone when the last clone of this store is dropped, so
+    /// a restart forgets every record and a retry after it runs the work
+    /// again.
+    ///
+    /// # Errors
+    ///
+    /// The database cannot be created.
+    pub async fn memory() -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
+        let store = Self::connect_with(memory_pool(), options).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Uses another table (default `idem_records`), so that several stores
+    /// can share one database file without seeing each other's records. Call
+    /// [`SqliteStore::migrate`] afterwards: [`SqliteStore::open`] and
+    /// [`SqliteStore::memory`] migrated the default table only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidIdentifier`] unless the name is 1 to 64 ASCII
+    /// letters, digits and `_`, not starting with a digit or `sqlite_`.
+    /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
+    pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
+        let table = validate_table_name(table)?;
+        Ok(Self::build(self.pool, Arc::from(table)))
+    }
+
+    fn build(pool: SqlitePool, table: Arc<str>) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
+    }
+
+    /// The pool the store runs its statements on, for your own queries on
+    /// the same database, for closing it (`pool().close().await`) before the
+    /// file is removed, or for its size and idle connections.
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The table holding the records (default `idem_records`), as validated
+    /// by [`SqliteStore::with_table_name`].
+    #[must_use]
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    /// The migration for this store's table ([`MIGRATION`](crate::MIGRATION)
+    /// with its placeholders filled in), for applying with your own tool,
+    /// once, on a new database.
+    #[must_use]
+    pub fn migration_sql(&self) -> String {
+        crate::schema::render_all(&self.table)
     }
 
     /// Creates the table and its index, or brings a table made by an earlier
@@ -66,41 +274,56 @@ impl SqliteStore {
     /// `migrations/0002_sweep.sql`, each only when the table lacks it, in one
     /// `BEGIN IMMEDIATE` transaction. On an up-to-date table it is one read
     /// and takes no write lock (so it waits for no writer, and a read-only
-    /// file opens).
+    /// file opens). Safe to call at every start, from several processes.
     ///
     /// # Errors
     ///
-    /// The DDL fails.
-    pub async fn migrate(&self) -> Result<(), crate::Error> {
+    /// [`Error::Sqlx`] when the DDL fails (e.g. a read-only file without the
+    /// table).
+    pub async fn migrate(&self) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await?;
-        if has_sweep(&mut conn).await? {
+        if self.has_sweep(&mut conn).await? {
             return Ok(());
         }
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
         // Asked again under the write lock: another process may have
         // migrated in between.
-        if !has_sweep(&mut tx).await? {
-            sqlx::raw_sql(schema::MIGRATION_0001)
+        if !self.has_sweep(&mut tx).await? {
+            let [v1, v2] = crate::schema::render_parts(&self.table);
+            tracing::info!(table = %self.table, "creating or upgrading the idem table");
+            // Several statements in one call; the text is the shipped file
+            // with a validated table name spliced in.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(v1))
                 .execute(&mut *tx)
                 .await?;
-            sqlx::raw_sql(schema::MIGRATION_0002)
+            sqlx::raw_sql(sqlx::AssertSqlSafe(v2))
                 .execute(&mut *tx)
                 .await?;
         }
         Ok(tx.commit().await?)
     }
 
+    /// Whether the table exists and has had `0002_sweep.sql`.
+    async fn has_sweep(&self, conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.has_sweep)))
+            .fetch_one(conn)
+            .await
+    }
+
+    pub(crate) fn sql(&self) -> &Statements {
+        &self.sql
+    }
+
     async fn guarded(
         &self,
-        sql: &'static str,
+        sql: &Arc<str>,
         id: &RecordId,
         token: Token,
         bind: impl FnOnce(
-            sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
-        )
-            -> sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+            sqlx::query::Query<'static, Sqlite, SqliteArguments>,
+        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query(sql)
+        let q = q(sql)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
@@ -112,6 +335,28 @@ impl SqliteStore {
             Err(StoreError::LeaseLost)
         }
     }
+}
+
+/// The pool of an in-memory database: one connection, never closed (the
+/// database lives exactly as long as its connection).
+fn memory_pool() -> SqlitePoolOptions {
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .idle_timeout(None)
+        .max_lifetime(None)
+}
+
+/// Whether `url` names an in-memory database, by the two rules sqlx's
+/// parser follows (`sqlx_sqlite::options::parse`): the database `:memory:`,
+/// or the parameter `mode=memory`. (sqlx keeps the flag private, and its
+/// `to_url_lossy` panics on the name it gives such a database.)
+fn is_in_memory(url: &str) -> bool {
+    let rest = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|p| p == "mode=memory")
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -138,7 +383,7 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
     })
 }
 
-/// Decodes a row of [`schema::FETCH`], refusing anything malformed.
+/// Decodes a row of the `fetch` statement, refusing anything malformed.
 fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
     let fp: Vec<u8> = row.try_get("fingerprint").map_err(map)?;
     let fingerprint = Fingerprint::from_slice(&fp)
@@ -164,24 +409,27 @@ fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
         response_expires_at: response_expires_at.map(Timestamp::from_unix_millis),
         key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
     }
-    .validate(crate::error::BACKEND)
+    .validate(BACKEND)
 }
 
-/// Reads a live record on `conn` ([`schema::FETCH`]).
-async fn fetch_on(
-    conn: &mut SqliteConnection,
-    id: &RecordId,
-    now: Timestamp,
-) -> Result<Option<StoredRecord>, StoreError> {
-    let row = sqlx::query(schema::FETCH)
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
-        .bind(ms(now))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map)?;
-    row.as_ref().map(decode_record).transpose()
+impl SqliteStore {
+    /// Reads a live record on `conn` (the `fetch` statement).
+    async fn fetch_on(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        let row = q(&self.sql.fetch)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(ms(now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        row.as_ref().map(decode_record).transpose()
+    }
 }
 
 /// Whether `claim` would have taken this record (it changed under us).
@@ -198,13 +446,13 @@ impl Store for SqliteStore {
     /// writer got there first), the record is read again.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         let id = req.id;
-        retry_claim_race(crate::error::BACKEND, || async {
+        retry_claim_race(BACKEND, || async {
             let mut conn = self.pool.acquire().await.map_err(map)?;
-            match fetch_on(&mut conn, id, req.now).await? {
+            match self.fetch_on(&mut conn, id, req.now).await? {
                 Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
                 _ => {}
             }
-            let won = sqlx::query(schema::CLAIM)
+            let won = q(&self.sql.claim)
                 .bind(id.owner())
                 .bind(id.operation())
                 .bind(id.key().as_str())
@@ -219,7 +467,7 @@ impl Store for SqliteStore {
             if let Some(row) = won {
                 return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
             }
-            match fetch_on(&mut conn, id, req.now).await? {
+            match self.fetch_on(&mut conn, id, req.now).await? {
                 Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
                 // Gone or claimable since the insert ran: claim again.
                 _ => {
@@ -238,7 +486,7 @@ impl Store for SqliteStore {
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
         let done = self
-            .guarded(schema::COMPLETE, id, token, |q| {
+            .guarded(&self.sql.complete, id, token, |q| {
                 q.bind(c.outcome.as_str())
                     .bind(c.body)
                     .bind(ms(c.response_expires_at))
@@ -251,7 +499,7 @@ impl Store for SqliteStore {
         }
         // No row changed: a lost lease, or this completion already applied
         // (a retry after a lost reply), which is not an error.
-        let applied = sqlx::query(schema::COMPLETED_UNDER)
+        let applied = q(&self.sql.completed_under)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
@@ -263,7 +511,7 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.guarded(schema::RELEASE, id, token, |q| q.bind(ms(now)))
+        self.guarded(&self.sql.release, id, token, |q| q.bind(ms(now)))
             .await
     }
 
@@ -273,8 +521,10 @@ impl Store for SqliteStore {
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.guarded(schema::SAVE_RESOURCE_ID, id, token, |q| q.bind(resource_id))
-            .await
+        self.guarded(&self.sql.save_resource_id, id, token, |q| {
+            q.bind(resource_id)
+        })
+        .await
     }
 
     async fn extend_lease(
@@ -283,8 +533,10 @@ impl Store for SqliteStore {
         token: Token,
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
-        self.guarded(schema::EXTEND, id, token, |q| q.bind(ms(lease_until)))
-            .await
+        self.guarded(&self.sql.extend_lease, id, token, |q| {
+            q.bind(ms(lease_until))
+        })
+        .await
     }
 
     async fn fetch(
@@ -293,7 +545,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(map)?;
-        fetch_on(&mut conn, id, now).await
+        self.fetch_on(&mut conn, id, now).await
     }
 
     /// One batch of each purge statement, in one transaction; batches that
@@ -305,8 +557,8 @@ impl Store for SqliteStore {
             let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
                 .await
                 .map_err(map)?;
-            let mut run = async |sql: &'static str| {
-                sqlx::query(sql)
+            let mut run = async |sql: &Arc<str>| {
+                q(sql)
                     .bind(ms(now))
                     .bind(i64::from(limit))
                     .execute(&mut *tx)
@@ -315,10 +567,10 @@ impl Store for SqliteStore {
                     .map_err(map)
             };
             let report = PurgeReport {
-                keys_removed: run(schema::PURGE_KEYS).await?,
-                bodies_dropped: run(schema::PURGE_BODIES).await?,
+                keys_removed: run(&self.sql.purge_keys).await?,
+                bodies_dropped: run(&self.sql.purge_bodies).await?,
             };
-            let refiled = run(schema::REFILE).await?;
+            let refiled = run(&self.sql.refile).await?;
             tx.commit().await.map_err(map)?;
             if report != PurgeReport::default() || refiled == 0 {
                 return Ok(report);
@@ -331,122 +583,26 @@ impl Store for SqliteStore {
     }
 }
 
-/// Whether the table exists and has had `0002_sweep.sql`.
-async fn has_sweep(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(schema::HAS_SWEEP).fetch_one(conn).await
-}
+#[cfg(test)]
+mod tests {
+    use super::is_in_memory;
 
-/// Rebuilds a record's identity from its stored columns.
-pub(crate) fn decode_id(
-    owner: String,
-    operation: String,
-    key: &str,
-) -> Result<RecordId, StoreError> {
-    let scope = Scope::new(owner, operation).map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(key).map_err(|e| corrupt(format!("stored key: {e}")))?;
-    Ok(RecordId::new(scope, key))
-}
-
-fn decode_summary(row: &SqliteRow) -> Result<RecordSummary, StoreError> {
-    let id = decode_id(
-        row.try_get("owner").map_err(map)?,
-        row.try_get("operation").map_err(map)?,
-        row.try_get("key").map_err(map)?,
-    )?;
-    let state: String = row.try_get("state").map_err(map)?;
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    Ok(RecordSummary {
-        id,
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {state:?}")))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("attempt {attempt} out of range")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until").map_err(map)?),
-        resource_id: row.try_get("resource_id").map_err(map)?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    })
-}
-
-/// Indexed listing, keyset pagination; release, delete and counts are one
-/// statement each.
-impl AdminStore for SqliteStore {
-    async fn list_in_flight(&self, q: &InFlightQuery<'_>) -> Result<Page, StoreError> {
-        let limit = q.limit.max(1);
-        let after = q.cursor.map(Cursor::keyset_position).transpose()?;
-        let query = match &after {
-            None => sqlx::query(schema::LIST_IN_FLIGHT),
-            Some(_) => sqlx::query(schema::LIST_IN_FLIGHT_AFTER),
+    #[test]
+    fn in_memory_urls_are_recognised() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://?mode=memory",
+            "sqlite://x.db?cache=private&mode=memory",
+        ] {
+            assert!(is_in_memory(url), "{url}");
         }
-        .bind(ms(q.lease_before))
-        .bind(ms(q.now))
-        .bind(i64::from(limit) + 1);
-        let query = match &after {
-            None => query,
-            Some(a) => query
-                .bind(ms(a.lease_until))
-                .bind(a.owner.as_str())
-                .bind(a.operation.as_str())
-                .bind(a.key.as_str()),
-        };
-        let rows = query.fetch_all(&self.pool).await.map_err(map)?;
-        let mut records = rows
-            .iter()
-            .map(decode_summary)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next = (records.len() > limit as usize).then(|| {
-            records.truncate(limit as usize);
-            let last = &records[records.len() - 1];
-            Cursor::keyset(last.lease_until, &last.id)
-        });
-        Ok(Page { records, next })
-    }
-
-    async fn release_in_flight(
-        &self,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(schema::RELEASE_IN_FLIGHT)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(ms(now))
-            .bind(attempt.map(i64::from))
-            .execute(&self.pool)
-            .await
-            .map_err(map)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = sqlx::query(schema::DELETE_COMPLETED)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(ms(now))
-            .execute(&self.pool)
-            .await
-            .map_err(map)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = sqlx::query(schema::COUNT_STATES)
-            .bind(ms(now))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map)?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(map)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        for url in [
+            "sqlite://x.db",
+            "sqlite:x.db?mode=rwc",
+            "sqlite://memory.db",
+        ] {
+            assert!(!is_in_memory(url), "{url}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! The shared conformance suite, against a SQLite file and a memory database.
+//! The shared conformance suite, against a SQLite file, a memory database and
+//! a file whose table is not the default one.
 
 mod support;
 
@@ -8,4 +9,8 @@ mod file {
 
 mod memory {
     idem_core::store_conformance!(crate::support::memory());
+}
+
+mod named_table {
+    idem_core::store_conformance!(crate::support::FileDb::with_table("billing_idem"));
 }

@@ -165,7 +165,13 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
         .execute(&mut *writer)
         .await
         .unwrap();
-    let second = SqliteStore::open_with(options(), 1).await;
+    let one = || sqlx::sqlite::SqlitePoolOptions::new().max_connections(1);
+    let second = async {
+        let store = SqliteStore::connect_with(one(), options()).await?;
+        store.migrate().await?;
+        Ok::<_, idem_sqlite::Error>(store)
+    }
+    .await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut *writer)
         .await
@@ -173,9 +179,10 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
     drop(writer);
     let second = second.expect("open (and migrate) beside a writer");
     second.pool().close().await;
-    let read_only = SqliteStore::open_with(options().read_only(true), 1)
+    let read_only = SqliteStore::connect_with(one(), options().read_only(true))
         .await
         .expect("a read-only file opens");
+    read_only.migrate().await.expect("and migrates: one read");
     let charge = replay_one(&Idem::new(read_only.clone()), &scope, "k1").await;
     assert_eq!(charge.id, "ch_1", "a replay reads only");
     read_only.pool().close().await;
@@ -186,17 +193,11 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
 /// index, in its order: no scan of the table, no sort.
 #[tokio::test]
 async fn purges_and_the_stuck_list_walk_the_sweep_index() {
-    use idem_sqlite::statements::{
-        LIST_IN_FLIGHT, LIST_IN_FLIGHT_AFTER, PURGE_BODIES, PURGE_KEYS, REFILE,
-    };
+    use idem_sqlite::statements;
     let db = FileDb::new().await;
-    for sql in [
-        PURGE_KEYS,
-        PURGE_BODIES,
-        REFILE,
-        LIST_IN_FLIGHT,
-        LIST_IN_FLIGHT_AFTER,
-    ] {
+    let [purge_keys, purge_bodies, refile] = statements::purge(&db.store);
+    let [list, list_after] = statements::list_in_flight(&db.store);
+    for sql in [purge_keys, purge_bodies, refile, list, list_after] {
         let plan: Vec<(i64, i64, i64, String)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
                 .fetch_all(db.store.pool())
@@ -358,6 +359,8 @@ async fn migrate_upgrades_a_first_version_database() {
                 ('o', 'op', 'old-body', x'03', 'completed', 3, 1, {now} - 500, 'success', x'01', {now} - 1, {now} + 1000),
                 ('o', 'op', 'expired', x'04', 'completed', 4, 1, {now} - 500, 'success', x'01', {now} - 1, {now} - 1);",
         v1 = include_str!("../migrations/0001_idem.sql")
+            .replace("{table}", "idem_records")
+            .replace("{prefix}", "idem_records")
     )))
     .execute(&pool)
     .await
@@ -470,4 +473,133 @@ async fn unopenable_file_is_a_typed_error() {
     assert!(matches!(err, Error::Store(_)), "{err:?}");
     assert_eq!(err.http_status(), 500);
     assert!(!err.is_retryable());
+}
+
+/// Two stores on one file with different tables never see each other's
+/// records: the same key completes once in each, a purge of one leaves the
+/// other, and each table has its own sweep index.
+#[tokio::test]
+async fn stores_with_different_tables_in_one_file_are_separate() {
+    let db = FileDb::new().await;
+    let other = db
+        .store
+        .clone()
+        .with_table_name("other_idem")
+        .expect("a valid name");
+    other.migrate().await.expect("migrate the second table");
+    assert_eq!(
+        (db.store.table_name(), other.table_name()),
+        ("idem_records", "other_idem")
+    );
+    let scope = Scope::new("acct", "POST /charges").unwrap();
+    complete_one(&Idem::new(db.store()), &scope, "k").await;
+    assert!(
+        Idem::new(other.clone())
+            .admin()
+            .inspect(&scope, "k", true)
+            .await
+            .unwrap()
+            .is_none(),
+        "the second table does not see the first one's record"
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&runs);
+    let reply = Idem::new(other.clone())
+        .execute(&scope, "k", &json!({"amount": 100}), |_| async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Out::Success(Charge {
+                id: "ch_other".into(),
+                amount: 100,
+            })
+        })
+        .await
+        .expect("a new operation in the second table");
+    assert!(!reply.is_replay());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        replay_one(&Idem::new(db.store()), &scope, "k").await.id,
+        "ch_1"
+    );
+    assert_eq!(
+        replay_one(&Idem::new(other.clone()), &scope, "k").await.id,
+        "ch_other"
+    );
+    let counts = Idem::new(other.clone())
+        .admin()
+        .count_states()
+        .await
+        .unwrap();
+    assert_eq!(counts.completed, 1, "{counts:?}");
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'other_idem' ORDER BY 1",
+    )
+    .fetch_all(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["other_idem_sweep", "sqlite_autoindex_other_idem_1"]
+    );
+    db.teardown().await;
+}
+
+/// A table name is a plain identifier or the call fails, before any SQL
+/// runs; `migration_sql` is the shipped migration for the store's table.
+#[tokio::test]
+async fn table_names_are_validated_and_rendered_into_the_migration() {
+    let store = SqliteStore::memory().await.unwrap();
+    for bad in ["", "a-b", "x\"; DROP TABLE idem_records; --", "sqlite_x"] {
+        let err = store
+            .clone()
+            .with_table_name(bad)
+            .expect_err("an invalid name");
+        assert!(
+            matches!(
+                err,
+                idem_sqlite::Error::InvalidIdentifier { what: "table", .. }
+            ),
+            "{bad:?}: {err:?}"
+        );
+    }
+    let named = store.with_table_name("t_2").unwrap();
+    let sql = named.migration_sql();
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"t_2\""), "{sql}");
+    assert!(sql.contains("\"t_2_sweep\""), "{sql}");
+    assert!(!sql.contains("idem_records") && !sql.contains('{'), "{sql}");
+    assert!(idem_sqlite::MIGRATION.contains("{table}"));
+}
+
+/// `connect` takes a URL and does not migrate (a call before `migrate`
+/// fails on the missing table); an in-memory URL keeps its one database
+/// across calls.
+#[tokio::test]
+async fn connect_opens_a_url_without_migrating() {
+    let scope = Scope::new("acct", "POST /charges").unwrap();
+    let memory = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    let err = Idem::new(memory.clone())
+        .admin()
+        .inspect(&scope, "k", true)
+        .await
+        .expect_err("no table before migrate");
+    assert!(format!("{err:?}").contains("no such table"), "{err:?}");
+    memory.migrate().await.unwrap();
+    complete_one(&Idem::new(memory.clone()), &scope, "k").await;
+    assert_eq!(replay_one(&Idem::new(memory), &scope, "k").await.id, "ch_1");
+
+    let path = support::temp_path();
+    let url = format!("sqlite://{}", path.display());
+    assert!(
+        SqliteStore::connect(&url).await.is_err(),
+        "without mode=rwc a missing file is not created"
+    );
+    let file = SqliteStore::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
+    file.migrate().await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(file.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    FileDb { store: file, path }.teardown().await;
 }

@@ -60,7 +60,8 @@ impl Statements for RawRedis {
             token,
             now + LEASE_MS,
             now + TTL_MS,
-        );
+        )
+        .expect("a record of the bench's sizes encodes");
         let pipe = statements::claim(&record, &body, &fresh, TTL_MS);
         let replies = self
             .conn

@@ -10,17 +10,18 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use idem_sqlite::SqliteStore;
-use idem_sqlite::sqlx::{self, Row, SqlitePool};
+use idem_sqlite::sqlx::{self, AssertSqlSafe, Row, SqlitePool};
 
 use super::workload::{OPERATION, OWNER, Statements, body};
 use super::{LEASE_MS, TTL_MS, now_ms};
-
-use idem_sqlite::statements::{CLAIM, COMPLETE, FETCH};
 
 /// The statements of `SqliteStore` on its own pool.
 #[derive(Debug)]
 pub(crate) struct RawSqlite {
     pool: SqlitePool,
+    claim: String,
+    complete: String,
+    fetch: String,
     fingerprint: [u8; 32],
     body: Vec<u8>,
     tokens: AtomicI64,
@@ -30,6 +31,9 @@ impl RawSqlite {
     pub(crate) fn new(store: &SqliteStore, body_len: usize) -> Self {
         Self {
             pool: store.pool().clone(),
+            claim: idem_sqlite::statements::claim(store).to_owned(),
+            complete: idem_sqlite::statements::complete(store).to_owned(),
+            fetch: idem_sqlite::statements::fetch(store).to_owned(),
             fingerprint: [7; 32],
             body: body(body_len),
             tokens: AtomicI64::new(1),
@@ -46,7 +50,7 @@ impl Statements for RawSqlite {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
         let read = || {
-            sqlx::query(FETCH)
+            sqlx::query(AssertSqlSafe(self.fetch.as_str()))
                 .bind(OWNER)
                 .bind(OPERATION)
                 .bind(key)
@@ -56,7 +60,7 @@ impl Statements for RawSqlite {
             let state: String = row.get("state");
             return Err((state == "completed").then(|| row.get("response")));
         }
-        let won = sqlx::query(CLAIM)
+        let won = sqlx::query(AssertSqlSafe(self.claim.as_str()))
             .bind(OWNER)
             .bind(OPERATION)
             .bind(key)
@@ -82,7 +86,7 @@ impl Statements for RawSqlite {
 
     async fn complete(&self, key: &str, token: i64) {
         let now = now_ms();
-        let done = sqlx::query(COMPLETE)
+        let done = sqlx::query(AssertSqlSafe(self.complete.as_str()))
             .bind(OWNER)
             .bind(OPERATION)
             .bind(key)

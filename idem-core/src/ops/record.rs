@@ -193,7 +193,9 @@ pub struct StateCounts {
     pub released: u64,
     /// Completed.
     pub completed: u64,
-    /// Whose key expired but that are still stored, waiting for a purge
-    /// (always 0 on a store with native expiry).
+    /// Whose key expired but that are still stored, waiting for a purge.
+    /// Always 0 on a store with native expiry: there, a record whose key
+    /// expired on the engine's clock but that the server has not dropped yet
+    /// is counted in no state (the engine already treats it as absent).
     pub expired: u64,
 }

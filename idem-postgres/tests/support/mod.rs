@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod proxy;
+pub mod scenario;
 
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;

@@ -46,6 +46,11 @@ pub(crate) struct RedisFixture {
 }
 
 impl RedisFixture {
+    /// A fixture over a store built by the test, whose keys live on `nodes`.
+    pub(crate) fn from_store(store: RedisStore, nodes: Vec<String>) -> Self {
+        Self::new(store, nodes)
+    }
+
     fn new(store: RedisStore, nodes: Vec<String>) -> Self {
         Self {
             store,

@@ -16,10 +16,29 @@ pub struct FileDb {
 
 impl FileDb {
     pub async fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("idem-test-{}.db", IdempotencyKey::random()));
+        let path = temp_path();
         let store = SqliteStore::open(&path).await.expect("open sqlite file");
         Self { store, path }
     }
+
+    /// A fresh file whose records live in `table`, reached through a URL
+    /// (`connect`, then `with_table_name` and `migrate`).
+    pub async fn with_table(table: &str) -> Self {
+        let path = temp_path();
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let store = SqliteStore::connect(&url)
+            .await
+            .expect("connect to a sqlite file")
+            .with_table_name(table)
+            .expect("a valid table name");
+        store.migrate().await.expect("migrate");
+        Self { store, path }
+    }
+}
+
+/// A database file name in the temp dir that no other test uses.
+pub fn temp_path() -> PathBuf {
+    std::env::temp_dir().join(format!("idem-test-{}.db", IdempotencyKey::random()))
 }
 
 impl Fixture for FileDb {

@@ -1,0 +1,111 @@
+//! The purge and the stuck listing walk the sweep index, never the table,
+//! and page through exactly the rows they must.
+
+mod support;
+
+use idem_core::clock::ManualClock;
+use idem_postgres::sqlx::{self, Executor};
+use support::PgFixture;
+use support::scenario::{count_rows, engine, with_fixture};
+
+/// The purge walks the sweep index, never the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_uses_the_sweep_index() {
+    with_fixture(PgFixture::new(2).await, |fx| async move {
+        let t = fx.table();
+        let now: i64 = 1_000_000_000_000;
+        // 20,000 live rows with bodies, 50 expired keys, 50 expired bodies.
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                  outcome, response, response_expires_at, key_expires_at)
+                 SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea), 'completed', i, 1, 0,
+                        'success', '\\x00'::bytea,
+                        CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
+                        CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END
+                 FROM generate_series(1, 20000) AS i;
+                 -- Where a purge has filed them: at the next expiry.
+                 UPDATE {t} SET sweep_at = LEAST(response_expires_at, key_expires_at);
+                 ANALYZE {t};"
+            )))
+            .await
+            .expect("seed");
+        let sql = idem_postgres::statements::purge(&fx.store).replace("$1", &now.to_string()).replace("$2", "100");
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .fetch_all(fx.store.pool())
+            .await
+            .expect("explain");
+        let plan = plan.join("\n");
+        println!("{plan}");
+        let p = fx.store.table_name();
+        assert!(plan.contains(&format!("{p}_sweep_idx")), "the purge must walk the sweep index:\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+        assert_eq!(plan.matches("Tid Scan").count(), 2, "the batch is then reached by ctid:\n{plan}");
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
+        let idem = engine(&fx.store, &clock);
+        let report = idem.admin().purge_expired(30).await.expect("purge");
+        assert_eq!(report.keys_removed, 50);
+        assert_eq!(report.bodies_dropped, 50);
+        assert_eq!(count_rows(&fx, "idem_records").await, 20_000 - 50);
+    })
+    .await;
+}
+
+/// The operator listing walks the sweep index (an in-flight record sits at
+/// its lease end), never the table, and pages through exactly the stuck
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_listing_uses_the_sweep_index() {
+    with_fixture(PgFixture::new(2).await, |fx| async move {
+        let t = fx.table();
+        let now: i64 = 1_000_000_000_000;
+        // 20,000 completed rows, 30 stuck in flight, 30 in flight under a live lease.
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                  outcome, response, response_expires_at, key_expires_at)
+                 SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea),
+                        CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
+                        CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
+                        CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000
+                 FROM generate_series(1, 20000) AS i;
+                 -- In flight: at the lease end; completed: where a purge filed them.
+                 UPDATE {t} SET sweep_at = CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END;
+                 ANALYZE {t};"
+            )))
+            .await
+            .expect("seed");
+        let sql = idem_postgres::statements::list_in_flight(&fx.store)
+            .replace("$1", &now.to_string())
+            .replace("$2", &now.to_string())
+            .replace("$3", "8");
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .fetch_all(fx.store.pool())
+            .await
+            .expect("explain");
+        let plan = plan.join("\n");
+        let p = fx.store.table_name();
+        assert!(plan.contains(&format!("{p}_sweep_idx")), "listing must use its index:\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
+        let idem = engine(&fx.store, &clock);
+        let (mut seen, mut cursor) = (Vec::new(), None);
+        loop {
+            let page = idem
+                .admin().list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
+                .await
+                .expect("list");
+            assert!(page.records.len() <= 7);
+            seen.extend(page.records.into_iter().map(|r| r.id.key().as_str().to_owned()));
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        let want: Vec<String> = (1..=30).rev().map(|i| format!("k{i}")).collect();
+        assert_eq!(seen, want, "oldest lease first, each once");
+    })
+    .await;
+}

@@ -1,0 +1,390 @@
+//! The table as the migration builds it: values only through bind
+//! parameters, validated names, corrupted rows as typed errors, completions
+//! as HOT updates, and upgrades of a first-version table that neither
+//! rebuild nor wait for writers.
+
+mod support;
+
+use std::time::Duration;
+
+use idem_core::Error;
+use idem_core::IdempotencyKey;
+use idem_core::RecordId;
+use idem_core::Scope;
+use idem_core::clock::Clock;
+use idem_core::clock::ManualClock;
+use idem_core::store::Store;
+use idem_core::store::StoreError;
+use idem_postgres::PgStore;
+use idem_postgres::sqlx::{self, Executor, Row};
+use support::PgFixture;
+use support::scenario::{Counter, Out, count_rows, engine, request, scope, with_fixture};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_values_go_through_bind_parameters_only() {
+    with_fixture(PgFixture::new(4).await, |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = engine(&fx.store, &clock);
+        let owner = "o'; DROP TABLE idem_records; --";
+        let operation = "POST /\"x\"; SELECT pg_sleep(10); \\";
+        let scope = Scope::new(owner, operation).expect("scope");
+        let long_key: String = (0..255)
+            .map(|i| ['\'', ';', '"', '\\', 'a', '%', '_', ' '][i % 8])
+            .collect();
+        let long_key = format!("k{}z", &long_key[2..]);
+        assert_eq!(long_key.len(), 255);
+        let first = idem
+            .execute(&scope, long_key.as_str(), &request(), |_| async {
+                Out::Success("one".into())
+            })
+            .await
+            .expect("hostile values are data");
+        assert!(!first.is_replay());
+        let again = idem
+            .execute(&scope, long_key.as_str(), &request(), |_| async {
+                Out::Success("two".into())
+            })
+            .await
+            .expect("replay");
+        assert_eq!(again.into_result(), Ok("one".to_owned()));
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT owner, operation, key FROM {}",
+            fx.table()
+        )))
+        .fetch_one(fx.store.pool())
+        .await
+        .expect("the table is still there, with one row");
+        assert_eq!(row.get::<String, _>("owner"), owner);
+        assert_eq!(row.get::<String, _>("operation"), operation);
+        assert_eq!(row.get::<String, _>("key"), long_key);
+        // A LIKE-ish neighbour owner never sees it.
+        let other = Scope::new("o'; DROP TABLE idem_records; -%", operation).expect("scope");
+        let mine = idem
+            .execute(&other, long_key.as_str(), &request(), |_| async {
+                Out::Success("other".into())
+            })
+            .await
+            .expect("other owner");
+        assert!(!mine.is_replay());
+        assert!(
+            Scope::new("own\0er", "op").is_err(),
+            "NUL is refused before any SQL"
+        );
+        let too_long = "k".repeat(256);
+        let err = idem
+            .execute(&scope, too_long.as_str(), &request(), |_| async {
+                Out::Success("x".into())
+            })
+            .await
+            .expect_err("256 characters");
+        assert_eq!(err.http_status(), 400);
+        assert_eq!(count_rows(&fx, "idem_records").await, 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_and_schema_names_are_validated_and_configurable() {
+    let fx = PgFixture::new(2).await;
+    with_fixture(fx, |fx| async move {
+        for bad in ["x; DROP TABLE y", "a\"b", "", "1t", "pg_x", "t-1"] {
+            assert!(
+                matches!(
+                    fx.store.clone().with_table_name(bad),
+                    Err(idem_postgres::Error::InvalidIdentifier { .. })
+                ),
+                "{bad:?}"
+            );
+            assert!(fx.store.clone().with_schema_name(bad).is_err(), "{bad:?}");
+        }
+        // `connect` builds its own pool; eight instances migrating at once
+        // are serialized by the advisory lock, and migrating again is a no-op.
+        let custom = PgStore::connect(&support::url())
+            .await
+            .expect("connect")
+            .with_schema_name(&fx.schema)
+            .expect("schema")
+            .with_table_name("Payments_Idem")
+            .expect("valid");
+        let migrations: Vec<_> = (0..8)
+            .map(|_| {
+                let s = custom.clone();
+                tokio::spawn(async move { s.migrate().await })
+            })
+            .collect();
+        for m in migrations {
+            m.await.expect("join").expect("concurrent migrate");
+        }
+        custom.migrate().await.expect("migrate is idempotent");
+        let clock = ManualClock::starting_now();
+        let idem = engine(&custom, &clock);
+        idem.execute(&scope(), "k", &request(), |_| async {
+            Out::Success("x".into())
+        })
+        .await
+        .expect("call");
+        assert_eq!(count_rows(&fx, "Payments_Idem").await, 1);
+        assert_eq!(count_rows(&fx, "idem_records").await, 0);
+        assert!(
+            custom
+                .migration_sql()
+                .contains("\"Payments_Idem_key_expires_idx\"")
+        );
+        custom.pool().close().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_rows_are_typed_errors_not_panics() {
+    with_fixture(PgFixture::new(2).await, |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = engine(&fx.store, &clock);
+        let scope = scope();
+        for k in ["state", "fingerprint", "outcome"] {
+            idem.execute(&scope, k, &request(), |_| async {
+                Out::Success("x".into())
+            })
+            .await
+            .expect("call");
+        }
+        let t = fx.table();
+        let p = fx.store.table_name();
+        for c in ["state_check", "fingerprint_check", "outcome_check"] {
+            fx.store
+                .pool()
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\""
+                )))
+                .await
+                .expect("drop check");
+        }
+        for (k, set) in [
+            ("state", "state = 'exploded'"),
+            ("fingerprint", "fingerprint = '\\x0102'::bytea"),
+            ("outcome", "outcome = 'maybe'"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {t} SET {set} WHERE key = $1"
+            )))
+            .bind(k)
+            .execute(fx.store.pool())
+            .await
+            .expect("corrupt");
+            let id = RecordId::new(scope.clone(), IdempotencyKey::parse(k).expect("key"));
+            let fetched = fx.store.fetch(&id, clock.now()).await;
+            assert!(
+                matches!(fetched, Err(StoreError::Corrupt { .. })),
+                "{k}: {fetched:?}"
+            );
+            let runs = Counter::default();
+            let r = runs.clone();
+            let err = idem
+                .execute(&scope, k, &request(), move |_| async move {
+                    r.hit();
+                    Out::Success("no".into())
+                })
+                .await
+                .expect_err("corrupt");
+            assert!(matches!(err, Error::CorruptRecord { .. }), "{k}: {err:?}");
+            assert_eq!(err.http_status(), 500);
+            assert_eq!(
+                runs.get(),
+                0,
+                "{k}: the work does not run over a corrupted record"
+            );
+        }
+    })
+    .await;
+}
+
+/// `(n_tup_upd, n_tup_hot_upd)` of the fixture's table, as seen after this
+/// backend's own pending counters are flushed (the pool has one connection,
+/// so every statement of the test ran on it).
+async fn update_counts(fx: &PgFixture) -> (i64, i64) {
+    let pool = fx.store.pool();
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await
+        .expect("flush");
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
+        fx.table()
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("stats");
+    (row.get(0), row.get(1))
+}
+
+/// A completion changes no indexed column, so Postgres updates the row in
+/// place (HOT): no new index entry per completion. A scripted run of 300
+/// fresh keys on one connection: one update each, nearly all HOT (a
+/// completion misses only when its page filled up since the claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_are_hot_updates() {
+    with_fixture(PgFixture::new(1).await, |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = engine(&fx.store, &clock);
+        let scope = scope();
+        let (upd0, hot0) = update_counts(&fx).await;
+        for i in 0..300 {
+            idem.execute(&scope, format!("k{i}").as_str(), &request(), |_| async {
+                Out::Success("a 256-byte body would do the same".into())
+            })
+            .await
+            .expect("fresh");
+        }
+        let (upd, hot) = update_counts(&fx).await;
+        let (upd, hot) = (upd - upd0, hot - hot0);
+        println!("300 fresh keys: {upd} updates, {hot} HOT");
+        assert_eq!(upd, 300, "one update (the completion) per fresh key");
+        assert!(
+            hot >= 285,
+            "at least 95 % of completions HOT: {hot} of {upd}"
+        );
+    })
+    .await;
+}
+
+/// A table made by the first migration (three expiry and in-flight indexes,
+/// no `sweep_at`) is upgraded in place by `migrate`: records survive, an
+/// in-flight one keeps its place in the stuck list, the old indexes go, and
+/// a purge re-files or removes the old records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_first_version_table() {
+    let schema = support::schema_name();
+    let pool = support::pool(2, support::options()).await;
+    let store = PgStore::new(pool.clone())
+        .with_schema_name(&schema)
+        .expect("schema");
+    let fx = PgFixture {
+        store: store.clone(),
+        schema: schema.clone(),
+    };
+    with_fixture(fx, |fx| async move {
+        let t = fx.table();
+        let v1 = include_str!("../migrations/0001_idem.sql")
+            .replace("{schema}", &format!("\"{}\"", fx.schema))
+            .replace("{table}", "\"idem_records\"")
+            .replace("{prefix}", "idem_records");
+        let now: i64 = 1_000_000_000_000;
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "{v1};
+                 INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                                  outcome, response, response_expires_at, key_expires_at)
+                 VALUES ('o', 'op', 'stuck', sha256('1'), 'in_flight', 1, 1, {now} - 10, NULL, NULL, NULL, {now} + 1000),
+                        ('o', 'op', 'live', sha256('2'), 'completed', 2, 1, {now} - 500, 'success', '\\x01', {now} + 500, {now} + 1000),
+                        ('o', 'op', 'old-body', sha256('3'), 'completed', 3, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} + 1000),
+                        ('o', 'op', 'expired', sha256('4'), 'completed', 4, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} - 1);"
+            )))
+            .await
+            .expect("a first-version table");
+        fx.store.migrate().await.expect("upgrade");
+        fx.store.migrate().await.expect("upgrade again: idempotent");
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+        )
+        .bind(&fx.schema)
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("indexes");
+        assert_eq!(indexes, ["idem_records_pkey", "idem_records_sweep_idx"]);
+        let sweep: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT key, sweep_at FROM {t} ORDER BY key"
+        )))
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("sweep_at");
+        assert_eq!(
+            sweep,
+            [
+                ("expired".to_owned(), 0),
+                ("live".to_owned(), 0),
+                ("old-body".to_owned(), 0),
+                ("stuck".to_owned(), now - 10)
+            ],
+            "in-flight records at their lease end, the rest due now"
+        );
+        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
+        let idem = engine(&fx.store, &clock);
+        let stuck = idem
+            .admin().list_stuck(Duration::ZERO, None, 10)
+            .await
+            .expect("stuck list");
+        let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
+        assert_eq!(keys, ["stuck"]);
+        let report = idem.admin().purge_expired(1).await.expect("purge");
+        assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
+        let sweep: Vec<(String, i64, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT key, sweep_at, response IS NOT NULL FROM {t} ORDER BY key"
+        )))
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("sweep_at");
+        assert_eq!(
+            sweep,
+            [
+                ("live".to_owned(), now + 500, true),
+                ("old-body".to_owned(), now + 1000, false),
+                ("stuck".to_owned(), now - 10, false)
+            ],
+            "re-filed at the next expiry; the stuck record stays at its lease end"
+        );
+        // The upgraded table serves calls.
+        idem.execute(&scope(), "after-upgrade", &request(), |_| async {
+            Out::Success("x".into())
+        })
+        .await
+        .expect("call");
+    })
+    .await;
+}
+
+/// `migrate` runs at every start, while other instances write: on a table it
+/// has already brought up to date it builds nothing and takes no lock that
+/// waits for a writer. A transaction holding an uncommitted insert (the
+/// `ROW EXCLUSIVE` lock every write takes) stays open across it. Before this
+/// held, the first file rebuilt three indexes the second one then dropped,
+/// and `CREATE INDEX IF NOT EXISTS` waited for the writer even when the index
+/// was there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
+    let fx = PgFixture::new(2).await;
+    with_fixture(fx, |fx| async move {
+        let t = fx.table();
+        let oids = |pool: sqlx::PgPool, schema: String| async move {
+            sqlx::query_as::<_, (String, sqlx::postgres::types::Oid)>(
+                "SELECT c.relname::text, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relkind = 'i' ORDER BY 1",
+            )
+            .bind(schema)
+            .fetch_all(&pool)
+            .await
+            .expect("indexes")
+        };
+        let before = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        let mut writer = fx.store.pool().acquire().await.expect("connection");
+        writer
+            .execute(sqlx::AssertSqlSafe(format!(
+                "BEGIN; INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at) \
+                 VALUES ('o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1)"
+            )))
+            .await
+            .expect("an open write");
+        let again = tokio::time::timeout(Duration::from_secs(20), fx.store.migrate()).await;
+        writer.execute("ROLLBACK").await.expect("rollback");
+        again
+            .expect("migrate must not wait for the open writer")
+            .expect("migrate");
+        let after = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        assert_eq!(before, after, "the same indexes, none rebuilt");
+        assert_eq!(
+            after.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["idem_records_pkey", "idem_records_sweep_idx"]
+        );
+    })
+    .await;
+}

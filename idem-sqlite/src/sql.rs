@@ -1,0 +1,257 @@
+//! The SQL: every statement the store runs ([`Statements`]), built once per
+//! table name. The claim below is the part to read first.
+//!
+//! Times are Unix milliseconds from the engine's clock. `{t}` below is the
+//! quoted table name; the name was validated as a plain identifier
+//! (`config::validate_table_name`), so quoting cannot be escaped.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+use sqlx::sqlite::{Sqlite, SqliteArguments};
+
+/// The SQL of every transition, built once per table name.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim: Arc<str>,
+    pub(crate) fetch: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) completed_under: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) save_resource_id: Arc<str>,
+    pub(crate) extend_lease: Arc<str>,
+    pub(crate) purge_keys: Arc<str>,
+    pub(crate) purge_bodies: Arc<str>,
+    pub(crate) refile: Arc<str>,
+    pub(crate) list_in_flight: Arc<str>,
+    pub(crate) list_in_flight_after: Arc<str>,
+    pub(crate) release_in_flight: Arc<str>,
+    pub(crate) delete_completed: Arc<str>,
+    pub(crate) count_states: Arc<str>,
+    pub(crate) has_sweep: Arc<str>,
+}
+
+/// The key of a record is expired and no lease holds it (an in-flight record
+/// is never expired while `lease_until > now`); `?8` is the claim's `now`.
+const EXPIRED: &str =
+    "({t}.key_expires_at <= ?8 AND ({t}.state <> 'in_flight' OR {t}.lease_until <= ?8))";
+
+impl Statements {
+    /// The statements on the table `table` (a validated identifier).
+    pub(crate) fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        let pk = "owner = ?1 AND operation = ?2 AND key = ?3";
+        let expired = EXPIRED.replace("{t}", &t);
+        // Every guarded write ends with this condition on `?1..?4`.
+        let guarded = |set: &str| {
+            format!("UPDATE {t} SET {set} WHERE {pk} AND token = ?4 AND state = 'in_flight'")
+        };
+        let summary =
+            "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
+        let in_flight =
+            "sweep_at <= ?1 AND state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2";
+        Self {
+            // The claim (`?1` owner, `?2` operation, `?3` key, `?4`
+            // fingerprint, `?5` token, `?6` lease end, `?7` key expiry, `?8`
+            // now): insert when absent; overwrite when the key expired (and
+            // no lease holds); take over a released record or an expired
+            // lease with the same fingerprint. The key is kept at least until
+            // the new lease ends (`key_expires_at = MAX(key_expires_at,
+            // lease_until)`). Returns a row only when the caller won. An
+            // in-flight record's `sweep_at` is its lease end (see
+            // `migrations/0002_sweep.sql`).
+            claim: format!(
+                "INSERT INTO {t}
+    (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+     takeover, resource_id, outcome, response, response_expires_at, key_expires_at, sweep_at)
+VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6), ?6)
+ON CONFLICT (owner, operation, key) DO UPDATE SET
+    takeover = CASE
+        WHEN {expired} THEN NULL
+        WHEN {t}.state = 'released' THEN 'released'
+        ELSE 'lease_expired' END,
+    attempt = CASE WHEN {expired} THEN 1 ELSE {t}.attempt + 1 END,
+    resource_id = CASE WHEN {expired} THEN NULL ELSE {t}.resource_id END,
+    key_expires_at = CASE WHEN {expired}
+        THEN excluded.key_expires_at ELSE MAX({t}.key_expires_at, excluded.lease_until) END,
+    fingerprint = excluded.fingerprint,
+    state = 'in_flight',
+    token = excluded.token,
+    lease_until = excluded.lease_until,
+    sweep_at = excluded.lease_until,
+    outcome = NULL,
+    response = NULL,
+    response_expires_at = NULL
+WHERE {expired}
+   OR ({t}.fingerprint = excluded.fingerprint
+       AND ({t}.state = 'released'
+            OR ({t}.state = 'in_flight' AND {t}.lease_until <= ?8)))
+RETURNING attempt, takeover, resource_id"
+            )
+            .into(),
+            // Reads a live record (`?1`–`?3` the record, `?4` now): its key
+            // has not expired, or it is in flight under a lease; the body
+            // only while `now < response_expires_at`.
+            fetch: format!(
+                "SELECT fingerprint, state, attempt, lease_until, resource_id, outcome,
+       CASE WHEN response_expires_at > ?4 THEN response END AS response,
+       response_expires_at, key_expires_at
+FROM {t}
+WHERE {pk}
+  AND (key_expires_at > ?4 OR (state = 'in_flight' AND lease_until > ?4))"
+            )
+            .into(),
+            // The completion: `?1`–`?4` the record and token, `?5` outcome,
+            // `?6` body, `?7` response expiry, `?8` key expiry, `?9` resource
+            // id or NULL. It changes no indexed column, so it rewrites the
+            // table's page and no index (the record is re-filed in the sweep
+            // index later, by a purge).
+            complete: guarded(
+                "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
+                 key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)",
+            )
+            .into(),
+            // Whether the record is already completed under the token `?4`:
+            // asked only when a completion changed no row, so that a retry
+            // after a lost reply is not reported as a lost lease.
+            completed_under: format!(
+                "SELECT 1 FROM {t} WHERE {pk} AND token = ?4 AND state = 'completed'"
+            )
+            .into(),
+            release: guarded("state = 'released', lease_until = ?5").into(),
+            save_resource_id: guarded("resource_id = ?5").into(),
+            // Extending a lease keeps the key at least until the lease ends.
+            extend_lease: guarded(
+                "lease_until = ?5, sweep_at = ?5, key_expires_at = MAX(key_expires_at, ?5)",
+            )
+            .into(),
+            // A purge walks the sweep index up to `?1` (now), at most `?2`
+            // rows per statement; in-flight records whose key lives on (a
+            // lease that ended: a stuck record) are passed over. First the
+            // expired keys go.
+            purge_keys: format!(
+                "DELETE FROM {t} WHERE rowid IN (
+    SELECT rowid FROM {t}
+    WHERE sweep_at <= ?1 AND key_expires_at <= ?1 AND (state <> 'in_flight' OR lease_until <= ?1)
+    ORDER BY sweep_at LIMIT ?2)"
+            )
+            .into(),
+            // Then expired bodies are dropped, and their records re-filed at
+            // the key's expiry.
+            purge_bodies: format!(
+                "UPDATE {t} SET response = NULL, sweep_at = key_expires_at WHERE rowid IN (
+    SELECT rowid FROM {t}
+    WHERE sweep_at <= ?1 AND state <> 'in_flight' AND key_expires_at > ?1
+      AND response IS NOT NULL AND response_expires_at <= ?1
+    ORDER BY sweep_at LIMIT ?2)"
+            )
+            .into(),
+            // Then every other record the walk passes is re-filed at the time
+            // it next has something to do: its body's expiry, else its key's.
+            // A record whose body has expired is left to `purge_bodies`.
+            refile: format!(
+                "UPDATE {t} SET sweep_at = CASE
+        WHEN response IS NOT NULL THEN MIN(response_expires_at, key_expires_at)
+        ELSE key_expires_at END
+WHERE rowid IN (
+    SELECT rowid FROM {t}
+    WHERE sweep_at <= ?1 AND state <> 'in_flight' AND key_expires_at > ?1
+      AND (response IS NULL OR response_expires_at > ?1)
+    ORDER BY sweep_at LIMIT ?2)"
+            )
+            .into(),
+            // The operator listing of in-flight records (`?1` lease bound,
+            // `?2` now, `?3` limit), first page; walks the sweep index (an
+            // in-flight record's `sweep_at` is its lease end, so the index
+            // order is the lease order). It also passes the records completed
+            // since the last purge, which it filters out.
+            list_in_flight: format!(
+                "SELECT {summary} FROM {t}
+WHERE {in_flight}
+ORDER BY sweep_at, owner, operation, key
+LIMIT ?3"
+            )
+            .into(),
+            // The next pages: after the keyset position `(?4, ?5, ?6, ?7)`.
+            list_in_flight_after: format!(
+                "SELECT {summary} FROM {t}
+WHERE {in_flight}
+  AND (sweep_at, owner, operation, key) > (?4, ?5, ?6, ?7)
+ORDER BY sweep_at, owner, operation, key
+LIMIT ?3"
+            )
+            .into(),
+            // The operator release (`?1`–`?3` the record, `?4` now, `?5` the
+            // attempt or NULL): the lease ends now; token, resource id and
+            // attempt stay.
+            release_in_flight: format!(
+                "UPDATE {t} SET lease_until = MIN(lease_until, ?4), sweep_at = MIN(lease_until, ?4)
+WHERE {pk} AND state = 'in_flight'
+  AND key_expires_at > ?4 AND (?5 IS NULL OR attempt = ?5)"
+            )
+            .into(),
+            // The operator delete (`?1`–`?3` the record, `?4` now): completed
+            // or expired records only.
+            delete_completed: format!(
+                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= ?4)"
+            )
+            .into(),
+            // Counts by state at `?1` (a full scan).
+            count_states: format!(
+                "SELECT
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight'), 0) AS in_flight,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight' AND lease_until <= ?1), 0) AS stuck,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'released'), 0) AS released,
+  COALESCE(SUM(key_expires_at > ?1 AND state = 'completed'), 0) AS completed,
+  COALESCE(SUM(key_expires_at <= ?1), 0) AS expired
+FROM {t}"
+            )
+            .into(),
+            // Whether the table exists and has had `0002_sweep.sql`. The
+            // name is a validated identifier, so it is safe in a literal.
+            has_sweep: format!(
+                "SELECT EXISTS (SELECT 1 FROM pragma_table_info('{table}') WHERE name = 'sweep_at')"
+            )
+            .into(),
+        }
+    }
+}
+
+/// A query on one of the [`Statements`].
+pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    // The text comes from `Statements::new`: fixed SQL around a validated,
+    // quoted table name. Values always go through bind parameters.
+    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_names_the_table_and_no_other() {
+        let s = Statements::new("t_1");
+        for sql in [
+            &s.claim,
+            &s.fetch,
+            &s.complete,
+            &s.completed_under,
+            &s.release,
+            &s.save_resource_id,
+            &s.extend_lease,
+            &s.purge_keys,
+            &s.purge_bodies,
+            &s.refile,
+            &s.list_in_flight,
+            &s.list_in_flight_after,
+            &s.release_in_flight,
+            &s.delete_completed,
+            &s.count_states,
+        ] {
+            assert!(sql.contains("\"t_1\""), "{sql}");
+            assert!(!sql.contains("idem_records"), "{sql}");
+            assert!(!sql.contains('{'), "{sql}");
+        }
+        assert!(s.has_sweep.contains("pragma_table_info('t_1')"));
+    }
+}
