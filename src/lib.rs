@@ -4,6 +4,9 @@
 #[doc(inline)]
 pub use idem_core::*;
 
+mod connect;
+pub use connect::{ConnectError, ConnectOptions, connect};
+
 /// The embedded SQLite backend (feature `sqlite`, on by default).
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

@@ -4,21 +4,22 @@
 //!
 //! See the crate README for every command, the URL forms and the exit codes.
 
+mod show;
+
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use idem_core::Idem;
-use idem_core::Scope;
-use idem_core::clock::Timestamp;
-use idem_core::ops::AdminOutcome;
-use idem_core::ops::Cursor;
-use idem_core::ops::Page;
-use idem_core::ops::RecordSummary;
-use idem_core::ops::RecordView;
-use idem_core::store::AdminStore;
+use idem::AnyStore;
+use idem::ConnectError;
+use idem::ConnectOptions;
+use idem::Idem;
+use idem::Scope;
+use idem::ops::AdminOutcome;
+use idem::ops::Cursor;
+use idem::ops::Page;
+use idem::store::Store;
 use serde_json::{Value, json};
 
 /// Operate an idem store: find and release stuck keys, delete records, purge,
@@ -30,16 +31,16 @@ use serde_json::{Value, json};
 #[derive(Debug, Parser)]
 #[command(name = "idem", version)]
 struct Cli {
-    /// The store: `sqlite://PATH`, `postgres://…`, `redis://HOST:PORT`,
-    /// `redis+cluster://HOST:PORT,HOST:PORT`, or `--url` once per cluster
-    /// node (`redis://…` each).
+    /// The store: `sqlite://PATH` (or a file path), `postgres://…`,
+    /// `redis://HOST:PORT`, `redis+cluster://HOST:PORT,HOST:PORT`, or
+    /// `--url` once per cluster node (`redis://…` each).
     #[arg(long, env = "IDEM_URL", global = true, value_name = "URL")]
     url: Vec<String>,
     /// Postgres schema.
-    #[arg(long, global = true, default_value = idem_postgres::DEFAULT_SCHEMA)]
+    #[arg(long, global = true, default_value = idem::postgres::DEFAULT_SCHEMA)]
     schema: String,
     /// Postgres table.
-    #[arg(long, global = true, default_value = idem_postgres::DEFAULT_TABLE)]
+    #[arg(long, global = true, default_value = idem::postgres::DEFAULT_TABLE)]
     table: String,
     /// Redis key prefix.
     #[arg(long, global = true, default_value = "idem:")]
@@ -189,22 +190,6 @@ impl Failure {
     }
 }
 
-/// Runs a store call that is not an engine operator call (connecting,
-/// migrating), abandoning it after `--timeout`.
-async fn within<T, E: std::error::Error>(
-    cli: &Cli,
-    what: &str,
-    fut: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, Failure> {
-    match tokio::time::timeout(cli.timeout, fut).await {
-        Ok(result) => result.map_err(store_failure),
-        Err(_) => Err(Failure::Timeout(format!(
-            "{what}: the store did not answer within {} ms",
-            cli.timeout.as_millis()
-        ))),
-    }
-}
-
 /// A server-side bound a little past `--timeout`, so that a statement this
 /// tool abandoned (a lock wait) does not linger on the server either.
 fn backstop(cli: &Cli) -> Duration {
@@ -212,14 +197,24 @@ fn backstop(cli: &Cli) -> Duration {
 }
 
 fn store_failure(e: impl std::error::Error) -> Failure {
+    Failure::Store(chain(&e))
+}
+
+/// The error and its causes, each said once: a cause whose text the message
+/// already holds (drivers often repeat their source in their own text) is
+/// skipped.
+fn chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();
     let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = cause.source();
     }
-    Failure::Store(msg)
+    msg
 }
 
 fn main() -> ExitCode {
@@ -247,143 +242,102 @@ fn report(cli: &Cli, f: &Failure) -> ExitCode {
     ExitCode::from(f.code())
 }
 
-/// The backends a URL can name.
-enum Target {
-    Sqlite(String),
-    Postgres(String),
-    Redis(String),
-    Cluster(Vec<String>),
-}
-
-fn target(urls: &[String]) -> Result<Target, Failure> {
+/// The one store URL the `--url`s name: the URL itself, or several Redis
+/// node URLs as one `redis+cluster://` URL.
+fn store_url(urls: &[String]) -> Result<String, Failure> {
     let [first, rest @ ..] = urls else {
         return Err(Failure::Usage(
             "no store given: pass --url (or set IDEM_URL)".to_owned(),
         ));
     };
-    let scheme = first.split(':').next().unwrap_or_default();
-    if !rest.is_empty() {
-        return if urls
-            .iter()
-            .all(|u| u.starts_with("redis://") || u.starts_with("rediss://"))
-        {
-            Ok(Target::Cluster(urls.to_vec()))
-        } else {
-            Err(Failure::Usage(
-                "several --url are only for the nodes of a Redis Cluster".to_owned(),
-            ))
-        };
+    if rest.is_empty() {
+        return Ok(first.clone());
     }
-    match scheme {
-        "sqlite" => Ok(Target::Sqlite(first.clone())),
-        "postgres" | "postgresql" => Ok(Target::Postgres(first.clone())),
-        "redis" | "rediss" => Ok(Target::Redis(first.clone())),
-        "redis+cluster" | "rediss+cluster" => {
-            let tls = scheme.starts_with("rediss");
-            let nodes = first
-                .split_once("://")
-                .map(|(_, n)| n)
-                .unwrap_or_default()
-                .split(',')
-                .filter(|n| !n.is_empty())
-                .map(|n| format!("{}://{n}", if tls { "rediss" } else { "redis" }))
-                .collect::<Vec<_>>();
-            if nodes.is_empty() {
-                return Err(Failure::Usage("redis+cluster:// names no node".to_owned()));
-            }
-            Ok(Target::Cluster(nodes))
+    let mut scheme = None;
+    let mut nodes = Vec::new();
+    for url in urls {
+        let Some((s @ ("redis" | "rediss"), node)) = url.split_once("://") else {
+            return Err(Failure::Usage(
+                "several --url are only for the nodes of a Redis Cluster".to_owned(),
+            ));
+        };
+        if scheme.is_some_and(|first| first != s) {
+            return Err(Failure::Usage(
+                "the nodes of one Redis Cluster are all redis:// or all rediss://".to_owned(),
+            ));
         }
-        other => Err(Failure::Usage(format!(
-            "unknown store scheme {other:?}: use sqlite://, postgres://, redis:// or redis+cluster://"
-        ))),
+        scheme = Some(s);
+        let node = node.strip_suffix('/').unwrap_or(node);
+        if node.contains(',') {
+            return Err(Failure::Usage(format!(
+                "a cluster node URL with a comma: give the nodes as one {s}+cluster:// URL"
+            )));
+        }
+        nodes.push(node);
+    }
+    Ok(format!(
+        "{}+cluster://{}",
+        scheme.unwrap_or("redis"),
+        nodes.join(",")
+    ))
+}
+
+/// The backend a URL that [`idem::connect`] accepted names, for the report
+/// of `migrate`.
+fn backend_name(url: &str) -> &'static str {
+    let url = url.to_ascii_lowercase();
+    if url.starts_with("postgres") {
+        "postgres"
+    } else if url.starts_with("redis") {
+        "redis"
+    } else {
+        "sqlite"
+    }
+}
+
+fn connect_failure(e: ConnectError) -> Failure {
+    match e {
+        ConnectError::UnknownScheme { .. }
+        | ConnectError::FeatureDisabled { .. }
+        | ConnectError::Invalid { .. } => Failure::Usage(chain(&e)),
+        other => store_failure(other),
     }
 }
 
 async fn dispatch(cli: &Cli) -> Result<(), Failure> {
+    let url = store_url(&cli.url)?;
     let migrate = matches!(cli.command, Command::Migrate);
-    match target(&cli.url)? {
-        Target::Sqlite(url) => {
-            use idem_sqlite::sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-            let options = SqliteConnectOptions::from_str(&url)
-                .map_err(|e| Failure::Usage(format!("bad sqlite URL: {e}")))?
-                .create_if_missing(migrate)
-                .busy_timeout(backstop(cli));
-            let pool = within(
+    // The schema, table and prefix apply where the backend has them; the
+    // server-side backstop bounds each wait on the server (see the README).
+    let options = ConnectOptions::new()
+        .migrate(migrate)
+        .schema_name(&cli.schema)
+        .table_name(&cli.table)
+        .key_prefix(&cli.prefix)
+        .timeout(backstop(cli));
+    let store = match tokio::time::timeout(cli.timeout, options.connect(&url)).await {
+        Ok(store) => store.map_err(connect_failure)?,
+        Err(_) => {
+            return Err(Failure::Timeout(format!(
+                "{}: the store did not answer within {} ms",
+                if migrate { "migrate" } else { "connecting" },
+                cli.timeout.as_millis()
+            )));
+        }
+    };
+    if migrate {
+        return match backend_name(&url) {
+            "redis" => done(
                 cli,
-                "connecting",
-                SqlitePoolOptions::new()
-                    .max_connections(2)
-                    .acquire_timeout(backstop(cli))
-                    .connect_with(options),
-            )
-            .await?;
-            let store = idem_sqlite::SqliteStore::new(pool);
-            if migrate {
-                within(cli, "migrate", store.migrate()).await?;
-                return done(
-                    cli,
-                    "migrated",
-                    json!({"migrated": true, "backend": "sqlite"}),
-                );
-            }
-            run(cli, Idem::new(store)).await
-        }
-        Target::Postgres(url) => {
-            use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-            let statement_timeout = backstop(cli).as_millis().to_string();
-            let options = PgConnectOptions::from_str(&url)
-                .map_err(|e| Failure::Usage(format!("bad postgres URL: {e}")))?
-                .options([("statement_timeout", statement_timeout.as_str())]);
-            let pool = PgPoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(backstop(cli));
-            let store = within(
+                "nothing to migrate: Redis needs no schema",
+                json!({"migrated": false, "backend": "redis"}),
+            ),
+            backend => done(
                 cli,
-                "connecting",
-                idem_postgres::PgStore::connect_with(pool, options),
-            )
-            .await?
-            .with_schema_name(&cli.schema)
-            .and_then(|s| s.with_table_name(&cli.table))
-            .map_err(|e| Failure::Usage(e.to_string()))?;
-            if migrate {
-                within(cli, "migrate", store.migrate()).await?;
-                return done(
-                    cli,
-                    "migrated",
-                    json!({"migrated": true, "backend": "postgres"}),
-                );
-            }
-            run(cli, Idem::new(store)).await
-        }
-        Target::Redis(url) => {
-            let store = within(cli, "connecting", idem_redis::RedisStore::connect(&url))
-                .await?
-                .with_prefix(&cli.prefix)
-                .map_err(|e| Failure::Usage(e.to_string()))?;
-            run_redis(cli, store).await
-        }
-        Target::Cluster(nodes) => {
-            let store = within(
-                cli,
-                "connecting",
-                idem_redis::RedisStore::connect_cluster(&nodes),
-            )
-            .await?
-            .with_prefix(&cli.prefix)
-            .map_err(|e| Failure::Usage(e.to_string()))?;
-            run_redis(cli, store).await
-        }
-    }
-}
-
-async fn run_redis(cli: &Cli, store: idem_redis::RedisStore) -> Result<(), Failure> {
-    if matches!(cli.command, Command::Migrate) {
-        return done(
-            cli,
-            "nothing to migrate: Redis needs no schema",
-            json!({"migrated": false, "backend": "redis"}),
-        );
+                "migrated",
+                json!({"migrated": true, "backend": backend}),
+            ),
+        };
     }
     run(cli, Idem::new(store)).await
 }
@@ -401,12 +355,12 @@ fn scope_of(r: &RecordArgs) -> Result<Scope, Failure> {
     Scope::new(r.owner.as_str(), r.operation.as_str()).map_err(|e| Failure::Usage(e.to_string()))
 }
 
-fn engine_failure(e: idem_core::Error) -> Failure {
-    if let Some(t) = idem_core::ops::AdminTimeout::find(&e) {
+fn engine_failure(e: idem::Error) -> Failure {
+    if let Some(t) = idem::ops::AdminTimeout::find(&e) {
         return Failure::Timeout(t.to_string());
     }
     match e {
-        idem_core::Error::InvalidKey(k) => Failure::Usage(k.to_string()),
+        idem::Error::InvalidKey(k) => Failure::Usage(k.to_string()),
         other => store_failure(other),
     }
 }
@@ -437,92 +391,7 @@ fn confirm(cli: &Cli, what: &str) -> Result<(), Failure> {
     }
 }
 
-fn ms(t: Timestamp) -> i64 {
-    t.as_unix_millis()
-}
-
-/// `in 3s` / `12s ago`, relative to now.
-fn relative(t: Timestamp, now: Timestamp) -> String {
-    let d = ms(t) - ms(now);
-    if d >= 0 {
-        format!("in {}s", d / 1000)
-    } else {
-        format!("{}s ago", -d / 1000)
-    }
-}
-
-fn view_json(v: &RecordView) -> Value {
-    let mut doc = json!({
-        "owner": v.id.owner(),
-        "operation": v.id.operation(),
-        "key": v.id.key().as_str(),
-        "state": v.state.as_str(),
-        "attempt": v.attempt,
-        "lease_until_ms": ms(v.lease_until),
-        "lease_expired": v.lease_expired,
-        "resource_id": v.resource_id,
-        "outcome": v.outcome.map(|o| o.as_str()),
-        "response_expires_at_ms": v.response_expires_at.map(ms),
-        "key_expires_at_ms": ms(v.key_expires_at),
-        "body_len": v.body_len,
-        "fingerprint": v.fingerprint.to_hex(),
-    });
-    if let Some(body) = &v.body {
-        doc["body"] = match std::str::from_utf8(body) {
-            Ok(text) => json!(text),
-            Err(_) => json!({ "hex": body.iter().map(|b| format!("{b:02x}")).collect::<String>() }),
-        };
-    }
-    doc
-}
-
-fn print_view(v: &RecordView, now: Timestamp) {
-    println!(
-        "record      {} / {} / {}",
-        v.id.owner(),
-        v.id.operation(),
-        v.id.key().as_str()
-    );
-    println!("state       {} (attempt {})", v.state.as_str(), v.attempt);
-    println!(
-        "lease until {} ({}{})",
-        ms(v.lease_until),
-        relative(v.lease_until, now),
-        if v.lease_expired { ", ended" } else { "" }
-    );
-    println!("resource id {}", v.resource_id.as_deref().unwrap_or("-"));
-    println!("outcome     {}", v.outcome.map_or("-", |o| o.as_str()));
-    if let Some(t) = v.response_expires_at {
-        println!("body until  {} ({})", ms(t), relative(t, now));
-    }
-    println!(
-        "key until   {} ({})",
-        ms(v.key_expires_at),
-        relative(v.key_expires_at, now)
-    );
-    println!(
-        "body        {}",
-        v.body_len.map_or("-".to_owned(), |n| format!("{n} bytes"))
-    );
-    if let Some(body) = &v.body {
-        println!("{}", String::from_utf8_lossy(body));
-    }
-}
-
-fn summary_json(r: &RecordSummary) -> Value {
-    json!({
-        "owner": r.id.owner(),
-        "operation": r.id.operation(),
-        "key": r.id.key().as_str(),
-        "state": r.state.as_str(),
-        "attempt": r.attempt,
-        "lease_until_ms": ms(r.lease_until),
-        "resource_id": r.resource_id,
-        "key_expires_at_ms": ms(r.key_expires_at),
-    })
-}
-
-async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
+async fn run(cli: &Cli, idem: Idem<AnyStore>) -> Result<(), Failure> {
     let now = idem.clock().now();
     let admin = idem.admin().timeout(cli.timeout);
     match &cli.command {
@@ -534,9 +403,9 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                 .map_err(engine_failure)?
                 .ok_or(Failure::NotFound)?;
             if cli.json {
-                println!("{}", view_json(&view));
+                println!("{}", show::view_json(&view));
             } else {
-                print_view(&view, now);
+                print!("{}", show::view_text(&view, now));
             }
             Ok(())
         }
@@ -565,22 +434,14 @@ async fn run<S: AdminStore>(cli: &Cli, idem: Idem<S>) -> Result<(), Failure> {
                 }
             }
             if cli.json {
-                let list: Vec<Value> = records.iter().map(summary_json).collect();
+                let list: Vec<Value> = records.iter().map(show::summary_json).collect();
                 println!(
                     "{}",
                     json!({"records": list, "next": cursor.as_ref().map(Cursor::as_str)})
                 );
             } else {
                 for r in &records {
-                    println!(
-                        "{}\t{}\t{}\tattempt {}\tlease ended {}\tresource {}",
-                        r.id.owner(),
-                        r.id.operation(),
-                        r.id.key().as_str(),
-                        r.attempt,
-                        relative(r.lease_until, now),
-                        r.resource_id.as_deref().unwrap_or("-")
-                    );
+                    println!("{}", show::summary_line(r, now));
                 }
                 println!("{} record(s)", records.len());
                 if let Some(c) = &cursor {

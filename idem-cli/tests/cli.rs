@@ -469,6 +469,13 @@ async fn killed_process<S: AdminStore>(
         let refs: Vec<&str> = v.iter().map(String::as_str).collect();
         idem(&args, &refs)
     };
+    let text_rec = |cmd: &'static str, key: &str| {
+        let v = rec(cmd, key, &[]);
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        let (code, out, err) = idem_text(&args, &refs);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        out
+    };
 
     // A real process claims, saves a resource id, and is SIGKILLed.
     let mut holder = spawn_holder(&backend, &owner, &long_key, &ended);
@@ -514,6 +521,44 @@ async fn killed_process<S: AdminStore>(
     let listed = keys_of(&doc);
     assert_eq!(listed.len(), ended.len() + 1, "{doc}");
     assert!(listed.contains(&long_key), "{doc}");
+    // In text, a lease reads right both ways: `ends in` a time to come,
+    // `ended … ago` a time gone, beside it in RFC 3339.
+    let (code, out, err) = idem_text(&args, &["stuck", "--all", "--within-secs", "7200"]);
+    assert_eq!(code, 0, "{err}");
+    for r in doc["records"].as_array().expect("records") {
+        let key = r["key"].as_str().expect("key");
+        let line = line_of(&out, &format!("{owner}\t{OPERATION}\t{key}\t"));
+        let at = rfc3339_by_date(r["lease_until_ms"].as_i64().expect("lease_until_ms"));
+        let lease = line.split('\t').nth(4).expect("a lease field");
+        if key == long_key {
+            assert!(lease.starts_with("lease ends in 59m "), "{line}");
+        } else {
+            assert!(
+                lease.starts_with("lease ended 1h 59m ago") || lease.starts_with("lease ended 2h"),
+                "{line}"
+            );
+        }
+        assert!(lease.ends_with(&format!(" ({at})")), "{line} at {at}");
+    }
+    for (key, ends) in [(&long_key, true), (&ended[0], false)] {
+        let (_, doc) = call_rec("inspect", key, &[]);
+        let at = rfc3339_by_date(doc["lease_until_ms"].as_i64().expect("lease_until_ms"));
+        let out = text_rec("inspect", key);
+        let line = line_of(&out, "lease until ");
+        assert!(
+            line.starts_with(&format!("lease until {at} (")),
+            "{line} at {at}"
+        );
+        if ends {
+            assert!(line.contains(" (ends in 59m "), "{line}");
+        } else {
+            assert!(
+                line.contains(" (ended ") && line.ends_with(" ago)"),
+                "{line}"
+            );
+        }
+    }
+
     // Pages of one walk to the same set.
     let mut walked = Vec::new();
     let mut cursor: Option<String> = None;
@@ -873,6 +918,31 @@ fn silent_server_times_out() {
     drop(silent);
 }
 
+/// `ms` as RFC 3339 UTC to the millisecond, written by `date -u` (an oracle
+/// independent of the tool's formatter).
+fn rfc3339_by_date(ms: i64) -> String {
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{}", ms.div_euclid(1000))])
+        .arg("+%Y-%m-%dT%H:%M:%S")
+        .output()
+        .expect("run date");
+    assert!(out.status.success(), "date: {out:?}");
+    format!(
+        "{}.{:03}Z",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        ms.rem_euclid(1000)
+    )
+}
+
+/// The one line of `out` that starts with `prefix`.
+fn line_of<'a>(out: &'a str, prefix: &str) -> &'a str {
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(prefix)).collect();
+    match lines[..] {
+        [line] => line,
+        _ => panic!("one line starting with {prefix:?} in {out}"),
+    }
+}
+
 /// Runs `idem <store args> <args>` (human output) with no standard input:
 /// the exit code, stdout and stderr.
 fn idem_text(store: &[String], args: &[&str]) -> (i32, String, String) {
@@ -952,6 +1022,139 @@ fn sqlite_human_output() {
         let (code, out, err) = idem_text(&args, &["purge", "--yes"]);
         assert_eq!(code, 0, "purge: {err}");
         assert_eq!(out.trim(), "0 key(s) removed, 0 body(ies) dropped");
+
+        // Times in RFC 3339 UTC, with how far they are beside them.
+        let (_, doc) = idem(&args, &inspect);
+        let (code, out, err) = idem_text(&args, &inspect);
+        assert_eq!(code, 0, "inspect: {err}");
+        let key_until = rfc3339_by_date(doc["key_expires_at_ms"].as_i64().expect("key expiry"));
+        let body_until = rfc3339_by_date(
+            doc["response_expires_at_ms"]
+                .as_i64()
+                .expect("body expiry"),
+        );
+        assert_eq!(
+            line_of(&out, "key until "),
+            format!("key until   {key_until} (in 29d 23h)")
+        );
+        assert_eq!(
+            line_of(&out, "body until "),
+            format!("body until  {body_until} (in 23h 59m)")
+        );
+        assert!(
+            line_of(&out, "lease until ").ends_with("Z (not held: completed)"),
+            "a completed record's lease is history: {out}"
+        );
+        // A body that is not an HTTP response: its text, as before.
+        let with_body: Vec<&str> = inspect.iter().copied().chain(["--body"]).collect();
+        let (code, out, err) = idem_text(&args, &with_body);
+        assert_eq!((code, out.lines().last()), (0, Some("ch_7")), "{err}");
+
+        // A stored HTTP response: its status, headers and body, decoded.
+        let engine = idem_core::Idem::new(store.clone());
+        for (key, response) in [
+            (
+                "human-http",
+                idem_core::HttpResponse::new(201, vec![], br#"{"id":"ch_8"}"#.to_vec())
+                    .with_header("content-type", "application/json")
+                    .with_header("x-raw", b"\xff\xfe".to_vec()),
+            ),
+            (
+                "human-bin",
+                idem_core::HttpResponse::new(200, vec![], b"\x00\x01ab".to_vec()),
+            ),
+        ] {
+            engine
+                .execute(&scope, key, &json!({"amount": 8}), |_| async move {
+                    idem_core::Outcome::<_, idem_core::HttpResponse>::Success(response)
+                })
+                .await
+                .expect("execute");
+        }
+        let http = |key: &str| -> Vec<String> {
+            [
+                "inspect",
+                "--owner",
+                owner.as_str(),
+                "--operation",
+                OPERATION,
+                "--key",
+                key,
+                "--body",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect()
+        };
+        let run_text = |v: Vec<String>| {
+            let v: Vec<&str> = v.iter().map(String::as_str).collect();
+            let (code, out, err) = idem_text(&args, &v);
+            assert_eq!(code, 0, "{err}");
+            out
+        };
+        let out = run_text(http("human-http"));
+        let decoded = out
+            .split_once("\nstatus ")
+            .map(|(_, tail)| format!("status {tail}"))
+            .unwrap_or_else(|| panic!("a status line in {out}"));
+        assert_eq!(
+            decoded,
+            "status      201\n\
+             header      content-type: application/json\n\
+             header      x-raw: 0xfffe\n\
+             content     13 bytes, text\n\
+             {\"id\":\"ch_8\"}\n"
+        );
+        let out = run_text(http("human-bin"));
+        assert!(
+            out.ends_with(
+                "status      200\n\
+                 content     4 bytes, binary\n\
+                 00000000  00 01 61 62                                       |..ab|\n"
+            ),
+            "{out}"
+        );
+        let v = http("human-http");
+        let v: Vec<&str> = v.iter().map(String::as_str).collect();
+        let (code, doc) = idem(&args, &v);
+        assert_eq!(code, 0, "{doc}");
+        assert_eq!(
+            doc["response"],
+            json!({
+                "status": 201,
+                "headers": [
+                    {"name": "content-type", "value": "application/json"},
+                    {"name": "x-raw", "value": {"hex": "fffe"}},
+                ],
+                "body": "{\"id\":\"ch_8\"}",
+            }),
+            "{doc}"
+        );
+
+        // A bare file path names a SQLite store too.
+        let (code, out, err) = idem_text(&["--url".to_owned(), path.display().to_string()], &["stats"]);
+        assert_eq!((code, line_of(&out, "completed ")), (0, "completed 3"), "{err}");
+
+        // A store that cannot be opened: its error chain, each cause once.
+        let missing = std::env::temp_dir()
+            .join(format!("idem-cli-{}", IdempotencyKey::random()))
+            .join("missing.db");
+        let missing = vec!["--url".to_owned(), format!("sqlite://{}", missing.display())];
+        let (code, _, err) = idem_text(&missing, &["stats"]);
+        assert_eq!(code, 1, "{err}");
+        assert_eq!(
+            err.trim(),
+            "idem: cannot open the sqlite store: error returned from database: (code: 14) unable to open database file"
+        );
+        let (code, doc) = idem(&missing, &["stats"]);
+        assert_eq!((code, doc["error"].as_str()), (1, Some("store_error")), "{doc}");
+        assert_eq!(
+            doc["message"]
+                .as_str()
+                .map(|m| m.matches("unable to open database file").count()),
+            Some(1),
+            "{doc}"
+        );
 
         store.pool().close().await;
         for suffix in ["", "-wal", "-shm"] {

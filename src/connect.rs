@@ -1,0 +1,722 @@
+//! [`connect`]: a store named by a URL, as an [`AnyStore`].
+
+use std::time::Duration;
+
+use idem_core::AnyStore;
+use idem_core::store::BoxDynError;
+
+/// Why [`connect`] could not give a store.
+///
+/// The source of [`Invalid`](Self::Invalid), [`Connect`](Self::Connect) and
+/// [`Migrate`](Self::Migrate) is the backend's own error (`idem_sqlite::Error`,
+/// `idem_postgres::Error`, `idem_redis::Error`), boxed; downcast it for the
+/// details. No variant carries the URL, which may hold a password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL names no store this crate knows. Permanent.
+    #[error(
+        "unknown store scheme {scheme:?}: use sqlite: (or a file path), postgres://, redis:// or redis+cluster://"
+    )]
+    UnknownScheme {
+        /// The scheme, as written.
+        scheme: String,
+    },
+    /// The URL names a backend whose cargo feature is off in this build.
+    /// Permanent: enable the feature.
+    #[error("{scheme}: URLs need idem's `{feature}` feature, which this build does not enable")]
+    FeatureDisabled {
+        /// The scheme, as written.
+        scheme: String,
+        /// The feature to enable (`sqlite`, `postgres` or `redis`).
+        feature: &'static str,
+    },
+    /// The URL, or an option of [`ConnectOptions`], is not valid for its
+    /// backend (a malformed URL, a schema name that is not an identifier, a
+    /// refused key prefix). Permanent: fix the configuration.
+    #[error("invalid {backend} store configuration")]
+    Invalid {
+        /// `"sqlite"`, `"postgres"` or `"redis"`.
+        backend: &'static str,
+        /// What is wrong.
+        #[source]
+        source: BoxDynError,
+    },
+    /// The store could not be reached or opened (no server, refused
+    /// credentials, a SQLite file that does not exist). May be temporary.
+    #[error("cannot open the {backend} store")]
+    Connect {
+        /// `"sqlite"`, `"postgres"` or `"redis"`.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxDynError,
+    },
+    /// The store was reached but its schema could not be created or
+    /// brought up to date (for example no `CREATE` privilege).
+    #[error("cannot migrate the {backend} store")]
+    Migrate {
+        /// `"sqlite"` or `"postgres"`.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxDynError,
+    },
+}
+
+/// How [`ConnectOptions::connect`] opens a store: whether it migrates, where
+/// the records live, how long a call may wait on the server.
+///
+/// An option that a backend does not have is ignored by it (the schema and
+/// table are Postgres's, the key prefix Redis's), so one set of options
+/// serves every URL a configuration may hold.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem::ConnectError> {
+/// use std::time::Duration;
+///
+/// let store = idem::ConnectOptions::new()
+///     .migrate(false) // the schema is applied by our own migration tool
+///     .schema_name("billing")
+///     .timeout(Duration::from_secs(5))
+///     .connect("postgres://app@db/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    migrate: bool,
+    schema_name: Option<String>,
+    table_name: Option<String>,
+    key_prefix: Option<String>,
+    timeout: Option<Duration>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConnectOptions {
+    /// The options [`connect`] uses: migrate, the backends' default names
+    /// and timeouts.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            migrate: true,
+            schema_name: None,
+            table_name: None,
+            key_prefix: None,
+            timeout: None,
+        }
+    }
+
+    /// Whether to create the schema or bring it up to date while connecting
+    /// (default `true`):
+    ///
+    /// | backend | `true` | `false` |
+    /// |---|---|---|
+    /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
+    /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
+    /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
+    /// | Redis | nothing: Redis has no schema | nothing |
+    #[must_use]
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// The Postgres schema (default `public`). Ignored by other backends.
+    #[must_use]
+    pub fn schema_name(mut self, schema: &str) -> Self {
+        self.schema_name = Some(schema.to_owned());
+        self
+    }
+
+    /// The table on the SQL backends (default `idem_records`, validated as an
+    /// identifier by each). Ignored by Redis.
+    #[must_use]
+    pub fn table_name(mut self, table: &str) -> Self {
+        self.table_name = Some(table.to_owned());
+        self
+    }
+
+    /// The Redis key prefix (default `idem:`). Ignored by other backends.
+    #[must_use]
+    pub fn key_prefix(mut self, prefix: &str) -> Self {
+        self.key_prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// How long one call may wait on the server before it fails: the
+    /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
+    /// wait for its write lock) and Postgres's `statement_timeout` (set on
+    /// every connection of the store's pool). Redis calls wait on no lock
+    /// and do not use it. Default: the backends' own (SQLite 5 s busy,
+    /// 30 s acquire, no statement timeout).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Opens the store `url` names, with these options. See [`connect`] for
+    /// the URL forms.
+    ///
+    /// # Errors
+    ///
+    /// See [`connect`].
+    pub async fn connect(&self, url: &str) -> Result<AnyStore, ConnectError> {
+        match Scheme::of(url)? {
+            #[cfg(feature = "sqlite")]
+            Scheme::Sqlite { bare } => self.sqlite(url, bare).await,
+            #[cfg(feature = "postgres")]
+            Scheme::Postgres => self.postgres(url).await,
+            #[cfg(feature = "redis")]
+            Scheme::Redis => self.redis(url).await,
+            #[cfg(feature = "redis")]
+            Scheme::RedisCluster { nodes } => self.redis_cluster(nodes).await,
+        }
+    }
+}
+
+/// Opens the store a URL names, as an [`AnyStore`]: one `Idem<AnyStore>`
+/// type whatever the configuration says, with the operator API too.
+/// Migrates (see [`ConnectOptions::migrate`]); use [`ConnectOptions`] for
+/// names, timeouts or no migration.
+///
+/// | URL | backend | feature |
+/// |---|---|---|
+/// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:`, or a file path (`idem.db`, `/var/lib/app/idem.db`) | SQLite | `sqlite` |
+/// | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` |
+/// | `redis://HOST:PORT/DB`, `rediss://…` (TLS) | Redis | `redis` |
+/// | `redis+cluster://H1:P1,H2:P2`, `rediss+cluster://…` | Redis Cluster, through any of the nodes listed | `redis` |
+///
+/// A `sqlite:` URL takes sqlx's query parameters (`?mode=ro`, …); a file
+/// path is taken as it is (no percent-decoding). A path whose text before
+/// a `:` looks like a scheme (`data:1.db`) needs the `sqlite://` form.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use idem::AnyStore;
+/// use idem::Idem;
+///
+/// let url = std::env::var("IDEM_URL").unwrap_or_else(|_| "idem.db".to_owned());
+/// let idem: Idem<AnyStore> = Idem::new(idem::connect(&url).await?);
+/// # let _ = idem; Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`ConnectError::UnknownScheme`] or [`ConnectError::FeatureDisabled`]
+/// for a URL this build cannot open; [`ConnectError::Invalid`] for a
+/// malformed URL; [`ConnectError::Connect`] when the store cannot be
+/// reached or opened; [`ConnectError::Migrate`] when the migration fails.
+pub async fn connect(url: &str) -> Result<AnyStore, ConnectError> {
+    ConnectOptions::new().connect(url).await
+}
+
+/// What a URL names; only the backends compiled in.
+#[allow(
+    clippy::empty_enums,
+    reason = "empty only in a build without any backend"
+)]
+#[derive(Debug, PartialEq, Eq)]
+enum Scheme {
+    /// `bare`: a file path rather than a `sqlite:` URL.
+    #[cfg(feature = "sqlite")]
+    Sqlite { bare: bool },
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "redis")]
+    Redis,
+    #[cfg(feature = "redis")]
+    RedisCluster { nodes: Vec<String> },
+}
+
+impl Scheme {
+    fn of(url: &str) -> Result<Self, ConnectError> {
+        let Some(scheme) = scheme_of(url) else {
+            if url.is_empty() {
+                return Err(ConnectError::UnknownScheme {
+                    scheme: String::new(),
+                });
+            }
+            #[cfg(feature = "sqlite")]
+            return Ok(Self::Sqlite { bare: true });
+            #[cfg(not(feature = "sqlite"))]
+            return Err(disabled("a file path", "sqlite"));
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => Ok(Self::Sqlite { bare: false }),
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(Self::Postgres),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" => Ok(Self::Redis),
+            #[cfg(feature = "redis")]
+            s @ ("redis+cluster" | "rediss+cluster") => {
+                let node_scheme = s.trim_end_matches("+cluster");
+                let nodes = url[scheme.len() + 1..]
+                    .trim_start_matches("//")
+                    .split(',')
+                    .filter(|n| !n.is_empty())
+                    .map(|n| format!("{node_scheme}://{n}"))
+                    .collect();
+                Ok(Self::RedisCluster { nodes })
+            }
+            #[cfg(not(feature = "sqlite"))]
+            "sqlite" => Err(disabled(scheme, "sqlite")),
+            #[cfg(not(feature = "postgres"))]
+            "postgres" | "postgresql" => Err(disabled(scheme, "postgres")),
+            #[cfg(not(feature = "redis"))]
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                Err(disabled(scheme, "redis"))
+            }
+            _ => Err(ConnectError::UnknownScheme {
+                scheme: scheme.to_owned(),
+            }),
+        }
+    }
+}
+
+/// The URL's scheme: the text before the first `:` when it is one (a
+/// letter, then letters, digits, `+`, `-` or `.`), of two characters at
+/// least so that `C:\idem.db` is a path.
+fn scheme_of(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once(':')?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    let ok = scheme.len() >= 2
+        && first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    ok.then_some(scheme)
+}
+
+#[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "redis")))]
+fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
+    ConnectError::FeatureDisabled {
+        scheme: scheme.to_owned(),
+        feature,
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    allow(dead_code, reason = "no backend in this build")
+)]
+fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
+    ConnectError::Invalid {
+        backend,
+        source: e.into(),
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    allow(dead_code, reason = "no backend in this build")
+)]
+fn unreachable_store(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
+    ConnectError::Connect {
+        backend,
+        source: e.into(),
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(dead_code, reason = "no SQL backend in this build")
+)]
+fn migrate_failed(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
+    ConnectError::Migrate {
+        backend,
+        source: e.into(),
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl ConnectOptions {
+    async fn sqlite(&self, url: &str, bare: bool) -> Result<AnyStore, ConnectError> {
+        use idem_sqlite::sqlx::sqlite::{
+            SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+        };
+        use idem_sqlite::{Error, SqliteStore};
+
+        const BACKEND: &str = "sqlite";
+        let mut options = if bare {
+            SqliteConnectOptions::new().filename(url)
+        } else {
+            url.parse::<SqliteConnectOptions>()
+                .map_err(|e| invalid(BACKEND, Error::from(e)))?
+        };
+        // No ping before a checkout, as `SqliteStore::open`: a handle on a
+        // local file has no peer to lose.
+        let mut pool = SqlitePoolOptions::new().test_before_acquire(false);
+        if let Some(t) = self.timeout {
+            options = options.busy_timeout(t);
+            pool = pool.acquire_timeout(t);
+        }
+        let in_memory = !bare && sqlite_in_memory(url);
+        if in_memory {
+            // An in-memory database lives as long as its one connection.
+            pool = pool
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        } else {
+            pool = pool.max_connections(idem_sqlite::DEFAULT_MAX_CONNECTIONS);
+            if self.migrate {
+                options = options
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal);
+            }
+        }
+        let mut store = SqliteStore::new(
+            pool.connect_with(options)
+                .await
+                .map_err(|e| unreachable_store(BACKEND, Error::from(e)))?,
+        );
+        if let Some(table) = &self.table_name {
+            store = store
+                .with_table_name(table)
+                .map_err(|e| invalid(BACKEND, e))?;
+        }
+        if self.migrate || in_memory {
+            store
+                .migrate()
+                .await
+                .map_err(|e| migrate_failed(BACKEND, e))?;
+        }
+        Ok(AnyStore::new(store))
+    }
+}
+
+/// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
+/// `sqlite://:memory:`, `?mode=memory`).
+#[cfg(feature = "sqlite")]
+fn sqlite_in_memory(url: &str) -> bool {
+    let rest = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|p| p == "mode=memory")
+}
+
+#[cfg(feature = "postgres")]
+impl ConnectOptions {
+    async fn postgres(&self, url: &str) -> Result<AnyStore, ConnectError> {
+        use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+        use idem_postgres::{Error, PgStore};
+
+        const BACKEND: &str = "postgres";
+        let mut options = url
+            .parse::<PgConnectOptions>()
+            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let mut pool = PgPoolOptions::new();
+        if let Some(t) = self.timeout {
+            let ms = t.as_millis().to_string();
+            options = options.options([("statement_timeout", ms.as_str())]);
+            pool = pool.acquire_timeout(t);
+        }
+        let mut store = PgStore::connect_with(pool, options)
+            .await
+            .map_err(|e| unreachable_store(BACKEND, e))?;
+        if let Some(schema) = &self.schema_name {
+            store = store
+                .with_schema_name(schema)
+                .map_err(|e| invalid(BACKEND, e))?;
+        }
+        if let Some(table) = &self.table_name {
+            store = store
+                .with_table_name(table)
+                .map_err(|e| invalid(BACKEND, e))?;
+        }
+        if self.migrate {
+            store
+                .migrate()
+                .await
+                .map_err(|e| migrate_failed(BACKEND, e))?;
+        }
+        Ok(AnyStore::new(store))
+    }
+}
+
+#[cfg(feature = "redis")]
+impl ConnectOptions {
+    /// The key prefix, checked before connecting (a bad one is a
+    /// configuration error, whether or not the server answers).
+    fn redis_prefix(&self) -> Result<Option<idem_redis::KeyPrefix>, ConnectError> {
+        self.key_prefix
+            .as_deref()
+            .map(idem_redis::KeyPrefix::new)
+            .transpose()
+            .map_err(|e| invalid("redis", idem_redis::Error::from(e)))
+    }
+
+    async fn redis(&self, url: &str) -> Result<AnyStore, ConnectError> {
+        use idem_redis::redis::aio::ConnectionManagerConfig;
+        use idem_redis::{Error, RedisStore, redis::Client};
+
+        const BACKEND: &str = "redis";
+        let client = Client::open(url).map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let prefix = self.redis_prefix()?;
+        let mut store = RedisStore::connect_with(ConnectionManagerConfig::new(), client)
+            .await
+            .map_err(|e| unreachable_store(BACKEND, e))?;
+        if let Some(prefix) = prefix {
+            store = store.with_key_prefix(prefix);
+        }
+        Ok(AnyStore::new(store))
+    }
+
+    async fn redis_cluster(&self, nodes: Vec<String>) -> Result<AnyStore, ConnectError> {
+        use idem_redis::{Error, RedisStore, redis::cluster::ClusterClient};
+
+        const BACKEND: &str = "redis";
+        if nodes.is_empty() {
+            return Err(invalid(BACKEND, "redis+cluster:// names no node"));
+        }
+        let client = ClusterClient::new(nodes).map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let prefix = self.redis_prefix()?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| unreachable_store(BACKEND, Error::from(e)))?;
+        let mut store = RedisStore::new_cluster(conn);
+        if let Some(prefix) = prefix {
+            store = store.with_key_prefix(prefix);
+        }
+        Ok(AnyStore::new(store))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_and_paths() {
+        assert_eq!(scheme_of("sqlite::memory:"), Some("sqlite"));
+        assert_eq!(scheme_of("redis+cluster://a:1"), Some("redis+cluster"));
+        assert_eq!(scheme_of("idem.db"), None);
+        assert_eq!(scheme_of("/var/lib/idem.db"), None);
+        assert_eq!(scheme_of(r"C:\idem.db"), None, "a drive letter is a path");
+        assert_eq!(scheme_of("./a:b.db"), None);
+        assert!(matches!(
+            Scheme::of("ftp://x"),
+            Err(ConnectError::UnknownScheme { scheme }) if scheme == "ftp"
+        ));
+        assert!(matches!(
+            Scheme::of(""),
+            Err(ConnectError::UnknownScheme { .. })
+        ));
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn cluster_urls_list_their_nodes() {
+        assert_eq!(
+            Scheme::of("rediss+cluster://a:1,b:2,").ok(),
+            Some(Scheme::RedisCluster {
+                nodes: vec!["rediss://a:1".to_owned(), "rediss://b:2".to_owned()]
+            })
+        );
+        assert_eq!(
+            Scheme::of("REDIS://a:1").ok(),
+            Some(Scheme::Redis),
+            "schemes are case-insensitive"
+        );
+    }
+
+    #[cfg(not(feature = "redis"))]
+    #[test]
+    fn a_backend_compiled_out_names_its_feature() {
+        let e = Scheme::of("redis+cluster://a:1").expect_err("no redis");
+        assert!(
+            matches!(&e, ConnectError::FeatureDisabled { feature: "redis", scheme } if scheme == "redis+cluster"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "redis+cluster: URLs need idem's `redis` feature, which this build does not enable"
+        );
+    }
+
+    #[cfg(feature = "sqlite")]
+    mod sqlite {
+        use super::*;
+        use idem_core::Idem;
+        use idem_core::Outcome;
+        use idem_core::Scope;
+
+        async fn runs(store: AnyStore) {
+            let scope = Scope::new("acct", "POST /x").expect("scope");
+            let reply = Idem::new(store)
+                .execute(&scope, "k1", &1, |_| async {
+                    Outcome::<String, String>::Success("ok".to_owned())
+                })
+                .await
+                .expect("execute");
+            assert!(reply.is_stored());
+        }
+
+        #[tokio::test]
+        async fn memory_and_files() {
+            runs(connect("sqlite::memory:").await.expect("memory")).await;
+
+            let dir = std::env::temp_dir().join(format!(
+                "idem-connect-{}",
+                idem_core::IdempotencyKey::random()
+            ));
+            std::fs::create_dir(&dir).expect("temp dir");
+            let path = dir.join("idem.db");
+            let path = path.to_str().expect("UTF-8 path");
+            // Without migration a missing file is not created.
+            let e = ConnectOptions::new()
+                .migrate(false)
+                .connect(path)
+                .await
+                .expect_err("no such file");
+            assert!(
+                matches!(
+                    e,
+                    ConnectError::Connect {
+                        backend: "sqlite",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            assert!(!std::path::Path::new(path).exists());
+            // A bare path, created and migrated; then opened as it is.
+            runs(connect(path).await.expect("file")).await;
+            let store = ConnectOptions::new()
+                .migrate(false)
+                .connect(&format!("sqlite://{path}"))
+                .await
+                .expect("existing file");
+            runs(store).await;
+            let _ = std::fs::remove_dir_all(&dir);
+
+            let e = connect("sqlite://x.db?colour=blue")
+                .await
+                .expect_err("bad URL");
+            assert!(
+                matches!(
+                    e,
+                    ConnectError::Invalid {
+                        backend: "sqlite",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    fn random() -> String {
+        idem_core::IdempotencyKey::random().as_str().to_lowercase()
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_with_a_schema() {
+        use idem_core::Idem;
+        use idem_core::Outcome;
+        use idem_core::Scope;
+        let url = std::env::var("IDEM_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let schema = format!("idem_connect_{}", random());
+        let options = ConnectOptions::new().schema_name(&schema);
+        let store = options.connect(&url).await.unwrap_or_else(|e| {
+            panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
+        });
+        let scope = Scope::new("acct", "POST /x").expect("scope");
+        let reply = Idem::new(store)
+            .execute(&scope, "k1", &1, |_| async {
+                Outcome::<String, String>::Success("ok".to_owned())
+            })
+            .await
+            .expect("execute in the migrated schema");
+        assert!(reply.is_stored());
+        let e = ConnectOptions::new()
+            .schema_name("no such schema")
+            .connect(&url)
+            .await
+            .expect_err("bad schema name");
+        assert!(
+            matches!(
+                e,
+                ConnectError::Invalid {
+                    backend: "postgres",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let pg = idem_postgres::PgStore::connect(&url)
+            .await
+            .expect("connect");
+        idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(pg.pool())
+        .await
+        .expect("drop schema");
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_with_a_prefix() {
+        use idem_core::Idem;
+        use idem_core::Outcome;
+        use idem_core::Scope;
+        let url = std::env::var("IDEM_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+        // A bad prefix is found before connecting (nothing listens on port 1).
+        let e = ConnectOptions::new()
+            .key_prefix("")
+            .connect("redis://127.0.0.1:1/")
+            .await
+            .expect_err("bad prefix");
+        assert!(
+            matches!(
+                e,
+                ConnectError::Invalid {
+                    backend: "redis",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let prefix = format!("idem-connect:{}:", random());
+        let store = ConnectOptions::new()
+            .key_prefix(&prefix)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
+            });
+        let scope = Scope::new("acct", "POST /x").expect("scope");
+        let reply = Idem::new(store)
+            .execute(&scope, "k1", &1, |_| async {
+                Outcome::<String, String>::Success("ok".to_owned())
+            })
+            .await
+            .expect("execute");
+        assert!(reply.is_stored());
+        use idem_redis::redis::AsyncCommands;
+        let client = idem_redis::redis::Client::open(url.as_str()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        assert!(!keys.is_empty(), "the record is under the prefix");
+        let _: i64 = conn.del(keys).await.expect("DEL");
+    }
+}
