@@ -19,7 +19,7 @@ use axum::http::Request;
 use axum::routing::post;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use http_body_util::BodyExt;
-use idem::http::{IdempotencyLayer, owner_fixed};
+use idem::http::{FixedOwner, IdempotencyLayer};
 use idem::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, PurgeReport, StoredRecord, Token,
 };
@@ -130,7 +130,7 @@ fn bench_store<S: Store>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) 
         calls: Arc::clone(&calls),
     });
     let layer = IdempotencyLayer::builder(idem)
-        .owner(owner_fixed("bench"))
+        .owner(FixedOwner::new("bench"))
         .build()
         .expect("layer");
     let bare = Router::new().route("/orders", post(handler));

@@ -37,7 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{IdemAttempt, IdempotencyLayer, OwnerId, owner_from_extension};
+use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource, OwnerId};
 use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -166,7 +166,9 @@ async fn redis() -> Result<AnyStore, BoxError> {
 
 async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {
     let layer = IdempotencyLayer::builder(idem)
-        .owner(owner_from_extension::<Account>())
+        .owner(ExtensionOwner::<Account>::new())
+        // `POST /orders`, `PATCH /orders/{id}`: one operation per route.
+        .operation(OperationSource::MatchedPath)
         .build()?;
     let state = Arc::new(Orders::default());
     let orders = Router::new()

@@ -1,74 +1,68 @@
-//! axum integration: `IntoResponse` for [`Rejection`] and the extractors.
+//! What the handler receives from the layer: the request extensions
+//! [`IdemKey`] and [`IdemAttempt`], inserted before a claimed request runs,
+//! and (feature `axum`) their extractors.
 
-use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum::response::{IntoResponse, Response};
-use http::request::Parts;
-use http::{HeaderValue, StatusCode};
+use idem_core::{Attempt, IdempotencyKey};
 
-use crate::pipeline::ProblemTypes;
-use crate::rejection::Rejection;
-use crate::service::{IdemAttempt, IdemKey};
+/// The validated key of a covered request, in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct IdemKey(pub IdempotencyKey);
 
-impl IntoResponse for Rejection {
-    /// The problem (spec 2.11) with the default problem types.
-    fn into_response(self) -> Response {
-        let rendered = self.problem(None).render(&ProblemTypes::Draft, None);
-        let mut res = Response::new(axum::body::Body::from(rendered.body));
-        *res.status_mut() =
-            StatusCode::from_u16(rendered.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        for (name, value) in rendered.headers {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                res.headers_mut().append(name, v);
-            }
+/// The handler's [`Attempt`] (recovery information, saved resource id,
+/// downstream keys), in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct IdemAttempt(pub Attempt);
+
+#[cfg(feature = "axum")]
+pub use self::axum_impls::NotCovered;
+
+#[cfg(feature = "axum")]
+mod axum_impls {
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+    use axum::response::{IntoResponse, Response};
+    use http::StatusCode;
+    use http::request::Parts;
+
+    use super::{IdemAttempt, IdemKey};
+
+    /// The extractors' rejection: the route is not behind the idempotency
+    /// layer (500). Extract `Option<IdemAttempt>` on a route that may be.
+    #[derive(Debug, Clone, Copy)]
+    pub struct NotCovered;
+
+    impl IntoResponse for NotCovered {
+        fn into_response(self) -> Response {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this route is not covered by the idempotency layer",
+            )
+                .into_response()
         }
-        res
     }
-}
 
-/// The extractor's rejection: the route is not behind the idempotency layer.
-#[derive(Debug, Clone, Copy)]
-pub struct NotCovered;
+    /// Both extensions are read the same way: present behind the layer,
+    /// [`NotCovered`] (or `None` when optional) elsewhere.
+    macro_rules! extension_extractor {
+        ($t:ty) => {
+            impl<St: Send + Sync> FromRequestParts<St> for $t {
+                type Rejection = NotCovered;
+                async fn from_request_parts(parts: &mut Parts, _: &St) -> Result<Self, NotCovered> {
+                    parts.extensions.get::<Self>().cloned().ok_or(NotCovered)
+                }
+            }
 
-impl IntoResponse for NotCovered {
-    fn into_response(self) -> Response {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "this route is not covered by the idempotency layer",
-        )
-            .into_response()
+            impl<St: Send + Sync> OptionalFromRequestParts<St> for $t {
+                type Rejection = std::convert::Infallible;
+                async fn from_request_parts(
+                    parts: &mut Parts,
+                    _: &St,
+                ) -> Result<Option<Self>, Self::Rejection> {
+                    Ok(parts.extensions.get::<Self>().cloned())
+                }
+            }
+        };
     }
-}
 
-impl<St: Send + Sync> FromRequestParts<St> for IdemAttempt {
-    type Rejection = NotCovered;
-    async fn from_request_parts(parts: &mut Parts, _: &St) -> Result<Self, NotCovered> {
-        parts.extensions.get::<Self>().cloned().ok_or(NotCovered)
-    }
-}
-
-impl<St: Send + Sync> OptionalFromRequestParts<St> for IdemAttempt {
-    type Rejection = std::convert::Infallible;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        _: &St,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Self>().cloned())
-    }
-}
-
-impl<St: Send + Sync> FromRequestParts<St> for IdemKey {
-    type Rejection = NotCovered;
-    async fn from_request_parts(parts: &mut Parts, _: &St) -> Result<Self, NotCovered> {
-        parts.extensions.get::<Self>().cloned().ok_or(NotCovered)
-    }
-}
-
-impl<St: Send + Sync> OptionalFromRequestParts<St> for IdemKey {
-    type Rejection = std::convert::Infallible;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        _: &St,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Self>().cloned())
-    }
+    extension_extractor!(IdemAttempt);
+    extension_extractor!(IdemKey);
 }

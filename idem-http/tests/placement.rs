@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderName, Method};
 use axum::routing::post;
 use idem_core::{HttpResponse, Idem, IdempotencyKey, MemoryStore, Scope, Storable};
-use idem_http::{IdempotencyLayer, owner_fixed};
+use idem_http::{FixedOwner, IdempotencyLayer};
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -36,7 +36,7 @@ impl Drop for Server {
 async fn start() -> Server {
     let idem = Idem::new(MemoryStore::new());
     let layer = IdempotencyLayer::builder(idem.clone())
-        .owner(owner_fixed("tenant"))
+        .owner(FixedOwner::new("tenant"))
         .build()
         .expect("layer");
     let cors = CorsLayer::new()
