@@ -96,9 +96,10 @@ impl fmt::Debug for OperationSource {
 
 /// A key rule on top of the draft's syntax (e.g. a minimum length); the
 /// `Err` reason is sent as the problem's `detail`.
-pub type KeyValidator = Arc<dyn Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync>;
+pub(crate) type KeyValidator =
+    Arc<dyn Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync>;
 /// A response classifier.
-pub type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send + Sync>;
+pub(crate) type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) struct Config {

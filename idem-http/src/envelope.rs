@@ -126,19 +126,19 @@ impl FingerprintSpec {
 
     /// The body mode.
     #[must_use]
-    pub fn body_mode(&self) -> BodyFingerprint {
+    pub(crate) fn body_mode(&self) -> BodyFingerprint {
         self.body
     }
 
     /// The included header names, lowercase.
     #[must_use]
-    pub fn header_names(&self) -> &[String] {
+    pub(crate) fn header_names(&self) -> &[String] {
         &self.headers
     }
 
     /// Which path counts.
     #[must_use]
-    pub fn path_source(&self) -> PathSource {
+    pub(crate) fn path_source(&self) -> PathSource {
         self.path
     }
 }

@@ -43,9 +43,7 @@ pub mod openapi;
 pub mod testkit;
 
 pub use body::IdemBody;
-pub use config::{
-    Classifier, KeyNamespace, KeyRequirement, KeyValidator, OperationFn, OperationSource,
-};
+pub use config::{KeyNamespace, KeyRequirement, OperationFn, OperationSource};
 pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
