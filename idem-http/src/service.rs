@@ -82,7 +82,7 @@ where
             return Box::pin(async move { fut.await.map(|r| r.map(IdemBody::inner)) });
         }
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         let span = info_span!(
             "idem.http",
@@ -93,39 +93,23 @@ where
             code = tracing::field::Empty,
             status = tracing::field::Empty,
         );
-        Box::pin(handle(shared, inner, req).instrument(span))
-    }
-}
-
-async fn handle<Svc, S, O, ReqB, ResB>(
-    shared: Arc<Shared<S, O>>,
-    mut inner: Svc,
-    req: Request<ReqB>,
-) -> Result<Response<IdemBody<ResB>>, Svc::Error>
-where
-    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    Svc::Future: Send + 'static,
-    Svc::Error: Send + 'static,
-    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxDynError>,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-    O: OwnerSource,
-{
-    let (req, prepared, key) = match request::prepare(&shared, req).await {
-        Step::PassThrough(req) => {
-            let res = inner.call(req).await?;
-            return Ok(res.map(IdemBody::inner));
-        }
-        Step::Reject(r, key) => return Ok(reject(&shared, &r, key.as_deref())),
-        Step::Run { req, prepared, key } => (req, prepared, key),
-    };
-    let key_text = key.as_str().to_owned();
-    // Steps 7 to 10.
-    match exec::run(Arc::clone(&shared), inner, req, prepared, key).await {
-        Ok(exec::Answer::Response(r)) => Ok(r),
-        Ok(exec::Answer::Reject(r)) => Ok(reject(&shared, &r, Some(&key_text))),
-        Err(e) => Err(e),
+        let covered = async move {
+            // Steps 2 to 6.
+            let (req, prepared, key) = match request::prepare(&shared, req).await {
+                Step::PassThrough(req) => {
+                    let res = inner.call(req).await?;
+                    return Ok(res.map(IdemBody::inner));
+                }
+                Step::Reject(r, key) => return Ok(reject(&shared, &r, key.as_deref())),
+                Step::Run { req, prepared, key } => (req, prepared, key),
+            };
+            let key_text = key.as_str().to_owned();
+            // Steps 7 to 10.
+            match exec::run(Arc::clone(&shared), inner, req, prepared, key).await? {
+                exec::Answer::Response(r) => Ok(r),
+                exec::Answer::Reject(r) => Ok(reject(&shared, &r, Some(&key_text))),
+            }
+        };
+        Box::pin(covered.instrument(span))
     }
 }
