@@ -45,6 +45,7 @@ pub use rows::*;
 /// Expands one `#[tokio::test]` per HTTP scenario, each calling `$setup` (a
 /// future of an [`idem_core::testkit::Fixture`]) for a fresh, isolated store.
 #[macro_export]
+#[doc(hidden)]
 macro_rules! http_conformance {
     ($setup:expr) => {
         $crate::http_conformance!(@each $setup;
