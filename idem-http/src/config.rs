@@ -48,9 +48,8 @@ pub type OperationFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Sen
 ///
 /// It is always your choice by name, and the default is the same in every
 /// build: no cargo feature, enabled by you or by any other crate in your
-/// dependency graph, changes the record a request maps to. (Before 0.1 the
-/// `axum` feature silently switched the default to axum's `MatchedPath`, so
-/// enabling it turned every in-flight retry into a new operation.)
+/// dependency graph, changes the record a request maps to, so a deploy that
+/// adds one cannot turn a retry into a new operation.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum OperationSource {
