@@ -24,8 +24,8 @@ use idem::IdempotencyKey;
 use idem::MemoryStore;
 use idem::RecordId;
 use idem::clock::Timestamp;
+use idem::http::FixedOwner;
 use idem::http::IdempotencyLayer;
-use idem::http::owner_fixed;
 use idem::ops::PurgeReport;
 use idem::store::Capabilities;
 use idem::store::ClaimOutcome;
@@ -141,7 +141,7 @@ fn bench_store<S: Store>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) 
         calls: Arc::clone(&calls),
     });
     let layer = IdempotencyLayer::builder(idem)
-        .owner(owner_fixed("bench"))
+        .owner(FixedOwner::new("bench"))
         .build()
         .expect("layer");
     let bare = Router::new().route("/orders", post(handler));

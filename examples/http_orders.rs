@@ -41,10 +41,11 @@ use idem::AnyStore;
 use idem::Idem;
 use idem::InFlightMode;
 use idem::Policy;
+use idem::http::ExtensionOwner;
 use idem::http::IdemAttempt;
 use idem::http::IdempotencyLayer;
+use idem::http::OperationSource;
 use idem::http::OwnerId;
-use idem::http::owner_from_extension;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -172,7 +173,9 @@ async fn redis() -> Result<AnyStore, BoxError> {
 
 async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {
     let layer = IdempotencyLayer::builder(idem)
-        .owner(owner_from_extension::<Account>())
+        .owner(ExtensionOwner::<Account>::new())
+        // `POST /orders`, `PATCH /orders/{id}`: one operation per route.
+        .operation(OperationSource::MatchedPath)
         .build()?;
     let state = Arc::new(Orders::default());
     let orders = Router::new()

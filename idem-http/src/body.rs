@@ -8,9 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-
-/// A boxed error (the body's error type).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+use idem_core::store::BoxDynError;
 
 pin_project_lite::pin_project! {
     /// The layer's response body: the handler's body untouched (streams,
@@ -46,14 +44,14 @@ impl<B> fmt::Debug for IdemBody<B> {
 
 impl<B> IdemBody<B> {
     /// The handler's body.
-    pub fn inner(body: B) -> Self {
+    pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
         }
     }
 
     /// Bytes held by the layer.
-    pub fn full(data: impl Into<Bytes>) -> Self {
+    pub(crate) fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
         Self {
             kind: Kind::Full {
@@ -76,15 +74,15 @@ impl<B> IdemBody<B> {
 impl<B> Body for IdemBody<B>
 where
     B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxDynError>,
 {
     type Data = Bytes;
-    type Error = BoxError;
+    type Error = BoxDynError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxDynError>>> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),

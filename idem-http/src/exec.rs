@@ -1,4 +1,5 @@
-//! Steps 7 to 9: the engine, the handler, capture and the answer.
+//! Steps 7 to 10 of a covered request: the engine, the handler, capture
+//! and the answer.
 //!
 //! This is the one place that talks to the engine, through the claim guard:
 //! `Idem::begin_prepared` answers a replay or a rejection, or hands over the
@@ -22,15 +23,16 @@ use idem_core::Error;
 use idem_core::HttpResponse;
 use idem_core::Outcome;
 use idem_core::adapter::{EngineExt, Prepared};
+use idem_core::store::BoxDynError;
 use idem_core::store::Store;
 use tower_service::Service;
 use tracing::{Instrument, warn};
 
-use crate::body::{BoxError, IdemBody};
+use crate::body::IdemBody;
+use crate::extract::{IdemAttempt, IdemKey};
+use crate::headers::{Class, default_class, stored_headers};
 use crate::layer::Shared;
-use crate::pipeline::{Class, default_class, stored_headers};
 use crate::rejection::Rejection;
-use crate::service::{IdemAttempt, IdemKey};
 
 /// What the engine is told about the handler's response.
 enum Capture {
@@ -75,7 +77,7 @@ where
     Svc::Error: Send + 'static,
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB::Error: Into<BoxDynError>,
     S: Store,
     O: Send + Sync + 'static,
 {
@@ -212,7 +214,8 @@ fn is_streaming(parts: &http::response::Parts) -> bool {
             })
 }
 
-/// Calls the handler and decides what the engine stores (spec 2.8, 2.9).
+/// Step 9: calls the handler and decides what the engine stores (the
+/// README's "remembered outcomes").
 async fn call_and_capture<Svc, S, O, ReqB, ResB>(
     shared: &Shared<S, O>,
     mut inner: Svc,
@@ -224,7 +227,7 @@ where
     Svc::Error: Send,
     ReqB: Send,
     ResB: Body<Data = Bytes> + Send,
-    ResB::Error: Into<BoxError>,
+    ResB::Error: Into<BoxDynError>,
     S: Store,
     O: Sync,
 {

@@ -1,4 +1,6 @@
-//! The layer, its builder and its configuration.
+//! The layer and its builder: the one way to configure it, validated once
+//! at [`Builder::build`]. The layer wraps each handler in an
+//! [`IdempotencyService`] (`service.rs`, where a request goes next).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -9,121 +11,47 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::Idem;
 use idem_core::IdempotencyKey;
+use idem_core::Scope;
+use idem_core::error::ScopeError;
 use idem_core::store::Store;
 use tokio_util::task::TaskTracker;
+use tower_layer::Layer;
 
+use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
+use crate::envelope::FingerprintSpec;
+use crate::headers::{Class, HeaderPolicy};
+use crate::key::KeySyntax;
 use crate::owner::{NoOwner, OwnerSource};
-use crate::pipeline::{Class, FingerprintSpec, HeaderPolicy, KeySyntax, ProblemTypes};
+use crate::problem::ProblemTypes;
+use crate::service::IdempotencyService;
 
-/// Whether covered requests must carry a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyRequirement {
-    /// No key → 400 `missing_key` (the default).
-    #[default]
-    Required,
-    /// No key → plain pass-through (a present key is still validated).
-    Optional,
-}
-
-/// Which records share a key space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyNamespace {
-    /// `(owner, "METHOD /route", key)`: the same key on two routes is two
-    /// records (the default).
-    #[default]
-    PerRoute,
-    /// `(owner, "http", key)`: reusing a key on another route is a 422
-    /// (Stripe's behaviour); method and route stay in the fingerprint.
-    PerOwner,
-}
-
-/// A function naming the operation of a request.
-pub type OperationFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
-
-/// Where the operation part of the scope comes from.
-#[derive(Clone, Default)]
-#[non_exhaustive]
-pub enum OperationSource {
-    /// `"{METHOD} {template}"` from axum's `MatchedPath`; without it, the
-    /// literal path (then every concrete path is its own key namespace).
-    #[default]
-    MatchedRoute,
-    /// A fixed name.
-    Fixed(Cow<'static, str>),
-    /// A function; `None` falls back to [`OperationSource::MatchedRoute`].
-    Fn(OperationFn),
-}
-
-impl fmt::Debug for OperationSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::MatchedRoute => f.write_str("MatchedRoute"),
-            Self::Fixed(s) => f.debug_tuple("Fixed").field(s).finish(),
-            Self::Fn(_) => f.write_str("Fn(..)"),
-        }
-    }
-}
-
-/// A key rule on top of the draft's syntax (e.g. a minimum length).
-pub type KeyValidator = Arc<dyn Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync>;
-/// A response classifier.
-pub type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send + Sync>;
-
-/// A configuration the layer refuses.
+/// A configuration [`Builder::build`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid idempotency layer configuration: {0}")]
-pub struct ConfigError(String);
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) methods: Vec<Method>,
-    pub(crate) key: KeyRequirement,
-    pub(crate) key_syntax: KeySyntax,
-    pub(crate) key_header: HeaderName,
-    pub(crate) key_validator: Option<KeyValidator>,
-    pub(crate) operation: OperationSource,
-    pub(crate) namespace: KeyNamespace,
-    pub(crate) fingerprint: FingerprintSpec,
-    pub(crate) max_request_body: usize,
-    pub(crate) classify: Option<Classifier>,
-    pub(crate) stored_headers: HeaderPolicy,
-    pub(crate) replayed_headers: Vec<HeaderName>,
-    pub(crate) replayed_names: Vec<String>,
-    pub(crate) problem_types: ProblemTypes,
-    pub(crate) docs_url: Option<String>,
-    pub(crate) missing_owner_status: StatusCode,
-    pub(crate) detached: bool,
-    pub(crate) auto_renew: Option<Duration>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            methods: vec![Method::POST, Method::PATCH],
-            key: KeyRequirement::Required,
-            key_syntax: KeySyntax::Lenient,
-            key_header: HeaderName::from_static("idempotency-key"),
-            key_validator: None,
-            operation: OperationSource::MatchedRoute,
-            namespace: KeyNamespace::PerRoute,
-            fingerprint: FingerprintSpec::default(),
-            max_request_body: 2 * 1024 * 1024,
-            classify: None,
-            stored_headers: HeaderPolicy::default(),
-            replayed_headers: vec![
-                HeaderName::from_static("idempotent-replayed"),
-                HeaderName::from_static("x-idempotent-replayed"),
-            ],
-            replayed_names: Vec::new(),
-            problem_types: ProblemTypes::Draft,
-            docs_url: None,
-            missing_owner_status: StatusCode::INTERNAL_SERVER_ERROR,
-            detached: true,
-            auto_renew: Some(Duration::from_secs(300)),
-        }
-    }
+#[non_exhaustive]
+pub enum ConfigError {
+    /// [`Builder::methods`] is empty: the layer would cover nothing.
+    #[error("invalid idempotency layer configuration: no method is covered")]
+    NoMethods,
+    /// [`Builder::max_request_body`] is 0: no body could be fingerprinted.
+    #[error("invalid idempotency layer configuration: max_request_body is 0")]
+    ZeroRequestBodyLimit,
+    /// A [`Builder::replayed_headers`] name is the key header: a replay
+    /// would overwrite the client's key.
+    #[error(
+        "invalid idempotency layer configuration: the replay header {0} is also the key header"
+    )]
+    ReplayHeaderIsKeyHeader(HeaderName),
+    /// An [`OperationSource::Route`] or [`OperationSource::Fixed`] name that
+    /// a record scope cannot hold (empty, over 1,024 bytes with the method,
+    /// a control character).
+    #[error("invalid idempotency layer configuration: operation {name:?}: {source}")]
+    InvalidOperation {
+        /// The operation as it would be stored.
+        name: String,
+        /// Why a scope refuses it.
+        #[source]
+        source: ScopeError,
+    },
 }
 
 pub(crate) struct Shared<S, O> {
@@ -137,15 +65,11 @@ pub(crate) struct Shared<S, O> {
 /// The tower layer. Cheap to clone (everything behind one `Arc`); clones
 /// share the shutdown state and the tracker of detached handlers.
 ///
-/// Per-route settings: every setter of the [`Builder`] exists on the layer
-/// too (`layer.clone().fingerprint(spec)`), returning a layer with that one
-/// setting changed that still shares the engine, the owner source, the
+/// Configured only through its [`Builder`]. Per-route settings:
+/// `layer.to_builder().fingerprint(spec).build()?` is a layer with those
+/// settings changed that still shares the engine, the owner source, the
 /// shutdown state and the tracker with the original, so one
-/// [`shutdown`](Self::shutdown) stops them all. The settings the builder
-/// validates are `with_methods`, `with_key_header`, `with_max_request_body`
-/// and `with_replayed_headers` here (the plain names are the getters), and
-/// return a `Result`; [`to_builder`](Self::to_builder) changes several at
-/// once.
+/// [`shutdown`](Self::shutdown) stops them all.
 pub struct IdempotencyLayer<S, O> {
     pub(crate) shared: Arc<Shared<S, O>>,
 }
@@ -183,34 +107,9 @@ impl<S: Store> IdempotencyLayer<S, NoOwner> {
 }
 
 impl<S, O> IdempotencyLayer<S, O> {
-    /// The engine.
+    /// The engine the layer runs requests through.
     pub fn idem(&self) -> &Idem<S> {
         &self.shared.idem
-    }
-
-    /// The covered methods.
-    pub fn methods(&self) -> &[Method] {
-        &self.shared.cfg.methods
-    }
-
-    /// Whether covered requests must carry a key.
-    pub fn key_requirement(&self) -> KeyRequirement {
-        self.shared.cfg.key
-    }
-
-    /// The key header's name.
-    pub fn key_header(&self) -> &HeaderName {
-        &self.shared.cfg.key_header
-    }
-
-    /// The replay header names.
-    pub fn replayed_headers(&self) -> &[HeaderName] {
-        &self.shared.cfg.replayed_headers
-    }
-
-    /// The request body limit.
-    pub fn max_request_body(&self) -> usize {
-        self.shared.cfg.max_request_body
     }
 
     /// Stops accepting keyed requests: from now on they get 503
@@ -254,7 +153,8 @@ impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for Builder<S, O> {
 
 impl<S: Store, O> Builder<S, O> {
     /// Who owns every record (required: `build` exists only once an owner
-    /// source is set). See [`owner_from_extension`](crate::owner_from_extension).
+    /// source is set): an [`ExtensionOwner`](crate::ExtensionOwner), a
+    /// closure over the request head, or a [`FixedOwner`](crate::FixedOwner).
     pub fn owner<O2: OwnerSource>(self, owner: O2) -> Builder<S, O2> {
         Builder {
             idem: self.idem,
@@ -301,7 +201,8 @@ impl<S: Store, O> Builder<S, O> {
     }
 
     /// An extra key rule, e.g. a minimum length; a refusal is 400
-    /// `invalid_key` with reason `rejected_by_validator`.
+    /// `invalid_key` with reason `rejected_by_validator`, and the `Err`
+    /// reason is the problem's `detail`.
     #[must_use]
     pub fn key_validator(
         mut self,
@@ -311,7 +212,9 @@ impl<S: Store, O> Builder<S, O> {
         self
     }
 
-    /// Where the operation comes from (default the matched route).
+    /// Where the operation comes from (default [`OperationSource::Path`],
+    /// in every build; axum apps name their routes with
+    /// `OperationSource::MatchedPath`).
     #[must_use]
     pub fn operation(mut self, o: OperationSource) -> Self {
         self.cfg.operation = o;
@@ -404,24 +307,29 @@ impl<S: Store, O> Builder<S, O> {
 }
 
 impl<S: Store, O: OwnerSource> Builder<S, O> {
-    /// The layer.
+    /// Validates the settings and builds the layer.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for an empty method list, a zero body limit or a
-    /// replay header that is also the key header.
+    /// [`ConfigError`] for an empty method list, a zero body limit, a
+    /// replay header that is also the key header, or a route or fixed
+    /// operation name a record scope cannot hold.
     pub fn build(mut self) -> Result<IdempotencyLayer<S, O>, ConfigError> {
         if self.cfg.methods.is_empty() {
-            return Err(ConfigError("no method is covered".to_owned()));
+            return Err(ConfigError::NoMethods);
         }
         if self.cfg.max_request_body == 0 {
-            return Err(ConfigError("max_request_body is 0".to_owned()));
+            return Err(ConfigError::ZeroRequestBodyLimit);
         }
-        if self.cfg.replayed_headers.contains(&self.cfg.key_header) {
-            return Err(ConfigError(
-                "a replay header cannot be the key header".to_owned(),
-            ));
+        if let Some(h) = self
+            .cfg
+            .replayed_headers
+            .iter()
+            .find(|h| **h == self.cfg.key_header)
+        {
+            return Err(ConfigError::ReplayHeaderIsKeyHeader(h.clone()));
         }
+        check_operation(&self.cfg)?;
         self.cfg.replayed_names = self
             .cfg
             .replayed_headers
@@ -455,159 +363,30 @@ impl<S: Store, O: OwnerSource> IdempotencyLayer<S, O> {
             link: Some((self.shared.tracker.clone(), Arc::clone(&self.shared.closed))),
         }
     }
+}
 
-    /// This layer with one setting changed that needs no validation.
-    fn with_cfg(&self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut cfg = self.shared.cfg.clone();
-        change(&mut cfg);
-        Self {
-            shared: Arc::new(Shared {
-                idem: self.shared.idem.clone(),
-                cfg,
-                owner: self.shared.owner.clone(),
-                tracker: self.shared.tracker.clone(),
-                closed: Arc::clone(&self.shared.closed),
-            }),
+/// A `Route` or `Fixed` name is known at build time: refuse it there rather
+/// than answer every request with 500 `operation_unavailable`. A route is
+/// checked with each covered method.
+fn check_operation(cfg: &Config) -> Result<(), ConfigError> {
+    let names: Vec<String> = match (&cfg.namespace, &cfg.operation) {
+        (KeyNamespace::PerOwner, _) => return Ok(()),
+        (_, OperationSource::Route(t)) => cfg.methods.iter().map(|m| format!("{m} {t}")).collect(),
+        (_, OperationSource::Fixed(n)) => vec![n.clone().into_owned()],
+        _ => return Ok(()),
+    };
+    for name in names {
+        if let Err(source) = Scope::new("owner", name.as_str()) {
+            return Err(ConfigError::InvalidOperation { name, source });
         }
     }
+    Ok(())
+}
 
-    /// [`Builder::owner`] on a built layer.
-    #[must_use]
-    pub fn owner<O2: OwnerSource>(self, owner: O2) -> IdempotencyLayer<S, O2> {
-        IdempotencyLayer {
-            shared: Arc::new(Shared {
-                idem: self.shared.idem.clone(),
-                cfg: self.shared.cfg.clone(),
-                owner,
-                tracker: self.shared.tracker.clone(),
-                closed: Arc::clone(&self.shared.closed),
-            }),
-        }
-    }
+impl<Svc, S, O> Layer<Svc> for IdempotencyLayer<S, O> {
+    type Service = IdempotencyService<Svc, S, O>;
 
-    /// [`Builder::missing_owner_status`] on a built layer.
-    #[must_use]
-    pub fn missing_owner_status(self, status: StatusCode) -> Self {
-        self.with_cfg(|c| c.missing_owner_status = status)
-    }
-
-    /// [`Builder::methods`] on a built layer.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] as [`Builder::build`].
-    pub fn with_methods(self, m: impl IntoIterator<Item = Method>) -> Result<Self, ConfigError> {
-        self.to_builder().methods(m).build()
-    }
-
-    /// [`Builder::key`] on a built layer.
-    #[must_use]
-    pub fn key(self, r: KeyRequirement) -> Self {
-        self.with_cfg(|c| c.key = r)
-    }
-
-    /// [`Builder::key_syntax`] on a built layer.
-    #[must_use]
-    pub fn key_syntax(self, s: KeySyntax) -> Self {
-        self.with_cfg(|c| c.key_syntax = s)
-    }
-
-    /// [`Builder::key_header`] on a built layer.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] as [`Builder::build`].
-    pub fn with_key_header(self, name: HeaderName) -> Result<Self, ConfigError> {
-        self.to_builder().key_header(name).build()
-    }
-
-    /// [`Builder::key_validator`] on a built layer.
-    #[must_use]
-    pub fn key_validator(
-        self,
-        f: impl Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync + 'static,
-    ) -> Self {
-        let f: KeyValidator = Arc::new(f);
-        self.with_cfg(|c| c.key_validator = Some(f))
-    }
-
-    /// [`Builder::operation`] on a built layer.
-    #[must_use]
-    pub fn operation(self, o: OperationSource) -> Self {
-        self.with_cfg(|c| c.operation = o)
-    }
-
-    /// [`Builder::key_namespace`] on a built layer.
-    #[must_use]
-    pub fn key_namespace(self, n: KeyNamespace) -> Self {
-        self.with_cfg(|c| c.namespace = n)
-    }
-
-    /// [`Builder::fingerprint`] on a built layer.
-    #[must_use]
-    pub fn fingerprint(self, f: FingerprintSpec) -> Self {
-        self.with_cfg(|c| c.fingerprint = f)
-    }
-
-    /// [`Builder::max_request_body`] on a built layer.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] as [`Builder::build`].
-    pub fn with_max_request_body(self, bytes: usize) -> Result<Self, ConfigError> {
-        self.to_builder().max_request_body(bytes).build()
-    }
-
-    /// [`Builder::classify`] on a built layer.
-    #[must_use]
-    pub fn classify(
-        self,
-        f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
-    ) -> Self {
-        let f: Classifier = Arc::new(f);
-        self.with_cfg(|c| c.classify = Some(f))
-    }
-
-    /// [`Builder::stored_headers`] on a built layer.
-    #[must_use]
-    pub fn stored_headers(self, p: HeaderPolicy) -> Self {
-        self.with_cfg(|c| c.stored_headers = p)
-    }
-
-    /// [`Builder::replayed_headers`] on a built layer.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] as [`Builder::build`].
-    pub fn with_replayed_headers(
-        self,
-        names: impl IntoIterator<Item = HeaderName>,
-    ) -> Result<Self, ConfigError> {
-        self.to_builder().replayed_headers(names).build()
-    }
-
-    /// [`Builder::problem_types`] on a built layer.
-    #[must_use]
-    pub fn problem_types(self, t: ProblemTypes) -> Self {
-        self.with_cfg(|c| c.problem_types = t)
-    }
-
-    /// [`Builder::docs_url`] on a built layer.
-    #[must_use]
-    pub fn docs_url(self, url: impl Into<String>) -> Self {
-        let url = url.into();
-        self.with_cfg(|c| c.docs_url = Some(url))
-    }
-
-    /// [`Builder::detached`] on a built layer.
-    #[must_use]
-    pub fn detached(self, on: bool) -> Self {
-        self.with_cfg(|c| c.detached = on)
-    }
-
-    /// [`Builder::auto_renew_lease`] on a built layer.
-    #[must_use]
-    pub fn auto_renew_lease(self, ceiling: Option<Duration>) -> Self {
-        self.with_cfg(|c| c.auto_renew = ceiling)
+    fn layer(&self, inner: Svc) -> Self::Service {
+        IdempotencyService::new(inner, Arc::clone(&self.shared))
     }
 }

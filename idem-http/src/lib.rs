@@ -1,38 +1,58 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-mod axum;
-mod body;
-mod exec;
+// The files in the order one covered request flows through them.
+// The layer: its builder and configuration, and who owns a record.
 mod layer;
+// (one module per line group, so `cargo fmt` keeps this order)
+mod config;
+
+mod owner;
+
+// Step 1: covered or not.
+mod service;
+
+// Steps 2-6: key, owner and operation (the scope), body, fingerprint.
+mod request;
+
+mod key;
+
+mod envelope;
+
+// Steps 7-10: the engine, the handler and its extensions, capture.
+mod exec;
+
+mod extract;
+
+mod headers;
+
+mod body;
+
+// The answers the layer gives on its own.
+mod rejection;
+
+mod problem;
+
+mod respond;
+
 #[cfg(feature = "openapi")]
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
-mod owner;
-pub mod pipeline;
-mod rejection;
-mod service;
 #[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+#[doc(hidden)]
 pub mod testkit;
 
-pub use body::{BoxError, IdemBody};
-pub use layer::{
-    Builder, Classifier, ConfigError, IdempotencyLayer, KeyNamespace, KeyRequirement, KeyValidator,
-    OperationFn, OperationSource,
-};
-pub use owner::{
-    ExtensionOwner, FixedOwner, FnOwner, NoOwner, OwnerId, OwnerSource, owner_fixed,
-    owner_from_extension, owner_from_fn,
-};
-pub use pipeline::{
-    BodyFingerprint, Class, FingerprintSpec, HeaderPolicy, KeyHeaderError, KeySyntax, ProblemTypes,
-};
-pub use rejection::Rejection;
-pub use service::{IdemAttempt, IdemKey, IdempotencyService, ResponseFuture};
-
+pub use body::IdemBody;
+pub use config::{KeyNamespace, KeyRequirement, OperationFn, OperationSource};
+pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use crate::axum::NotCovered;
+pub use extract::NotCovered;
+pub use extract::{IdemAttempt, IdemKey};
+pub use headers::{Class, HeaderPolicy};
+pub use key::{KeyHeaderError, KeySyntax};
+pub use layer::{Builder, ConfigError, IdempotencyLayer};
+pub use owner::{ExtensionOwner, FixedOwner, NoOwner, OwnerId, OwnerSource};
+pub use problem::{ProblemCode, ProblemTypes};
+pub use rejection::Rejection;
+pub use service::{IdempotencyService, ResponseFuture};

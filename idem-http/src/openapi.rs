@@ -7,8 +7,9 @@ use std::time::Duration;
 use idem_core::InFlightMode;
 use serde_json::{Value, json};
 
-use crate::layer::{IdempotencyLayer, KeyRequirement};
-use crate::pipeline::CODES;
+use crate::config::KeyRequirement;
+use crate::layer::IdempotencyLayer;
+use crate::problem::ProblemCode;
 
 /// The shipped YAML document (defaults).
 pub const YAML: &str = include_str!("../openapi/idempotency.yaml");
@@ -41,10 +42,10 @@ fn problem_ref() -> Value {
 /// ```
 /// use idem_core::Idem;
 /// use idem_core::MemoryStore;
-/// use idem_http::{IdempotencyLayer, owner_fixed};
+/// use idem_http::{FixedOwner, IdempotencyLayer};
 ///
 /// let layer = IdempotencyLayer::builder(Idem::new(MemoryStore::new()))
-///     .owner(owner_fixed("internal"))
+///     .owner(FixedOwner::new("internal"))
 ///     .build()
 ///     .unwrap();
 /// let doc = idem_http::openapi::components(&layer);
@@ -60,6 +61,7 @@ pub fn components<S: idem_core::store::Store, O>(layer: &IdempotencyLayer<S, O>)
         .replayed_headers
         .first()
         .map_or("Idempotent-Replayed", |h| h.as_str());
+    let codes: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
     let in_flight = match policy.in_flight() {
         InFlightMode::Wait { timeout, .. } => format!("wait {}", iso(timeout)),
         _ => "reject".to_owned(),
@@ -112,7 +114,7 @@ pub fn components<S: idem_core::store::Store, O>(layer: &IdempotencyLayer<S, O>)
                         "status": { "type": "integer" },
                         "detail": { "type": "string" },
                         "instance": { "type": "string", "pattern": "^urn:uuid:" },
-                        "code": { "type": "string", "enum": CODES },
+                        "code": { "type": "string", "enum": codes },
                         "retryable": { "type": "boolean" },
                         "idempotency_key": { "type": "string" },
                         "resource_id": { "type": "string" },
@@ -130,12 +132,13 @@ pub fn components<S: idem_core::store::Store, O>(layer: &IdempotencyLayer<S, O>)
                     "content": problem_ref(),
                 },
                 "IdempotencyPayloadTooLarge": { "description": format!("Request body over {} bytes.", cfg.max_request_body), "content": problem_ref() },
+                "IdempotencyUriTooLong": { "description": "The method and path are too long to name the operation (path_too_long).", "content": problem_ref() },
                 "IdempotencyUnavailable": {
                     "description": "Idempotency store unavailable or server shutting down; nothing was executed.",
                     "headers": { "Retry-After": { "$ref": "#/components/headers/RetryAfter" } },
                     "content": problem_ref(),
                 },
-                "IdempotencyServerError": { "description": "owner_unavailable, corrupt_record, handler_panicked or response_body_failed.", "content": problem_ref() },
+                "IdempotencyServerError": { "description": "owner_unavailable, operation_unavailable, corrupt_record, store_error, handler_panicked or response_body_failed.", "content": problem_ref() },
             }
         }
     })
@@ -165,7 +168,7 @@ mod tests {
             .split(',')
             .map(str::trim)
             .collect();
-        let mut want: Vec<&str> = CODES.to_vec();
+        let mut want: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
         let mut got = listed.clone();
         want.sort_unstable();
         got.sort_unstable();

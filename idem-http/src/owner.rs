@@ -1,16 +1,51 @@
 //! Who owns a record: read from what the auth layer put in the request.
+//!
+//! One way to name each source, given to [`Builder::owner`](crate::Builder::owner):
+//! [`ExtensionOwner`] (your auth type), a closure over the request head, or
+//! [`FixedOwner`] (single-tenant services).
 
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use http::request::Parts;
 
 /// Where the owner of every record comes from. An auth layer placed outside
 /// the idempotency layer sets it; there is never a silent default.
+///
+/// Implemented by [`ExtensionOwner`], [`FixedOwner`] and every closure
+/// `Fn(&http::request::Parts) -> Option<String> + Clone + Send + Sync +
+/// 'static` (annotate the argument, `|parts: &Parts| ..`, so the closure
+/// takes any lifetime):
+///
+/// ```
+/// use http::request::Parts;
+/// use idem_core::Idem;
+/// use idem_core::MemoryStore;
+/// use idem_http::IdempotencyLayer;
+///
+/// let layer = IdempotencyLayer::builder(Idem::new(MemoryStore::new()))
+///     .owner(|parts: &Parts| {
+///         let tenant = parts.headers.get("x-tenant")?.to_str().ok()?;
+///         Some(tenant.to_owned())
+///     })
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
 pub trait OwnerSource: Clone + Send + Sync + 'static {
     /// The owner of this request, or `None` when it cannot be determined.
     fn owner(&self, parts: &Parts) -> Option<String>;
+}
+
+impl<F> OwnerSource for F
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn owner(&self, parts: &Parts) -> Option<String> {
+        self(parts)
+    }
 }
 
 /// Implemented on your auth type (the extension your auth layer inserts).
@@ -23,12 +58,27 @@ pub trait OwnerId {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoOwner;
 
-/// Reads the owner from the request extension `T`.
+/// The owner is the request extension `T` that your auth layer inserts:
+/// `ExtensionOwner::<AuthUser>::new()`.
 pub struct ExtensionOwner<T>(PhantomData<fn() -> T>);
+
+impl<T> ExtensionOwner<T> {
+    /// Reads the owner from the extension `T`.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Default for ExtensionOwner<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl<T> Clone for ExtensionOwner<T> {
     fn clone(&self) -> Self {
-        Self(PhantomData)
+        Self::new()
     }
 }
 
@@ -47,54 +97,22 @@ impl<T: OwnerId + Clone + Send + Sync + 'static> OwnerSource for ExtensionOwner<
     }
 }
 
-/// The owner is the extension `T` that your auth layer inserts.
-#[must_use]
-pub fn owner_from_extension<T: OwnerId + Clone + Send + Sync + 'static>() -> ExtensionOwner<T> {
-    ExtensionOwner(PhantomData)
-}
-
-/// Reads the owner with a function of the request head.
-#[derive(Clone)]
-pub struct FnOwner<F>(F);
-
-impl<F> fmt::Debug for FnOwner<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FnOwner(..)")
-    }
-}
-
-impl<F> OwnerSource for FnOwner<F>
-where
-    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
-{
-    fn owner(&self, parts: &Parts) -> Option<String> {
-        (self.0)(parts)
-    }
-}
-
-/// The owner is what `f` returns for the request head.
-pub fn owner_from_fn<F>(f: F) -> FnOwner<F>
-where
-    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
-{
-    FnOwner(f)
-}
-
-/// One owner for every request.
-#[derive(Debug, Clone)]
-pub struct FixedOwner(&'static str);
-
-impl OwnerSource for FixedOwner {
-    fn owner(&self, _: &Parts) -> Option<String> {
-        Some(self.0.to_owned())
-    }
-}
-
 /// One owner for every request: **single-tenant or internal services only**.
 /// Every caller then shares one key space, so a client that guesses another
 /// client's key gets its response (draft §5): require long random keys with
 /// [`Builder::key_validator`](crate::Builder::key_validator) (≥ 16 characters).
-#[must_use]
-pub fn owner_fixed(owner: &'static str) -> FixedOwner {
-    FixedOwner(owner)
+#[derive(Debug, Clone)]
+pub struct FixedOwner(Arc<str>);
+
+impl FixedOwner {
+    /// `owner` for every request, e.g. read from configuration.
+    pub fn new(owner: impl Into<String>) -> Self {
+        Self(owner.into().into())
+    }
+}
+
+impl OwnerSource for FixedOwner {
+    fn owner(&self, _: &Parts) -> Option<String> {
+        Some(self.0.as_ref().to_owned())
+    }
 }

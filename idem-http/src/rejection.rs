@@ -1,12 +1,14 @@
 //! Everything the layer answers on its own, with its status, code and
 //! `Retry-After`.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
 use idem_core::Error;
 
-use crate::pipeline::{KeyHeaderError, Problem};
+use crate::key::KeyHeaderError;
+use crate::problem::{Problem, ProblemCode};
 
 /// Everything the layer answers on its own (rendered as
 /// `application/problem+json`). The handler never ran for any of them,
@@ -17,16 +19,35 @@ use crate::pipeline::{KeyHeaderError, Problem};
 pub enum Rejection {
     /// No key on a route that requires one (400 `missing_key`).
     MissingKey,
-    /// The key field is malformed (400 `invalid_key`).
+    /// The key field is malformed, or the layer's key validator refused
+    /// the key (400 `invalid_key`).
     InvalidKey {
         /// Why.
         reason: KeyHeaderError,
         /// The received value (after unquoting when possible; lossy UTF-8).
         received: Option<String>,
+        /// The key validator's own words, sent as the problem's `detail`
+        /// ([`KeyHeaderError::RejectedByValidator`] only).
+        message: Option<Cow<'static, str>>,
     },
     /// The owner cannot be determined (500 `owner_unavailable` by default):
-    /// the auth layer is missing or placed inside this one.
+    /// the owner source found none (the auth layer is missing or placed
+    /// inside this one) or named one a record scope cannot hold (empty,
+    /// over 1,024 bytes, a control character).
     OwnerUnavailable,
+    /// The operation cannot be named as configured (500
+    /// `operation_unavailable`): `OperationSource::MatchedPath` on a request
+    /// that did not come through axum's router, or an
+    /// [`OperationSource::Fn`](crate::OperationSource::Fn) name a record
+    /// scope cannot hold.
+    OperationUnavailable,
+    /// The request path is too long to name the operation under
+    /// [`OperationSource::Path`](crate::OperationSource::Path) (414
+    /// `path_too_long`).
+    PathTooLong {
+        /// The longest operation name, in bytes (method, space and path).
+        limit: usize,
+    },
     /// The request body is over the limit (413 `request_too_large`).
     RequestTooLarge {
         /// The limit in bytes.
@@ -66,17 +87,19 @@ impl From<Error> for Rejection {
 impl Rejection {
     /// The stable problem code.
     #[must_use]
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ProblemCode {
         match self {
-            Self::MissingKey => "missing_key",
-            Self::InvalidKey { .. } => "invalid_key",
-            Self::OwnerUnavailable => "owner_unavailable",
-            Self::RequestTooLarge { .. } => "request_too_large",
-            Self::RequestBodyUnreadable => "request_body_unreadable",
-            Self::ResponseBodyFailed => "response_body_failed",
-            Self::HandlerPanicked { .. } => "handler_panicked",
-            Self::ShuttingDown => "shutting_down",
-            Self::Engine(e) => e.code(),
+            Self::MissingKey => ProblemCode::MissingKey,
+            Self::InvalidKey { .. } => ProblemCode::InvalidKey,
+            Self::OwnerUnavailable => ProblemCode::OwnerUnavailable,
+            Self::OperationUnavailable => ProblemCode::OperationUnavailable,
+            Self::PathTooLong { .. } => ProblemCode::PathTooLong,
+            Self::RequestTooLarge { .. } => ProblemCode::RequestTooLarge,
+            Self::RequestBodyUnreadable => ProblemCode::RequestBodyUnreadable,
+            Self::ResponseBodyFailed => ProblemCode::ResponseBodyFailed,
+            Self::HandlerPanicked { .. } => ProblemCode::HandlerPanicked,
+            Self::ShuttingDown => ProblemCode::ShuttingDown,
+            Self::Engine(e) => ProblemCode::of_engine(e),
         }
     }
 
@@ -87,7 +110,11 @@ impl Rejection {
         let s = match self {
             Self::MissingKey | Self::InvalidKey { .. } | Self::RequestBodyUnreadable => 400,
             Self::RequestTooLarge { .. } => 413,
-            Self::OwnerUnavailable | Self::ResponseBodyFailed | Self::HandlerPanicked { .. } => 500,
+            Self::PathTooLong { .. } => 414,
+            Self::OwnerUnavailable
+            | Self::OperationUnavailable
+            | Self::ResponseBodyFailed
+            | Self::HandlerPanicked { .. } => 500,
             Self::ShuttingDown => 503,
             Self::Engine(e) => e.http_status(),
         };
@@ -117,10 +144,21 @@ impl Rejection {
                 "this operation requires an Idempotency-Key header; send one key per intent"
                     .to_owned()
             }
+            Self::InvalidKey {
+                reason,
+                message: Some(m),
+                ..
+            } => format!("invalid Idempotency-Key ({reason}): {m}"),
             Self::InvalidKey { reason, .. } => {
                 format!("invalid Idempotency-Key ({reason}): {}", reason.describe())
             }
             Self::OwnerUnavailable => "the caller's identity could not be determined".to_owned(),
+            Self::OperationUnavailable => {
+                "the server could not name the operation of this request".to_owned()
+            }
+            Self::PathTooLong { limit } => {
+                format!("the method and path are longer than {limit} bytes")
+            }
             Self::RequestTooLarge { limit } => {
                 format!("the request body is larger than {limit} bytes")
             }
@@ -138,7 +176,7 @@ impl Rejection {
             }
             Self::Engine(e @ (Error::Store(_) | Error::CorruptRecord { .. })) => {
                 // Store and corruption details stay in logs.
-                crate::pipeline::title(e.code()).to_owned()
+                ProblemCode::of_engine(e).title().to_owned()
             }
             Self::Engine(e) => e.to_string(),
         }
@@ -146,7 +184,7 @@ impl Rejection {
 
     /// The problem to render. `key` is the received key, when there was one.
     #[must_use]
-    pub fn problem(&self, key: Option<&str>) -> Problem {
+    pub(crate) fn problem(&self, key: Option<&str>) -> Problem {
         let retry_after = self.retry_after().map(|d| {
             u64::try_from(d.as_millis().div_ceil(1000))
                 .unwrap_or(u64::MAX)
@@ -169,7 +207,7 @@ impl Rejection {
                 _ => None,
             },
             limit: match self {
-                Self::RequestTooLarge { limit } => Some(*limit),
+                Self::RequestTooLarge { limit } | Self::PathTooLong { limit } => Some(*limit),
                 _ => None,
             },
         }
@@ -179,7 +217,7 @@ impl Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::{CODES, ProblemTypes};
+    use crate::problem::ProblemTypes;
 
     #[test]
     fn rejection_table() {
@@ -194,6 +232,7 @@ mod tests {
                 Rejection::InvalidKey {
                     reason: KeyHeaderError::List,
                     received: Some("a, b".into()),
+                    message: None,
                 },
                 400,
                 "invalid_key",
@@ -245,6 +284,18 @@ mod tests {
             ),
             (Rejection::OwnerUnavailable, 500, "owner_unavailable", None),
             (
+                Rejection::OperationUnavailable,
+                500,
+                "operation_unavailable",
+                None,
+            ),
+            (
+                Rejection::PathTooLong { limit: 1024 },
+                414,
+                "path_too_long",
+                None,
+            ),
+            (
                 Rejection::Engine(Error::Store(store)),
                 503,
                 "store_unavailable",
@@ -274,8 +325,7 @@ mod tests {
         ];
         for (r, status, code, retry) in cases {
             assert_eq!(r.status().as_u16(), status, "{code}");
-            assert_eq!(r.code(), code);
-            assert!(CODES.contains(&code));
+            assert_eq!(r.code().as_str(), code);
             let p = r.problem(Some("k"));
             assert_eq!(p.retry_after, retry, "{code}");
             assert_eq!(p.retryable, retry.is_some(), "{code}");
@@ -285,11 +335,31 @@ mod tests {
             let body: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(body["status"], status);
             assert_eq!(body["code"], code);
+            assert_eq!(body["title"], r.code().title());
             assert_eq!(
                 rendered.headers.iter().any(|(n, _)| *n == "retry-after"),
                 retry.is_some()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod validator_message {
+    use super::*;
+
+    /// A key validator's reason is the problem's `detail`.
+    #[test]
+    fn the_validator_reason_is_the_detail() {
+        let r = Rejection::InvalidKey {
+            reason: KeyHeaderError::RejectedByValidator,
+            received: Some("short".into()),
+            message: Some("keys are at least 16 characters".into()),
+        };
+        assert_eq!(
+            r.problem(None).detail,
+            "invalid Idempotency-Key (rejected_by_validator): keys are at least 16 characters"
+        );
     }
 }
 
@@ -303,7 +373,7 @@ mod openapi_sync {
     fn every_rejection_code_is_in_the_openapi_components() {
         let layer =
             crate::IdempotencyLayer::builder(idem_core::Idem::new(idem_core::MemoryStore::new()))
-                .owner(crate::owner_fixed("t"))
+                .owner(crate::FixedOwner::new("t"))
                 .build()
                 .expect("layer");
         let doc = crate::openapi::components(&layer);
@@ -315,8 +385,11 @@ mod openapi_sync {
             Rejection::InvalidKey {
                 reason: KeyHeaderError::Empty,
                 received: None,
+                message: None,
             },
             Rejection::OwnerUnavailable,
+            Rejection::OperationUnavailable,
+            Rejection::PathTooLong { limit: 1 },
             Rejection::RequestTooLarge { limit: 1 },
             Rejection::RequestBodyUnreadable,
             Rejection::ResponseBodyFailed,
@@ -348,11 +421,12 @@ mod openapi_sync {
                     .as_array()
                     .expect("enum")
                     .iter()
-                    .any(|c| c == r.code()),
+                    .any(|c| c == r.code().as_str()),
                 "{} missing from the OpenAPI components",
                 r.code()
             );
         }
         assert_eq!(codes.as_array().map(Vec::len), Some(all.len()));
+        assert_eq!(all.len(), crate::ProblemCode::ALL.len());
     }
 }

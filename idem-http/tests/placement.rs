@@ -16,7 +16,7 @@ use idem_core::IdempotencyKey;
 use idem_core::MemoryStore;
 use idem_core::Scope;
 use idem_core::Storable;
-use idem_http::{IdempotencyLayer, owner_fixed};
+use idem_http::{FixedOwner, IdempotencyLayer};
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -41,7 +41,7 @@ impl Drop for Server {
 async fn start() -> Server {
     let idem = Idem::new(MemoryStore::new());
     let layer = IdempotencyLayer::builder(idem.clone())
-        .owner(owner_fixed("tenant"))
+        .owner(FixedOwner::new("tenant"))
         .build()
         .expect("layer");
     let cors = CorsLayer::new()

@@ -27,7 +27,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::{
     Class, ExtensionOwner, FingerprintSpec, IdemAttempt, IdempotencyLayer, KeyNamespace,
-    KeyRequirement, OwnerId, owner_from_extension,
+    KeyRequirement, OperationSource, OwnerId, PathSource,
 };
 
 /// The lease the test policy uses.
@@ -219,11 +219,15 @@ impl<S: Store> App<S> {
             &clock,
             opts.wait.then_some(opts.wait_timeout),
         );
+        // axum's route templates name the operations, and the path as the
+        // client sent it (nesting prefix included) counts: both by name.
         let fp = FingerprintSpec::default()
             .ignore_fields(["/client_ts"])
-            .include_headers(["x-fp"]);
+            .include_headers(["x-fp"])
+            .path(PathSource::OriginalUri);
         let mut layer = IdempotencyLayer::builder(idem.clone())
-            .owner(owner_from_extension::<Owner>())
+            .owner(ExtensionOwner::<Owner>::new())
+            .operation(OperationSource::MatchedPath)
             .max_request_body(MAX_REQUEST)
             .fingerprint(fp.clone())
             .detached(opts.detached)
@@ -233,7 +237,8 @@ impl<S: Store> App<S> {
         }
         let layer = layer.build().expect("layer");
         let optional = IdempotencyLayer::builder(idem)
-            .owner(owner_from_extension::<Owner>())
+            .owner(ExtensionOwner::<Owner>::new())
+            .operation(OperationSource::MatchedPath)
             .key(KeyRequirement::Optional)
             .fingerprint(fp)
             .build()
@@ -253,17 +258,24 @@ impl<S: Store> App<S> {
             .route("/other", post(order))
             .route_layer(layer.clone())
             .route("/optional", post(order).layer(optional))
-            // Per-route layers derived from the main one with its setters.
+            // Per-route layers derived from the main one (`to_builder`).
             .route(
                 "/strict",
-                post(order).layer(layer.clone().fingerprint(FingerprintSpec::default())),
+                post(order).layer(
+                    layer
+                        .to_builder()
+                        .fingerprint(FingerprintSpec::default().path(PathSource::OriginalUri))
+                        .build()
+                        .expect("a valid layer"),
+                ),
             )
             .route(
                 "/small",
                 post(order).layer(
                     layer
-                        .clone()
-                        .with_max_request_body(16)
+                        .to_builder()
+                        .max_request_body(16)
+                        .build()
                         .expect("a valid limit"),
                 ),
             )

@@ -103,7 +103,7 @@ impl Got {
         );
     }
 
-    /// Asserts the problem shape of spec 2.11 and returns the body.
+    /// Asserts the problem shape (the README's "Problems") and returns the body.
     pub fn assert_problem(&self, status: u16, code: &str, key: Option<&str>) -> Value {
         assert_eq!(
             self.status,

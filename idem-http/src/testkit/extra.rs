@@ -9,7 +9,8 @@ use idem_core::store::Store;
 
 use super::app::{App, Options, engine};
 use super::check::Got;
-use crate::pipeline::{FingerprintSpec, RequestView, fingerprint_request};
+use crate::envelope::{RequestView, fingerprint_request};
+use crate::{ConfigError, FingerprintSpec};
 
 const RACERS: usize = 64;
 
@@ -287,12 +288,11 @@ pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
     }
 }
 
-/// Spec 2.2's per-route settings: a layer derived with the layer's own
-/// setters (`layer.clone().fingerprint(..)`, `with_max_request_body(..)`)
-/// changes only that setting, shares the engine and owner source, and is
-/// shut down with the layer it came from; the validated setters refuse what
-/// the builder refuses.
-pub async fn layer_setters_derive_per_route_layers<S: Store>(store: Arc<S>) {
+/// Per-route settings: a layer derived with `layer.to_builder()`
+/// (`.fingerprint(..)`, `.max_request_body(..)`, then `build`) changes only
+/// those settings, shares the engine and owner source, and is shut down
+/// with the layer it came from; `build` refuses what it always refuses.
+pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     // `/strict` fingerprints every field; the main layer ignores /client_ts.
     for (path, second) in [("/orders", 201), ("/strict", 422)] {
@@ -324,22 +324,38 @@ pub async fn layer_setters_derive_per_route_layers<S: Store>(store: Arc<S>) {
         .await
         .assert_executed(201);
     assert_eq!(app.counts.executions(), 4);
-    // What the builder refuses, the layer's setters refuse.
-    assert!(app.layer.clone().with_max_request_body(0).is_err());
-    assert!(app.layer.clone().with_methods([]).is_err());
-    let key_header = app.layer.key_header().clone();
-    assert!(
-        app.layer
-            .clone()
-            .with_replayed_headers([key_header])
-            .is_err()
+    // A derived layer is validated like the first one.
+    let refused = |b: crate::Builder<_, _>| b.build().err();
+    assert_eq!(
+        refused(app.layer.to_builder().max_request_body(0)),
+        Some(ConfigError::ZeroRequestBodyLimit)
     );
-    assert!(
-        app.layer
-            .clone()
-            .with_key_header(http::HeaderName::from_static("idempotent-replayed"))
-            .is_err()
+    assert_eq!(
+        refused(app.layer.to_builder().methods([])),
+        Some(ConfigError::NoMethods)
     );
+    let key_header = http::HeaderName::from_static("idempotency-key");
+    assert_eq!(
+        refused(
+            app.layer
+                .to_builder()
+                .replayed_headers([key_header.clone()])
+        ),
+        Some(ConfigError::ReplayHeaderIsKeyHeader(key_header))
+    );
+    let replayed = http::HeaderName::from_static("idempotent-replayed");
+    assert_eq!(
+        refused(app.layer.to_builder().key_header(replayed.clone())),
+        Some(ConfigError::ReplayHeaderIsKeyHeader(replayed))
+    );
+    assert!(matches!(
+        refused(
+            app.layer
+                .to_builder()
+                .operation(crate::OperationSource::Route("/a\nb".into()))
+        ),
+        Some(ConfigError::InvalidOperation { .. })
+    ));
     // One shutdown stops the derived layers too.
     app.layer.close();
     for path in ["/strict", "/small", "/orders"] {

@@ -46,6 +46,7 @@ pub use rows::*;
 /// Expands one `#[tokio::test]` per HTTP scenario, each calling `$setup` (a
 /// future of an [`idem_core::testkit::Fixture`]) for a fresh, isolated store.
 #[macro_export]
+#[doc(hidden)]
 macro_rules! http_conformance {
     ($setup:expr) => {
         $crate::http_conformance!(@each $setup;
@@ -89,7 +90,7 @@ macro_rules! http_conformance {
             json_duplicate_members_are_400,
             wait_mode_timeout_is_409_with_retry_after,
             nested_router_names_the_full_route,
-            layer_setters_derive_per_route_layers,
+            to_builder_derives_per_route_layers,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {

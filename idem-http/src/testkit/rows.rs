@@ -19,8 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL};
 use super::check::Got;
+use crate::FingerprintSpec;
 use crate::KeyNamespace;
-use crate::pipeline::{FingerprintSpec, RequestView, fingerprint_request};
+use crate::envelope::{RequestView, fingerprint_request};
 
 fn key() -> String {
     IdempotencyKey::random().as_str().to_owned()

@@ -1,5 +1,6 @@
-//! The fingerprint envelope (version 1): what makes two HTTP requests "the
-//! same request", as JSON arrays and strings so the framing is injective.
+//! Step 6 of a covered request: the fingerprint envelope (version 1), what
+//! makes two HTTP requests "the same request", as JSON arrays and strings so
+//! the framing is injective.
 
 use idem_core::FieldFilter;
 use idem_core::RawJson;
@@ -25,6 +26,22 @@ pub enum BodyFingerprint {
     Ignore,
 }
 
+/// Which path enters the fingerprint. Like the operation's source, it is
+/// your choice by name and never follows a cargo feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PathSource {
+    /// The path of the request's URI as the layer receives it (the default,
+    /// in every build). Inside axum's `Router::nest` it has lost the prefix.
+    #[default]
+    Uri,
+    /// axum's `OriginalUri`: the path as the client sent it, nesting prefix
+    /// included (feature `axum`). Outside axum's router, where there is no
+    /// `OriginalUri`, the request's URI is the original and counts instead.
+    #[cfg(feature = "axum")]
+    OriginalUri,
+}
+
 /// What counts in "the same request". Cheap to clone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FingerprintSpec {
@@ -32,6 +49,7 @@ pub struct FingerprintSpec {
     filter: FieldFilter,
     headers: Vec<String>,
     query: bool,
+    path: PathSource,
 }
 
 impl Default for FingerprintSpec {
@@ -41,6 +59,7 @@ impl Default for FingerprintSpec {
             filter: FieldFilter::All,
             headers: Vec::new(),
             query: true,
+            path: PathSource::Uri,
         }
     }
 }
@@ -102,37 +121,50 @@ impl FingerprintSpec {
         self
     }
 
+    /// Which path counts (default [`PathSource::Uri`]).
+    #[must_use]
+    pub fn path(mut self, p: PathSource) -> Self {
+        self.path = p;
+        self
+    }
+
     /// The body mode.
     #[must_use]
-    pub fn body_mode(&self) -> BodyFingerprint {
+    pub(crate) fn body_mode(&self) -> BodyFingerprint {
         self.body
     }
 
     /// The included header names, lowercase.
     #[must_use]
-    pub fn header_names(&self) -> &[String] {
+    pub(crate) fn header_names(&self) -> &[String] {
         &self.headers
+    }
+
+    /// Which path counts.
+    #[must_use]
+    pub(crate) fn path_source(&self) -> PathSource {
+        self.path
     }
 }
 
-/// The pieces of a request the envelope is built from (no `http` types, so
-/// any framework can fill it).
+/// The pieces of a request the envelope is built from.
 #[derive(Debug, Clone, Copy)]
-pub struct RequestView<'a> {
+pub(crate) struct RequestView<'a> {
     /// The method, e.g. `POST`.
-    pub method: &'a str,
-    /// The route template, e.g. `/accounts/{id}/charges` (the path when unknown).
-    pub route: &'a str,
-    /// The path exactly as received.
-    pub path: &'a str,
+    pub(crate) method: &'a str,
+    /// The route the operation source named, e.g. `/accounts/{id}/charges`
+    /// (the path under `OperationSource::Path`).
+    pub(crate) route: &'a str,
+    /// The path the spec's [`PathSource`] chose.
+    pub(crate) path: &'a str,
     /// The raw query string (without `?`), if any.
-    pub query: Option<&'a str>,
+    pub(crate) query: Option<&'a str>,
     /// Every field line of the request, names lowercase.
-    pub headers: &'a [(&'a str, &'a [u8])],
+    pub(crate) headers: &'a [(&'a str, &'a [u8])],
     /// The `Content-Type` value, if any.
-    pub content_type: Option<&'a [u8]>,
+    pub(crate) content_type: Option<&'a [u8]>,
     /// The body bytes (empty under [`BodyFingerprint::Ignore`]).
-    pub body: &'a [u8],
+    pub(crate) body: &'a [u8],
 }
 
 /// The version-1 envelope of `req` under `spec` (before field filters).
@@ -142,7 +174,7 @@ pub struct RequestView<'a> {
 /// [`RequestError::DuplicateMember`] when a JSON body names an object member
 /// twice: `{"amount":1,"amount":1000}` is not one request (serde_json would
 /// keep the last value), so it is refused rather than fingerprinted.
-pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Result<Value, RequestError> {
+fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Result<Value, RequestError> {
     let query = if spec.query {
         Value::Array(sorted_pairs(req.query.unwrap_or("").as_bytes()).unwrap_or_default())
     } else {
@@ -183,7 +215,7 @@ pub fn envelope(req: &RequestView<'_>, spec: &FingerprintSpec) -> Result<Value, 
 /// [`RequestError::DuplicateMember`] for a JSON body that names an object
 /// member twice (core's strict [`RawJson`] parse); otherwise [`RequestError`]
 /// only if a field filter pointer is malformed.
-pub fn fingerprint_request(
+pub(crate) fn fingerprint_request(
     operation: &str,
     req: &RequestView<'_>,
     spec: &FingerprintSpec,
@@ -274,6 +306,10 @@ fn sorted_pairs(input: &[u8]) -> Option<Vec<Value>> {
 }
 
 /// Percent-decoding with `+` as space; `None` if the result is not UTF-8.
+///
+/// Not `form_urlencoded::parse`: it decodes lossily, so `a=%FF` and `a=%FE`
+/// would both become `a=\u{FFFD}` and two different requests would share a
+/// fingerprint. Here such a pair stays raw (`query_framing_does_not_collide`).
 fn decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

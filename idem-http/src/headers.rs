@@ -1,9 +1,10 @@
-//! Which response headers are stored and replayed, and how a response is
-//! classified (spec 2.9, 2.10).
+//! Step 9 of a covered request: how the handler's response is classified
+//! and which of its headers are stored and replayed (the README's
+//! "remembered outcomes" and "stored headers").
 
 /// Never stored, never replayed: hop-by-hop fields, `Content-Length`
 /// (recomputed from the stored body) and `Date` (the server sets a fresh one).
-pub const NEVER_STORED: &[&str] = &[
+pub(crate) const NEVER_STORED: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -17,7 +18,7 @@ pub const NEVER_STORED: &[&str] = &[
 
 /// Not stored by default: a replay must not hand the first attempt's session
 /// cookie or trace ids to another caller.
-pub const DEFAULT_DENY: &[&str] = &[
+pub(crate) const DEFAULT_DENY: &[&str] = &[
     "set-cookie",
     "server-timing",
     "x-request-id",
@@ -37,6 +38,11 @@ pub enum HeaderPolicy {
     AllowList(Vec<String>),
 }
 
+/// The default: a deny list of `set-cookie`, `server-timing`,
+/// `x-request-id`, `request-id`, `traceparent`, `tracestate` and `age` (a
+/// replay must not hand the first attempt's session cookie or trace ids to
+/// another caller). Hop-by-hop fields, `Content-Length` and `Date` are never
+/// stored, whatever the policy.
 impl Default for HeaderPolicy {
     fn default() -> Self {
         Self::DenyList(DEFAULT_DENY.iter().map(|s| (*s).to_owned()).collect())
@@ -72,19 +78,8 @@ fn lower<I: IntoIterator<Item = impl AsRef<str>>>(names: I) -> Vec<String> {
 /// The headers to store, in order, names lowercase, values as bytes;
 /// repeated names kept. `replay_names` (the replay marker and its aliases)
 /// are never stored.
-///
-/// # Examples
-///
-/// ```
-/// use idem_http::pipeline::{HeaderPolicy, stored_headers};
-///
-/// let h: &[(&str, &[u8])] = &[("Content-Type", b"application/json"), ("date", b"x"), ("set-cookie", b"s=1"), ("link", b"<a>"), ("link", b"<b>")];
-/// let kept = stored_headers(h, &HeaderPolicy::default(), &[]);
-/// assert_eq!(kept, vec![("content-type".to_owned(), b"application/json".to_vec()),
-///                       ("link".to_owned(), b"<a>".to_vec()), ("link".to_owned(), b"<b>".to_vec())]);
-/// ```
 #[must_use]
-pub fn stored_headers(
+pub(crate) fn stored_headers(
     headers: &[(&str, &[u8])],
     policy: &HeaderPolicy,
     replay_names: &[&str],
@@ -121,10 +116,19 @@ pub enum Class {
     CompleteWithoutBody,
 }
 
-/// The default classification of a status (spec 2.9): 1xx/2xx/3xx success;
-/// 401, 403, 407, 408, 425, 429 and 5xx transient; other 4xx failure.
-#[must_use]
-pub fn default_class(status: u16) -> Class {
+impl Class {
+    /// The layer's default classification of a status: 1xx/2xx/3xx
+    /// success; 401, 403, 407, 408, 425, 429 and 5xx transient; other 4xx
+    /// failure. A classifier of your own
+    /// ([`Builder::classify`](crate::Builder::classify)) can fall back to it.
+    #[must_use]
+    pub fn of_status(status: http::StatusCode) -> Self {
+        default_class(status.as_u16())
+    }
+}
+
+/// [`Class::of_status`] over a numeric status.
+pub(crate) fn default_class(status: u16) -> Class {
     match status {
         401 | 403 | 407 | 408 | 425 | 429 | 500.. => Class::Transient,
         400..=499 => Class::Failure,

@@ -1,4 +1,4 @@
-//! `Idempotency-Key` field parsing (draft-ietf-httpapi-idempotency-key-header
+//! Step 2 of a covered request: `Idempotency-Key` field parsing (draft-ietf-httpapi-idempotency-key-header
 //! §2.1): an RFC 8941 sf-string, or (lenient) the bare value.
 
 use std::fmt;
@@ -40,7 +40,8 @@ pub enum KeyHeaderError {
     TooLong,
     /// A character the key syntax does not allow.
     InvalidCharacter,
-    /// Refused by the layer's `key_validator`.
+    /// Refused by the layer's [`key_validator`](crate::Builder::key_validator)
+    /// (its reason is the problem's `detail`).
     RejectedByValidator,
 }
 
@@ -88,28 +89,16 @@ impl fmt::Display for KeyHeaderError {
 
 impl std::error::Error for KeyHeaderError {}
 
-/// Parses the field lines of the key header into a key.
-///
-/// `lines` are the raw values of every field line with that name, in order.
-/// An empty slice is "no key" and returns `Ok(None)`.
+/// Parses the field lines of the key header into a key (step 2 of a
+/// covered request): `lines` are the raw values of every field line with
+/// that name, in order; none is "no key" (`Ok(None)`). The sf-string and,
+/// when lenient, the bare value name the same key; a list, a repeated line
+/// or a bare value under `StructuredOnly` is refused.
 ///
 /// # Errors
 ///
 /// [`KeyHeaderError`] for every form the draft and core refuse.
-///
-/// # Examples
-///
-/// ```
-/// use idem_http::pipeline::{KeyHeaderError, KeySyntax, parse_key_header};
-///
-/// let quoted = parse_key_header(&[br#""ab\"c""#], KeySyntax::Lenient).unwrap().unwrap();
-/// assert_eq!(quoted.as_str(), "ab\"c");
-/// let bare = parse_key_header(&[b"order-7"], KeySyntax::Lenient).unwrap().unwrap();
-/// assert_eq!(bare.as_str(), "order-7");
-/// assert_eq!(parse_key_header(&[b"a, b"], KeySyntax::Lenient), Err(KeyHeaderError::List));
-/// assert_eq!(parse_key_header(&[b"k"], KeySyntax::StructuredOnly), Err(KeyHeaderError::NotAString));
-/// ```
-pub fn parse_key_header(
+pub(crate) fn parse_key_header(
     lines: &[&[u8]],
     syntax: KeySyntax,
 ) -> Result<Option<IdempotencyKey>, KeyHeaderError> {
@@ -243,6 +232,18 @@ mod tests {
         assert_eq!(parse(long.as_bytes()), Ok(Some(long.clone())));
         assert_eq!(parse(format!("{long}k").as_bytes()), Err(TooLong));
         assert_eq!(parse(format!("\"{long}k\"").as_bytes()), Err(TooLong));
+    }
+
+    #[test]
+    fn quoted_and_bare_name_one_key() {
+        let quoted = parse_key_header(&[br#""ab\"c""#], KeySyntax::Lenient);
+        assert_eq!(quoted.unwrap().unwrap().as_str(), "ab\"c");
+        let bare = parse_key_header(&[b"order-7"], KeySyntax::Lenient);
+        assert_eq!(bare.unwrap().unwrap().as_str(), "order-7");
+        assert_eq!(
+            parse_key_header(&[b"k"], KeySyntax::StructuredOnly),
+            Err(KeyHeaderError::NotAString)
+        );
     }
 
     #[test]

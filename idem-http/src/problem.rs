@@ -1,0 +1,364 @@
+//! RFC 9457 problem documents for every answer the layer gives on its own
+//! (the README's "Problems"): the closed set of codes, their titles and
+//! `type` URIs, and the rendering to `(status, headers, bytes)`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::Error;
+use serde_json::{Map, Value};
+
+/// The draft every key rule comes from.
+pub(crate) const DRAFT: &str =
+    "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
+
+/// The stable `code` member of every problem the layer answers with: one
+/// closed set, so a title, a `type` URI or an OpenAPI enum cannot miss one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemCode {
+    /// 400: no key on a route that requires one.
+    MissingKey,
+    /// 400: the key field is malformed or refused by the key validator.
+    InvalidKey,
+    /// 422: the key was used with a different request.
+    FingerprintMismatch,
+    /// 409: a request with this key is outstanding.
+    InFlight,
+    /// 409: done, the stored response expired.
+    ResponseExpired,
+    /// 409: done, the response was not stored.
+    ResponseNotStored,
+    /// 409: a newer attempt took the record over.
+    LeaseLost,
+    /// 413: the request body is over the limit.
+    RequestTooLarge,
+    /// 400: the request body failed while being read.
+    RequestBodyUnreadable,
+    /// 414: the path is too long to name the operation
+    /// ([`OperationSource::Path`](crate::OperationSource::Path)).
+    PathTooLong,
+    /// 500 (configurable): the owner cannot be determined.
+    OwnerUnavailable,
+    /// 500: the operation cannot be named as configured.
+    OperationUnavailable,
+    /// 503: the store is unavailable; nothing ran.
+    StoreUnavailable,
+    /// 503: the layer is shutting down.
+    ShuttingDown,
+    /// 500: a stored record cannot be read.
+    CorruptRecord,
+    /// 500: the handler panicked.
+    HandlerPanicked,
+    /// 500: the handler's response body failed.
+    ResponseBodyFailed,
+    /// 400: the request cannot be fingerprinted (a JSON body naming a
+    /// member twice).
+    InvalidRequest,
+    /// 500: the store refused the call (not retried).
+    StoreError,
+}
+
+impl ProblemCode {
+    /// Every code, in the README's table order.
+    pub const ALL: &'static [Self] = &[
+        Self::MissingKey,
+        Self::InvalidKey,
+        Self::FingerprintMismatch,
+        Self::InFlight,
+        Self::ResponseExpired,
+        Self::ResponseNotStored,
+        Self::LeaseLost,
+        Self::RequestTooLarge,
+        Self::RequestBodyUnreadable,
+        Self::PathTooLong,
+        Self::OwnerUnavailable,
+        Self::OperationUnavailable,
+        Self::StoreUnavailable,
+        Self::ShuttingDown,
+        Self::CorruptRecord,
+        Self::HandlerPanicked,
+        Self::ResponseBodyFailed,
+        Self::InvalidRequest,
+        Self::StoreError,
+    ];
+
+    /// The code as sent in the `code` member (`missing_key`, ...).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey => "invalid_key",
+            Self::FingerprintMismatch => "fingerprint_mismatch",
+            Self::InFlight => "in_flight",
+            Self::ResponseExpired => "response_expired",
+            Self::ResponseNotStored => "response_not_stored",
+            Self::LeaseLost => "lease_lost",
+            Self::RequestTooLarge => "request_too_large",
+            Self::RequestBodyUnreadable => "request_body_unreadable",
+            Self::PathTooLong => "path_too_long",
+            Self::OwnerUnavailable => "owner_unavailable",
+            Self::OperationUnavailable => "operation_unavailable",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::ShuttingDown => "shutting_down",
+            Self::CorruptRecord => "corrupt_record",
+            Self::HandlerPanicked => "handler_panicked",
+            Self::ResponseBodyFailed => "response_body_failed",
+            Self::InvalidRequest => "invalid_request",
+            Self::StoreError => "store_error",
+        }
+    }
+
+    /// The problem's `title`.
+    #[must_use]
+    pub const fn title(self) -> &'static str {
+        match self {
+            Self::MissingKey => "Idempotency-Key is missing",
+            Self::InvalidKey => "Idempotency-Key is invalid",
+            Self::FingerprintMismatch => "Idempotency-Key is already used",
+            Self::InFlight => "A request is outstanding for this Idempotency-Key",
+            Self::ResponseExpired | Self::ResponseNotStored => "This request was already processed",
+            Self::LeaseLost => "A newer attempt took over this Idempotency-Key",
+            Self::RequestTooLarge => "Request body too large for idempotency",
+            Self::RequestBodyUnreadable => "Request body could not be read",
+            Self::PathTooLong => "Request path too long for idempotency",
+            Self::OwnerUnavailable => "Caller identity unavailable",
+            Self::OperationUnavailable => "Operation name unavailable",
+            Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::ShuttingDown => "Server is shutting down",
+            Self::CorruptRecord => "Idempotency record unreadable",
+            Self::HandlerPanicked => "The operation failed unexpectedly",
+            Self::ResponseBodyFailed => "The response could not be completed",
+            Self::InvalidRequest => "Request cannot be fingerprinted",
+            Self::StoreError => "Idempotency store error",
+        }
+    }
+
+    /// The code of an engine error. The layer parses keys and builds scopes
+    /// itself, so core's key and scope errors do not reach it from the
+    /// engine; they map to the nearest HTTP code all the same.
+    pub(crate) fn of_engine(e: &Error) -> Self {
+        match e {
+            Error::InvalidKey(_) => Self::InvalidKey,
+            Error::InvalidScope(_) | Error::InvalidRequest(_) => Self::InvalidRequest,
+            Error::FingerprintMismatch => Self::FingerprintMismatch,
+            Error::InFlight { .. } => Self::InFlight,
+            Error::ResponseExpired { .. } => Self::ResponseExpired,
+            Error::ResponseNotStored { .. } => Self::ResponseNotStored,
+            Error::LeaseLost { .. } => Self::LeaseLost,
+            Error::Store(s) if s.is_retryable() => Self::StoreUnavailable,
+            Error::CorruptRecord { .. } => Self::CorruptRecord,
+            _ => Self::StoreError,
+        }
+    }
+}
+
+impl fmt::Display for ProblemCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How problem `type` URIs are formed.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum ProblemTypes {
+    /// The draft's section anchors for `missing_key`/`invalid_key` (§2.1),
+    /// `fingerprint_mismatch` (§2.2) and `in_flight` (§2.6);
+    /// `urn:idem:problem:<code>` for the others (the default).
+    #[default]
+    Draft,
+    /// `base + code` for every code (your own docs).
+    Base(String),
+    /// Your own mapping from code to URI.
+    Custom(Arc<dyn Fn(ProblemCode) -> String + Send + Sync>),
+}
+
+impl fmt::Debug for ProblemTypes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Draft => f.write_str("Draft"),
+            Self::Base(b) => f.debug_tuple("Base").field(b).finish(),
+            Self::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+impl ProblemTypes {
+    /// The `type` of `code`.
+    #[must_use]
+    pub fn uri(&self, code: ProblemCode) -> String {
+        match self {
+            Self::Draft => match code {
+                ProblemCode::MissingKey | ProblemCode::InvalidKey => {
+                    format!("{DRAFT}#section-2.1")
+                }
+                ProblemCode::FingerprintMismatch => format!("{DRAFT}#section-2.2"),
+                ProblemCode::InFlight => format!("{DRAFT}#section-2.6"),
+                other => format!("urn:idem:problem:{other}"),
+            },
+            Self::Base(base) => format!("{base}{code}"),
+            Self::Custom(f) => f(code),
+        }
+    }
+}
+
+/// One problem, before rendering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Problem {
+    /// The stable code.
+    pub(crate) code: ProblemCode,
+    /// The HTTP status.
+    pub(crate) status: u16,
+    /// A human sentence.
+    pub(crate) detail: String,
+    /// Whether the same request may succeed later, unchanged.
+    pub(crate) retryable: bool,
+    /// Whole seconds for `Retry-After` (≥ 1), when sent.
+    pub(crate) retry_after: Option<u64>,
+    /// The received key (after unquoting; lossy UTF-8; at most 300 bytes).
+    pub(crate) idempotency_key: Option<String>,
+    /// The resource the first attempt created.
+    pub(crate) resource_id: Option<String>,
+    /// The body limit (`request_too_large`).
+    pub(crate) limit: Option<usize>,
+}
+
+/// A rendered problem: status, headers, body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rendered {
+    /// The status.
+    pub(crate) status: u16,
+    /// The headers, in order.
+    pub(crate) headers: Vec<(&'static str, String)>,
+    /// The `application/problem+json` body.
+    pub(crate) body: Vec<u8>,
+    /// The `instance` (`urn:uuid:<v4>`), for logs.
+    pub(crate) instance: String,
+}
+
+impl Problem {
+    /// Renders the problem: `Content-Type: application/problem+json`,
+    /// `Cache-Control: no-store`, `Content-Language: en`, `Retry-After` when
+    /// retryable, `Link rel="describedby"` when `docs_url` is set.
+    #[must_use]
+    pub(crate) fn render(&self, types: &ProblemTypes, docs_url: Option<&str>) -> Rendered {
+        let instance = format!("urn:uuid:{}", uuid_v4());
+        let mut body = Map::new();
+        body.insert("type".into(), types.uri(self.code).into());
+        body.insert("title".into(), self.code.title().into());
+        body.insert("status".into(), self.status.into());
+        body.insert("detail".into(), self.detail.clone().into());
+        body.insert("instance".into(), instance.clone().into());
+        body.insert("code".into(), self.code.as_str().into());
+        body.insert("retryable".into(), self.retryable.into());
+        if let Some(k) = &self.idempotency_key {
+            body.insert("idempotency_key".into(), truncate(k, 300).into());
+        }
+        if let Some(r) = &self.resource_id {
+            body.insert("resource_id".into(), r.clone().into());
+        }
+        if let Some(s) = self.retry_after {
+            body.insert("retry_after".into(), s.max(1).into());
+        }
+        if let Some(l) = self.limit {
+            body.insert("limit".into(), l.into());
+        }
+        let mut headers = vec![
+            ("content-type", "application/problem+json".to_owned()),
+            ("cache-control", "no-store".to_owned()),
+            ("content-language", "en".to_owned()),
+        ];
+        if let Some(s) = self.retry_after {
+            headers.push(("retry-after", s.max(1).to_string()));
+        }
+        if let Some(url) = docs_url {
+            headers.push((
+                "link",
+                format!("<{url}>; rel=\"describedby\"; type=\"text/html\""),
+            ));
+        }
+        Rendered {
+            status: self.status,
+            headers,
+            body: Value::Object(body).to_string().into_bytes(),
+            instance,
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A random (version 4) UUID from the operating system's generator.
+fn uuid_v4() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No entropy source: still unique enough for a support reference.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = t.to_be_bytes();
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_is_v4() {
+        for _ in 0..100 {
+            let u = uuid_v4();
+            let b = u.as_bytes();
+            assert_eq!(u.len(), 36);
+            assert_eq!(b[14], b'4');
+            assert!(matches!(b[19], b'8' | b'9' | b'a' | b'b'));
+        }
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        assert_eq!(truncate("ab", 300), "ab");
+        assert_eq!(truncate("aé", 2), "a");
+    }
+
+    #[test]
+    fn codes_are_distinct_snake_case() {
+        let mut seen: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert!(
+            seen.iter()
+                .all(|c| c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        );
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), ProblemCode::ALL.len());
+        assert_eq!(
+            ProblemTypes::Draft.uri(ProblemCode::InFlight),
+            format!("{DRAFT}#section-2.6")
+        );
+        assert_eq!(
+            ProblemTypes::Draft.uri(ProblemCode::LeaseLost),
+            "urn:idem:problem:lease_lost"
+        );
+    }
+}
