@@ -1,0 +1,4 @@
+//! Test harnesses shared by the workspace's test suites (not published): one
+//! copy of each, instead of one per crate.
+
+pub mod redis_cluster;
