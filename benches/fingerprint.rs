@@ -12,8 +12,7 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Throughput};
 use idem_core::FieldFilter;
-use idem_core::adapter::canonical_json;
-use idem_core::adapter::fingerprint;
+use idem_core::adapter::{canonical_json, fingerprint};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

@@ -19,22 +19,13 @@ use axum::http::Request;
 use axum::routing::post;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use http_body_util::BodyExt;
-use idem::Idem;
-use idem::IdempotencyKey;
-use idem::MemoryStore;
-use idem::RecordId;
 use idem::clock::Timestamp;
-use idem::http::FixedOwner;
-use idem::http::IdempotencyLayer;
+use idem::http::{FixedOwner, IdempotencyLayer};
 use idem::ops::PurgeReport;
-use idem::store::Capabilities;
-use idem::store::ClaimOutcome;
-use idem::store::ClaimRequest;
-use idem::store::Completion;
-use idem::store::Store;
-use idem::store::StoreError;
-use idem::store::StoredRecord;
-use idem::store::Token;
+use idem::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
+};
+use idem::{Idem, IdempotencyKey, MemoryStore, RecordId};
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 

@@ -368,12 +368,9 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
 /// Native cost of the engine's per-call pieces (`IDEM_STORE_PROFILE=parts`):
 /// best of 5 runs of 100,000 calls each.
 fn parts() {
-    use idem_core::FieldFilter;
-    use idem_core::IdempotencyKey;
-    use idem_core::RecordId;
-    use idem_core::Scope;
     use idem_core::adapter::fingerprint;
     use idem_core::store::Token;
+    use idem_core::{FieldFilter, IdempotencyKey, RecordId, Scope};
     use std::hint::black_box;
     use std::time::Instant;
 

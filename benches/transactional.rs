@@ -19,15 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idem::Idem;
-use idem::Outcome;
-use idem::Scope;
-use idem::postgres::PgIdemExt;
-use idem::postgres::PgStore;
-use idem::postgres::sqlx;
-use idem::postgres::sqlx::AssertSqlSafe;
-use idem::postgres::sqlx::PgPool;
-use idem::postgres::sqlx::Row;
+use idem::postgres::sqlx::{AssertSqlSafe, PgPool, Row};
+use idem::postgres::{PgIdemExt, PgStore, sqlx};
+use idem::{Idem, Outcome, Scope};
 use tokio::runtime::Runtime;
 
 const SCHEMA: &str = "idem_bench_tx";

@@ -37,15 +37,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::AnyStore;
-use idem::Idem;
-use idem::InFlightMode;
-use idem::Policy;
-use idem::http::ExtensionOwner;
-use idem::http::IdemAttempt;
-use idem::http::IdempotencyLayer;
-use idem::http::OperationSource;
-use idem::http::OwnerId;
+use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource, OwnerId};
+use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -13,21 +13,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem::Idem;
-use idem::Outcome;
-use idem::RecordId;
-use idem::Scope;
 use idem::clock::Timestamp;
 use idem::ops::PurgeReport;
-use idem::store::Capabilities;
-use idem::store::ClaimOutcome;
-use idem::store::ClaimRequest;
-use idem::store::Claimed;
-use idem::store::Completion;
-use idem::store::Store;
-use idem::store::StoreError;
-use idem::store::StoredRecord;
-use idem::store::Token;
+use idem::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Store, StoreError, StoredRecord,
+    Token,
+};
+use idem::{Idem, Outcome, RecordId, Scope};
 use serde_json::json;
 
 /// Claims always win, completions are dropped: nothing is kept.

@@ -26,13 +26,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use idem::Idem;
-use idem::Outcome;
-use idem::Scope;
-use idem::postgres::PgIdemExt;
-use idem::postgres::PgStore;
-use idem::postgres::sqlx;
 use idem::postgres::sqlx::Executor;
+use idem::postgres::{PgIdemExt, PgStore, sqlx};
+use idem::{Idem, Outcome, Scope};
 use serde::{Deserialize, Serialize};
 
 const SCHEMA: &str = "idem_payments_example";

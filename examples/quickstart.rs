@@ -12,14 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::Attempt;
-use idem::Error;
-use idem::Failure;
-use idem::Idem;
-use idem::Outcome;
-use idem::Scope;
 use idem::clock::ManualClock;
 use idem::sqlite::SqliteStore;
+use idem::{Attempt, Error, Failure, Idem, Outcome, Scope};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

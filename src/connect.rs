@@ -457,8 +457,9 @@ impl ConnectOptions {
     }
 
     async fn redis(&self, url: &str) -> Result<AnyStore, ConnectError> {
+        use idem_redis::redis::Client;
         use idem_redis::redis::aio::ConnectionManagerConfig;
-        use idem_redis::{Error, RedisStore, redis::Client};
+        use idem_redis::{Error, RedisStore};
 
         const BACKEND: &str = "redis";
         let client = Client::open(url).map_err(|e| invalid(BACKEND, Error::from(e)))?;
@@ -473,7 +474,8 @@ impl ConnectOptions {
     }
 
     async fn redis_cluster(&self, nodes: Vec<String>) -> Result<AnyStore, ConnectError> {
-        use idem_redis::{Error, RedisStore, redis::cluster::ClusterClient};
+        use idem_redis::redis::cluster::ClusterClient;
+        use idem_redis::{Error, RedisStore};
 
         const BACKEND: &str = "redis";
         if nodes.is_empty() {
@@ -548,9 +550,7 @@ mod tests {
     #[cfg(feature = "sqlite")]
     mod sqlite {
         use super::*;
-        use idem_core::Idem;
-        use idem_core::Outcome;
-        use idem_core::Scope;
+        use idem_core::{Idem, Outcome, Scope};
 
         async fn runs(store: AnyStore) {
             let scope = Scope::new("acct", "POST /x").expect("scope");
@@ -625,9 +625,7 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_with_a_schema() {
-        use idem_core::Idem;
-        use idem_core::Outcome;
-        use idem_core::Scope;
+        use idem_core::{Idem, Outcome, Scope};
         let url = std::env::var("IDEM_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         let schema = format!("idem_connect_{}", random());
@@ -672,9 +670,7 @@ mod tests {
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn redis_with_a_prefix() {
-        use idem_core::Idem;
-        use idem_core::Outcome;
-        use idem_core::Scope;
+        use idem_core::{Idem, Outcome, Scope};
         let url = std::env::var("IDEM_REDIS_URL")
             .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
         // A bad prefix is found before connecting (nothing listens on port 1).

@@ -11,15 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use idem::AnyStore;
-use idem::ConnectError;
-use idem::ConnectOptions;
-use idem::Idem;
-use idem::Scope;
-use idem::ops::AdminOutcome;
-use idem::ops::Cursor;
-use idem::ops::Page;
+use idem::ops::{AdminOutcome, Cursor, Page};
 use idem::store::Store;
+use idem::{AnyStore, ConnectError, ConnectOptions, Idem, Scope};
 use serde_json::{Value, json};
 
 /// Operate an idem store: find and release stuck keys, delete records, purge,

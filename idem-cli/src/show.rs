@@ -3,12 +3,9 @@
 
 use std::fmt::Write as _;
 
-use idem::HttpResponse;
-use idem::Storable;
 use idem::clock::Timestamp;
-use idem::ops::RecordState;
-use idem::ops::RecordSummary;
-use idem::ops::RecordView;
+use idem::ops::{RecordState, RecordSummary, RecordView};
+use idem::{HttpResponse, Storable};
 use serde_json::{Value, json};
 
 fn ms(t: Timestamp) -> i64 {

@@ -32,19 +32,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::RecordId;
-use idem_core::Scope;
-use idem_core::TakeoverReason;
-use idem_core::clock::Clock;
-use idem_core::clock::SystemClock;
-use idem_core::clock::Timestamp;
-use idem_core::store::AdminStore;
-use idem_core::store::Store;
+use idem_core::clock::{Clock, SystemClock, Timestamp};
+use idem_core::store::{AdminStore, Store};
+use idem_core::{Error, Idem, IdempotencyKey, Outcome, Policy, RecordId, Scope, TakeoverReason};
 use serde_json::{Value, json};
 
 /// Set in the child's environment: its instructions, as JSON.

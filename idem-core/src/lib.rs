@@ -74,9 +74,8 @@ mod memory_conformance {
 /// promise.
 #[cfg(all(test, feature = "testkit"))]
 mod any_store_conformance {
-    use crate::AnyStore;
-    use crate::MemoryStore;
     use crate::testkit::Fixture;
+    use crate::{AnyStore, MemoryStore};
 
     struct Any(AnyStore);
     impl Fixture for Any {

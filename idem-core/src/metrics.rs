@@ -28,10 +28,9 @@ mod on {
     use std::future::Future;
     use std::time::{Duration, Instant};
 
-    use crate::Error;
-    use crate::TakeoverReason;
     use crate::ops::PurgeReport;
     use crate::store::StoreError;
+    use crate::{Error, TakeoverReason};
 
     pub(crate) fn record_rejection(op: &str, e: &Error) {
         metrics::counter!(
@@ -118,10 +117,9 @@ mod on {
     use std::future::Future;
     use std::time::Duration;
 
-    use crate::Error;
-    use crate::TakeoverReason;
     use crate::ops::PurgeReport;
     use crate::store::StoreError;
+    use crate::{Error, TakeoverReason};
 
     #[inline(always)]
     pub(crate) fn record_rejection(_op: &str, _e: &Error) {}

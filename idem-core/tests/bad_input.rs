@@ -7,38 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::FieldFilter;
-use idem_core::HttpResponse;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::InFlightMode;
-use idem_core::Json;
-use idem_core::MemoryStore;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::RawJson;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::adapter::fingerprint;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
-use idem_core::clock::Timestamp;
-use idem_core::error::KeyError;
-use idem_core::error::PolicyError;
-use idem_core::error::RequestError;
-use idem_core::error::ScopeError;
-use idem_core::ops::OutcomeKind;
-use idem_core::ops::PurgeReport;
-use idem_core::ops::RecordState;
-use idem_core::store::Capabilities;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Completion;
-use idem_core::store::Store;
-use idem_core::store::StoreError;
-use idem_core::store::StoredRecord;
-use idem_core::store::Token;
+use idem_core::clock::{Clock, ManualClock, Timestamp};
+use idem_core::error::{KeyError, PolicyError, RequestError, ScopeError};
+use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
+};
+use idem_core::{
+    Error, FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, MemoryStore,
+    Outcome, Policy, RawJson, RecordId, Scope,
+};
 use serde_json::{Value, json};
 
 /// Counts how many times the work really ran.

@@ -9,9 +9,8 @@
 
 use std::collections::HashMap;
 
-use idem_core::FieldFilter;
-use idem_core::RawJson;
 use idem_core::adapter::fingerprint;
+use idem_core::{FieldFilter, RawJson};
 use serde_json::json;
 
 #[derive(serde::Serialize)]

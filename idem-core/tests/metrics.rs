@@ -6,20 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::Begin;
-use idem_core::Idem;
-use idem_core::MemoryStore;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
 use idem_core::adapter::EngineExt;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Store;
-use idem_core::store::Token;
+use idem_core::clock::{Clock, ManualClock};
+use idem_core::store::{ClaimRequest, Store, Token};
 use idem_core::testkit::FailingStore;
 use idem_core::testkit::metrics::{assert_exactly, recorded};
+use idem_core::{Begin, Idem, MemoryStore, Outcome, Policy, Scope};
 
 type Out = Outcome<String, String>;
 

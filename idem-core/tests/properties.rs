@@ -4,28 +4,14 @@
 
 use std::time::Duration;
 
-use idem_core::FieldFilter;
-use idem_core::HttpResponse;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::InFlightMode;
-use idem_core::Json;
-use idem_core::MemoryStore;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::RawJson;
-use idem_core::Scope;
-use idem_core::Storable;
-use idem_core::adapter::EngineExt;
-use idem_core::adapter::Fingerprint;
-use idem_core::adapter::canonical_json;
-use idem_core::adapter::fingerprint;
-use idem_core::clock::ManualClock;
-use idem_core::clock::Timestamp;
-use idem_core::ops::OutcomeKind;
-use idem_core::ops::RecordState;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::StoredRecord;
+use idem_core::adapter::{EngineExt, Fingerprint, canonical_json, fingerprint};
+use idem_core::clock::{ManualClock, Timestamp};
+use idem_core::ops::{OutcomeKind, RecordState};
+use idem_core::store::{ClaimOutcome, StoredRecord};
+use idem_core::{
+    FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, MemoryStore, Outcome,
+    Policy, RawJson, Scope, Storable,
+};
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
 

@@ -4,10 +4,8 @@
 
 #![allow(missing_docs)]
 
-use idem_core::FieldFilter;
-use idem_core::RawJson;
-use idem_core::adapter::canonical_json;
-use idem_core::adapter::fingerprint;
+use idem_core::adapter::{canonical_json, fingerprint};
+use idem_core::{FieldFilter, RawJson};
 use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 

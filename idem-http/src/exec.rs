@@ -17,14 +17,9 @@ use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::Attempt;
-use idem_core::Begin;
-use idem_core::Error;
-use idem_core::HttpResponse;
-use idem_core::Outcome;
 use idem_core::adapter::{EngineExt, Prepared};
-use idem_core::store::BoxDynError;
-use idem_core::store::Store;
+use idem_core::store::{BoxDynError, Store};
+use idem_core::{Attempt, Begin, Error, HttpResponse, Outcome};
 use tower_service::Service;
 use tracing::{Instrument, warn};
 

@@ -2,8 +2,7 @@
 //! [`IdemKey`] and [`IdemAttempt`], inserted before a claimed request runs,
 //! and (feature `axum`) their extractors.
 
-use idem_core::Attempt;
-use idem_core::IdempotencyKey;
+use idem_core::{Attempt, IdempotencyKey};
 
 /// The validated key of a covered request, in the request's extensions.
 #[derive(Debug, Clone)]

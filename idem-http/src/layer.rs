@@ -9,11 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::Scope;
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
+use idem_core::{Idem, IdempotencyKey, Scope};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 

@@ -12,11 +12,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::IdempotencyKey;
 use idem_core::store::BoxDynError;
 
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::adapter::Prepared;
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
+use idem_core::{RecordId, Scope};
 use tracing::error;
 
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};

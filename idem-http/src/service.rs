@@ -11,8 +11,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use idem_core::store::BoxDynError;
-use idem_core::store::Store;
+use idem_core::store::{BoxDynError, Store};
 use tower_service::Service;
 use tracing::{Instrument, info_span};
 

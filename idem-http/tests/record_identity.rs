@@ -15,11 +15,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::MemoryStore;
-use idem_core::RecordId;
-use idem_core::Scope;
+use idem_core::{Idem, IdempotencyKey, MemoryStore, RecordId, Scope};
 use idem_http::{FingerprintSpec, FixedOwner, IdempotencyLayer, OperationSource};
 use tower::ServiceExt;
 

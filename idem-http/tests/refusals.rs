@@ -10,8 +10,7 @@ use std::convert::Infallible;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use idem_core::Idem;
-use idem_core::MemoryStore;
+use idem_core::{Idem, MemoryStore};
 use idem_http::{Builder, FixedOwner, IdempotencyLayer, NoOwner, OperationSource};
 use tower::{Layer, ServiceExt, service_fn};
 

@@ -1,18 +1,10 @@
 //! The operator API ([`AdminStore`]) of [`PgStore`]: indexed listing with
 //! keyset pagination, release, delete and counts, one statement each.
 
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::clock::Timestamp;
-use idem_core::ops::Cursor;
-use idem_core::ops::Page;
-use idem_core::ops::RecordState;
-use idem_core::ops::RecordSummary;
-use idem_core::ops::StateCounts;
-use idem_core::store::AdminStore;
-use idem_core::store::InFlightQuery;
-use idem_core::store::StoreError;
+use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
+use idem_core::store::{AdminStore, InFlightQuery, StoreError};
+use idem_core::{IdempotencyKey, RecordId, Scope};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 

@@ -9,21 +9,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_core::Attempt;
-use idem_core::Begin;
-use idem_core::Claim;
-use idem_core::Error;
-use idem_core::Idem;
-use idem_core::IntoKey;
-use idem_core::Outcome;
-use idem_core::Reply;
-use idem_core::Scope;
-use idem_core::Storable;
-use idem_core::adapter::ClaimExt;
-use idem_core::adapter::ClaimTicket;
-use idem_core::adapter::EngineExt;
-use idem_core::store::CLAIM_RACE_TRIES;
-use idem_core::store::ClaimOutcome;
+use idem_core::adapter::{ClaimExt, ClaimTicket, EngineExt};
+use idem_core::store::{CLAIM_RACE_TRIES, ClaimOutcome};
+use idem_core::{Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, Reply, Scope, Storable};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Transaction};
 use tracing::{debug, warn};

@@ -5,18 +5,11 @@ mod support;
 
 use std::time::Duration;
 
-use idem_core::FieldFilter;
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
 use idem_core::adapter::fingerprint;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
+use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::OutcomeKind;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Completion;
-use idem_core::store::Store;
-use idem_core::store::Token;
+use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 use idem_postgres::{PgIdemExt, PgStore};
 use support::PgFixture;
 use support::proxy::{Proxy, Snapshot};

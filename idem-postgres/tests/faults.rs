@@ -6,22 +6,12 @@ mod support;
 
 use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::FieldFilter;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
 use idem_core::adapter::fingerprint;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
+use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::RecordState;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Store;
-use idem_core::store::StoreError;
-use idem_core::store::Token;
-use idem_postgres::PgStore;
-use idem_postgres::sqlx;
+use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
+use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, RecordId};
+use idem_postgres::{PgStore, sqlx};
 use support::PgFixture;
 use support::proxy::Proxy;
 use support::scenario::{Counter, LEASE, Out, engine, policy, request, scope, with_fixture};

@@ -5,12 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use idem_core::Idem;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
-use idem_core::testkit::metrics::assert_exactly;
-use idem_core::testkit::metrics::recorded;
+use idem_core::testkit::metrics::{assert_exactly, recorded};
+use idem_core::{Idem, Outcome, Policy, Scope};
 use idem_postgres::PgIdemExt;
 use support::PgFixture;
 

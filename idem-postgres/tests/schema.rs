@@ -7,14 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
-use idem_core::Scope;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
-use idem_core::store::Store;
-use idem_core::store::StoreError;
+use idem_core::clock::{Clock, ManualClock};
+use idem_core::store::{Store, StoreError};
+use idem_core::{Error, IdempotencyKey, RecordId, Scope};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, Executor, Row};
 use support::PgFixture;

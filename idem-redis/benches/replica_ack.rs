@@ -16,10 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::Outcome;
-use idem_core::Scope;
+use idem_core::{Idem, IdempotencyKey, Outcome, Scope};
 use idem_redis::RedisStore;
 use support::replicated::ReplicatedPair;
 use tokio::runtime::Runtime;

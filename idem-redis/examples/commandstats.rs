@@ -34,20 +34,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::adapter::Fingerprint;
-use idem_core::clock::Clock;
-use idem_core::clock::SystemClock;
+use idem_core::clock::{Clock, SystemClock};
 use idem_core::ops::OutcomeKind;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Completion;
-use idem_core::store::Store;
-use idem_core::store::Token;
+use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
-use idem_redis::redis::{self, aio::MultiplexedConnection};
+use idem_redis::redis::aio::MultiplexedConnection;
+use idem_redis::redis::{self};
 
 const TASKS: usize = 16;
 

@@ -19,18 +19,10 @@
 //! identity fields) are counted but not listed; they age out with their key.
 //! A record still in the hash layout is rewritten in layout 1 when read.
 
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::clock::Timestamp;
-use idem_core::ops::Cursor;
-use idem_core::ops::Page;
-use idem_core::ops::RecordState;
-use idem_core::ops::RecordSummary;
-use idem_core::ops::StateCounts;
-use idem_core::store::AdminStore;
-use idem_core::store::InFlightQuery;
-use idem_core::store::StoreError;
+use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
+use idem_core::store::{AdminStore, InFlightQuery, StoreError};
+use idem_core::{IdempotencyKey, RecordId, Scope};
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisResult, Value};

@@ -64,8 +64,7 @@ impl RecordKeys {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::IdempotencyKey;
-    use idem_core::Scope;
+    use idem_core::{IdempotencyKey, Scope};
 
     use super::*;
 

@@ -22,8 +22,7 @@ pub use store::RedisStore;
 /// side builds its calls here, so it cannot drift from the store).
 #[doc(hidden)]
 pub mod statements {
-    use idem_core::ops::OutcomeKind;
-    use idem_core::ops::RecordState;
+    use idem_core::ops::{OutcomeKind, RecordState};
     use redis::Pipeline;
 
     pub use crate::scripts::sources::*;

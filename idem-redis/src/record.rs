@@ -27,11 +27,8 @@
 use idem_core::RecordId;
 use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::OutcomeKind;
-use idem_core::ops::RecordState;
-use idem_core::store::StoreError;
-use idem_core::store::StoredRecord;
-use idem_core::store::Token;
+use idem_core::ops::{OutcomeKind, RecordState};
+use idem_core::store::{StoreError, StoredRecord, Token};
 
 use crate::error::{BACKEND, corrupt};
 
@@ -325,8 +322,7 @@ pub(crate) fn encode_body(token: i64, body: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::IdempotencyKey;
-    use idem_core::Scope;
+    use idem_core::{IdempotencyKey, Scope};
 
     use super::*;
 

@@ -6,19 +6,11 @@ use std::time::Duration;
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::ops::OutcomeKind;
-use idem_core::ops::PurgeReport;
-use idem_core::ops::RecordState;
-use idem_core::store::Capabilities;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Claimed;
-use idem_core::store::Completion;
-use idem_core::store::Previous;
-use idem_core::store::Store;
-use idem_core::store::StoreError;
-use idem_core::store::StoredRecord;
-use idem_core::store::Token;
+use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
+    StoredRecord, Token,
+};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;

@@ -23,16 +23,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::Error;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::InFlightMode;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
 use idem_core::clock::ManualClock;
 use idem_core::ops::RecordState;
 use idem_core::store::StoreError;
+use idem_core::{Error, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, Scope};
 use idem_redis::{NotAcknowledged, RedisStore};
 use support::replicated::{ReplicatedCluster, ReplicatedPair, Shard};
 use support::scenario::{Counter, Out, request};

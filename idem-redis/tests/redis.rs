@@ -8,16 +8,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::IdempotencyKey;
-use idem_core::Scope;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
+use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::OutcomeKind;
-use idem_core::store::Completion;
-use idem_core::store::Store;
-use idem_core::store::StoreError;
-use idem_core::store::Token;
+use idem_core::store::{Completion, Store, StoreError, Token};
+use idem_core::{Error, IdempotencyKey, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
@@ -667,9 +661,7 @@ async fn write_hash_layout(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
     use idem_core::ops::RecordState;
-    use idem_core::store::AdminStore;
-    use idem_core::store::ClaimOutcome;
-    use idem_core::store::InFlightQuery;
+    use idem_core::store::{AdminStore, ClaimOutcome, InFlightQuery};
 
     let fixture = support::standalone().await;
     let store = fixture.store.clone();

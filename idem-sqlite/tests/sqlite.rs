@@ -5,13 +5,8 @@ mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::Error;
-use idem_core::Idem;
-use idem_core::Outcome;
-use idem_core::Scope;
-use idem_core::testkit::Charge;
-use idem_core::testkit::Decline;
-use idem_core::testkit::Fixture;
+use idem_core::testkit::{Charge, Decline, Fixture};
+use idem_core::{Error, Idem, Outcome, Scope};
 use idem_sqlite::SqliteStore;
 use serde_json::json;
 use support::FileDb;
@@ -235,17 +230,11 @@ async fn purges_and_the_stuck_list_walk_the_sweep_index() {
 /// expiries and the in-flight state, and the claim wrote four).
 #[tokio::test]
 async fn a_completion_writes_the_table_and_no_index() {
-    use idem_core::FieldFilter;
-    use idem_core::IdempotencyKey;
-    use idem_core::RecordId;
     use idem_core::adapter::fingerprint;
     use idem_core::clock::Timestamp;
     use idem_core::ops::OutcomeKind;
-    use idem_core::store::ClaimOutcome;
-    use idem_core::store::ClaimRequest;
-    use idem_core::store::Completion;
-    use idem_core::store::Store;
-    use idem_core::store::Token;
+    use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+    use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 
     let db = FileDb::new().await;
     let pool = db.store.pool().clone();
@@ -333,8 +322,7 @@ async fn a_completion_writes_the_table_and_no_index() {
 /// indexes go, and a purge re-files or removes the old records.
 #[tokio::test]
 async fn migrate_upgrades_a_first_version_database() {
-    use idem_core::clock::ManualClock;
-    use idem_core::clock::Timestamp;
+    use idem_core::clock::{ManualClock, Timestamp};
 
     let path = std::env::temp_dir().join(format!(
         "idem-test-{}.db",

@@ -6,13 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::Error;
-use idem_core::HttpResponse;
-use idem_core::Idem;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
 use idem_core::store::Store;
+use idem_core::{Error, HttpResponse, Idem, Outcome, Policy, Scope};
 use serde_json::{Value, json};
 
 /// Owner and operation of every bench record.

@@ -10,12 +10,8 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::Idem;
-use idem_core::InFlightMode;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
 use idem_core::store::Store;
+use idem_core::{Idem, InFlightMode, Outcome, Policy, Scope};
 use idem_crashtest::{DurableLog, WorkerConfig};
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;

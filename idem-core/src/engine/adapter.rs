@@ -14,26 +14,13 @@ use std::sync::Arc;
 use serde::Serialize;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::Attempt;
-use crate::Begin;
-use crate::Claim;
-use crate::Error;
-use crate::Idem;
-use crate::IntoKey;
-use crate::Outcome;
-use crate::RecordId;
-use crate::Reply;
-use crate::Scope;
-use crate::Storable;
-use crate::adapter::Fingerprint;
-use crate::adapter::fingerprint;
+use crate::adapter::{Fingerprint, fingerprint};
 use crate::clock::Timestamp;
 use crate::ops::OutcomeKind;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Completion;
-use crate::store::Store;
-use crate::store::Token;
+use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+use crate::{
+    Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
+};
 
 mod sealed {
     pub trait Sealed {}

@@ -9,14 +9,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::Error;
-use crate::RecordId;
-use crate::clock::Clock;
-use crate::clock::Timestamp;
-use crate::store::Previous;
-use crate::store::Store;
-use crate::store::StoreError;
-use crate::store::Token;
+use crate::clock::{Clock, Timestamp};
+use crate::store::{Previous, Store, StoreError, Token};
+use crate::{Error, RecordId};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -295,8 +290,7 @@ impl TakeoverReason {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::IdempotencyKey;
-    use crate::Scope;
+    use crate::{IdempotencyKey, Scope};
 
     #[test]
     fn downstream_keys_are_scoped_and_versioned() {

@@ -7,17 +7,11 @@ use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
-use crate::Attempt;
-use crate::Error;
-use crate::Outcome;
-use crate::Reply;
-use crate::Storable;
 use crate::engine::core::Idem;
 use crate::engine::error::RETRY_SOON;
 use crate::ops::OutcomeKind;
-use crate::store::Completion;
-use crate::store::Store;
-use crate::store::StoreError;
+use crate::store::{Completion, Store, StoreError};
+use crate::{Attempt, Error, Outcome, Reply, Storable};
 
 /// The answer of [`Idem::begin`](crate::Idem::begin): run the work, or
 /// replay.

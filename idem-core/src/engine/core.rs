@@ -9,12 +9,9 @@ use std::sync::Arc;
 use tracing::debug;
 
 use crate::Policy;
-use crate::clock::Clock;
-use crate::clock::SystemClock;
-use crate::engine::attempt::AttemptControl;
-use crate::engine::attempt::StoreControl;
-use crate::store::Store;
-use crate::store::StoreError;
+use crate::clock::{Clock, SystemClock};
+use crate::engine::attempt::{AttemptControl, StoreControl};
+use crate::store::{Store, StoreError};
 
 /// The idempotency engine: a store, a [`Policy`] and a clock.
 ///

@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use crate::error::KeyError;
-use crate::error::RequestError;
-use crate::error::ScopeError;
+use crate::error::{KeyError, RequestError, ScopeError};
 use crate::store::StoreError;
 
 /// Whole seconds for a `Retry-After` header: rounded up, at least 1.

@@ -20,25 +20,14 @@ use serde::Serialize;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use self::core::Idem;
-use crate::Attempt;
-use crate::Begin;
-use crate::Error;
-use crate::InFlightMode;
-use crate::IntoKey;
-use crate::Outcome;
-use crate::RecordId;
-use crate::Reply;
-use crate::Scope;
-use crate::Storable;
-use crate::adapter::EngineExt;
-use crate::adapter::Fingerprint;
-use crate::adapter::Prepared;
+use crate::adapter::{EngineExt, Fingerprint, Prepared};
 use crate::clock::Timestamp;
 use crate::engine::error::retry_after_secs;
-use crate::ops::OutcomeKind;
-use crate::ops::RecordState;
-use crate::store::Store;
-use crate::store::StoredRecord;
+use crate::ops::{OutcomeKind, RecordState};
+use crate::store::{Store, StoredRecord};
+use crate::{
+    Attempt, Begin, Error, InFlightMode, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
+};
 
 /// Counts a begin's answer: a claim won, a replay, or a rejection.
 pub(crate) fn record_begin<S: Store, T, E>(

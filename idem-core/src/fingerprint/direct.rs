@@ -30,9 +30,7 @@ use std::sync::OnceLock;
 use serde::ser::{self, Serialize};
 
 use crate::fingerprint::check::MAX_DEPTH;
-use crate::fingerprint::value::utf16_cmp_bytes;
-use crate::fingerprint::value::write_f64;
-use crate::fingerprint::value::write_string;
+use crate::fingerprint::value::{utf16_cmp_bytes, write_f64, write_string};
 
 /// Largest magnitude below which every integer is exactly a double.
 const EXACT_INT: u64 = 1 << 53;
@@ -811,11 +809,10 @@ mod tests {
     use serde::ser::{SerializeMap, Serializer};
     use serde_json::{Value, json};
 
-    use crate::FieldFilter;
-    use crate::RawJson;
     use crate::adapter::fingerprint;
     use crate::error::RequestError;
     use crate::fingerprint::fingerprint_via_value;
+    use crate::{FieldFilter, RawJson};
 
     /// Same fingerprint, or the same kind of error, both ways.
     fn same<R: Serialize + ?Sized + fmt::Debug>(request: &R) {

@@ -12,8 +12,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::fingerprint::direct::CanonError;
-use crate::fingerprint::direct::Scratch;
+use crate::fingerprint::direct::{CanonError, Scratch};
 use crate::fingerprint::value::fingerprint_bytes;
 
 /// The deepest nesting of arrays and objects accepted in a request, the same
@@ -345,8 +344,7 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 /// `serde_json::to_value` would turn into `null` or recurse into), then the
 /// conversion; a [`RawJson`] parse reports its own typed failure.
 fn to_request_value<R: Serialize + ?Sized>(request: &R) -> Result<Value, RequestError> {
-    use crate::fingerprint::check::CheckError;
-    use crate::fingerprint::check::check;
+    use crate::fingerprint::check::{CheckError, check};
     check(request).map_err(|e| match e {
         CheckError::NonFinite => RequestError::NonFiniteNumber,
         CheckError::TooDeep => RequestError::TooDeep,

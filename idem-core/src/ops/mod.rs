@@ -19,17 +19,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::Error;
-use crate::Idem;
-use crate::IntoKey;
-use crate::RecordId;
-use crate::Scope;
 use crate::adapter::Fingerprint;
 use crate::clock::Timestamp;
-use crate::store::AdminStore;
-use crate::store::InFlightQuery;
-use crate::store::Store;
-use crate::store::StoreError;
+use crate::store::{AdminStore, InFlightQuery, Store, StoreError};
+use crate::{Error, Idem, IntoKey, RecordId, Scope};
 
 /// How long one operator store call may take by default (per call: a
 /// listing of many pages makes one call per page).

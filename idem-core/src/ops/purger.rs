@@ -6,10 +6,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::Idem;
-use crate::ops::DEFAULT_TIMEOUT;
-use crate::ops::PurgeReport;
-use crate::store::Store;
-use crate::store::Token;
+use crate::ops::{DEFAULT_TIMEOUT, PurgeReport};
+use crate::store::{Store, Token};
 
 /// How a background purger runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

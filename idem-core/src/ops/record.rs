@@ -6,8 +6,7 @@ use std::fmt;
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::store::CursorError;
-use crate::store::KeysetPosition;
+use crate::store::{CursorError, KeysetPosition};
 
 /// Where a record stands.
 ///

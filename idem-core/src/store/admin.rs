@@ -32,8 +32,7 @@ use crate::ops::{Cursor, Page, StateCounts};
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::store::Store;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// A position in a keyset listing: the last record of the previous page.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -7,19 +7,11 @@ use std::sync::Arc;
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::ops::Page;
-use crate::ops::PurgeReport;
-use crate::ops::StateCounts;
-use crate::store::AdminStore;
-use crate::store::Capabilities;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Completion;
-use crate::store::InFlightQuery;
-use crate::store::Store;
-use crate::store::StoreError;
-use crate::store::StoredRecord;
-use crate::store::Token;
+use crate::ops::{Page, PurgeReport, StateCounts};
+use crate::store::{
+    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Store,
+    StoreError, StoredRecord, Token,
+};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -5,24 +5,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::ops::Cursor;
-use crate::ops::Page;
-use crate::ops::PurgeReport;
-use crate::ops::RecordState;
-use crate::ops::RecordSummary;
-use crate::ops::StateCounts;
-use crate::store::AdminStore;
-use crate::store::Capabilities;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Claimed;
-use crate::store::Completion;
-use crate::store::InFlightQuery;
-use crate::store::Previous;
-use crate::store::Store;
-use crate::store::StoreError;
-use crate::store::StoredRecord;
-use crate::store::Token;
+use crate::ops::{Cursor, Page, PurgeReport, RecordState, RecordSummary, StateCounts};
+use crate::store::{
+    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery,
+    Previous, Store, StoreError, StoredRecord, Token,
+};
 
 /// An in-process store: one map behind one mutex.
 ///

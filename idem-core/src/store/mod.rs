@@ -128,13 +128,10 @@ pub use crate::util::BoxDynError;
 use std::fmt;
 use std::future::Future;
 
-use crate::RecordId;
-use crate::TakeoverReason;
 use crate::adapter::Fingerprint;
 use crate::clock::Timestamp;
-use crate::ops::OutcomeKind;
-use crate::ops::PurgeReport;
-use crate::ops::RecordState;
+use crate::ops::{OutcomeKind, PurgeReport, RecordState};
+use crate::{RecordId, TakeoverReason};
 
 /// A fencing token: whoever holds the record's current token may complete,
 /// release or extend it or save its resource id; anybody else is refused.

@@ -3,8 +3,7 @@
 
 use std::future::Future;
 
-use crate::store::ClaimOutcome;
-use crate::store::StoreError;
+use crate::store::{ClaimOutcome, StoreError};
 
 /// How many times a store runs its claim again when a concurrent writer
 /// made the read and the conditional write disagree (see

@@ -4,25 +4,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Error;
-use crate::FieldFilter;
-use crate::Outcome;
-use crate::RecordId;
-use crate::TakeoverReason;
 use crate::adapter::fingerprint;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
-use crate::clock::Timestamp;
-use crate::ops::AdminOutcome;
-use crate::ops::Cursor;
-use crate::ops::OutcomeKind;
-use crate::ops::RecordState;
-use crate::store::AdminStore;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Completion;
-use crate::store::InFlightQuery;
-use crate::store::Token;
+use crate::clock::{Clock, ManualClock, Timestamp};
+use crate::ops::{AdminOutcome, Cursor, OutcomeKind, RecordState};
+use crate::store::{AdminStore, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Token};
+use crate::{Error, FieldFilter, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
     Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, key, record_id,

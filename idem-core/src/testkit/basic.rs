@@ -2,16 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::Error;
-use crate::HttpResponse;
-use crate::Outcome;
-use crate::RawJson;
-use crate::Scope;
 use crate::clock::ManualClock;
 use crate::id::key::MAX_KEY_LEN;
-use crate::ops::OutcomeKind;
-use crate::ops::RecordState;
+use crate::ops::{OutcomeKind, RecordState};
 use crate::store::Store;
+use crate::{Error, HttpResponse, Outcome, RawJson, Scope};
 
 use super::support::{Charge, Counter, Decline, Out, charge_request, engine, key, scope};
 

@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::ops::RecordState;
 use crate::store::Store;
 

@@ -4,10 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
-use crate::ops::OutcomeKind;
-use crate::ops::RecordState;
+use crate::clock::{Clock, ManualClock};
+use crate::ops::{OutcomeKind, RecordState};
 use crate::store::Store;
 
 use super::support::{

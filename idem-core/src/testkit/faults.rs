@@ -3,12 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Error;
-use crate::Idem;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::ops::RecordState;
 use crate::store::Store;
+use crate::{Error, Idem};
 
 use super::support::{
     Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope,

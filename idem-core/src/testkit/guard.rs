@@ -4,15 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Begin;
-use crate::Error;
-use crate::Outcome;
-use crate::RecordId;
-use crate::TakeoverReason;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::ops::RecordState;
 use crate::store::Store;
+use crate::{Begin, Error, Outcome, RecordId, TakeoverReason};
 
 use super::support::{Charge, Decline, LEASE, charge_request, engine, key, scope};
 

@@ -6,22 +6,11 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::Attempt;
-use crate::Error;
-use crate::FieldFilter;
-use crate::Idem;
-use crate::IdempotencyKey;
-use crate::Policy;
-use crate::Reply;
-use crate::Scope;
 use crate::adapter::fingerprint;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::ops::RecordState;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Store;
-use crate::store::Token;
+use crate::store::{ClaimOutcome, ClaimRequest, Store, Token};
+use crate::{Attempt, Error, FieldFilter, Idem, IdempotencyKey, Policy, Reply, Scope};
 
 use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, key, record_id, scope};
 

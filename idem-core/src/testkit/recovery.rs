@@ -5,18 +5,12 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::Attempt;
-use crate::Error;
-use crate::Idem;
-use crate::IdempotencyKey;
-use crate::InFlightMode;
-use crate::Outcome;
-use crate::Reply;
-use crate::Scope;
-use crate::TakeoverReason;
 use crate::clock::ManualClock;
 use crate::ops::RecordState;
 use crate::store::Store;
+use crate::{
+    Attempt, Error, Idem, IdempotencyKey, InFlightMode, Outcome, Reply, Scope, TakeoverReason,
+};
 
 use super::support::{
     Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope,

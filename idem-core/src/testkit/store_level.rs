@@ -2,20 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::FieldFilter;
-use crate::RecordId;
-use crate::TakeoverReason;
 use crate::adapter::fingerprint;
-use crate::clock::Clock;
-use crate::clock::ManualClock;
-use crate::ops::OutcomeKind;
-use crate::ops::RecordState;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Completion;
-use crate::store::Store;
-use crate::store::StoreError;
-use crate::store::Token;
+use crate::clock::{Clock, ManualClock};
+use crate::ops::{OutcomeKind, RecordState};
+use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, StoreError, Token};
+use crate::{FieldFilter, RecordId, TakeoverReason};
 
 use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};
 

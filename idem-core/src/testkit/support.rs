@@ -6,23 +6,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Idem;
-use crate::IdempotencyKey;
-use crate::InFlightMode;
-use crate::Policy;
-use crate::RecordId;
-use crate::Scope;
-use crate::clock::ManualClock;
-use crate::clock::Timestamp;
+use crate::clock::{ManualClock, Timestamp};
 use crate::ops::PurgeReport;
-use crate::store::Capabilities;
-use crate::store::ClaimOutcome;
-use crate::store::ClaimRequest;
-use crate::store::Completion;
-use crate::store::Store;
-use crate::store::StoreError;
-use crate::store::StoredRecord;
-use crate::store::Token;
+use crate::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
+};
+use crate::{Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Scope};
 
 /// A charge, the typed success of the scenarios.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,12 +17,10 @@ use axum::response::Response;
 use axum::routing::{patch, post};
 use bytes::Bytes;
 use http_body::Frame;
-use idem_core::Idem;
-use idem_core::InFlightMode;
-use idem_core::Policy;
 use idem_core::clock::ManualClock;
 use idem_core::store::Store;
 use idem_core::testkit::FailingStore;
+use idem_core::{Idem, InFlightMode, Policy};
 use tokio::sync::{Notify, Semaphore};
 
 use crate::{

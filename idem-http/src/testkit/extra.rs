@@ -3,9 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::IdempotencyKey;
-use idem_core::Scope;
 use idem_core::store::Store;
+use idem_core::{IdempotencyKey, Scope};
 
 use super::app::{App, Options, engine};
 use super::check::Got;

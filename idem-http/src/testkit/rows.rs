@@ -3,25 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::IdempotencyKey;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::clock::Clock;
 use idem_core::ops::OutcomeKind;
-use idem_core::store::ClaimOutcome;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Completion;
-use idem_core::store::Store;
-use idem_core::store::Token;
+use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+use idem_core::{IdempotencyKey, RecordId, Scope};
 use reqwest::Method;
 use reqwest::header::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL};
 use super::check::Got;
-use crate::FingerprintSpec;
-use crate::KeyNamespace;
 use crate::envelope::{RequestView, fingerprint_request};
+use crate::{FingerprintSpec, KeyNamespace};
 
 fn key() -> String {
     IdempotencyKey::random().as_str().to_owned()

@@ -2,9 +2,8 @@
 //! SQLite file, Postgres schema or Redis key prefix), cleaned up after.
 #![allow(dead_code, unreachable_pub)]
 
-use idem_core::IdempotencyKey;
-use idem_core::MemoryStore;
 use idem_core::testkit::Fixture;
+use idem_core::{IdempotencyKey, MemoryStore};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::sqlx::{self, Executor};

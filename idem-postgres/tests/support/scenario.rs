@@ -6,13 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::InFlightMode;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::Scope;
 use idem_core::clock::ManualClock;
+use idem_core::{Idem, IdempotencyKey, InFlightMode, Outcome, Policy, Scope};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, Executor};
 

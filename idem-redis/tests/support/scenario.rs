@@ -4,19 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::FieldFilter;
-use idem_core::Idem;
-use idem_core::IdempotencyKey;
-use idem_core::InFlightMode;
-use idem_core::Outcome;
-use idem_core::Policy;
-use idem_core::RecordId;
-use idem_core::Scope;
 use idem_core::adapter::fingerprint;
-use idem_core::clock::Clock;
-use idem_core::clock::ManualClock;
-use idem_core::store::ClaimRequest;
-use idem_core::store::Token;
+use idem_core::clock::{Clock, ManualClock};
+use idem_core::store::{ClaimRequest, Token};
+use idem_core::{
+    FieldFilter, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, RecordId, Scope,
+};
 use idem_redis::RedisStore;
 
 pub(crate) type Out = Outcome<String, String>;
