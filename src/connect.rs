@@ -199,8 +199,7 @@ impl ConnectOptions {
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem::AnyStore;
-/// use idem::Idem;
+/// use idem::{AnyStore, Idem};
 ///
 /// let url = std::env::var("IDEM_URL").unwrap_or_else(|_| "idem.db".to_owned());
 /// let idem: Idem<AnyStore> = Idem::new(idem::connect(&url).await?);

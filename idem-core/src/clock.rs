@@ -71,8 +71,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::clock::Clock;
-/// use idem_core::clock::ManualClock;
+/// use idem_core::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::starting_now();
 /// let t0 = clock.now();

@@ -37,8 +37,7 @@ pub enum InFlightMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idem_core::InFlightMode;
-/// use idem_core::Policy;
+/// use idem_core::{InFlightMode, Policy};
 ///
 /// let policy = Policy::builder()
 ///     .response_ttl(Duration::from_secs(3600))

@@ -40,8 +40,7 @@ fn problem_ref() -> Value {
 /// # Examples
 ///
 /// ```
-/// use idem_core::Idem;
-/// use idem_core::MemoryStore;
+/// use idem_core::{Idem, MemoryStore};
 /// use idem_http::{FixedOwner, IdempotencyLayer};
 ///
 /// let layer = IdempotencyLayer::builder(Idem::new(MemoryStore::new()))

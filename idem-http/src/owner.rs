@@ -21,8 +21,7 @@ use http::request::Parts;
 ///
 /// ```
 /// use http::request::Parts;
-/// use idem_core::Idem;
-/// use idem_core::MemoryStore;
+/// use idem_core::{Idem, MemoryStore};
 /// use idem_http::IdempotencyLayer;
 ///
 /// let layer = IdempotencyLayer::builder(Idem::new(MemoryStore::new()))

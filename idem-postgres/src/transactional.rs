@@ -85,9 +85,7 @@ pub trait PgIdemExt {
     /// # Examples
     ///
     /// ```no_run
-    /// use idem_core::Idem;
-    /// use idem_core::Outcome;
-    /// use idem_core::Scope;
+    /// use idem_core::{Idem, Outcome, Scope};
     /// use idem_postgres::{PgIdemExt, PgStore, sqlx};
     ///
     /// # async fn f(idem: Idem<PgStore>) -> Result<(), idem_core::Error> {

@@ -57,10 +57,7 @@ impl<S: Store> AttemptControl for StoreControl<S> {
 /// The work's view of its own attempt. Cheap to clone.
 ///
 /// ```
-/// # use idem_core::Idem;
-/// # use idem_core::MemoryStore;
-/// # use idem_core::Outcome;
-/// # use idem_core::Scope;
+/// # use idem_core::{Idem, MemoryStore, Outcome, Scope};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
 /// let idem = Idem::new(MemoryStore::new());
 /// let scope = Scope::new("acct_1", "POST /charges")?;

@@ -39,11 +39,7 @@ pub enum Begin<S: Store, T, E> {
 /// always decodes what the first attempt stored:
 ///
 /// ```compile_fail
-/// # use idem_core::Begin;
-/// # use idem_core::Idem;
-/// # use idem_core::MemoryStore;
-/// # use idem_core::Outcome;
-/// # use idem_core::Scope;
+/// # use idem_core::{Begin, Idem, MemoryStore, Outcome, Scope};
 /// # async fn f(idem: Idem<MemoryStore>, scope: Scope) -> Result<(), idem_core::Error> {
 /// if let Begin::Run(claim) = idem.begin::<String, String, _, _>(&scope, "k", &1).await? {
 ///     // A `Vec<u8>` for a claim begun for `String`: does not compile.

@@ -104,8 +104,7 @@ crate::storable_as_json!(bool, i32, i64, u32, u64);
 /// body: `Outcome::Success(Json(charge))`.
 ///
 /// ```
-/// use idem_core::Json;
-/// use idem_core::Storable;
+/// use idem_core::{Json, Storable};
 ///
 /// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 /// struct Charge { id: String, amount: u64 }
@@ -175,8 +174,7 @@ macro_rules! storable_as_json {
 /// survive too.
 ///
 /// ```
-/// use idem_core::HttpResponse;
-/// use idem_core::Storable;
+/// use idem_core::{HttpResponse, Storable};
 ///
 /// let r = HttpResponse::new(201, vec![("location".into(), b"/charges/ch_1".to_vec())], b"\x00{\"id\":1}".to_vec())
 ///     .with_header("x-raw", b"\xff\xfe".to_vec());

@@ -21,10 +21,7 @@ use crate::store::{Store, StoreError};
 /// # Examples
 ///
 /// ```
-/// use idem_core::Idem;
-/// use idem_core::MemoryStore;
-/// use idem_core::Outcome;
-/// use idem_core::Scope;
+/// use idem_core::{Idem, MemoryStore, Outcome, Scope};
 /// use serde_json::json;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {

@@ -61,7 +61,7 @@ impl<S: Store> Idem<S> {
     /// key).
     ///
     /// The closure convenience over [`Idem::begin`]: begin, run the work on
-    /// [`Begin::Run`], [`Claim::complete`] with its outcome.
+    /// [`Begin::Run`], [`Claim::complete`](crate::Claim::complete) with its outcome.
     ///
     /// Round trips: a fresh key costs two (claim, complete), a replay one.
     /// Nothing is held between them: no lock, no per-key state in the process.
@@ -123,8 +123,8 @@ impl<S: Store> Idem<S> {
     /// or answers with what stands.
     ///
     /// * [`Begin::Run`]: the claim is ours. Run the work (its handle is
-    ///   [`Claim::attempt`]), then [`Claim::complete`] with the outcome, or
-    ///   [`Claim::release`] it. A claim dropped unfinished is a crash: the
+    ///   [`Claim::attempt`](crate::Claim::attempt)), then [`Claim::complete`](crate::Claim::complete) with the outcome, or
+    ///   [`Claim::release`](crate::Claim::release) it. A claim dropped unfinished is a crash: the
     ///   record waits for its lease, then recovery.
     /// * [`Begin::Replay`]: the stored outcome; the work must not run.
     ///
@@ -132,11 +132,7 @@ impl<S: Store> Idem<S> {
     /// polling, up to the policy's timeout.
     ///
     /// ```
-    /// use idem_core::Begin;
-    /// use idem_core::Idem;
-    /// use idem_core::MemoryStore;
-    /// use idem_core::Outcome;
-    /// use idem_core::Scope;
+    /// use idem_core::{Begin, Idem, MemoryStore, Outcome, Scope};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
     /// let idem = Idem::new(MemoryStore::new());

@@ -22,10 +22,7 @@ pub enum Outcome<T, E> {
 /// one releases the key.
 ///
 /// ```
-/// use idem_core::Failure;
-/// use idem_core::Idem;
-/// use idem_core::MemoryStore;
-/// use idem_core::Scope;
+/// use idem_core::{Failure, Idem, MemoryStore, Scope};
 ///
 /// async fn charge(amount: u64) -> Result<String, std::io::Error> {
 ///     Ok(format!("ch_{amount}"))

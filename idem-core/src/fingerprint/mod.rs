@@ -402,10 +402,9 @@ fn exceeds_depth(value: &Value, limit: usize) -> bool {
 /// stored.
 ///
 /// ```
-/// use idem_core::FieldFilter;
-/// use idem_core::RawJson;
-/// use idem_core::error::RequestError;
+/// use idem_core::{FieldFilter, RawJson};
 /// use idem_core::adapter::fingerprint;
+/// use idem_core::error::RequestError;
 ///
 /// let a = fingerprint("op", &RawJson(br#"{"a":1,"b":2}"#), &FieldFilter::All).unwrap();
 /// let b = fingerprint("op", &RawJson(br#"{ "b":2.0, "a":1 }"#), &FieldFilter::All).unwrap();

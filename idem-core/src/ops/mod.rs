@@ -152,8 +152,7 @@ impl<S: Store> Idem<S> {
     /// ([`DEFAULT_TIMEOUT`] unless [`Admin::timeout`] says otherwise).
     ///
     /// ```
-    /// # use idem_core::Idem;
-    /// # use idem_core::MemoryStore;
+    /// # use idem_core::{Idem, MemoryStore};
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_core::Error> {
     /// let idem = Idem::new(MemoryStore::new());

@@ -78,7 +78,11 @@ pub struct InFlightQuery<'a> {
 /// The operator operations of a store. Every backend of this workspace
 /// implements them; the conformance suite proves them.
 ///
-/// See the [module docs](self) for why each is safe on a live system.
+/// None of them can make the work run twice without a recovery:
+/// [`release_in_flight`](AdminStore::release_in_flight) only ends a lease
+/// (the next claim is a takeover under a new token, the resource id kept),
+/// [`delete_completed`](AdminStore::delete_completed) removes only completed
+/// records, and listing and counting only read.
 pub trait AdminStore: Store {
     /// Lists in-flight records whose lease ends at or before
     /// `query.lease_before` and whose key lives at `query.now`, one page at a

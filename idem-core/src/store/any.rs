@@ -165,15 +165,13 @@ impl<S: AdminStore> DynStore for S {
 /// round trip or a SQLite statement). Cheap to clone.
 ///
 /// It is an [`AdminStore`] too, so the operator API
-/// ([`Idem::inspect`](crate::Idem::inspect), [`Idem::list_stuck`](crate::Idem::list_stuck),
-/// the purger) works on the store chosen at run time. Every backend of this
+/// ([`Idem::admin`](crate::Idem::admin)'s inspect, list, release, delete,
+/// counts and purge, and the purger) works on the store chosen at run time. Every backend of this
 /// workspace implements [`AdminStore`]; a third-party store implements it
 /// to be wrapped here.
 ///
 /// ```
-/// use idem_core::AnyStore;
-/// use idem_core::Idem;
-/// use idem_core::MemoryStore;
+/// use idem_core::{AnyStore, Idem, MemoryStore};
 ///
 /// fn store_from_config(kind: &str) -> AnyStore {
 ///     match kind {

@@ -64,11 +64,7 @@
 //! ```
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use idem_core::store::*;
-//! use idem_core::Idem;
-//! use idem_core::MemoryStore;
-//! use idem_core::Outcome;
-//! use idem_core::RecordId;
-//! use idem_core::Scope;
+//! use idem_core::{Idem, MemoryStore, Outcome, RecordId, Scope};
 //! use idem_core::clock::Timestamp;
 //! use idem_core::ops::PurgeReport;
 //!
@@ -221,7 +217,8 @@ pub struct ClaimRequest<'a> {
 
 impl<'a> ClaimRequest<'a> {
     /// A claim from its parts, for store tests and benches (the engine
-    /// builds its own through [`Idem::ticket`](crate::Idem::ticket)).
+    /// builds its own through
+    /// [`EngineExt::ticket`](crate::adapter::EngineExt::ticket)).
     #[must_use]
     pub fn new(
         id: &'a RecordId,
