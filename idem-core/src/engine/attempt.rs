@@ -2,57 +2,16 @@
 //! lease extension and downstream keys.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::clock::{Clock, Timestamp};
-use crate::store::{Previous, Store, StoreError, Token};
+use crate::clock::Clock;
+use crate::store::any::DynStore;
+use crate::store::{Previous, Token};
 use crate::{Error, RecordId};
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The token-guarded writes an [`Attempt`] makes while its work runs,
-/// with the store's type erased so `Attempt` is not generic.
-pub(crate) trait AttemptControl: Send + Sync + fmt::Debug + 'static {
-    fn save_resource_id<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resource_id: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn extend_lease<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-}
-
-#[derive(Debug)]
-pub(crate) struct StoreControl<S>(pub(crate) Arc<S>);
-
-impl<S: Store> AttemptControl for StoreControl<S> {
-    fn save_resource_id<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resource_id: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.0.save_resource_id(id, token, resource_id))
-    }
-    fn extend_lease<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.0.extend_lease(id, token, lease_until))
-    }
-}
 
 /// The work's view of its own attempt. Cheap to clone.
 ///
@@ -90,7 +49,7 @@ struct Inner {
     previous: Option<Previous>,
     clock: Arc<dyn Clock>,
     /// `None` when the writes are deferred (a claim held by a transaction).
-    control: Option<Arc<dyn AttemptControl>>,
+    control: Option<Arc<dyn DynStore>>,
     resource_id: Mutex<Option<String>>,
 }
 
@@ -112,7 +71,7 @@ impl Attempt {
         number: u32,
         previous: Option<Previous>,
         clock: Arc<dyn Clock>,
-        control: Option<Arc<dyn AttemptControl>>,
+        control: Option<Arc<dyn DynStore>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {

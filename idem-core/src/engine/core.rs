@@ -10,7 +10,7 @@ use tracing::debug;
 
 use crate::Policy;
 use crate::clock::{Clock, SystemClock};
-use crate::engine::attempt::{AttemptControl, StoreControl};
+use crate::store::any::DynStore;
 use crate::store::{Store, StoreError};
 
 /// The idempotency engine: a store, a [`Policy`] and a clock.
@@ -50,7 +50,7 @@ pub struct Idem<S> {
     pub(crate) clock: Arc<dyn Clock>,
     /// The store's token-guarded writes for attempts, made once (not per
     /// claim).
-    pub(crate) control: Arc<dyn AttemptControl>,
+    pub(crate) control: Arc<dyn DynStore>,
 }
 
 impl<S> Clone for Idem<S> {
@@ -82,7 +82,7 @@ impl<S: Store> Idem<S> {
     pub fn new(store: S) -> Self {
         let store = Arc::new(store);
         Self {
-            control: Arc::new(StoreControl(Arc::clone(&store))),
+            control: Arc::clone(&store) as Arc<dyn DynStore>,
             store,
             policy: Arc::new(Policy::default()),
             clock: Arc::new(SystemClock),

@@ -13,12 +13,12 @@ use crate::store::{
     StoreError, StoredRecord, Token,
 };
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The dyn-compatible mirror of [`Store`] and [`AdminStore`], implemented
-/// for every admin store. Not meant to be implemented or called directly:
-/// wrap a store in [`AnyStore`].
-trait DynStore: Send + Sync + fmt::Debug + 'static {
+/// The dyn-compatible mirror of [`Store`], implemented for every store: what
+/// [`AnyStore`] forwards to, and what an [`Attempt`](crate::Attempt) writes
+/// through (so neither is generic over the store).
+pub(crate) trait DynStore: Send + Sync + fmt::Debug + 'static {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest<'a>,
@@ -58,6 +58,10 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
         limit: u32,
     ) -> BoxFuture<'_, Result<PurgeReport, StoreError>>;
     fn capabilities(&self) -> Capabilities;
+}
+
+/// The dyn-compatible mirror of [`AdminStore`], for [`AnyStore`].
+trait DynAdmin: DynStore {
     fn list_in_flight<'a>(
         &'a self,
         query: &'a InFlightQuery<'a>,
@@ -76,7 +80,7 @@ trait DynStore: Send + Sync + fmt::Debug + 'static {
     fn count_states(&self, now: Timestamp) -> BoxFuture<'_, Result<StateCounts, StoreError>>;
 }
 
-impl<S: AdminStore> DynStore for S {
+impl<S: Store> DynStore for S {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest<'a>,
@@ -132,6 +136,9 @@ impl<S: AdminStore> DynStore for S {
     fn capabilities(&self) -> Capabilities {
         Store::capabilities(self)
     }
+}
+
+impl<S: AdminStore> DynAdmin for S {
     fn list_in_flight<'a>(
         &'a self,
         query: &'a InFlightQuery<'a>,
@@ -184,7 +191,7 @@ impl<S: AdminStore> DynStore for S {
 /// # let _ = idem;
 /// ```
 #[derive(Clone)]
-pub struct AnyStore(Arc<dyn DynStore>);
+pub struct AnyStore(Arc<dyn DynAdmin>);
 
 impl AnyStore {
     /// Wraps a store.
