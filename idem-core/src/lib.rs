@@ -40,7 +40,7 @@ pub use engine::Idem;
 pub use engine::attempt::{Attempt, TakeoverReason};
 pub use engine::claim::{Begin, Claim};
 pub use engine::codec::{HttpResponse, Json, Storable};
-pub use engine::error::{Error, ErrorKind, Result};
+pub use engine::error::{Error, ErrorKind};
 pub use engine::outcome::{Failure, Outcome, Reply};
 pub use fingerprint::{FieldFilter, RawJson};
 pub use id::key::{IdempotencyKey, IntoKey};

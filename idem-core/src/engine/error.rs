@@ -17,9 +17,6 @@ pub(crate) fn retry_after_secs(d: Duration) -> u64 {
 /// How long to wait after a lost lease or an unavailable store.
 pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
 
-/// `Result` with [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
 /// Everything `execute` can refuse or fail with. Every variant says whether a
 /// retry can help ([`Error::is_retryable`]) and what HTTP status it maps to.
 #[derive(Debug, thiserror::Error)]
