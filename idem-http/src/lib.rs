@@ -38,6 +38,12 @@ mod respond;
 #[cfg(feature = "openapi")]
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
+
+// The webhook receiver: its own layer on the same body limit, executor,
+// classification and problem renderer.
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+pub mod webhook;
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
