@@ -208,9 +208,7 @@ impl Rejection {
             }
             Self::Engine(e) => e.to_string(),
             Self::MalformedWebhook { reason } => format!("malformed webhook: {reason}"),
-            Self::InvalidSignature => {
-                "no webhook signature matches a configured secret".to_owned()
-            }
+            Self::InvalidSignature => "no webhook signature matches a configured secret".to_owned(),
             Self::StaleWebhook { tolerance } => format!(
                 "the webhook timestamp is more than {} s from the server's time",
                 tolerance.as_secs()

@@ -358,9 +358,7 @@ impl<S: Store> Builder<S> {
             in_flight_status: Some(self.in_flight_status),
             ..Config::default()
         };
-        let event_id = self
-            .event_id
-            .unwrap_or_else(|| provider.event_id.clone());
+        let event_id = self.event_id.unwrap_or_else(|| provider.event_id.clone());
         Ok(WebhookLayer {
             shared: Arc::new(Shared {
                 idem: self.idem,
@@ -401,7 +399,6 @@ impl<Svc, S> Layer<Svc> for WebhookLayer<S> {
         WebhookService::new(inner, self.clone())
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -209,9 +209,7 @@ where
         key: key.clone(),
         timestamp,
     };
-    parts
-        .extensions
-        .insert(WebhookDelivery(delivery.clone()));
+    parts.extensions.insert(WebhookDelivery(delivery.clone()));
     let req = Request::from_parts(parts, ReqB::from(bytes));
     let answer = exec::run(
         Arc::clone(shared),
@@ -326,12 +324,16 @@ fn event_key(
         EventId::Header(h) => header(h),
         EventId::FirstHeader(hs) => hs.iter().find_map(header),
         EventId::JsonPointer(p) => {
-            let value = RawJson(body).parse().map_err(|e| Rejection::MalformedWebhook {
-                reason: match e {
-                    RequestError::DuplicateMember => "the body names a JSON member twice".into(),
-                    _ => "the body is not JSON the event id can be read from".into(),
-                },
-            })?;
+            let value = RawJson(body)
+                .parse()
+                .map_err(|e| Rejection::MalformedWebhook {
+                    reason: match e {
+                        RequestError::DuplicateMember => {
+                            "the body names a JSON member twice".into()
+                        }
+                        _ => "the body is not JSON the event id can be read from".into(),
+                    },
+                })?;
             match value.pointer(p) {
                 Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
                 Some(serde_json::Value::Number(n)) => Some(n.to_string()),

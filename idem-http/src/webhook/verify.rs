@@ -372,7 +372,10 @@ mod tests {
         assert_eq!(sw("v1,", SW_TS, SW_TS), no);
         // Truncated: a prefix of the right signature.
         assert_eq!(sw("v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPe", SW_TS, SW_TS), no);
-        assert_eq!(sw("v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3", SW_TS, SW_TS), no);
+        assert_eq!(
+            sw("v1,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3", SW_TS, SW_TS),
+            no
+        );
         assert_eq!(sw("v1,not-base64-at-all!", SW_TS, SW_TS), no);
         // ±301 s is stale, ±300 s is not.
         assert_eq!(sw(SW_SIG, SW_TS, SW_TS + 301), Err(VerifyError::Stale));
@@ -381,7 +384,11 @@ mod tests {
         assert!(sw(SW_SIG, SW_TS, SW_TS - 300).is_ok());
         // Unknown versions only: nothing to check.
         assert!(matches!(
-            sw("v1a,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=", SW_TS, SW_TS),
+            sw(
+                "v1a,tZ1I4/hDygAJgO5TYxiSd6Sd0kDW6hPenDe+bTa3Kkw=",
+                SW_TS,
+                SW_TS
+            ),
             Err(VerifyError::Malformed(_))
         ));
         assert!(matches!(
@@ -418,9 +425,7 @@ mod tests {
 
     #[test]
     fn standard_webhooks_valid_signature_third_in_a_list() {
-        let list = format!(
-            "v1,R3PTzyfHASBKHH98a7yexTwaJ4yNIcGhFQc1yuN+BPU= v1a,xyz v1, {SW_SIG}"
-        );
+        let list = format!("v1,R3PTzyfHASBKHH98a7yexTwaJ4yNIcGhFQc1yuN+BPU= v1a,xyz v1, {SW_SIG}");
         assert!(sw(&list, SW_TS, SW_TS).is_ok());
         // A tampered body fails with the same header.
         let ts = SW_TS.to_string();
@@ -453,7 +458,10 @@ mod tests {
                 (&format!("{prefix}-timestamp"), &ts),
                 (&format!("{prefix}-signature"), SW_SIG),
             ]);
-            assert!(svix().verify(&p, SW_BODY, at(SW_TS), TOL).is_ok(), "{prefix}");
+            assert!(
+                svix().verify(&p, SW_BODY, at(SW_TS), TOL).is_ok(),
+                "{prefix}"
+            );
         }
         // Standard Webhooks alone does not read svix-* names.
         let p = req(&[
