@@ -67,6 +67,10 @@ pub(crate) enum Answer<B> {
     /// stored as a permanent failure.
     Replayed {
         response: Response<IdemBody<B>>,
+        #[cfg_attr(
+            not(feature = "webhook"),
+            allow(dead_code, reason = "read by the webhook receiver only")
+        )]
         failure: bool,
     },
     Reject(Rejection),

@@ -41,8 +41,9 @@ mod axum_impls {
         }
     }
 
-    /// Both extensions are read the same way: present behind the layer,
-    /// [`NotCovered`] (or `None` when optional) elsewhere.
+    /// Every extension the layers insert is read the same way: present
+    /// behind the layer, [`NotCovered`] (or `None` when optional)
+    /// elsewhere.
     macro_rules! extension_extractor {
         ($t:ty) => {
             impl<St: Send + Sync> FromRequestParts<St> for $t {
@@ -66,4 +67,6 @@ mod axum_impls {
 
     extension_extractor!(IdemAttempt);
     extension_extractor!(IdemKey);
+    #[cfg(feature = "webhook")]
+    extension_extractor!(crate::webhook::WebhookDelivery);
 }

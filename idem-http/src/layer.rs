@@ -175,8 +175,7 @@ impl<S, O> IdempotencyLayer<S, O> {
     /// Stops accepting keyed requests: from now on they get 503
     /// `shutting_down` (uncovered requests still pass).
     pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.tracker.close();
+        self.shared.close();
     }
 
     /// [`close`](Self::close), then waits for every detached handler to
@@ -187,8 +186,16 @@ impl<S, O> IdempotencyLayer<S, O> {
         S: Send + Sync,
         O: Send + Sync,
     {
-        self.close();
+        self.shared.close();
         self.shared.tracker.wait().await;
+    }
+}
+
+impl<S, O> Shared<S, O> {
+    /// New requests get 503 `shutting_down`; no more handlers are tracked.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.tracker.close();
     }
 }
 

@@ -920,3 +920,48 @@ mod postgres {
 mod redis {
     webhook_rows!(crate::support::redis);
 }
+
+/// `idem_webhook_deliveries_total{provider, result}` counts each delivery
+/// once, by what became of it.
+#[cfg(feature = "metrics")]
+#[test]
+fn deliveries_are_counted_by_result() {
+    let m = idem_core::testkit::metrics::recorded(async {
+        let app = App::start(Arc::new(idem_core::MemoryStore::new()), Kind::Standard).await;
+        let e = id();
+        assert_eq!(app.send(&app.delivery(&e, "ok")).await.status, 200);
+        app.send(&app.delivery(&e, "ok")).await.is_ack();
+        app.send(&app.delivery(&e, "ok").with("webhook-signature", "v1,"))
+            .await
+            .problem(401, "invalid_signature");
+        assert_eq!(
+            app.send(&app.delivery(&id(), "permanent")).await.status,
+            200
+        );
+        assert_eq!(
+            app.send(&app.delivery(&id(), "transient")).await.status,
+            503
+        );
+    });
+    let mut got: Vec<(String, u64)> = m
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("idem_webhook_deliveries_total"))
+        .collect();
+    got.sort();
+    let want: Vec<(String, u64)> = [
+        "duplicate",
+        "fresh",
+        "permanent_failure",
+        "transient",
+        "verified_failed",
+    ]
+    .iter()
+    .map(|r| {
+        (
+            format!("idem_webhook_deliveries_total{{provider=standard_webhooks,result={r}}}"),
+            1,
+        )
+    })
+    .collect();
+    assert_eq!(got, want);
+}

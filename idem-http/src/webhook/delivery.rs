@@ -56,29 +56,3 @@ impl Delivery {
 /// the [`IdemAttempt`](crate::IdemAttempt) beside it.
 #[derive(Debug, Clone)]
 pub struct WebhookDelivery(pub Delivery);
-
-#[cfg(feature = "axum")]
-mod axum_impls {
-    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
-    use http::request::Parts;
-
-    use super::WebhookDelivery;
-    use crate::NotCovered;
-
-    impl<St: Send + Sync> FromRequestParts<St> for WebhookDelivery {
-        type Rejection = NotCovered;
-        async fn from_request_parts(parts: &mut Parts, _: &St) -> Result<Self, NotCovered> {
-            parts.extensions.get::<Self>().cloned().ok_or(NotCovered)
-        }
-    }
-
-    impl<St: Send + Sync> OptionalFromRequestParts<St> for WebhookDelivery {
-        type Rejection = std::convert::Infallible;
-        async fn from_request_parts(
-            parts: &mut Parts,
-            _: &St,
-        ) -> Result<Option<Self>, Self::Rejection> {
-            Ok(parts.extensions.get::<Self>().cloned())
-        }
-    }
-}

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
@@ -132,8 +132,7 @@ impl<S> WebhookLayer<S> {
     /// Stops accepting deliveries: from now on they get 503 `shutting_down`,
     /// and the provider redelivers later.
     pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.tracker.close();
+        self.shared.close();
     }
 
     /// [`close`](Self::close), then waits for every running handler to
@@ -142,7 +141,7 @@ impl<S> WebhookLayer<S> {
     where
         S: Send + Sync,
     {
-        self.close();
+        self.shared.close();
         self.shared.tracker.wait().await;
     }
 }

@@ -136,6 +136,29 @@ fn check_time(secs: &str, now: Timestamp, tolerance: Duration) -> Result<Timesta
     Ok(signed)
 }
 
+/// The end of a timestamped scheme: some candidate, a timestamp within the
+/// tolerance, and a match for the signed bytes `{prefix}.{body}`.
+fn timestamped(
+    secrets: &[Secret],
+    candidates: &[Vec<u8>],
+    ts: &str,
+    prefix: &[&[u8]],
+    body: &[u8],
+    now: Timestamp,
+    tolerance: Duration,
+) -> Result<Option<Timestamp>, VerifyError> {
+    if candidates.is_empty() {
+        return Err(malformed("no v1 signature"));
+    }
+    let signed = check_time(ts, now, tolerance)?;
+    let parts: Vec<&[u8]> = prefix.iter().copied().chain([body]).collect();
+    if any_match(secrets, &parts, candidates) {
+        Ok(Some(signed))
+    } else {
+        Err(VerifyError::NoMatch)
+    }
+}
+
 /// Whether any secret's MAC over `signed` equals any candidate.
 fn any_match(secrets: &[Secret], signed: &[&[u8]], candidates: &[Vec<u8>]) -> bool {
     let mut found = false;
@@ -200,16 +223,16 @@ impl Verify for StandardWebhooks {
                 candidates.push(B64.decode(value).unwrap_or_default());
             }
         }
-        if candidates.is_empty() {
-            return Err(malformed("no v1 signature"));
-        }
-        let signed = check_time(ts_text, now, tolerance)?;
-        let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts_text.as_bytes(), b".", body];
-        if any_match(&self.secrets, &parts, &candidates) {
-            Ok(Some(signed))
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        let prefix: [&[u8]; 4] = [id.as_bytes(), b".", ts_text.as_bytes(), b"."];
+        timestamped(
+            &self.secrets,
+            &candidates,
+            ts_text,
+            &prefix,
+            body,
+            now,
+            tolerance,
+        )
     }
 }
 
@@ -244,16 +267,8 @@ impl Verify for Stripe {
             }
         }
         let t = t.ok_or_else(|| malformed("no t= in Stripe-Signature"))?;
-        if candidates.is_empty() {
-            return Err(malformed("no v1 signature"));
-        }
-        let signed = check_time(t, now, tolerance)?;
-        let parts: [&[u8]; 3] = [t.as_bytes(), b".", body];
-        if any_match(&self.secrets, &parts, &candidates) {
-            Ok(Some(signed))
-        } else {
-            Err(VerifyError::NoMatch)
-        }
+        let prefix: [&[u8]; 2] = [t.as_bytes(), b"."];
+        timestamped(&self.secrets, &candidates, t, &prefix, body, now, tolerance)
     }
 }
 
