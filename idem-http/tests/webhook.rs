@@ -102,6 +102,15 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(50)).await;
             (StatusCode::OK, "busy done").into_response()
         }
+        "body_error" => {
+            // The response body fails mid-way: transient, key released.
+            let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+                Ok(Bytes::from_static(b"partial")),
+                Err(std::io::Error::other("disk gone")),
+            ];
+            let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+            (StatusCode::OK, body).into_response()
+        }
         "panic" if n == 0 => panic!("handler panics on its first run"),
         _ => (StatusCode::OK, format!("processed {}", d.event_id())).into_response(),
     }
@@ -547,6 +556,15 @@ mod rows {
             app.state(&e2).await.map(|s| s.0),
             Some(RecordState::Released)
         );
+        // A response body that fails is transient too.
+        let e3 = id();
+        app.send(&app.delivery(&e3, "body_error"))
+            .await
+            .problem(500, "response_body_failed");
+        assert_eq!(
+            app.state(&e3).await.map(|s| s.0),
+            Some(RecordState::Released)
+        );
         assert_eq!(app.runs.hook_calls.load(Ordering::SeqCst), 0);
     }
 
@@ -852,17 +870,36 @@ mod rows {
         assert_eq!(app.runs.count(), 1);
     }
 
-    /// Only POST is a delivery.
+    /// Only POST is a delivery: the layer answers anything else 405 with
+    /// `Allow: POST`, without reading or verifying it.
     pub(crate) async fn other_methods_are_405<S: Store>(store: Arc<S>) {
         let app = App::with(store, Kind::Standard, |b| b.event_id(EventId::BodyHash)).await;
-        let router_res = app
-            .client
-            .put(format!("{}/hook", app.addr))
-            .send()
+        // A router whose route takes every method, the layer around it.
+        let router = Router::new()
+            .route("/hook", axum::routing::any(handle))
+            .layer(app.layer.clone())
+            .with_state(Arc::clone(&app.runs));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .expect("send");
-        // axum answers 405 for a method the route lacks before the layer.
-        assert_eq!(router_res.status().as_u16(), 405);
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        for method in [reqwest::Method::PUT, reqwest::Method::GET] {
+            let res = app
+                .client
+                .request(method, format!("http://{addr}/hook"))
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(res.status().as_u16(), 405);
+            assert_eq!(
+                res.headers().get("allow").and_then(|v| v.to_str().ok()),
+                Some("POST")
+            );
+        }
+        server.abort();
         assert_eq!(app.runs.count(), 0);
     }
 }

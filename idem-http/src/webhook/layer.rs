@@ -402,6 +402,58 @@ impl<Svc, S> Layer<Svc> for WebhookLayer<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::Secret;
+    use idem_core::MemoryStore;
+
+    fn stripe() -> Provider {
+        Provider::stripe([Secret::new("whsec_x")])
+    }
+
+    #[test]
+    fn build_refuses_what_cannot_work() {
+        let idem = Idem::new(MemoryStore::new());
+        let b = || WebhookLayer::builder(idem.clone());
+        assert_eq!(
+            b().endpoint("e").build().err(),
+            Some(ConfigError::MissingProvider)
+        );
+        assert_eq!(
+            b().provider(stripe()).build().err(),
+            Some(ConfigError::MissingEndpoint)
+        );
+        assert!(matches!(
+            b().provider(stripe()).endpoint("").build(),
+            Err(ConfigError::InvalidScope { .. })
+        ));
+        assert!(matches!(
+            b().provider(stripe()).endpoint("e\n").build(),
+            Err(ConfigError::InvalidScope { .. })
+        ));
+        assert_eq!(
+            b().provider(stripe())
+                .endpoint("e")
+                .in_flight_status(StatusCode::GONE)
+                .build()
+                .err(),
+            Some(ConfigError::InFlightStatus(StatusCode::GONE))
+        );
+        assert_eq!(
+            b().provider(stripe())
+                .endpoint("e")
+                .max_body(0)
+                .build()
+                .err(),
+            Some(ConfigError::ZeroRequestBodyLimit)
+        );
+        let layer = b()
+            .provider(stripe())
+            .endpoint("stripe/acct_1")
+            .in_flight_status(StatusCode::CONFLICT)
+            .build()
+            .expect("layer");
+        assert_eq!(layer.scope().owner(), "stripe/acct_1");
+        assert_eq!(layer.scope().operation(), "webhook stripe");
+    }
 
     #[test]
     fn webhook_classification() {
