@@ -868,6 +868,13 @@ mod rows {
         let white = Delivery::signed(Kind::Standard, &e, &event(&e, "ok"), app.now_secs());
         app.send(&white).await.is_ack();
         assert_eq!(app.runs.count(), 1);
+        // The key is the id the signature covers: an unsigned `svix-id`
+        // added to a captured white-labelled delivery is no new event.
+        app.send(&white.clone().with("svix-id", "msg_forged"))
+            .await
+            .is_ack();
+        assert_eq!(app.runs.count(), 1);
+        assert_eq!(app.state("msg_forged").await, None);
     }
 
     /// Only POST is a delivery: the layer answers anything else 405 with

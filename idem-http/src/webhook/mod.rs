@@ -121,4 +121,4 @@ pub use delivery::{Delivery, WebhookDelivery};
 pub use layer::{Builder, DuplicateAnswer, PermanentFailure, WebhookLayer};
 pub use provider::{EventId, Provider};
 pub use service::WebhookService;
-pub use verify::{MAX_CANDIDATES, Secret, SecretError, Verify, VerifyError};
+pub use verify::{MAX_CANDIDATES, Secret, SecretError, Verified, Verify, VerifyError};

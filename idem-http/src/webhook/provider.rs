@@ -17,11 +17,13 @@ const HOUR: u64 = 3600;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum EventId {
-    /// A header (`webhook-id`, `X-GitHub-Delivery`).
+    /// The id the signature covers, as the verifier reports it (Standard
+    /// Webhooks and Svix: the `webhook-id` or `svix-id` of the header set
+    /// that verified). An id no one signed cannot be swapped for another to
+    /// replay a captured delivery as a new event.
+    Signed,
+    /// A header (`X-GitHub-Delivery`), as sent.
     Header(HeaderName),
-    /// The first of these headers that is present (Svix: `svix-id`, then the
-    /// white-labelled `webhook-id`).
-    FirstHeader(Vec<HeaderName>),
     /// A JSON pointer into the verified body (Stripe: `/id`). The body is
     /// parsed only after verification, strictly: a member named twice is
     /// 400 `malformed_webhook`.
@@ -65,7 +67,7 @@ impl Provider {
                 secrets: secrets.into_iter().collect(),
                 names: vec![StandardWebhooks::names("webhook")],
             }),
-            event_id: EventId::Header(HeaderName::from_static("webhook-id")),
+            event_id: EventId::Signed,
             min_retention: Duration::from_secs(76 * HOUR),
         }
     }
@@ -84,10 +86,7 @@ impl Provider {
                     StandardWebhooks::names("webhook"),
                 ],
             }),
-            event_id: EventId::FirstHeader(vec![
-                HeaderName::from_static("svix-id"),
-                HeaderName::from_static("webhook-id"),
-            ]),
+            event_id: EventId::Signed,
             min_retention: Duration::from_secs(28 * HOUR),
         }
     }

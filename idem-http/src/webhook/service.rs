@@ -168,7 +168,7 @@ where
     };
     // Steps 3 and 4: the signature headers, the timestamp, the HMAC.
     let now = shared.idem.clock().now();
-    let timestamp = match hook
+    let verified = match hook
         .provider
         .verifier
         .verify(&parts, &bytes, now, hook.tolerance)
@@ -188,7 +188,7 @@ where
         }
     };
     // Step 5: the event id, from the verified request.
-    let (event_id, key) = match event_key(hook, &parts, &bytes) {
+    let (event_id, key) = match event_key(hook, &parts, &bytes, verified.event_id) {
         Ok(k) => k,
         Err(r) => return Ok(reject(shared, &r, None)),
     };
@@ -207,7 +207,7 @@ where
         endpoint: Arc::from(hook.scope.owner()),
         event_id,
         key: key.clone(),
-        timestamp,
+        timestamp: verified.timestamp,
     };
     parts.extensions.insert(WebhookDelivery(delivery.clone()));
     let req = Request::from_parts(parts, ReqB::from(bytes));
@@ -309,6 +309,7 @@ fn event_key(
     hook: &Hook,
     parts: &http::request::Parts,
     body: &[u8],
+    signed: Option<String>,
 ) -> Result<(String, IdempotencyKey), Rejection> {
     let header = |h: &http::HeaderName| {
         parts
@@ -321,8 +322,8 @@ fn event_key(
     };
     let hashed = || hex::encode(Sha256::digest(body));
     let found = match &hook.event_id {
+        EventId::Signed => signed.filter(|s| !s.trim().is_empty()),
         EventId::Header(h) => header(h),
-        EventId::FirstHeader(hs) => hs.iter().find_map(header),
         EventId::JsonPointer(p) => {
             let value = RawJson(body)
                 .parse()

@@ -91,12 +91,47 @@ pub enum VerifyError {
     NoMatch,
 }
 
+/// What a verifier vouches for: the signed timestamp and the signed event
+/// id, when its scheme covers them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Verified {
+    /// The signed timestamp (Standard Webhooks, Svix, Stripe).
+    pub timestamp: Option<Timestamp>,
+    /// The event id the signature covers (Standard Webhooks and Svix sign
+    /// `{id}.{timestamp}.{body}`), read by [`EventId::Signed`](super::EventId::Signed).
+    pub event_id: Option<String>,
+}
+
+impl Verified {
+    /// Nothing beyond the body itself is signed.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With the signed timestamp.
+    #[must_use]
+    pub fn with_timestamp(mut self, t: Timestamp) -> Self {
+        self.timestamp = Some(t);
+        self
+    }
+
+    /// With the event id the signature covers.
+    #[must_use]
+    pub fn with_event_id(mut self, id: impl Into<String>) -> Self {
+        self.event_id = Some(id.into());
+        self
+    }
+}
+
 /// A signature scheme. The built-in ones are behind
 /// [`Provider`](super::Provider)'s constructors; implement it for another
 /// provider and pass it to [`Provider::custom`](super::Provider::custom).
 pub trait Verify: Send + Sync + 'static {
     /// Checks the delivery: `body` is the raw bytes as received, `now` the
-    /// engine's clock. Returns the signed timestamp, if the scheme has one.
+    /// engine's clock, `tolerance` how far a signed timestamp may be from
+    /// it. Returns what the signature covers beyond the body.
     ///
     /// # Errors
     ///
@@ -107,7 +142,7 @@ pub trait Verify: Send + Sync + 'static {
         body: &[u8],
         now: Timestamp,
         tolerance: Duration,
-    ) -> Result<Option<Timestamp>, VerifyError>;
+    ) -> Result<Verified, VerifyError>;
 }
 
 fn header<'a>(parts: &'a Parts, name: &HeaderName) -> Option<&'a str> {
@@ -146,14 +181,14 @@ fn timestamped(
     body: &[u8],
     now: Timestamp,
     tolerance: Duration,
-) -> Result<Option<Timestamp>, VerifyError> {
+) -> Result<Verified, VerifyError> {
     if candidates.is_empty() {
         return Err(malformed("no v1 signature"));
     }
     let signed = check_time(ts, now, tolerance)?;
     let parts: Vec<&[u8]> = prefix.iter().copied().chain([body]).collect();
     if any_match(secrets, &parts, candidates) {
-        Ok(Some(signed))
+        Ok(Verified::new().with_timestamp(signed))
     } else {
         Err(VerifyError::NoMatch)
     }
@@ -196,7 +231,7 @@ impl Verify for StandardWebhooks {
         body: &[u8],
         now: Timestamp,
         tolerance: Duration,
-    ) -> Result<Option<Timestamp>, VerifyError> {
+    ) -> Result<Verified, VerifyError> {
         let Some([id, ts, sig]) = self
             .names
             .iter()
@@ -224,7 +259,7 @@ impl Verify for StandardWebhooks {
             }
         }
         let prefix: [&[u8]; 4] = [id.as_bytes(), b".", ts_text.as_bytes(), b"."];
-        timestamped(
+        let verified = timestamped(
             &self.secrets,
             &candidates,
             ts_text,
@@ -232,7 +267,8 @@ impl Verify for StandardWebhooks {
             body,
             now,
             tolerance,
-        )
+        )?;
+        Ok(verified.with_event_id(id))
     }
 }
 
@@ -249,7 +285,7 @@ impl Verify for Stripe {
         body: &[u8],
         now: Timestamp,
         tolerance: Duration,
-    ) -> Result<Option<Timestamp>, VerifyError> {
+    ) -> Result<Verified, VerifyError> {
         let text = header(parts, &HeaderName::from_static("stripe-signature"))
             .ok_or_else(|| malformed("no Stripe-Signature header"))?;
         let mut t = None;
@@ -286,7 +322,7 @@ impl Verify for GitHub {
         body: &[u8],
         _now: Timestamp,
         _tolerance: Duration,
-    ) -> Result<Option<Timestamp>, VerifyError> {
+    ) -> Result<Verified, VerifyError> {
         let name = HeaderName::from_static("x-hub-signature-256");
         let mut candidates = Vec::new();
         for line in parts.headers.get_all(&name).iter().take(MAX_CANDIDATES) {
@@ -303,7 +339,7 @@ impl Verify for GitHub {
             return Err(malformed("no X-Hub-Signature-256 header"));
         }
         if any_match(&self.secrets, &[body], &candidates) {
-            Ok(None)
+            Ok(Verified::new())
         } else {
             Err(VerifyError::NoMatch)
         }
@@ -353,7 +389,7 @@ mod tests {
         }
     }
 
-    fn sw(sig: &str, ts: i64, now: i64) -> Result<Option<Timestamp>, VerifyError> {
+    fn sw(sig: &str, ts: i64, now: i64) -> Result<Verified, VerifyError> {
         let ts = ts.to_string();
         let p = req(&[
             ("webhook-id", SW_ID),
@@ -365,7 +401,12 @@ mod tests {
 
     #[test]
     fn standard_webhooks_published_vector_passes() {
-        assert_eq!(sw(SW_SIG, SW_TS, SW_TS), Ok(Some(at(SW_TS))));
+        assert_eq!(
+            sw(SW_SIG, SW_TS, SW_TS),
+            Ok(Verified::new()
+                .with_timestamp(at(SW_TS))
+                .with_event_id(SW_ID))
+        );
     }
 
     #[test]
@@ -522,7 +563,7 @@ mod tests {
     // docs.github.com, "Validating webhook deliveries", test values.
     const GH_SIG: &str = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
 
-    fn gh(sig: &str) -> Result<Option<Timestamp>, VerifyError> {
+    fn gh(sig: &str) -> Result<Verified, VerifyError> {
         let v = GitHub {
             secrets: vec![Secret::new("It's a Secret to Everybody")],
         };
@@ -536,10 +577,10 @@ mod tests {
 
     #[test]
     fn github_documented_vector() {
-        assert_eq!(gh(GH_SIG), Ok(None));
+        assert_eq!(gh(GH_SIG), Ok(Verified::new()));
         // Upper-case hex decodes to the same bytes: accepted.
         let upper = format!("sha256={}", GH_SIG["sha256=".len()..].to_ascii_uppercase());
-        assert_eq!(gh(&upper), Ok(None));
+        assert_eq!(gh(&upper), Ok(Verified::new()));
         assert!(matches!(
             gh("sha1=757107ea0eb2509fc211221cce984b8a37570b6d"),
             Err(VerifyError::Malformed(_))
@@ -561,7 +602,7 @@ mod tests {
     const ST_BODY: &[u8] = br#"{"id":"evt_test_webhook","object":"event"}"#;
     const ST_SIG: &str = "d95c6b7477fbd7e9f90b1b0ef5f9c7ac25abca5382460e0d988c2b2a5b71b990";
 
-    fn stripe(header: &str, now: i64) -> Result<Option<Timestamp>, VerifyError> {
+    fn stripe(header: &str, now: i64) -> Result<Verified, VerifyError> {
         let v = Stripe {
             secrets: vec![Secret::new("whsec_test_secret")],
         };
@@ -571,7 +612,10 @@ mod tests {
     #[test]
     fn stripe_scheme_vector() {
         let t = 1_700_000_000;
-        assert_eq!(stripe(&format!("t={t},v1={ST_SIG}"), t), Ok(Some(at(t))));
+        assert_eq!(
+            stripe(&format!("t={t},v1={ST_SIG}"), t),
+            Ok(Verified::new().with_timestamp(at(t)))
+        );
         let two = format!("t={t},v1={},v1={ST_SIG},v0=abc", "00".repeat(32));
         assert!(stripe(&two, t).is_ok());
         assert_eq!(
