@@ -20,6 +20,7 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use idem_core::Idem;
 use idem_core::IdempotencyKey;
+use idem_core::InFlightMode;
 use idem_core::Policy;
 use idem_core::clock::ManualClock;
 use idem_core::ops::{OutcomeKind, RecordState};
@@ -146,8 +147,17 @@ fn provider(kind: Kind) -> Provider {
     }
 }
 
-fn engine<S: Store>(store: FailingStore<S>, clock: &ManualClock) -> Idem<FailingStore<S>> {
+fn engine<S: Store>(
+    store: FailingStore<S>,
+    clock: &ManualClock,
+    wait: Option<Duration>,
+) -> Idem<FailingStore<S>> {
+    let in_flight = wait.map_or(InFlightMode::Reject, |timeout| InFlightMode::Wait {
+        timeout,
+        poll: Duration::from_millis(5),
+    });
     let policy = Policy::builder()
+        .in_flight(in_flight)
         .lease(LEASE)
         .response_ttl(72 * HOUR)
         .key_ttl(30 * 24 * HOUR)
@@ -167,13 +177,17 @@ impl<S: Store> App<S> {
     }
 
     async fn with(store: Arc<S>, kind: Kind, tweak: Tweak<S>) -> Self {
+        Self::build(store, kind, tweak, None).await
+    }
+
+    async fn build(store: Arc<S>, kind: Kind, tweak: Tweak<S>, wait: Option<Duration>) -> Self {
         let clock = ManualClock::starting_now();
         let store = FailingStore::new(store);
         let runs = Arc::new(Runs::default());
         let layer = {
             let runs = Arc::clone(&runs);
             tweak(
-                WebhookLayer::builder(engine(store.clone(), &clock))
+                WebhookLayer::builder(engine(store.clone(), &clock, wait))
                     .provider(provider(kind))
                     .endpoint(format!("test/{}", IdempotencyKey::random().as_str()))
                     .max_body(64 * 1024)
@@ -218,23 +232,13 @@ impl<S: Store> App<S> {
     }
 
     async fn send(&self, d: &Delivery) -> Got {
-        let mut r = self
-            .client
-            .post(format!("{}/hook", self.addr))
-            .header("content-type", "application/json")
-            .body(d.body.clone());
-        for (n, v) in &d.headers {
-            r = r.header(n.as_str(), v.as_str());
-        }
-        let res = r.send().await.expect("send");
-        let status = res.status().as_u16();
-        let headers = res.headers().clone();
-        let body = res.bytes().await.expect("body").to_vec();
-        Got {
-            status,
-            headers,
-            body,
-        }
+        send_to(&self.client, &format!("{}/hook", self.addr), d).await
+    }
+
+    /// Sends `d` from a task of its own (a delivery racing others).
+    fn spawn_send(&self, d: Delivery) -> tokio::task::JoinHandle<Got> {
+        let (client, url) = (self.client.clone(), format!("{}/hook", self.addr));
+        tokio::spawn(async move { send_to(&client, &url, &d).await })
     }
 
     async fn state(&self, key: &str) -> Option<(RecordState, Option<OutcomeKind>, u32)> {
@@ -245,6 +249,25 @@ impl<S: Store> App<S> {
             .await
             .expect("inspect")
             .map(|v| (v.state, v.outcome, v.attempt))
+    }
+}
+
+async fn send_to(client: &reqwest::Client, url: &str, d: &Delivery) -> Got {
+    let mut r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(d.body.clone());
+    for (n, v) in &d.headers {
+        r = r.header(n.as_str(), v.as_str());
+    }
+    let res = r.send().await.expect("send");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let body = res.bytes().await.expect("body").to_vec();
+    Got {
+        status,
+        headers,
+        body,
     }
 }
 
@@ -629,17 +652,7 @@ mod rows {
     pub(crate) async fn w12_in_flight_duplicate_is_503<S: Store>(store: Arc<S>) {
         let app = App::start(store, Kind::Standard).await;
         let e = id();
-        let first = {
-            let d = app.delivery(&e, "slow");
-            let (client, url) = (app.client.clone(), format!("{}/hook", app.addr));
-            tokio::spawn(async move {
-                let mut r = client.post(url).body(d.body.clone());
-                for (n, v) in &d.headers {
-                    r = r.header(n.as_str(), v.as_str());
-                }
-                r.send().await.expect("send").status().as_u16()
-            })
-        };
+        let first = app.spawn_send(app.delivery(&e, "slow"));
         app.runs.entered.notified().await;
         let g = app.send(&app.delivery(&e, "slow")).await;
         g.problem(503, "in_flight");
@@ -649,8 +662,23 @@ mod rows {
             .expect("retry-after");
         assert!((1..=LEASE.as_secs()).contains(&ra), "{ra}");
         app.runs.gate.add_permits(1);
-        assert_eq!(first.await.expect("first"), 200);
+        assert_eq!(first.await.expect("first").status, 200);
         app.send(&app.delivery(&e, "slow")).await.is_ack();
+        assert_eq!(app.runs.count(), 1);
+    }
+
+    /// W12 under a short `InFlightMode::Wait`: the duplicate waits for the
+    /// first delivery and is answered as a duplicate (W10) instead.
+    pub(crate) async fn w12_wait_mode_turns_in_flight_into_a_duplicate<S: Store>(store: Arc<S>) {
+        let app = App::build(store, Kind::Standard, |b| b, Some(Duration::from_secs(5))).await;
+        let e = id();
+        let first = app.spawn_send(app.delivery(&e, "slow"));
+        app.runs.entered.notified().await;
+        let second = app.spawn_send(app.delivery(&e, "slow"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        app.runs.gate.add_permits(1);
+        assert_eq!(first.await.expect("first").status, 200);
+        second.await.expect("second").is_ack();
         assert_eq!(app.runs.count(), 1);
     }
 
@@ -772,14 +800,10 @@ mod rows {
     /// W18: 16 identical deliveries at once: the handler runs once; every
     /// answer is the first's 200, a duplicate's 200 or an in-flight 503.
     pub(crate) async fn w18_concurrent_deliveries_run_once<S: Store>(store: Arc<S>) {
-        let app = Arc::new(App::start(store, Kind::Standard).await);
+        let app = App::start(store, Kind::Standard).await;
         let e = id();
         let d = app.delivery(&e, "busy");
-        let mut tasks = Vec::new();
-        for _ in 0..16 {
-            let (app, d) = (Arc::clone(&app), d.clone());
-            tasks.push(tokio::spawn(async move { app.send(&d).await }));
-        }
+        let tasks: Vec<_> = (0..16).map(|_| app.spawn_send(d.clone())).collect();
         let mut fresh = 0;
         for t in tasks {
             let g = t.await.expect("task");
@@ -926,6 +950,7 @@ macro_rules! webhook_rows {
             w10_duplicate_is_acknowledged,
             w11_duplicate_replays_the_stored_response,
             w12_in_flight_duplicate_is_503,
+            w12_wait_mode_turns_in_flight_into_a_duplicate,
             w13_duplicate_after_response_ttl_is_200,
             w14_after_key_ttl_runs_again,
             w15_other_body_with_fingerprint_is_422,
