@@ -28,7 +28,8 @@ pub use idem_redis as redis;
 /// The HTTP adapter (feature `http`): a tower layer that puts the engine in
 /// front of POST/PATCH handlers (`Idempotency-Key`, problem+json,
 /// `Idempotent-Replayed`); axum integration with feature `axum`, the
-/// OpenAPI components (`idem::http::openapi`) with feature `openapi`.
+/// OpenAPI components (`idem::http::openapi`) with feature `openapi`, the
+/// webhook receiver (`idem::http::webhook`) with feature `webhook`.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 #[doc(inline)]

@@ -118,6 +118,9 @@ pub(crate) struct Config {
     pub(crate) problem_types: ProblemTypes,
     pub(crate) docs_url: Option<String>,
     pub(crate) missing_owner_status: StatusCode,
+    /// The status of an in-flight duplicate when not the engine's 409 (the
+    /// webhook receiver's 503).
+    pub(crate) in_flight_status: Option<StatusCode>,
     pub(crate) detached: bool,
     pub(crate) auto_renew: Option<Duration>,
 }
@@ -144,6 +147,7 @@ impl Default for Config {
             problem_types: ProblemTypes::Draft,
             docs_url: None,
             missing_owner_status: StatusCode::INTERNAL_SERVER_ERROR,
+            in_flight_status: None,
             detached: true,
             auto_renew: Some(Duration::from_secs(300)),
         }

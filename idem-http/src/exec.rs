@@ -24,6 +24,7 @@ use tower_service::Service;
 use tracing::{Instrument, warn};
 
 use crate::body::IdemBody;
+use crate::config::Config;
 use crate::extract::{IdemAttempt, IdemKey};
 use crate::headers::{Class, default_class, stored_headers};
 use crate::layer::Shared;
@@ -55,7 +56,18 @@ enum Done<B, E> {
     reason = "one value per request, moved once; boxing would add an allocation per request"
 )]
 pub(crate) enum Answer<B> {
+    /// The handler ran: its response (or what stands in for it).
     Response(Response<IdemBody<B>>),
+    /// A stored outcome, replayed with the marker(s); `failure` when it was
+    /// stored as a permanent failure.
+    Replayed {
+        response: Response<IdemBody<B>>,
+        #[cfg_attr(
+            not(feature = "webhook"),
+            allow(dead_code, reason = "read by the webhook receiver only")
+        )]
+        failure: bool,
+    },
     Reject(Rejection),
 }
 
@@ -85,13 +97,14 @@ where
         Err(e) => return Ok(Answer::Reject(Rejection::Engine(e))),
         Ok(Begin::Replay(reply)) => {
             span.record("outcome", "replayed");
-            let stored = match reply.into_outcome() {
-                Outcome::Success(r) | Outcome::Failure(r) | Outcome::Transient(r) => r,
+            let (stored, failure) = match reply.into_outcome() {
+                Outcome::Success(r) | Outcome::Transient(r) => (r, false),
+                Outcome::Failure(r) => (r, true),
             };
-            return Ok(Answer::Response(replay(
-                &shared.cfg.replayed_headers,
-                stored,
-            )));
+            return Ok(Answer::Replayed {
+                response: replay(&shared.cfg.replayed_headers, stored),
+                failure,
+            });
         }
         Ok(Begin::Run(claim)) => claim,
     };
@@ -196,6 +209,16 @@ async fn renewing<F: Future + Send>(
     }
 }
 
+/// How a response is remembered: its [`Class`] extension, else the
+/// layer's classifier, else the default by status.
+pub(crate) fn class_of(cfg: &Config, parts: &http::response::Parts) -> Class {
+    parts.extensions.get::<Class>().copied().unwrap_or_else(|| {
+        cfg.classify
+            .as_ref()
+            .map_or_else(|| default_class(parts.status.as_u16()), |f| f(parts))
+    })
+}
+
 fn is_streaming(parts: &http::response::Parts) -> bool {
     parts.status == StatusCode::SWITCHING_PROTOCOLS
         || parts
@@ -232,11 +255,7 @@ where
     };
     let cfg = &shared.cfg;
     let (parts, body) = res.into_parts();
-    let class = parts.extensions.get::<Class>().copied().unwrap_or_else(|| {
-        cfg.classify
-            .as_ref()
-            .map_or_else(|| default_class(parts.status.as_u16()), |f| f(&parts))
-    });
+    let class = class_of(cfg, &parts);
     let pass = |parts, body| Done::Response(Response::from_parts(parts, IdemBody::inner(body)));
     if class == Class::Transient {
         return (Capture::Release, pass(parts, body));

@@ -40,8 +40,9 @@ mod axum_impls {
         }
     }
 
-    /// Both extensions are read the same way: present behind the layer,
-    /// [`NotCovered`] (or `None` when optional) elsewhere.
+    /// Every extension the layers insert is read the same way: present
+    /// behind the layer, [`NotCovered`] (or `None` when optional)
+    /// elsewhere.
     macro_rules! extension_extractor {
         ($t:ty) => {
             impl<St: Send + Sync> FromRequestParts<St> for $t {
@@ -65,4 +66,6 @@ mod axum_impls {
 
     extension_extractor!(IdemAttempt);
     extension_extractor!(IdemKey);
+    #[cfg(feature = "webhook")]
+    extension_extractor!(crate::webhook::WebhookDelivery);
 }

@@ -50,6 +50,66 @@ pub enum ConfigError {
         #[source]
         source: ScopeError,
     },
+    /// Webhook receiver: no [`provider`](crate::webhook::Builder::provider).
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error("invalid webhook layer configuration: no provider")]
+    MissingProvider,
+    /// Webhook receiver: no [`endpoint`](crate::webhook::Builder::endpoint).
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error("invalid webhook layer configuration: no endpoint")]
+    MissingEndpoint,
+    /// Webhook receiver: the endpoint and operation are not a scope a
+    /// record can hold (empty, over 1,024 bytes, a control character).
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error(
+        "invalid webhook layer configuration: endpoint {owner:?}, operation {operation:?}: {source}"
+    )]
+    InvalidScope {
+        /// The endpoint.
+        owner: String,
+        /// The operation.
+        operation: String,
+        /// Why a scope refuses it.
+        #[source]
+        source: ScopeError,
+    },
+    /// Webhook receiver: the in-flight status is not 409, 429 or 503.
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error("invalid webhook layer configuration: in-flight status {0} (409, 429 or 503)")]
+    InFlightStatus(StatusCode),
+    /// Webhook receiver: the engine's `key_ttl` is shorter than the
+    /// provider's redelivery window, so a late redelivery would run again
+    /// (see `allow_short_retention`).
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error(
+        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than {provider}'s redelivery window {window:?}"
+    )]
+    RetentionTooShort {
+        /// The provider.
+        provider: String,
+        /// The engine's `key_ttl`.
+        key_ttl: Duration,
+        /// The provider's window.
+        window: Duration,
+    },
+    /// Webhook receiver: the engine's `key_ttl` is shorter than the
+    /// timestamp tolerance, so a captured request could run twice.
+    #[cfg(feature = "webhook")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+    #[error(
+        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than the tolerance {tolerance:?}"
+    )]
+    ToleranceExceedsRetention {
+        /// The timestamp tolerance.
+        tolerance: Duration,
+        /// The engine's `key_ttl`.
+        key_ttl: Duration,
+    },
 }
 
 pub(crate) struct Shared<S, O> {
@@ -113,8 +173,7 @@ impl<S, O> IdempotencyLayer<S, O> {
     /// Stops accepting keyed requests: from now on they get 503
     /// `shutting_down` (uncovered requests still pass).
     pub fn close(&self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.tracker.close();
+        self.shared.close();
     }
 
     /// [`close`](Self::close), then waits for every detached handler to
@@ -125,8 +184,16 @@ impl<S, O> IdempotencyLayer<S, O> {
         S: Send + Sync,
         O: Send + Sync,
     {
-        self.close();
+        self.shared.close();
         self.shared.tracker.wait().await;
+    }
+}
+
+impl<S, O> Shared<S, O> {
+    /// New requests get 503 `shutting_down`; no more handlers are tracked.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.tracker.close();
     }
 }
 

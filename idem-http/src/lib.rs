@@ -38,9 +38,15 @@ mod respond;
 #[cfg(feature = "openapi")]
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
+
+// The webhook receiver: its own layer on the same body limit, executor,
+// classification and problem renderer.
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+pub mod webhook;
 
 pub use body::IdemBody;
 pub use config::{KeyNamespace, KeyRequirement, OperationFn, OperationSource};

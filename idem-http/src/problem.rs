@@ -57,6 +57,17 @@ pub enum ProblemCode {
     InvalidRequest,
     /// 500: the store refused the call (not retried).
     StoreError,
+    /// 400 (webhook receiver): the signature headers are missing or cannot
+    /// be parsed, or the verified body cannot be read for its event id.
+    MalformedWebhook,
+    /// 400 (webhook receiver): the delivery is verified but carries no
+    /// event id.
+    MissingEventId,
+    /// 401 (webhook receiver): no signature matches any secret.
+    InvalidSignature,
+    /// 401 (webhook receiver): the signed timestamp is outside the
+    /// tolerance.
+    StaleWebhook,
 }
 
 impl ProblemCode {
@@ -81,6 +92,10 @@ impl ProblemCode {
         Self::ResponseBodyFailed,
         Self::InvalidRequest,
         Self::StoreError,
+        Self::MalformedWebhook,
+        Self::MissingEventId,
+        Self::InvalidSignature,
+        Self::StaleWebhook,
     ];
 
     /// The code as sent in the `code` member (`missing_key`, ...).
@@ -106,6 +121,10 @@ impl ProblemCode {
             Self::ResponseBodyFailed => "response_body_failed",
             Self::InvalidRequest => "invalid_request",
             Self::StoreError => "store_error",
+            Self::MalformedWebhook => "malformed_webhook",
+            Self::MissingEventId => "missing_event_id",
+            Self::InvalidSignature => "invalid_signature",
+            Self::StaleWebhook => "stale_webhook",
         }
     }
 
@@ -131,6 +150,10 @@ impl ProblemCode {
             Self::ResponseBodyFailed => "The response could not be completed",
             Self::InvalidRequest => "Request cannot be fingerprinted",
             Self::StoreError => "Idempotency store error",
+            Self::MalformedWebhook => "Webhook signature headers are malformed",
+            Self::MissingEventId => "Webhook event id is missing",
+            Self::InvalidSignature => "Webhook signature is invalid",
+            Self::StaleWebhook => "Webhook timestamp is outside the tolerance",
         }
     }
 

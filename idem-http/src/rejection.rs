@@ -68,6 +68,25 @@ pub enum Rejection {
     ShuttingDown,
     /// The engine's answer: 422, the 409s, 503, 500.
     Engine(Error),
+    /// Webhook receiver: the signature headers are missing or unparsable,
+    /// or the verified body cannot be read for its event id (400
+    /// `malformed_webhook`). Nothing was claimed.
+    MalformedWebhook {
+        /// Why, in words that never quote the secret, a signature or the body.
+        reason: Cow<'static, str>,
+    },
+    /// Webhook receiver: no signature matches any configured secret (401
+    /// `invalid_signature`). Nothing was claimed.
+    InvalidSignature,
+    /// Webhook receiver: the signed timestamp is further than the tolerance
+    /// from now (401 `stale_webhook`). Nothing was claimed.
+    StaleWebhook {
+        /// The tolerance, either way.
+        tolerance: Duration,
+    },
+    /// Webhook receiver: the delivery is verified but has no event id (400
+    /// `missing_event_id`). Nothing was claimed.
+    MissingEventId,
 }
 
 impl fmt::Display for Rejection {
@@ -100,6 +119,10 @@ impl Rejection {
             Self::HandlerPanicked { .. } => ProblemCode::HandlerPanicked,
             Self::ShuttingDown => ProblemCode::ShuttingDown,
             Self::Engine(e) => ProblemCode::of_engine(e),
+            Self::MalformedWebhook { .. } => ProblemCode::MalformedWebhook,
+            Self::InvalidSignature => ProblemCode::InvalidSignature,
+            Self::StaleWebhook { .. } => ProblemCode::StaleWebhook,
+            Self::MissingEventId => ProblemCode::MissingEventId,
         }
     }
 
@@ -108,7 +131,12 @@ impl Rejection {
     #[must_use]
     pub fn status(&self) -> http::StatusCode {
         let s = match self {
-            Self::MissingKey | Self::InvalidKey { .. } | Self::RequestBodyUnreadable => 400,
+            Self::MissingKey
+            | Self::InvalidKey { .. }
+            | Self::RequestBodyUnreadable
+            | Self::MalformedWebhook { .. }
+            | Self::MissingEventId => 400,
+            Self::InvalidSignature | Self::StaleWebhook { .. } => 401,
             Self::RequestTooLarge { .. } => 413,
             Self::PathTooLong { .. } => 414,
             Self::OwnerUnavailable
@@ -179,6 +207,13 @@ impl Rejection {
                 ProblemCode::of_engine(e).title().to_owned()
             }
             Self::Engine(e) => e.to_string(),
+            Self::MalformedWebhook { reason } => format!("malformed webhook: {reason}"),
+            Self::InvalidSignature => "no webhook signature matches a configured secret".to_owned(),
+            Self::StaleWebhook { tolerance } => format!(
+                "the webhook timestamp is more than {} s from the server's time",
+                tolerance.as_secs()
+            ),
+            Self::MissingEventId => "the webhook carries no event id".to_owned(),
         }
     }
 
@@ -322,6 +357,22 @@ mod tests {
                 "response_body_failed",
                 Some(1),
             ),
+            (
+                Rejection::MalformedWebhook {
+                    reason: "no webhook-signature header".into(),
+                },
+                400,
+                "malformed_webhook",
+                None,
+            ),
+            (Rejection::MissingEventId, 400, "missing_event_id", None),
+            (Rejection::InvalidSignature, 401, "invalid_signature", None),
+            (
+                Rejection::StaleWebhook { tolerance: s },
+                401,
+                "stale_webhook",
+                None,
+            ),
         ];
         for (r, status, code, retry) in cases {
             assert_eq!(r.status().as_u16(), status, "{code}");
@@ -414,6 +465,10 @@ mod openapi_sync {
                 backend: "x",
                 source: "x".into(),
             })),
+            Rejection::MalformedWebhook { reason: "".into() },
+            Rejection::MissingEventId,
+            Rejection::InvalidSignature,
+            Rejection::StaleWebhook { tolerance: s },
         ];
         for r in &all {
             assert!(

@@ -289,7 +289,24 @@ where
     if cfg.fingerprint.body_mode() == BodyFingerprint::Ignore {
         return Ok((Bytes::new(), Some(body)));
     }
-    let limit = cfg.max_request_body;
+    read_limited(cfg.max_request_body, parts, body)
+        .await
+        .map(|b| (b, None))
+}
+
+/// The whole body up to `limit` bytes: a declared or hinted length over the
+/// limit is refused before reading (413), and so is a body that grows past
+/// it; a body that fails is 400 `request_body_unreadable`. Shared by the
+/// idempotency layer and the webhook receiver.
+pub(crate) async fn read_limited<ReqB>(
+    limit: usize,
+    parts: &Parts,
+    body: ReqB,
+) -> Result<Bytes, Rejection>
+where
+    ReqB: http_body::Body<Data = Bytes> + Send,
+    ReqB::Error: Into<BoxDynError>,
+{
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -302,7 +319,7 @@ where
         return Err(too_large);
     }
     match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok((c.to_bytes(), None)),
+        Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large),
         Err(_) => Err(Rejection::RequestBodyUnreadable),
     }

@@ -23,6 +23,11 @@ pub(crate) fn reject<S, O, B>(
     if matches!(r, Rejection::OwnerUnavailable) {
         problem.status = cfg.missing_owner_status.as_u16();
     }
+    if let (Rejection::Engine(idem_core::Error::InFlight { .. }), Some(s)) =
+        (r, cfg.in_flight_status)
+    {
+        problem.status = s.as_u16();
+    }
     let rendered = problem.render(&cfg.problem_types, cfg.docs_url.as_deref());
     let code = r.code().as_str();
     let span = tracing::Span::current();

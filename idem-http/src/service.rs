@@ -105,7 +105,7 @@ where
             let key_text = key.as_str().to_owned();
             // Steps 7 to 10.
             match exec::run(Arc::clone(&shared), inner, req, prepared, key).await? {
-                exec::Answer::Response(r) => Ok(r),
+                exec::Answer::Response(r) | exec::Answer::Replayed { response: r, .. } => Ok(r),
                 exec::Answer::Reject(r) => Ok(reject(&shared, &r, Some(&key_text))),
             }
         };
