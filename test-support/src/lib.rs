@@ -1,4 +1,5 @@
-//! Test harnesses shared by the workspace's test suites (not published): one
-//! copy of each, instead of one per crate.
+//! Test harnesses shared by the workspace's test suites and benches (not
+//! published): one copy of each, instead of one per crate.
 
 pub mod redis_cluster;
+pub mod redis_server;

@@ -1,10 +1,3 @@
-//! This binary's throwaway Redis Cluster: the shared harness
-//! (`idem_test_support::redis_cluster`) on this crate's share of the loopback
-//! ports, 7340..7360.
+//! This binary's throwaway Redis Cluster: the workspace's shared harness.
 
-pub(crate) use idem_test_support::redis_cluster::Cluster;
-
-/// The cluster, started on first use.
-pub(crate) fn get() -> &'static Cluster {
-    idem_test_support::redis_cluster::get("idem-http", 7340..7360)
-}
+pub(crate) use idem_test_support::redis_cluster::get;

@@ -1,0 +1,186 @@
+//! Throwaway `redis-server` processes on free loopback ports, for tests that
+//! restart, pause, kill clients or flush scripts (never done to the shared
+//! server). A watchdog shell shuts them down if the test process dies first.
+//!
+//! Every function panics when `redis-server` or `redis-cli` cannot be run or
+//! a server does not come up: that is the test failing.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A free loopback port whose cluster bus port (`+10000`) is free too.
+pub fn free_port() -> u16 {
+    for _ in 0..200 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = l.local_addr().expect("addr").port();
+        if !(1024..=55_000).contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port pair found");
+}
+
+/// A scratch directory for server files, unique to this process and call.
+///
+/// # Panics
+///
+/// When the directory cannot be created.
+pub fn scratch_dir(what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!(
+        "idem-redis-{what}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// Starts a daemonized `redis-server` on `port`, without persistence.
+pub fn start_server(port: u16, dir: &std::path::Path, extra: &[&str]) {
+    let status = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--daemonize", "yes", "--dir"])
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join(format!("{port}.log")))
+        .arg("--pidfile")
+        .arg(dir.join(format!("{port}.pid")))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("cannot run redis-server (is Redis installed and on PATH?): {e}")
+        });
+    assert!(
+        status.success(),
+        "redis-server on port {port} failed to start: {status}"
+    );
+    wait_for_ping(port);
+}
+
+/// Waits until the server on `port` answers `PING`.
+pub fn wait_for_ping(port: u16) {
+    for _ in 0..200 {
+        if cli(port, &["ping"]).is_some_and(|out| out.trim() == "PONG") {
+            return;
+        }
+        std::thread::park_timeout(Duration::from_millis(25));
+    }
+    panic!("redis-server on port {port} does not answer");
+}
+
+/// Runs `redis-cli -p port args...`; `None` if it could not connect.
+pub fn cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli (is Redis installed and on PATH?): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
+}
+
+/// Shuts the server on `port` down without saving.
+pub fn shutdown(port: u16) {
+    let _ = Command::new("redis-cli")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "shutdown",
+            "nosave",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Spawns a shell that waits for this process to end, then shuts the servers
+/// on `ports` down and removes `dir`: nothing outlives the test binary, even
+/// when it panics or is killed.
+pub fn watchdog(ports: &[u16], dir: &std::path::Path) {
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.2; done; \
+         for p in {ports}; do redis-cli -h 127.0.0.1 -p $p shutdown nosave >/dev/null 2>&1; done; \
+         rm -rf '{dir}'",
+        pid = std::process::id(),
+        ports = ports.join(" "),
+        dir = dir.display(),
+    );
+    // `( … ) &` detaches the loop, so the shell we wait for exits at once.
+    let status = Command::new("sh")
+        .args(["-c", &format!("( {script} ) >/dev/null 2>&1 &")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("spawn the watchdog shell");
+    assert!(status.success(), "the watchdog shell failed: {status}");
+}
+
+/// A standalone server owned by one test, shut down when dropped.
+#[derive(Debug)]
+pub struct Throwaway {
+    /// Its client port.
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Throwaway {
+    /// Starts one.
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = scratch_dir("server");
+        watchdog(&[port], &dir);
+        start_server(port, &dir, &[]);
+        Self { port, dir }
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Stops it (without saving anything).
+    pub fn stop(&self) {
+        shutdown(self.port);
+    }
+
+    /// Starts it again on the same port, empty (no persistence).
+    pub fn start_again(&self) {
+        start_server(self.port, &self.dir, &[]);
+    }
+}
+
+impl Drop for Throwaway {
+    fn drop(&mut self) {
+        shutdown(self.port);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
