@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backoff;
+mod config;
+mod disposition;
+mod process;
+
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub mod testkit;
+
+pub use config::{Builder, ConfigError, Consumer, FingerprintMode, PermanentFailure};
+pub use disposition::{Cause, DeadLetterReason, Disposition, Processed};
+pub use process::Delivered;
