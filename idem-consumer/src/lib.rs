@@ -6,6 +6,10 @@ mod config;
 mod disposition;
 mod process;
 
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
