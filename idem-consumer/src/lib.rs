@@ -10,6 +10,10 @@ mod process;
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
+
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
