@@ -17,6 +17,8 @@
 //!   work runs, so neither the broker nor idem hands the message to another
 //!   consumer.
 //! * `max_deliver` on the JetStream consumer bounds the retries.
+//! * [`NatsConsumer::run`] loops over a pull consumer's messages with
+//!   bounded concurrency and a graceful stop.
 //!
 //! ```no_run
 //! use async_nats::jetstream::{self, consumer::pull};
@@ -252,6 +254,75 @@ impl<S: Store> NatsConsumer<S> {
         };
         ack.map_err(NatsError::Ack)?;
         Ok(processed)
+    }
+
+    /// Consumes `messages` (e.g. `pull_consumer.messages().await?`) until
+    /// the stream ends or `shutdown` resolves, handling up to `concurrency`
+    /// messages at once, each in its own task; then waits for the messages
+    /// in hand to finish and be acknowledged (a graceful stop: nothing is
+    /// abandoned mid-work). `work` gets the attempt and the payload.
+    ///
+    /// A message the stream fails to deliver, or one whose acknowledgement
+    /// fails, is logged at `warn` and left to JetStream's redelivery.
+    /// Returns how many messages were handled.
+    pub async fn run<T, E, O, W, Fut, M, ME>(
+        &self,
+        mut messages: M,
+        concurrency: usize,
+        shutdown: impl Future<Output = ()> + Send,
+        work: W,
+    ) -> u64
+    where
+        T: Storable,
+        E: Storable + fmt::Debug,
+        O: Into<Outcome<T, E>> + Send + 'static,
+        W: Fn(Attempt, bytes::Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = O> + Send + 'static,
+        M: futures_util::Stream<Item = Result<jetstream::Message, ME>> + Unpin + Send,
+        ME: fmt::Display,
+    {
+        use futures_util::StreamExt;
+
+        let slots = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+        let work = Arc::new(work);
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut handled = 0;
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let next = tokio::select! {
+                () = &mut shutdown => break,
+                next = messages.next() => next,
+            };
+            let msg = match next {
+                None => break,
+                Some(Err(e)) => {
+                    warn!(error = %e, "message stream error");
+                    continue;
+                }
+                Some(Ok(msg)) => msg,
+            };
+            handled += 1;
+            let (this, work) = (self.clone(), Arc::clone(&work));
+            tasks.spawn(async move {
+                let _slot = permit;
+                let payload = msg.payload.clone();
+                let result: Result<Processed<T, E>, _> =
+                    this.handle(&msg, move |a| work(a, payload)).await;
+                if let Err(e) = result {
+                    warn!(error = %e, "message not settled: left to redelivery");
+                }
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        handled
     }
 
     async fn send_dead_letter(

@@ -479,3 +479,80 @@ async fn progress_acks_hold_the_message_during_long_work() {
     })
     .await;
 }
+
+/// `run`: bounded concurrency over a pull consumer's message stream; 8
+/// orders each published twice (the resends past the duplicate window) run
+/// 8 times in all, never more than 3 at once, every message acked; the
+/// shutdown waits for the messages in hand.
+#[tokio::test]
+async fn run_processes_a_stream_with_bounded_concurrency_and_stops_gracefully() {
+    with_nats(Duration::from_millis(200), |fx| async move {
+        let pull = fx.pull(Duration::from_secs(5)).await;
+        let nats = NatsConsumer::new(consumer().await);
+        const IDS: [&str; 8] = ["o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8"];
+        let published = Instant::now();
+        for id in IDS {
+            fx.publish(Some(id), br#"{"order":"any"}"#).await;
+        }
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let messages = pull.messages().await.expect("message stream");
+        let (r, n, pk) = (Arc::clone(&runs), Arc::clone(&now), Arc::clone(&peak));
+        let runner = tokio::spawn(async move {
+            nats.run(
+                messages,
+                3,
+                async move {
+                    let _ = stop_rx.await;
+                },
+                move |_, payload| {
+                    let (r, n, pk) = (Arc::clone(&r), Arc::clone(&n), Arc::clone(&pk));
+                    async move {
+                        assert_eq!(&payload[..], br#"{"order":"any"}"#);
+                        r.fetch_add(1, Ordering::SeqCst);
+                        let in_flight = n.fetch_add(1, Ordering::SeqCst) + 1;
+                        pk.fetch_max(in_flight, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        n.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, Failure<String>>("done".to_owned())
+                    }
+                },
+            )
+            .await
+        });
+        // The first copies all done, then the producer resends all 8 past the
+        // broker's duplicate window (a resend of a message still in work
+        // would be in flight: nak'd for the lease left).
+        all_acked(&pull, 8).await;
+        tokio::time::sleep(Duration::from_millis(400).saturating_sub(published.elapsed())).await;
+        for id in IDS {
+            fx.publish(Some(id), br#"{"order":"any"}"#).await;
+        }
+        all_acked(&pull, 16).await;
+        stop_tx.send(()).expect("runner waiting");
+        let handled = runner.await.expect("runner");
+        assert_eq!(handled, 16);
+        assert_eq!(runs.load(Ordering::SeqCst), 8);
+        let peak = peak.load(Ordering::SeqCst);
+        assert!((1..=3).contains(&peak), "peak concurrency {peak}");
+    })
+    .await;
+}
+
+/// Waits (up to 10 s) until the consumer has acked stream sequence `seq`
+/// and everything before it.
+async fn all_acked(pull: &PullConsumer, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = pull.get_info().await.expect("consumer info");
+        if info.num_pending == 0
+            && info.num_ack_pending == 0
+            && info.ack_floor.stream_sequence == seq
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not all acked: {info:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
