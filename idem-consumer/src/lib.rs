@@ -14,6 +14,10 @@ pub mod nats;
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub mod rabbitmq;
 
+#[cfg(feature = "sqs-lambda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs-lambda")))]
+pub mod sqs;
+
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;
