@@ -76,7 +76,7 @@ impl<S: Store> Consumer<S> {
     }
 
     /// The record `message_id` and `payload` claim: key and fingerprint.
-    fn prepare(&self, message_id: &str, payload: &[u8]) -> Result<Prepared, RequestError> {
+    fn prepare(&self, message_id: &str, payload: &[u8]) -> Result<Prepared, Error> {
         let inner = &self.inner;
         let key = IdempotencyKey::parse(message_id)
             .unwrap_or_else(|_| IdempotencyKey::derive(inner.scope.owner(), message_id));
@@ -86,18 +86,12 @@ impl<S: Store> Consumer<S> {
             FingerprintMode::Payload => match RawJson(payload).parse() {
                 Ok(value) => {
                     // The engine's own fingerprint (and field filter) over the JSON.
-                    return inner
-                        .idem
-                        .prepare(&inner.scope, id.key().clone(), &value)
-                        .map_err(|e| match e {
-                            Error::InvalidRequest(r) => r,
-                            _ => RequestError::TooDeep,
-                        });
+                    return inner.idem.prepare(&inner.scope, id.key().clone(), &value);
                 }
                 Err(RequestError::NotJson(_)) => {
                     tagged(BYTES_TAG, inner.scope.operation(), payload)
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(Error::InvalidRequest(e)),
             },
         };
         Ok(Prepared::new(id, fingerprint))
@@ -136,15 +130,7 @@ impl<S: Store> Delivered<'_, S> {
         };
         let prepared = match consumer.prepare(message_id, payload) {
             Ok(p) => p,
-            Err(e) => {
-                warn!(message_id, error = %e, "payload cannot be fingerprinted: dead letter");
-                return Processed::bare(
-                    Disposition::DeadLetter {
-                        reason: DeadLetterReason::InvalidMessage,
-                    },
-                    Cause::InvalidMessage,
-                );
-            }
+            Err(e) => return rejected(message_id, &e, retry()),
         };
         let claim = match inner.idem.begin_prepared::<T, E>(prepared).await {
             Ok(Begin::Run(claim)) => claim,
@@ -271,10 +257,13 @@ fn rejected<T, E>(message_id: &str, e: &Error, retry: Disposition) -> Processed<
                 Cause::FingerprintMismatch,
             )
         }
-        Error::InvalidKey(_) | Error::InvalidRequest(_) => (
-            dead(DeadLetterReason::InvalidMessage),
-            Cause::InvalidMessage,
-        ),
+        Error::InvalidKey(_) | Error::InvalidRequest(_) => {
+            warn!(message_id, error = %e, "payload cannot be fingerprinted: dead letter");
+            (
+                dead(DeadLetterReason::InvalidMessage),
+                Cause::InvalidMessage,
+            )
+        }
         e if e.is_retryable() => {
             warn!(message_id, error = %e, "store unavailable: retry");
             (retry, Cause::StoreUnavailable)
