@@ -556,3 +556,103 @@ async fn all_acked(pull: &PullConsumer, seq: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Two instances of the consumer group and a slow handler: JetStream
+/// redelivers the message to the second after `ack_wait`; it is nak'd for
+/// about the lease left, and the work runs once.
+#[tokio::test]
+async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
+    with_nats(Duration::from_secs(120), |fx| async move {
+        let pull = fx.pull(Duration::from_secs(1)).await;
+        let store = SqliteStore::memory().await.expect("sqlite");
+        let policy = idem_core::Policy::builder()
+            .lease(Duration::from_secs(30))
+            .build()
+            .expect("policy");
+        let core = Consumer::builder(Idem::new(store).with_policy(policy))
+            .owner("billing-service")
+            .operation("charge-on-order-created")
+            .build()
+            .expect("consumer");
+        let (a, b) = (NatsConsumer::new(core.clone()), NatsConsumer::new(core));
+        let runs = Arc::new(AtomicUsize::new(0));
+        fx.publish(Some("evt_slow_dup"), br#"{"order":"ord_6"}"#)
+            .await;
+        let first = next(&pull, Duration::from_secs(2)).await.expect("delivery");
+        let (r, release) = (Arc::clone(&runs), Arc::new(tokio::sync::Notify::new()));
+        let go = Arc::clone(&release);
+        let slow = tokio::spawn(async move {
+            let p: P = a
+                .handle(&first, move |_| async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    go.notified().await;
+                    Ok::<_, Failure<String>>("ch_slow".to_owned())
+                })
+                .await
+                .expect("handle");
+            p
+        });
+        let again = next(&pull, Duration::from_secs(3))
+            .await
+            .expect("redelivery to the second instance");
+        let p: P = b
+            .handle(&again, counting(&runs, Ok("ch_dup".into())))
+            .await
+            .expect("handle");
+        assert_eq!(p.cause, Cause::InFlight);
+        let after = p.disposition.retry_after().expect("a retry");
+        assert!(
+            after >= Duration::from_secs(27) && after <= Duration::from_secs(30),
+            "nak'd for {after:?}"
+        );
+        release.notify_one();
+        assert_eq!(slow.await.expect("slow").cause, Cause::Succeeded);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// The store down at the claim: the message is nak'd with the backoff and
+/// redelivered; once the store is back, it runs.
+#[tokio::test]
+async fn store_down_naks_then_the_redelivery_runs() {
+    with_nats(Duration::from_secs(120), |fx| async move {
+        let pull = fx.pull(Duration::from_secs(5)).await;
+        let failing = idem_core::testkit::FailingStore::new(Arc::new(MemoryStore::new()));
+        let core = Consumer::builder(Idem::new(failing.clone()))
+            .owner("billing-service")
+            .operation("charge-on-order-created")
+            .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
+            .retry_jitter(false)
+            .build()
+            .expect("consumer");
+        let nats = NatsConsumer::new(core);
+        let runs = Arc::new(AtomicUsize::new(0));
+        fx.publish(Some("evt_store_down"), br#"{"order":"ord_7"}"#)
+            .await;
+        failing.fail_all(true);
+        let msg = next(&pull, Duration::from_secs(2)).await.expect("delivery");
+        let p: P = nats
+            .handle(&msg, counting(&runs, Ok("ch".into())))
+            .await
+            .expect("handle");
+        assert_eq!(p.cause, Cause::StoreUnavailable);
+        assert_eq!(
+            p.disposition,
+            Disposition::Retry {
+                after: Duration::from_millis(300)
+            }
+        );
+        failing.fail_all(false);
+        let again = next(&pull, Duration::from_secs(2))
+            .await
+            .expect("redelivery");
+        let p: P = nats
+            .handle(&again, counting(&runs, Ok("ch".into())))
+            .await
+            .expect("handle");
+        assert_eq!(p.cause, Cause::Succeeded);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
