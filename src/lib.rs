@@ -34,3 +34,11 @@ pub use idem_redis as redis;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 #[doc(inline)]
 pub use idem_http as http;
+
+/// The queue consumer (feature `consumer`): [`Consumer::process`](idem_consumer::Consumer::process)
+/// runs each message's work once per consumer group and answers with the
+/// broker action (ack, retry after a delay, dead letter).
+#[cfg(feature = "consumer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
+#[doc(inline)]
+pub use idem_consumer as consumer;

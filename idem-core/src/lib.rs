@@ -21,9 +21,12 @@ pub mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
-/// The detailed errors behind [`Error`]'s input variants: what exactly was
-/// wrong with a key, a scope, a policy or a request.
+/// The class of an [`Error`] ([`error::ErrorKind`], what
+/// [`Error::kind`] returns) and the detailed errors behind its input
+/// variants: what exactly was wrong with a key, a scope, a policy or a
+/// request.
 pub mod error {
+    pub use crate::engine::error::ErrorKind;
     pub use crate::fingerprint::RequestError;
     pub use crate::id::key::KeyError;
     pub use crate::id::scope::ScopeError;
@@ -40,7 +43,7 @@ pub use engine::Idem;
 pub use engine::attempt::{Attempt, TakeoverReason};
 pub use engine::claim::{Begin, Claim};
 pub use engine::codec::{HttpResponse, Json, Storable};
-pub use engine::error::{Error, ErrorKind};
+pub use engine::error::Error;
 pub use engine::outcome::{Failure, Outcome, Reply};
 pub use fingerprint::{FieldFilter, RawJson};
 pub use id::key::{IdempotencyKey, IntoKey};

@@ -1,0 +1,27 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backoff;
+mod config;
+mod disposition;
+mod process;
+
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
+
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
+
+#[cfg(feature = "sqs-lambda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqs-lambda")))]
+pub mod sqs;
+
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub mod testkit;
+
+pub use config::{Builder, ConfigError, Consumer, FingerprintMode, PermanentFailure};
+pub use disposition::{Cause, DeadLetterReason, Disposition, Processed};
+pub use process::Delivered;

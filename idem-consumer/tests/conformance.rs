@@ -1,0 +1,24 @@
+//! The consumer conformance suite (every row of the behaviour table) on
+//! every backend: one isolated store per test.
+
+mod support;
+
+mod memory {
+    idem_consumer::consumer_conformance!(super::support::memory());
+}
+
+mod sqlite_memory {
+    idem_consumer::consumer_conformance!(super::support::sqlite_memory());
+}
+
+mod sqlite_file {
+    idem_consumer::consumer_conformance!(super::support::sqlite_file());
+}
+
+mod postgres {
+    idem_consumer::consumer_conformance!(super::support::postgres());
+}
+
+mod redis {
+    idem_consumer::consumer_conformance!(super::support::redis());
+}

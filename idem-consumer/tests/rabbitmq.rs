@@ -1,0 +1,472 @@
+//! The RabbitMQ adapter against the real broker (`IDEM_AMQP_URL`, default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`): each test declares its own
+//! queue, dead-letter exchange and dead-letter queue, and deletes them at the
+//! end. Redelivery delays are the broker's real time (≤ 1 s).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use idem_consumer::rabbitmq::RabbitConsumer;
+use idem_consumer::{Cause, Consumer, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
+use idem_sqlite::SqliteStore;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+type P = Processed<String, String>;
+type Out = Result<String, Failure<String>>;
+
+fn url() -> String {
+    std::env::var("IDEM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// One test's queue `q`, its dead-letter exchange `dlx` and queue `dlq`.
+struct Fixture {
+    conn: Connection,
+    channel: Channel,
+    q: String,
+    dlx: String,
+    dlq: String,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let conn = Connection::connect(&url(), ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach RabbitMQ at {}: {e}. Start it (Debian package rabbitmq-server) \
+                     or point IDEM_AMQP_URL at a broker",
+                    url()
+                )
+            });
+        let channel = conn.create_channel().await.expect("channel");
+        let id = IdempotencyKey::random();
+        let q = format!("idemtest.{}", id.as_str());
+        let (dlx, dlq) = (format!("{q}.dlx"), format!("{q}.dlq"));
+        channel
+            .exchange_declare(
+                dlx.as_str().into(),
+                ExchangeKind::Fanout,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the dead-letter exchange");
+        channel
+            .queue_declare(
+                dlq.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the dead-letter queue");
+        channel
+            .queue_bind(
+                dlq.as_str().into(),
+                dlx.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the dead-letter queue");
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(dlx.as_str().into()),
+        );
+        channel
+            .queue_declare(q.as_str().into(), QueueDeclareOptions::default(), args)
+            .await
+            .expect("declare the queue");
+        Self {
+            conn,
+            channel,
+            q,
+            dlx,
+            dlq,
+        }
+    }
+
+    async fn publish(&self, message_id: Option<&str>, headers: FieldTable, payload: &[u8]) {
+        let mut props = BasicProperties::default().with_headers(headers);
+        if let Some(id) = message_id {
+            props = props.with_message_id(id.into());
+        }
+        self.channel
+            .basic_publish(
+                "".into(),
+                self.q.as_str().into(),
+                BasicPublishOptions::default(),
+                payload,
+                props,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish confirm");
+    }
+
+    /// A consumer on its own channel (prefetch 10), manual acks.
+    async fn subscribe(&self) -> (Channel, lapin::Consumer) {
+        let ch = self.conn.create_channel().await.expect("channel");
+        ch.basic_qos(10, BasicQosOptions::default())
+            .await
+            .expect("qos");
+        let consumer = ch
+            .basic_consume(
+                self.q.as_str().into(),
+                ShortString::from(format!("c-{}", IdempotencyKey::random().as_str())),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        (ch, consumer)
+    }
+
+    /// Messages left in a queue.
+    async fn count(&self, queue: &str) -> u32 {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive declare")
+            .message_count()
+    }
+
+    async fn teardown(self) {
+        for q in [&self.q, &self.dlq] {
+            self.channel
+                .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .expect("delete queue");
+        }
+        self.channel
+            .exchange_delete(self.dlx.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .expect("delete the dead-letter exchange");
+        let _ = self.conn.close(200, "bye".into()).await;
+    }
+}
+
+/// Runs `scenario` and deletes the queues even when it fails.
+async fn with_rabbit<F, Fut>(scenario: F)
+where
+    F: FnOnce(Arc<Fixture>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let fx = Arc::new(Fixture::new().await);
+    let result = tokio::spawn(scenario(Arc::clone(&fx))).await;
+    match Arc::try_unwrap(fx) {
+        Ok(fx) => fx.teardown().await,
+        Err(_) => panic!("the scenario kept the fixture"),
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+async fn next(c: &mut lapin::Consumer, wait: Duration) -> Option<Delivery> {
+    tokio::time::timeout(wait, c.next())
+        .await
+        .ok()
+        .flatten()
+        .map(|d| d.expect("delivery"))
+}
+
+async fn consumer() -> Consumer<SqliteStore> {
+    let store = SqliteStore::memory().await.expect("sqlite");
+    Consumer::builder(Idem::new(store))
+        .owner("billing-service")
+        .operation("charge-on-order-created")
+        .retry_backoff(Duration::from_millis(600), Duration::from_secs(5))
+        .retry_jitter(false)
+        .build()
+        .expect("consumer")
+}
+
+fn counting(
+    runs: &Arc<AtomicUsize>,
+    out: Out,
+) -> impl FnOnce(idem_core::Attempt) -> std::future::Ready<Out> + Send + use<> {
+    let runs = Arc::clone(runs);
+    move |_| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(out)
+    }
+}
+
+/// A consumer that processed a message and died before acking it (its
+/// channel closed): RabbitMQ redelivers it to another consumer, whose
+/// handle is a replay, acked; the work ran once and the queue is empty.
+#[tokio::test]
+async fn redelivered_message_runs_the_work_once() {
+    with_rabbit(|fx| async move {
+        let rabbit = RabbitConsumer::new(consumer().await);
+        let runs = Arc::new(AtomicUsize::new(0));
+        fx.publish(
+            Some("evt_redelivered"),
+            FieldTable::default(),
+            br#"{"order":"ord_1"}"#,
+        )
+        .await;
+        let (dying, mut first) = fx.subscribe().await;
+        let d = next(&mut first, Duration::from_secs(2))
+            .await
+            .expect("delivery");
+        let p: P = rabbit
+            .consumer()
+            .process(
+                "evt_redelivered",
+                &d.data,
+                counting(&runs, Ok("ch_1".into())),
+            )
+            .await;
+        assert_eq!(p.cause, Cause::Succeeded);
+        dying
+            .close(200, "died before the ack".into())
+            .await
+            .expect("close");
+        let (_ch, mut second) = fx.subscribe().await;
+        let again = next(&mut second, Duration::from_secs(2))
+            .await
+            .expect("redelivery");
+        assert!(again.redelivered);
+        let p: P = rabbit
+            .handle(&again, counting(&runs, Ok("ch_2".into())))
+            .await
+            .expect("handle");
+        assert_eq!(
+            (p.disposition, p.cause),
+            (Disposition::Ack, Cause::Replayed)
+        );
+        assert_eq!(
+            p.outcome.map(|o| o.into_result()),
+            Some(Ok("ch_1".to_owned()))
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(
+            next(&mut second, Duration::from_millis(500))
+                .await
+                .is_none()
+        );
+        assert_eq!(fx.count(&fx.q).await, 0);
+    })
+    .await;
+}
+
+/// A transient failure is nack'd with requeue after the backoff: the
+/// redelivery comes no earlier, and the work runs again as a recovery.
+#[tokio::test]
+async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
+    with_rabbit(|fx| async move {
+        let rabbit = RabbitConsumer::new(consumer().await);
+        let runs = Arc::new(AtomicUsize::new(0));
+        fx.publish(
+            Some("evt_transient"),
+            FieldTable::default(),
+            br#"{"order":"ord_2"}"#,
+        )
+        .await;
+        let (_ch, mut sub) = fx.subscribe().await;
+        let d = next(&mut sub, Duration::from_secs(2))
+            .await
+            .expect("delivery");
+        let handled = Instant::now();
+        let p: P = rabbit
+            .handle(
+                &d,
+                counting(&runs, Err(Failure::transient("psp 503".into()))),
+            )
+            .await
+            .expect("handle");
+        assert_eq!(
+            p.disposition,
+            Disposition::Retry {
+                after: Duration::from_millis(600)
+            }
+        );
+        let again = next(&mut sub, Duration::from_secs(3))
+            .await
+            .expect("requeued");
+        assert!(
+            handled.elapsed() >= Duration::from_millis(550),
+            "after {:?}",
+            handled.elapsed()
+        );
+        assert!(again.redelivered);
+        let recovered = Arc::new(AtomicUsize::new(0));
+        let (r, rec) = (Arc::clone(&runs), Arc::clone(&recovered));
+        let p: P = rabbit
+            .handle(&again, move |a| async move {
+                r.fetch_add(1, Ordering::SeqCst);
+                if a.is_recovery() {
+                    rec.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<_, Failure<String>>("ch_ok".to_owned())
+            })
+            .await
+            .expect("handle");
+        assert_eq!(
+            (p.disposition, p.cause),
+            (Disposition::Ack, Cause::Succeeded)
+        );
+        assert_eq!(
+            (
+                runs.load(Ordering::SeqCst),
+                recovered.load(Ordering::SeqCst)
+            ),
+            (2, 1)
+        );
+    })
+    .await;
+}
+
+/// A permanent failure under `PermanentFailure::DeadLetter` is rejected
+/// without requeue: the dead-letter exchange routes it to the DLQ, and it
+/// never comes back. A message without any key goes there too.
+#[tokio::test]
+async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
+    with_rabbit(|fx| async move {
+        let store = MemoryStore::new();
+        let core = Consumer::builder(Idem::new(store))
+            .owner("billing-service")
+            .operation("charge-on-order-created")
+            .permanent_failure(PermanentFailure::DeadLetter)
+            .build()
+            .expect("consumer");
+        let rabbit = RabbitConsumer::new(core);
+        let runs = Arc::new(AtomicUsize::new(0));
+        fx.publish(
+            Some("evt_permanent"),
+            FieldTable::default(),
+            br#"{"order":"ord_3"}"#,
+        )
+        .await;
+        fx.publish(None, FieldTable::default(), b"no id at all")
+            .await;
+        let (_ch, mut sub) = fx.subscribe().await;
+        let d = next(&mut sub, Duration::from_secs(2))
+            .await
+            .expect("delivery");
+        let p: P = rabbit
+            .handle(
+                &d,
+                counting(&runs, Err(Failure::permanent("unknown account".into()))),
+            )
+            .await
+            .expect("handle");
+        assert_eq!(
+            p.disposition,
+            Disposition::DeadLetter {
+                reason: DeadLetterReason::PermanentFailure
+            }
+        );
+        let d = next(&mut sub, Duration::from_secs(2))
+            .await
+            .expect("keyless delivery");
+        let p: P = rabbit
+            .handle(&d, counting(&runs, Ok("x".into())))
+            .await
+            .expect("handle");
+        assert_eq!(
+            (p.disposition, p.cause),
+            (
+                Disposition::DeadLetter {
+                    reason: DeadLetterReason::InvalidMessage
+                },
+                Cause::InvalidMessage
+            )
+        );
+        assert!(next(&mut sub, Duration::from_millis(700)).await.is_none());
+        let mut dead = Vec::new();
+        for _ in 0..20 {
+            match fx
+                .channel
+                .basic_get(fx.dlq.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("basic.get")
+            {
+                Some(m) => dead.push(m.delivery.data.clone()),
+                None if dead.len() == 2 => break,
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        assert_eq!(
+            dead,
+            vec![br#"{"order":"ord_3"}"#.to_vec(), b"no id at all".to_vec()]
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// The same message published twice (a producer's retry) is processed
+/// once: the copy is acked as a replay. A key header stands in for a
+/// missing `message_id`.
+#[tokio::test]
+async fn duplicates_are_acked_without_running() {
+    with_rabbit(|fx| async move {
+        let rabbit = RabbitConsumer::new(consumer().await).key_header("event-id");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "event-id".into(),
+            AMQPValue::LongString(LongString::from("evt_by_header")),
+        );
+        for _ in 0..2 {
+            fx.publish(
+                Some("evt_dup"),
+                FieldTable::default(),
+                br#"{"order":"ord_4"}"#,
+            )
+            .await;
+            fx.publish(None, headers.clone(), br#"{"order":"ord_5"}"#)
+                .await;
+        }
+        let (_ch, mut sub) = fx.subscribe().await;
+        let mut causes = Vec::new();
+        for _ in 0..4 {
+            let d = next(&mut sub, Duration::from_secs(2))
+                .await
+                .expect("delivery");
+            let p: P = rabbit
+                .handle(&d, counting(&runs, Ok("ch".into())))
+                .await
+                .expect("handle");
+            assert_eq!(p.disposition, Disposition::Ack);
+            causes.push(p.cause);
+        }
+        assert_eq!(
+            causes,
+            [
+                Cause::Succeeded,
+                Cause::Succeeded,
+                Cause::Replayed,
+                Cause::Replayed
+            ]
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(fx.count(&fx.q).await, 0);
+    })
+    .await;
+}

@@ -1,0 +1,152 @@
+//! Isolated stores for the consumer conformance suite: one per test (its own
+//! SQLite file, Postgres schema or Redis key prefix), cleaned up after.
+#![allow(dead_code, unreachable_pub)]
+
+use idem_core::IdempotencyKey;
+use idem_core::MemoryStore;
+use idem_core::testkit::Fixture;
+use idem_postgres::PgStore;
+use idem_postgres::sqlx::postgres::PgPoolOptions;
+use idem_postgres::sqlx::{self, Executor};
+use idem_redis::RedisStore;
+use idem_redis::redis::{self, AsyncCommands};
+use idem_sqlite::SqliteStore;
+
+pub struct Memory(MemoryStore);
+impl Fixture for Memory {
+    type Store = MemoryStore;
+    fn store(&self) -> MemoryStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {}
+}
+pub async fn memory() -> Memory {
+    Memory(MemoryStore::new())
+}
+
+pub struct SqliteMemory(SqliteStore);
+impl Fixture for SqliteMemory {
+    type Store = SqliteStore;
+    fn store(&self) -> SqliteStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        self.0.pool().close().await;
+    }
+}
+pub async fn sqlite_memory() -> SqliteMemory {
+    SqliteMemory(SqliteStore::memory().await.expect("in-memory SQLite"))
+}
+
+pub struct SqliteFile(SqliteStore, std::path::PathBuf);
+impl Fixture for SqliteFile {
+    type Store = SqliteStore;
+    fn store(&self) -> SqliteStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        self.0.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.1.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+pub async fn sqlite_file() -> SqliteFile {
+    let path = std::env::temp_dir().join(format!(
+        "idem-consumer-{}.db",
+        IdempotencyKey::random().as_str()
+    ));
+    SqliteFile(SqliteStore::open(&path).await.expect("SQLite file"), path)
+}
+
+fn pg_url() -> String {
+    std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn pg_down(e: &dyn std::fmt::Display) -> ! {
+    panic!(
+        "cannot reach PostgreSQL at {}: {e}\nStart it with:\n    pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
+         or point IDEM_POSTGRES_URL at a server (these tests never skip).",
+        pg_url()
+    )
+}
+
+pub struct Pg(PgStore, String);
+impl Fixture for Pg {
+    type Store = PgStore;
+    fn store(&self) -> PgStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.1);
+        self.0
+            .pool()
+            .execute(sqlx::AssertSqlSafe(drop))
+            .await
+            .expect("drop schema");
+        self.0.pool().close().await;
+    }
+}
+pub async fn postgres() -> Pg {
+    let schema = format!(
+        "idem_consumer_{}",
+        IdempotencyKey::random().as_str().to_ascii_lowercase()
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect(&pg_url())
+        .await
+        .unwrap_or_else(|e| pg_down(&e));
+    let store = PgStore::new(pool)
+        .with_schema_name(&schema)
+        .expect("schema name");
+    store.migrate().await.expect("migrate");
+    Pg(store, schema)
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+}
+
+pub struct Redis(RedisStore);
+impl Fixture for Redis {
+    type Store = RedisStore;
+    fn store(&self) -> RedisStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        let client = redis::Client::open(redis_url()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connection");
+        let pattern = format!("{}*", self.0.prefix().as_str());
+        let keys: Vec<String> = {
+            let mut iter = conn.scan_match::<_, String>(&pattern).await.expect("scan");
+            let mut keys = Vec::new();
+            while let Some(k) = iter.next_item().await {
+                keys.push(k.expect("key"));
+            }
+            keys
+        };
+        if !keys.is_empty() {
+            let _: i64 = conn.del(keys).await.expect("del");
+        }
+    }
+}
+pub async fn redis() -> Redis {
+    let url = redis_url();
+    let store = RedisStore::connect(&url).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot reach Redis at {url}: {e}. Start it with `redis-server --daemonize yes --bind 127.0.0.1 \
+             --port 6379 --save \"\" --appendonly no` or point IDEM_REDIS_URL at a server"
+        )
+    });
+    let prefix = format!("idemconsumer:{}:", IdempotencyKey::random().as_str());
+    Redis(store.with_prefix(&prefix).expect("prefix"))
+}
