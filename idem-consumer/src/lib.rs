@@ -4,6 +4,8 @@
 mod backoff;
 mod config;
 mod disposition;
+#[cfg(feature = "postgres")]
+mod inbox;
 mod process;
 
 #[cfg(feature = "nats")]

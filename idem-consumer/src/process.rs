@@ -76,7 +76,7 @@ impl<S: Store> Consumer<S> {
     }
 
     /// The record `message_id` and `payload` claim: key and fingerprint.
-    fn prepare(&self, message_id: &str, payload: &[u8]) -> Result<Prepared, Error> {
+    pub(crate) fn prepare(&self, message_id: &str, payload: &[u8]) -> Result<Prepared, Error> {
         let inner = &self.inner;
         let key = IdempotencyKey::parse(message_id)
             .unwrap_or_else(|_| IdempotencyKey::derive(inner.scope.owner(), message_id));
@@ -108,7 +108,15 @@ fn tagged(tag: &[u8], operation: &str, bytes: &[u8]) -> Fingerprint {
     Fingerprint::from_bytes(h.finalize().into())
 }
 
-impl<S: Store> Delivered<'_, S> {
+impl<'a, S: Store> Delivered<'a, S> {
+    pub(crate) fn consumer(&self) -> &'a Consumer<S> {
+        self.consumer
+    }
+
+    pub(crate) fn count(&self) -> u32 {
+        self.count
+    }
+
     /// [`Consumer::process`] for this delivery.
     pub async fn process<T, E, O, F, Fut>(
         self,
@@ -175,6 +183,23 @@ impl<S: Store> Delivered<'_, S> {
                 return p;
             }
         };
+        self.executed(message_id, reply, recovery)
+    }
+
+    /// The disposition for an outcome this delivery's work produced (stored
+    /// or not): a transient failure retries, a permanent one is acknowledged
+    /// (or dead-lettered) and reported to the hook, a success is acked.
+    pub(crate) fn executed<T, E: fmt::Debug>(
+        &self,
+        message_id: &str,
+        reply: Reply<T, E>,
+        recovery: bool,
+    ) -> Processed<T, E> {
+        let inner = &self.consumer.inner;
+        let number = reply.attempt();
+        let retry = || Disposition::Retry {
+            after: self.consumer.backoff(self.count),
+        };
         let stored = reply.is_stored();
         let outcome = reply.into_outcome();
         let (disposition, cause) = match &outcome {
@@ -213,7 +238,7 @@ impl<S: Store> Delivered<'_, S> {
     /// C4: a stored outcome. A stored failure under
     /// [`PermanentFailure::DeadLetter`] is dead-lettered again, so a failed
     /// dead-lettering is retried.
-    fn replayed<T, E>(&self, reply: Reply<T, E>) -> Processed<T, E> {
+    pub(crate) fn replayed<T, E>(&self, reply: Reply<T, E>) -> Processed<T, E> {
         let attempt = reply.attempt();
         let outcome = reply.into_outcome();
         let disposition = match outcome {
@@ -232,7 +257,7 @@ impl<S: Store> Delivered<'_, S> {
 }
 
 /// The disposition for an engine error (at the claim or the completion).
-fn rejected<T, E>(message_id: &str, e: &Error, retry: Disposition) -> Processed<T, E> {
+pub(crate) fn rejected<T, E>(message_id: &str, e: &Error, retry: Disposition) -> Processed<T, E> {
     let dead = |reason| Disposition::DeadLetter { reason };
     let (disposition, cause) = match e {
         Error::InFlight { retry_after } => (

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_core::adapter::{ClaimExt, ClaimTicket, EngineExt};
+use idem_core::adapter::{ClaimExt, ClaimTicket, EngineExt, Prepared};
 use idem_core::store::{CLAIM_RACE_TRIES, ClaimOutcome};
 use idem_core::{Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, Reply, Scope, Storable};
 use serde::Serialize;
@@ -122,6 +122,26 @@ pub trait PgIdemExt {
         E: Storable,
         O: Into<Outcome<T, E>> + Send,
         F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send;
+
+    /// [`execute_in_tx`](PgIdemExt::execute_in_tx) for a request an adapter
+    /// already checked and fingerprinted on its own terms
+    /// ([`EngineExt::prepare`], or [`Prepared::new`] with its own
+    /// fingerprint): a queue consumer's transactional inbox.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute_in_tx`](PgIdemExt::execute_in_tx), except the input
+    /// checks.
+    fn execute_prepared_in_tx<T, E, O, F>(
+        &self,
+        prepared: Prepared,
+        work: F,
+    ) -> impl Future<Output = Result<Reply<T, E>, Error>> + Send
+    where
+        T: Storable,
+        E: Storable,
+        O: Into<Outcome<T, E>> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send;
 }
 
 impl PgIdemExt for Idem<PgStore> {
@@ -142,6 +162,20 @@ impl PgIdemExt for Idem<PgStore> {
     {
         // Validate before touching the server: invalid input costs nothing.
         let prepared = self.prepare(scope, key, request)?;
+        self.execute_prepared_in_tx(prepared, work).await
+    }
+
+    async fn execute_prepared_in_tx<T, E, O, F>(
+        &self,
+        prepared: Prepared,
+        work: F,
+    ) -> Result<Reply<T, E>, Error>
+    where
+        T: Storable,
+        E: Storable,
+        O: Into<Outcome<T, E>> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
+    {
         let ticket = self.ticket(prepared).deferred();
         let store = self.store();
         let mut tx = store
