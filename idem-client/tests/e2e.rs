@@ -516,3 +516,132 @@ async fn get_passes_through_without_a_key() {
     assert!(resp.idem_report().is_none());
     assert!(s.counters.keys().is_empty());
 }
+
+/// A TCP proxy with a script per accepted connection: `true` drops the
+/// response (forward the request, wait for the server's first response
+/// byte, which `idem-http` sends only after the outcome is stored, then
+/// close the client's socket); `false` passes everything.
+async fn fault_proxy(upstream: String, script: Vec<bool>) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = upstream.trim_start_matches("http://").to_owned();
+    let task = tokio::spawn(async move {
+        let mut script = script.into_iter();
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let drop_response = script.next().unwrap_or(false);
+            let up = up.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(&up).await else {
+                    return;
+                };
+                if !drop_response {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    return;
+                }
+                let (mut cr, _cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let fwd = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut first = [0u8; 1];
+                let _ = tokio::time::timeout(Duration::from_secs(5), sr.read(&mut first)).await;
+                fwd.abort();
+                // `_cw` and `sr` drop here: the client sees EOF before a response head.
+            });
+        }
+    });
+    (format!("http://{addr}"), task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_response_is_replayed() {
+    let s = start().await;
+    let (proxy, task) = fault_proxy(s.base.clone(), vec![true, false]).await;
+    let c = client();
+    let resp = c
+        .post(format!("{proxy}/orders"))
+        .body(body_json())
+        .send()
+        .await
+        .unwrap();
+    let r = resp.idem_report().unwrap().clone();
+    // Row 2 (ambiguous) then row 4: the retry gets the stored answer.
+    assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 2), "{r:?}");
+    assert_eq!(resp.status(), 201);
+    assert_eq!(s.counters.runs(), 1);
+    assert_eq!(s.counters.keys().len(), 2);
+    one_key(&s.counters.keys());
+    task.abort();
+}
+
+/// A server that is not idem: Stripe-like, a concurrent duplicate gets a bare
+/// 409 (no problem body, no `Retry-After`), then the stored answer with
+/// `Idempotent-Replayed: true`.
+async fn stripe_like() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/v1/charges",
+            post(|State(h): State<Arc<AtomicUsize>>| async move {
+                if h.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                    (
+                        StatusCode::CONFLICT,
+                        r#"{"error":{"type":"idempotency_error"}}"#,
+                    )
+                        .into_response()
+                } else {
+                    let mut m = HeaderMap::new();
+                    m.insert("idempotent-replayed", "true".parse().unwrap());
+                    (StatusCode::OK, m, r#"{"id":"ch_1"}"#).into_response()
+                }
+            }),
+        )
+        .with_state(Arc::clone(&hits));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (base, hits, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_409_from_a_server_that_is_not_idem() {
+    let (base, hits, task) = stripe_like().await;
+    // Default: a 409 with no code and no Retry-After is the server's answer (row 13).
+    let resp = client()
+        .post(format!("{base}/v1/charges"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let r = resp.idem_report().unwrap().clone();
+    assert_eq!(
+        (resp.status().as_u16(), r.kind, r.attempts),
+        (409, ReportKind::Fresh, 1)
+    );
+    assert_eq!(hits.swap(0, Ordering::SeqCst), 1);
+    // retry_conflicts: retried with the same key, and the replay is read.
+    let c = client_with(
+        IdempotencyMiddleware::builder()
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .retry_conflicts(true),
+    );
+    let resp = c
+        .post(format!("{base}/v1/charges"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let r = resp.idem_report().unwrap().clone();
+    assert_eq!(
+        (resp.status().as_u16(), r.kind, r.attempts),
+        (200, ReportKind::Replayed, 2)
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    task.abort();
+}
