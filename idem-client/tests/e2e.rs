@@ -645,3 +645,45 @@ async fn bare_409_from_a_server_that_is_not_idem() {
     assert_eq!(hits.load(Ordering::SeqCst), 2);
     task.abort();
 }
+
+/// A retry layer *above* the idempotency middleware (as reqwest-retry is):
+/// it sends each request twice through the same extensions.
+struct SendTwice;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for SendTwice {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let copy = req.try_clone().unwrap();
+        let _first = next.clone().run(req, extensions).await?;
+        next.run(copy, extensions).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outer_retry_layer_keeps_the_minted_key() {
+    let s = start().await;
+    let inner = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let c = reqwest_middleware::ClientBuilder::new(inner)
+        .with(SendTwice)
+        .with(IdempotencyMiddleware::builder().build().unwrap())
+        .build();
+    let resp = c
+        .post(format!("{}/orders", s.base))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    // The second pass found the key the first minted in the extensions.
+    assert_eq!(resp.idem_report().unwrap().kind, ReportKind::Replayed);
+    assert_eq!(s.counters.keys().len(), 2);
+    one_key(&s.counters.keys());
+    assert_eq!(s.counters.runs(), 1);
+}
