@@ -10,6 +10,7 @@ pub mod policy;
 mod problem;
 mod report;
 pub mod retry_after;
+mod send;
 
 pub use config::{Builder, ConfigError};
 pub use error::{Error, StopReason};

@@ -6,19 +6,19 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Extensions, HeaderValue, StatusCode};
+use http::{Extensions, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use idem_core::IdempotencyKey;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
-use tracing::{Instrument, field::Empty};
+use tracing::Instrument;
 
 use crate::{
     Error, Intent, MAX_PROBLEM_BYTES, Problem, Report, ReportKind, StopReason,
-    config::{Builder, Config, ConfigError},
-    key,
-    policy::{AttemptView, Outcome, SendState, Step, TransportFailure, os_random},
+    config::{Builder, Config, ConfigError, NotIdempotent, SingleAttempt},
+    policy::{AttemptView, SendState, Step, TransportFailure, os_random},
+    send::{self, Then},
 };
 
 /// The middleware: one key per send, kept across its retries; retries only
@@ -54,14 +54,6 @@ impl Builder {
         })
     }
 }
-
-/// Request extension: send once, with a key, no retries (for a streaming body).
-#[derive(Debug, Clone, Copy)]
-struct SingleAttempt;
-
-/// Request extension: leave this request alone.
-#[derive(Debug, Clone, Copy)]
-struct NotIdempotent;
 
 /// Per-request options on `reqwest_middleware::RequestBuilder`.
 pub trait IdempotentRequestExt: Sized {
@@ -177,52 +169,22 @@ impl Middleware for IdempotencyMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let cfg = &*self.config;
-        if extensions.get::<NotIdempotent>().is_some() || !cfg.methods.contains(req.method()) {
+        if !cfg.covers(req.method(), extensions) {
             return next.run(req, extensions).await;
         }
-        let now = SystemTime::now();
-        // The key: the caller's header, an intent, a key in the extensions, or a new one.
-        let mut key_age = None;
-        let key = if let Some(v) = req.headers().get(&cfg.key_header) {
-            let v = v.to_str().unwrap_or("\u{0}");
-            key::decode(v).map_err(|e| mw_error(Error::InvalidKey(e)))?
-        } else {
-            let key = if let Some(intent) = extensions.get::<Intent>() {
-                key_age = Some(intent.age(now));
-                intent.key().clone()
-            } else if let Some(k) = extensions.get::<IdempotencyKey>() {
-                k.clone()
-            } else {
-                let k = IdempotencyKey::random();
-                extensions.insert(k.clone());
-                k
-            };
-            let field = cfg.key_syntax.encode(&key);
-            // Every key is printable ASCII, so every field value is valid.
-            let value = HeaderValue::from_str(&field)
-                .map_err(|_| mw_error(Error::InvalidKey(idem_core::error::KeyError::Empty)))?;
-            req.headers_mut().insert(cfg.key_header.clone(), value);
-            key
-        };
-        // Row 22: a key the server may have forgotten is never sent.
-        if !cfg.policy.key_usable(key_age) {
-            return Err(mw_error(Error::KeyLifetimeExceeded { key }));
-        }
+        let (key, key_age) = cfg
+            .resolve_key(req.headers_mut(), extensions)
+            .map_err(mw_error)?;
         // Row 21: a body that cannot be sent twice needs the caller's consent.
         let single = extensions.get::<SingleAttempt>().is_some();
         if !single && req.try_clone().is_none() {
             return Err(mw_error(Error::BodyNotReplayable));
         }
-        let span = tracing::info_span!(
-            "idem.client.send",
-            http.request.method = %req.method(),
-            server.address = req.url().host_str().unwrap_or(""),
-            url.path = req.url().path(),
-            idem.key_hash = %key.log_hash(),
-            idem.attempts = Empty,
-            idem.outcome = Empty,
-            http.response.status_code = Empty,
-            error.type = Empty,
+        let span = send::span(
+            req.method(),
+            req.url().host_str().unwrap_or(""),
+            req.url().path(),
+            &key,
         );
         let send = Send {
             cfg,
@@ -306,35 +268,22 @@ impl Send<'_> {
                     StopReason::MaxAttempts
                 });
             }
-            let kind = match step {
-                Step::Retry {
-                    delay,
-                    reason,
-                    retry_after,
-                } => {
-                    tracing::debug!(
-                        attempt = attempts,
-                        reason = %reason,
-                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                        retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                        "idem.client.retry"
-                    );
+            let kind = match send::then(step, attempts) {
+                Then::Done(kind) => kind,
+                Then::Wait(delay) => {
                     drop(response);
                     tokio::time::sleep(delay).await;
                     pending = spare;
                     continue;
                 }
-                Step::Return(Outcome::Fresh) => ReportKind::Fresh,
-                Step::Return(Outcome::Replayed) => ReportKind::Replayed,
-                Step::Return(Outcome::AlreadyProcessed) => ReportKind::AlreadyProcessed,
-                Step::Return(Outcome::Rejected) => ReportKind::Rejected,
-                Step::Stop(reason) => ReportKind::Exhausted(reason),
             };
-            let span = tracing::Span::current();
-            span.record("idem.attempts", attempts);
-            span.record("idem.outcome", kind.as_str());
+            send::finish(
+                kind,
+                attempts,
+                response.as_ref().map(|r| r.status().as_u16()),
+                problem.as_ref(),
+            );
             let Some(mut resp) = response else {
-                span.record("error.type", "transport");
                 let reason = match kind {
                     ReportKind::Exhausted(r) => r,
                     _ => StopReason::Transport,
@@ -347,18 +296,6 @@ impl Send<'_> {
                     elapsed,
                 }));
             };
-            span.record("http.response.status_code", resp.status().as_u16());
-            if let ReportKind::Exhausted(r) = kind {
-                span.record("error.type", r.as_str());
-            } else if kind == ReportKind::Rejected {
-                span.record(
-                    "error.type",
-                    problem
-                        .as_ref()
-                        .and_then(|p| p.code.as_deref())
-                        .unwrap_or("rejected"),
-                );
-            }
             resp.extensions_mut().insert(Report {
                 key: self.key,
                 attempts,
