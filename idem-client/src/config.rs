@@ -1,14 +1,11 @@
 //! The one builder for both front-ends.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{sync::Arc, time::Duration};
 
-use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderName, Method};
 
 use crate::{
-    Error, IdempotencyKey, Intent, KeySyntax, key,
+    KeySyntax,
     policy::{AttemptView, Decision, Policy},
 };
 
@@ -174,59 +171,5 @@ impl Builder {
     /// [`ConfigError`] for a setting that cannot work.
     pub fn build_policy(self) -> Result<Policy, ConfigError> {
         self.checked().map(|c| c.policy)
-    }
-}
-
-/// Request extension: send once, with a key, no retries (for a streaming body).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SingleAttempt;
-
-/// Request extension: leave this request alone.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct NotIdempotent;
-
-impl Config {
-    /// Whether this request is an idempotent send at all.
-    pub(crate) fn covers(&self, method: &Method, ext: &Extensions) -> bool {
-        ext.get::<NotIdempotent>().is_none() && self.methods.contains(method)
-    }
-
-    /// The send's key, first match wins: the caller's header, an [`Intent`],
-    /// a key already in the extensions, or a new random one (written to the
-    /// extensions first, so a retry layer above reuses it). The header is set
-    /// unless the caller set it. Returns the key's age when an intent gave it.
-    ///
-    /// Refuses an invalid caller key and (row 22) an intent past the key's lifetime.
-    pub(crate) fn resolve_key(
-        &self,
-        headers: &mut HeaderMap,
-        ext: &mut Extensions,
-    ) -> Result<(IdempotencyKey, Option<Duration>), Error> {
-        let mut key_age = None;
-        let key = if let Some(v) = headers.get(&self.key_header) {
-            // A value that is not even visible ASCII is not a key either.
-            let v = v.to_str().unwrap_or("\u{0}");
-            key::decode(v)?
-        } else {
-            let key = if let Some(intent) = ext.get::<Intent>() {
-                key_age = Some(intent.age(SystemTime::now()));
-                intent.key().clone()
-            } else if let Some(k) = ext.get::<IdempotencyKey>() {
-                k.clone()
-            } else {
-                let k = IdempotencyKey::random();
-                ext.insert(k.clone());
-                k
-            };
-            // Every key is printable ASCII, so every field value is valid.
-            let value = HeaderValue::from_str(&self.key_syntax.encode(&key))
-                .map_err(|_| Error::InvalidKey(idem_core::error::KeyError::Empty))?;
-            headers.insert(self.key_header.clone(), value);
-            key
-        };
-        if !self.policy.key_usable(key_age) {
-            return Err(Error::KeyLifetimeExceeded { key });
-        }
-        Ok((key, key_age))
     }
 }

@@ -10,6 +10,7 @@ pub mod policy;
 mod problem;
 mod report;
 pub mod retry_after;
+#[cfg(any(feature = "reqwest", feature = "tower"))]
 mod send;
 
 pub use config::{Builder, ConfigError};

@@ -16,9 +16,9 @@ use tracing::Instrument;
 
 use crate::{
     Error, Intent, MAX_PROBLEM_BYTES, Problem, Report, ReportKind, StopReason,
-    config::{Builder, Config, ConfigError, NotIdempotent, SingleAttempt},
+    config::{Builder, Config, ConfigError},
     policy::{AttemptView, SendState, Step, TransportFailure, os_random},
-    send::{self, Then},
+    send::{self, NotIdempotent, SingleAttempt, Then},
 };
 
 /// The middleware: one key per send, kept across its retries; retries only
