@@ -12,6 +12,8 @@ mod report;
 pub mod retry_after;
 #[cfg(any(feature = "reqwest", feature = "tower"))]
 mod send;
+#[cfg(feature = "tower")]
+mod tower;
 
 pub use config::{Builder, ConfigError};
 pub use error::{Error, StopReason};
@@ -23,3 +25,6 @@ pub use middleware::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestEx
 pub use policy::{AttemptView, Decision, Outcome, Policy, Step};
 pub use problem::{MAX_PROBLEM_BYTES, Problem};
 pub use report::{Report, ReportKind};
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use tower::{BoxError, DEFAULT_MAX_REQUEST_BODY, IdempotencyClient, IdempotencyClientLayer};
