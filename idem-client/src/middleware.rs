@@ -191,6 +191,7 @@ impl Middleware for IdempotencyMiddleware {
             key,
             key_age,
             single,
+            span: span.clone(),
         };
         send.run(req, extensions, next).instrument(span).await
     }
@@ -202,6 +203,7 @@ struct Send<'c> {
     key: IdempotencyKey,
     key_age: Option<Duration>,
     single: bool,
+    span: tracing::Span,
 }
 
 impl Send<'_> {
@@ -278,6 +280,7 @@ impl Send<'_> {
                 }
             };
             send::finish(
+                &self.span,
                 kind,
                 attempts,
                 response.as_ref().map(|r| r.status().as_u16()),

@@ -70,14 +70,14 @@ pub(crate) fn span(method: &http::Method, host: &str, path: &str, key: &Idempote
     )
 }
 
-/// Records the end of a send on the current span.
+/// Records the end of a send on its span.
 pub(crate) fn finish(
+    span: &Span,
     kind: ReportKind,
     attempts: u32,
     status: Option<u16>,
     problem: Option<&Problem>,
 ) {
-    let span = Span::current();
     span.record("idem.attempts", attempts);
     span.record("idem.outcome", kind.as_str());
     if let Some(s) = status {

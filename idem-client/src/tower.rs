@@ -142,6 +142,7 @@ where
                 key,
                 key_age,
                 single,
+                span: span.clone(),
             };
             send.run(inner, parts, bytes).instrument(span).await
         })
@@ -153,6 +154,7 @@ struct TowerSend<'c> {
     key: IdempotencyKey,
     key_age: Option<Duration>,
     single: bool,
+    span: tracing::Span,
 }
 
 impl TowerSend<'_> {
@@ -233,6 +235,7 @@ impl TowerSend<'_> {
                 }
             };
             send::finish(
+                &self.span,
                 kind,
                 attempts,
                 response.as_ref().map(|r| r.status().as_u16()),

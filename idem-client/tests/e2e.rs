@@ -687,3 +687,90 @@ async fn outer_retry_layer_keeps_the_minted_key() {
     one_key(&s.counters.keys());
     assert_eq!(s.counters.runs(), 1);
 }
+
+/// A minimal subscriber that writes down what `idem_client` emits: spans
+/// (with their later records) and events, as `name field=value` lines.
+#[derive(Default)]
+struct Capture {
+    lines: Arc<Mutex<Vec<String>>>,
+    ours: Mutex<std::collections::HashSet<u64>>,
+    next: AtomicUsize,
+}
+
+struct Line<'a>(&'a mut String);
+
+impl tracing::field::Visit for Line<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let id = self.next.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        if attrs.metadata().target().starts_with("idem_client") {
+            self.ours.lock().unwrap().insert(id);
+            let mut s = format!("span {}", attrs.metadata().name());
+            attrs.record(&mut Line(&mut s));
+            self.lines.lock().unwrap().push(s);
+        }
+        tracing::span::Id::from_u64(id)
+    }
+    fn record(&self, id: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        if self.ours.lock().unwrap().contains(&id.into_u64()) {
+            let mut s = "record".to_owned();
+            values.record(&mut Line(&mut s));
+            self.lines.lock().unwrap().push(s);
+        }
+    }
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target().starts_with("idem_client") {
+            let mut s = "event".to_owned();
+            event.record(&mut Line(&mut s));
+            self.lines.lock().unwrap().push(s);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_span_per_send_with_the_key_hash_never_the_key() {
+    let capture = Capture::default();
+    let lines = Arc::clone(&capture.lines);
+    let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(capture));
+    let s = start().await;
+    s.counters.fail.store(1, Ordering::SeqCst);
+    let intent = Intent::random();
+    let resp = client()
+        .post(format!("{}/flaky?token=secret", s.base))
+        .body("{}")
+        .intent(&intent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.idem_report().unwrap().attempts, 2);
+    let lines = lines.lock().unwrap().clone();
+    let all = lines.join("\n");
+    let spans: Vec<_> = lines
+        .iter()
+        .filter(|l| l.starts_with("span idem.client.send"))
+        .collect();
+    assert_eq!(spans.len(), 1, "{all}");
+    assert!(spans[0].contains(&intent.key().log_hash()), "{all}");
+    assert!(spans[0].contains("url.path=\"/flaky\""), "{all}");
+    assert!(all.contains("idem.attempts=2"), "{all}");
+    assert!(all.contains("idem.outcome=\"fresh\""), "{all}");
+    assert!(all.contains("http.response.status_code=201"), "{all}");
+    assert!(all.contains("reason=status_503"), "one retry event: {all}");
+    assert!(
+        !all.contains(intent.key().as_str()),
+        "the raw key leaked: {all}"
+    );
+    assert!(!all.contains("secret"), "the query string leaked: {all}");
+}
