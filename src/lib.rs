@@ -42,3 +42,11 @@ pub use idem_http as http;
 #[cfg_attr(docsrs, doc(cfg(feature = "consumer")))]
 #[doc(inline)]
 pub use idem_consumer as consumer;
+
+/// The client side (feature `client`): a `reqwest-middleware` middleware that
+/// keeps one `Idempotency-Key` per intent across its retries, retries only what
+/// is safe, and reads the server's answers (replayed, in flight, already done).
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+#[doc(inline)]
+pub use idem_client as client;
