@@ -1,0 +1,156 @@
+//! Sends one `POST` through the idempotency client middleware and prints what
+//! came of it, as one JSON line.
+//!
+//! ```text
+//! cargo run --example order_client --features client -- \
+//!     --url URL --account ACCOUNT [--key KEY] --body JSON [--deadline-ms MS]
+//! ```
+//!
+//! Sends `POST URL` with `X-Account: ACCOUNT`, `Content-Type:
+//! application/json` and the body, under `--key` or a key the middleware
+//! mints and keeps across its retries. Prints
+//! `{"outcome": "fresh"|"replayed"|"already_processed"|"error", "status": N,
+//! "attempts": N, "key": "…", "code": "…" (for an error), "body": …}` and
+//! exits 0 for fresh, replayed and already processed, 1 otherwise (2 for bad
+//! arguments). Works against `examples/http_orders.rs`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use idem::IdempotencyKey;
+use idem::client::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, ReportKind};
+use serde_json::{Value, json};
+
+const USAGE: &str =
+    "usage: order_client --url URL --account ACCOUNT [--key KEY] --body JSON [--deadline-ms MS]";
+
+struct Args {
+    url: String,
+    account: String,
+    key: Option<String>,
+    body: String,
+    deadline: Option<Duration>,
+}
+
+fn args() -> Result<Args, String> {
+    let (mut url, mut account, mut key, mut body, mut deadline) = (None, None, None, None, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--url" => url = Some(value()?),
+            "--account" => account = Some(value()?),
+            "--key" => key = Some(value()?),
+            "--body" => body = Some(value()?),
+            "--deadline-ms" => {
+                let ms = value()?;
+                let ms: u64 = ms
+                    .parse()
+                    .map_err(|_| format!("--deadline-ms {ms}: not a number"))?;
+                deadline = Some(Duration::from_millis(ms));
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(Args {
+        url: url.ok_or("--url is required")?,
+        account: account.ok_or("--account is required")?,
+        key,
+        body: body.ok_or("--body is required")?,
+        deadline,
+    })
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let key = match args.key.as_deref().map(IdempotencyKey::parse).transpose() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("--key: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut builder = IdempotencyMiddleware::builder();
+    if let Some(d) = args.deadline {
+        builder = builder.deadline(d);
+    }
+    let middleware = match builder.build() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build();
+    let mut request = client
+        .post(&args.url)
+        .header("x-account", &args.account)
+        .header("content-type", "application/json")
+        .body(args.body);
+    if let Some(key) = key {
+        request = request.idempotency_key(key);
+    }
+    let (line, ok) = match request.send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let report = response.idem_report().cloned();
+            let bytes = response.bytes().await.unwrap_or_default();
+            let body = serde_json::from_slice::<Value>(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+            let (outcome, ok) = match report.as_ref().map(|r| &r.kind) {
+                Some(ReportKind::Fresh) => ("fresh", true),
+                Some(ReportKind::Replayed) => ("replayed", true),
+                Some(ReportKind::AlreadyProcessed) => ("already_processed", true),
+                _ => ("error", false),
+            };
+            let mut line = json!({
+                "outcome": outcome,
+                "status": status,
+                "attempts": report.as_ref().map_or(1, |r| r.attempts),
+                "key": report.as_ref().map(|r| r.key.as_str().to_owned()),
+                "body": body,
+            });
+            if !ok {
+                let code = report
+                    .as_ref()
+                    .and_then(|r| r.problem.as_ref())
+                    .and_then(|p| p.code.clone())
+                    .unwrap_or_else(|| {
+                        report
+                            .as_ref()
+                            .map_or("no_report", |r| r.kind.as_str())
+                            .to_owned()
+                    });
+                line["code"] = code.into();
+            }
+            (line, ok)
+        }
+        Err(e) => {
+            let err = idem::client::Error::from_middleware(&e);
+            let line = json!({
+                "outcome": "error",
+                "status": 0,
+                "attempts": 0,
+                "key": err.and_then(|e| e.key()).map(|k| k.as_str().to_owned()),
+                "code": err.map_or_else(|| "transport".to_owned(), |e| e.to_string()),
+                "body": Value::Null,
+            });
+            (line, false)
+        }
+    };
+    println!("{line}");
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
