@@ -58,16 +58,11 @@ impl AdminStore for PgStore {
                 .bind(a.key),
         };
         let rows = query.fetch_all(self.pool()).await.map_err(store_error)?;
-        let mut records = rows
+        let records = rows
             .iter()
             .map(decode_summary)
             .collect::<Result<Vec<_>, _>>()?;
-        let next = (records.len() > limit as usize).then(|| {
-            records.truncate(limit as usize);
-            let last = &records[records.len() - 1];
-            Cursor::keyset(last.lease_until, &last.id)
-        });
-        Ok(Page { records, next })
+        Ok(Page::keyset(records, limit))
     }
 
     async fn release_in_flight(

@@ -164,19 +164,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         }
         let pending =
             crate::engine::adapter::PendingCompletion::new(&self.idem, &self.attempt, outcome);
-        let completion = pending.completion();
-        let (id, token, store) = (
-            self.attempt.record(),
-            self.attempt.token(),
-            self.idem.store(),
-        );
-        match self
-            .idem
-            .with_retries(|| {
-                crate::metrics::time_store("complete", store.complete(id, token, &completion))
-            })
-            .await
-        {
+        match self.write_completion(&pending.completion()).await {
             Ok(()) => {
                 debug!(outcome = pending.kind().as_str(), "completed");
                 Ok(pending.written())
@@ -217,19 +205,8 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             response_expires_at: now,
             key_expires_at: now.plus(self.idem.policy().key_ttl()),
         };
-        let (id, token, store) = (
-            self.attempt.record(),
-            self.attempt.token(),
-            self.idem.store(),
-        );
-        let op = id.operation();
-        match self
-            .idem
-            .with_retries(|| {
-                crate::metrics::time_store("complete", store.complete(id, token, &completion))
-            })
-            .await
-        {
+        let op = self.attempt.record().operation();
+        match self.write_completion(&completion).await {
             Ok(()) => {
                 crate::metrics::record_not_stored(op);
                 Ok(true)
@@ -261,6 +238,21 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             Err(StoreError::LeaseLost) => Err(self.lease_lost()),
             Err(e) => Err(Error::from(e)),
         }
+    }
+
+    /// Writes `completion` under this attempt's token, retried as the
+    /// policy says: what `complete` and `complete_not_stored` share.
+    async fn write_completion(&self, completion: &Completion<'_>) -> Result<(), StoreError> {
+        let (id, token, store) = (
+            self.attempt.record(),
+            self.attempt.token(),
+            self.idem.store(),
+        );
+        self.idem
+            .with_retries(|| {
+                crate::metrics::time_store("complete", store.complete(id, token, completion))
+            })
+            .await
     }
 
     async fn release_inner(&self) -> Result<(), StoreError> {

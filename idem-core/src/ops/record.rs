@@ -181,6 +181,27 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+impl Page {
+    /// A page of a keyset listing, for stores that list in
+    /// `(lease_until, owner, operation, key)` order: `records` are up to
+    /// `limit + 1` records fetched from where the cursor stopped; one past
+    /// `limit` is dropped and only says that the listing goes on, from the
+    /// last record kept ([`Cursor::keyset`]).
+    #[must_use]
+    pub fn keyset(mut records: Vec<RecordSummary>, limit: u32) -> Self {
+        let limit = usize::try_from(limit.max(1)).unwrap_or(usize::MAX);
+        let next = if records.len() > limit {
+            records.truncate(limit);
+            records
+                .last()
+                .map(|last| Cursor::keyset(last.lease_until, &last.id))
+        } else {
+            None
+        };
+        Self { records, next }
+    }
+}
+
 /// How many live records a store holds, by state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StateCounts {

@@ -283,16 +283,7 @@ impl AdminStore for MemoryStore {
                     b.id.key().as_str(),
                 ))
         });
-        let limit = q.limit.max(1) as usize;
-        let next = (found.len() > limit).then(|| {
-            let last = &found[limit - 1];
-            Cursor::keyset(last.lease_until, &last.id)
-        });
-        found.truncate(limit);
-        Ok(Page {
-            records: found,
-            next,
-        })
+        Ok(Page::keyset(found, q.limit))
     }
 
     async fn release_in_flight(
