@@ -62,6 +62,16 @@ pub enum Error {
         /// `synchronous_standby_names` as the server reported it.
         synchronous_standby_names: String,
     },
+    /// A write did not finish within
+    /// [`PgStore::with_call_timeout`](crate::PgStore::with_call_timeout):
+    /// typically a commit waiting for a synchronous standby that does not
+    /// answer. Temporary ([`StoreError::Unavailable`], 503); the write was
+    /// not reported stored, and may still commit once a standby confirms it.
+    #[error("the call did not finish within {after:?} (a commit waiting for a standby?)")]
+    Timeout {
+        /// The configured bound.
+        after: std::time::Duration,
+    },
     /// The claim kept losing races with concurrent writers on the same
     /// record and gave up after a bounded number of tries. Temporary.
     #[error("the claim lost {tries} races in a row on one record")]
@@ -156,7 +166,8 @@ impl From<Error> for StoreError {
             )
             | Error::ClaimContention { .. }
             | Error::Standby
-            | Error::NotSynchronous { .. } => unavailable(e),
+            | Error::NotSynchronous { .. }
+            | Error::Timeout { .. } => unavailable(e),
             Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => {
                 unavailable(e)
             }

@@ -44,6 +44,7 @@ pub struct PgStore {
     name: Arc<TableName>,
     sql: Arc<Statements>,
     tx_lock_timeout: Duration,
+    call_timeout: Option<Duration>,
     guard: Arc<Guard>,
 }
 
@@ -53,6 +54,7 @@ impl std::fmt::Debug for PgStore {
             .field("table", &self.name.qualified())
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
+            .field("call_timeout", &self.call_timeout)
             .field("require_synchronous_replication", &self.guard.require)
             .finish_non_exhaustive()
     }
@@ -185,12 +187,10 @@ impl PgStore {
     /// standby; [`Error::Standby`] on a standby; [`Error::Sqlx`] when the
     /// server cannot be reached.
     pub async fn require_synchronous_replication(self) -> Result<Self, Error> {
-        let store = Self::build(
-            self.pool.clone(),
-            self.name().clone(),
-            self.tx_lock_timeout,
-            Arc::new(self.guard.requiring(true)),
-        );
+        let store = Self {
+            guard: Arc::new(self.guard.requiring(true)),
+            ..self
+        };
         store.check_replication().await?;
         Ok(store)
     }
@@ -232,12 +232,7 @@ impl PgStore {
             table,
             ..self.name().clone()
         };
-        Ok(Self::build(
-            self.pool().clone(),
-            name,
-            self.tx_lock_timeout(),
-            Arc::clone(&self.guard),
-        ))
+        Ok(self.renamed(name))
     }
 
     /// Uses another schema (default `public`); [`PgStore::migrate`] creates
@@ -253,12 +248,7 @@ impl PgStore {
             schema,
             ..self.name().clone()
         };
-        Ok(Self::build(
-            self.pool().clone(),
-            name,
-            self.tx_lock_timeout(),
-            Arc::clone(&self.guard),
-        ))
+        Ok(self.renamed(name))
     }
 
     /// How long the transactional mode waits for a concurrent duplicate's
@@ -266,12 +256,35 @@ impl PgStore {
     /// `lock_timeout` for its own transaction only).
     #[must_use]
     pub fn with_tx_lock_timeout(self, timeout: Duration) -> Self {
-        Self::build(
-            self.pool().clone(),
-            self.name().clone(),
-            timeout,
-            Arc::clone(&self.guard),
-        )
+        Self {
+            tx_lock_timeout: timeout,
+            ..self
+        }
+    }
+
+    /// Bounds every write of the store (claim, completion, release, saved
+    /// resource id, lease extension, purge), from the checkout to the
+    /// commit's answer; a call still waiting then fails with
+    /// [`Error::Timeout`], which the engine sees as
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503,
+    /// retryable). Default: unbounded.
+    ///
+    /// Set it when commits wait for a synchronous standby: while no standby
+    /// confirms, a commit waits, and neither `statement_timeout` nor
+    /// `lock_timeout` bounds that wait (PostgreSQL disarms them before the
+    /// commit). A call that timed out was never reported stored; its commit
+    /// may still complete on the primary once a standby confirms it (a claim
+    /// then holds its key until the lease ends, and the next attempt is a
+    /// recovery). The connection is not cancelled (a cancelled wait would
+    /// make the unconfirmed commit visible): it returns to the pool once the
+    /// server answers, so a pool full of waiting commits answers
+    /// `PoolTimedOut` (also 503) until the standby is back.
+    #[must_use]
+    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+        Self {
+            call_timeout: Some(timeout),
+            ..self
+        }
     }
 
     fn build(pool: PgPool, name: TableName, tx_lock_timeout: Duration, guard: Arc<Guard>) -> Self {
@@ -280,23 +293,44 @@ impl PgStore {
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             tx_lock_timeout,
+            call_timeout: None,
             guard,
         }
     }
 
-    /// Runs one store call: first the replication check if the server is
-    /// unchecked or suspect, then `call`; a lost connection makes the
-    /// server suspect (checked again before the next call).
+    /// The same store on another table.
+    fn renamed(self, name: TableName) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            ..self
+        }
+    }
+
+    /// Runs one store call, within the call timeout if one is set: first
+    /// the replication check if the server is unchecked or suspect, then
+    /// `call`; a lost connection makes the server suspect (checked again
+    /// before the next call).
     pub(crate) async fn guarded_call<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if self.guard.needs_check()
-            && let Err(e) = self.check_replication().await
-        {
-            return Err(e.into());
-        }
-        let result = call.await;
+        let checked = async {
+            if self.guard.needs_check() {
+                self.check_replication().await?;
+            }
+            Ok::<_, Error>(())
+        };
+        let run = async {
+            checked.await?;
+            call.await
+        };
+        let result = match self.call_timeout {
+            None => run.await,
+            Some(after) => tokio::time::timeout(after, run)
+                .await
+                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
+        };
         if let Err(e) = &result
             && may_have_switched(e)
         {

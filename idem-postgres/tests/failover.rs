@@ -14,7 +14,8 @@
 //! * **synchronous** replication (`on`, and `remote_apply` with a quorum
 //!   `ANY 1 (…)`) loses nothing acknowledged: a claim or a completion
 //!   issued while the link is stalled waits on the commit, is never
-//!   reported stored, and fails typed (503) when the primary dies; a store
+//!   reported stored, and fails typed (503) when the primary dies, or when
+//!   the store's [call timeout](PgStore::with_call_timeout) passes; a store
 //!   that [requires](PgStore::require_synchronous_replication) it refuses the
 //!   promoted server, which has no synchronous standby of its own;
 //! * during the switch every error a caller sees is a typed 503 with a
@@ -119,6 +120,14 @@ fn is_not_synchronous(e: &IdemError) -> bool {
         source.downcast_ref::<Error>(),
         Some(Error::NotSynchronous { .. })
     )
+}
+
+/// Whether the error's source is the backend's `Timeout`.
+fn is_timeout(e: &IdemError) -> bool {
+    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
+        return false;
+    };
+    matches!(source.downcast_ref::<Error>(), Some(Error::Timeout { .. }))
 }
 
 /// Kills the primary, promotes the standby, points `front` at it (open
@@ -301,9 +310,24 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     let held_runs = Counter::default();
     let held = call_held(&engine, &scope, "held", &held_runs, &gate).await;
 
-    // The link stalls: a fresh claim waits on its commit, and so does the
-    // held call's completion.
+    // The link stalls. A store with a call timeout answers a claim 503 once
+    // the bound passes; its commit still waits on the primary.
     cluster.link.set_stalled(true);
+    let bounded = Arc::new(
+        Idem::new(store.clone().with_call_timeout(Duration::from_millis(300)))
+            .with_clock(clock.clone())
+            .with_policy(policy(1)),
+    );
+    let timed_out_runs = Counter::default();
+    let timed_out = call(&bounded, &scope, "timed-out", &timed_out_runs)
+        .await
+        .expect_err("the claim's commit cannot return: no standby confirms it");
+    assert_switch_error(&timed_out);
+    assert!(is_timeout(&timed_out), "{timed_out:?}");
+    assert_eq!(timed_out_runs.get(), 0, "no work without a confirmed claim");
+
+    // Without a bound, a fresh claim waits on its commit, and so does the
+    // held call's completion.
     let claim_runs = Counter::default();
     let claim = {
         let (engine, scope, runs) = (Arc::clone(&engine), scope.clone(), claim_runs.clone());
@@ -311,7 +335,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     };
     go.send_replace(true);
     let admin = cluster.primary.pool().await;
-    wait_for_syncrep_waiters(&admin, 2).await;
+    wait_for_syncrep_waiters(&admin, 3).await;
     admin.close().await;
     assert!(!claim.is_finished() && !held.is_finished(), "both wait");
 
@@ -361,6 +385,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     // claim is (it committed), its unacknowledged completion is not: the
     // record is in flight and recovered after its lease.
     assert_eq!(state(&promoted, &scope, "stalled-claim").await, None);
+    assert_eq!(state(&promoted, &scope, "timed-out").await, None);
     assert_eq!(
         state(&promoted, &scope, "held").await,
         Some((RecordState::InFlight, 1))

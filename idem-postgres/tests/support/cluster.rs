@@ -90,8 +90,10 @@ impl Node {
                 .split_whitespace()
                 .map(str::to_owned),
         );
-        let out = run(Command::new("kill").arg("-KILL").args(&pids));
-        assert!(out.status.success(), "kill -KILL {pids:?}: {out:?}");
+        // A child may have exited since `ps` listed it ("No such process"):
+        // the exit status is not the check; the caller waits until the
+        // postmaster is gone.
+        let _ = run(Command::new("kill").arg("-KILL").args(&pids));
         Some(pid)
     }
 
@@ -175,24 +177,31 @@ fn must(cmd: &mut Command) {
     );
 }
 
+/// Where the servers' ports are taken from: below Linux's ephemeral range
+/// (32768 and up), so no client socket or `bind(0)` takes one between the
+/// check and the server's start.
+const PORTS: std::ops::Range<u16> = 25_400..25_800;
+
 /// Ports handed out in this process (tests run in parallel).
 static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
-/// A loopback port nothing listens on now, not handed out before.
+/// A port of [`PORTS`] nothing listens on now, not handed out before.
 fn free_port() -> u16 {
     let mut taken = TAKEN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind a free port")
-            .port();
-        if !taken.contains(&port) {
+    // Start at a point that depends on the process, so two test binaries
+    // running at once rarely probe the same ports first.
+    let len = PORTS.end - PORTS.start;
+    let offset = u16::try_from(std::process::id() % u32::from(len)).unwrap_or(0);
+    for i in 0..len {
+        let port = PORTS.start + (offset + i) % len;
+        if !taken.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             taken.push(port);
             return port;
         }
     }
+    panic!("no free port in {PORTS:?}");
 }
 
 fn scratch_dir() -> PathBuf {
@@ -237,13 +246,18 @@ fn append(path: &Path, text: &str) {
 }
 
 fn pg_ctl_start(data: &Path) -> u32 {
-    must(
-        as_postgres(&bin("pg_ctl"))
-            .arg("-D")
-            .arg(data)
-            .arg("-l")
-            .arg(data.join("server.log"))
-            .args(["-w", "-t", "60", "start"]),
+    let out = run(as_postgres(&bin("pg_ctl"))
+        .arg("-D")
+        .arg(data)
+        .arg("-l")
+        .arg(data.join("server.log"))
+        .args(["-w", "-t", "60", "start"]));
+    assert!(
+        out.status.success(),
+        "pg_ctl start {}: {}\nserver.log:\n{}",
+        data.display(),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(data.join("server.log")).unwrap_or_default()
     );
     let text = std::fs::read_to_string(data.join("postmaster.pid")).expect("postmaster.pid");
     text.lines()
