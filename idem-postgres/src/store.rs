@@ -264,7 +264,9 @@ impl PgStore {
 
     /// Bounds every write of the store (claim, completion, release, saved
     /// resource id, lease extension, purge), from the checkout to the
-    /// commit's answer; a call still waiting then fails with
+    /// commit's answer, and the `COMMIT` of the
+    /// [transactional mode](crate::PgIdemExt::execute_in_tx) (not its work);
+    /// a call still waiting then fails with
     /// [`Error::Timeout`], which the engine sees as
     /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503,
     /// retryable). Default: unbounded.
@@ -315,28 +317,43 @@ impl PgStore {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let checked = async {
-            if self.guard.needs_check() {
-                self.check_replication().await?;
-            }
-            Ok::<_, Error>(())
-        };
         let run = async {
-            checked.await?;
+            self.ensure_checked().await?;
             call.await
         };
-        let result = match self.call_timeout {
-            None => run.await,
-            Some(after) => tokio::time::timeout(after, run)
-                .await
-                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
-        };
-        if let Err(e) = &result
-            && may_have_switched(e)
-        {
-            self.guard.suspect();
+        let result = self.bounded(run).await;
+        if let Err(e) = &result {
+            self.observe(e);
         }
         result
+    }
+
+    /// `fut` within the call timeout, if one is set.
+    pub(crate) async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.call_timeout {
+            None => fut.await,
+            Some(after) => tokio::time::timeout(after, fut)
+                .await
+                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
+        }
+    }
+
+    /// The replication check, if the server is unchecked or suspect.
+    pub(crate) async fn ensure_checked(&self) -> Result<(), StoreError> {
+        if self.guard.needs_check() {
+            self.check_replication().await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the server suspect if `e` says it may have changed.
+    pub(crate) fn observe(&self, e: &StoreError) {
+        if may_have_switched(e) {
+            self.guard.suspect();
+        }
     }
 
     /// The migration for this store's schema and table, placeholders filled

@@ -33,7 +33,7 @@ use idem_core::store::StoreError;
 use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
-use idem_postgres::{Error, PgStore};
+use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
 use support::cluster::{Cluster, Mode};
 use support::proxy::Proxy;
 use support::scenario::{Counter, Out, policy, request, scope};
@@ -48,7 +48,7 @@ fn pool_options() -> PgPoolOptions {
     // A short acquire timeout: while the primary is down, a call that needs
     // a new connection fails in one second instead of sqlx's thirty.
     PgPoolOptions::new()
-        .max_connections(4)
+        .max_connections(6)
         .acquire_timeout(Duration::from_secs(1))
 }
 
@@ -303,6 +303,10 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
 
     // Acknowledged: each commit waited for the standby.
     let acknowledged = acknowledged_batch(&engine, &scope, &runs).await;
+    sqlx::query("CREATE TABLE orders (note text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create orders");
 
     // A call whose claim committed, whose completion will be sent while the
     // link is stalled.
@@ -326,6 +330,34 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     assert!(is_timeout(&timed_out), "{timed_out:?}");
     assert_eq!(timed_out_runs.get(), 0, "no work without a confirmed claim");
 
+    // In the transactional mode the bound applies to the COMMIT (not the
+    // work): the caller gets the 503, and the record and the work's row
+    // wait together.
+    let tx_runs = Counter::default();
+    let in_tx = {
+        let runs = tx_runs.clone();
+        bounded
+            .execute_in_tx(
+                &scope,
+                "tx-timed-out",
+                &request(),
+                move |_attempt, conn| -> TxFuture<'_, Out> {
+                    Box::pin(async move {
+                        runs.hit();
+                        sqlx::query("INSERT INTO orders (note) VALUES ('tx-timed-out')")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert the order");
+                        Out::Success("order".into())
+                    })
+                },
+            )
+            .await
+            .expect_err("the commit cannot return")
+    };
+    assert!(is_timeout(&in_tx), "{in_tx:?}");
+    assert_eq!(tx_runs.get(), 1);
+
     // Without a bound, a fresh claim waits on its commit, and so does the
     // held call's completion.
     let claim_runs = Counter::default();
@@ -335,7 +367,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     };
     go.send_replace(true);
     let admin = cluster.primary.pool().await;
-    wait_for_syncrep_waiters(&admin, 3).await;
+    wait_for_syncrep_waiters(&admin, 4).await;
     admin.close().await;
     assert!(!claim.is_finished() && !held.is_finished(), "both wait");
 
@@ -366,6 +398,18 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
         again.as_ref().is_err_and(is_not_synchronous),
         "refused until a check passes: {again:?}"
     );
+    let refused_tx = engine
+        .execute_in_tx(
+            &scope,
+            "after-tx",
+            &request(),
+            |_attempt, _conn| -> TxFuture<'_, Out> {
+                Box::pin(async { panic!("the transactional work must not run") })
+            },
+        )
+        .await
+        .expect_err("the transactional mode is refused too");
+    assert!(is_not_synchronous(&refused_tx), "{refused_tx:?}");
     assert_eq!(refused_runs.get(), 0);
 
     // Read through a store that does not require it: nothing acknowledged
@@ -386,6 +430,12 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     // record is in flight and recovered after its lease.
     assert_eq!(state(&promoted, &scope, "stalled-claim").await, None);
     assert_eq!(state(&promoted, &scope, "timed-out").await, None);
+    assert_eq!(state(&promoted, &scope, "tx-timed-out").await, None);
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(plain.pool())
+        .await
+        .expect("count orders");
+    assert_eq!(orders, 0, "the work's row went with its record");
     assert_eq!(
         state(&promoted, &scope, "held").await,
         Some((RecordState::InFlight, 1))
