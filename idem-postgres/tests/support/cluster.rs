@@ -236,6 +236,26 @@ fn watchdog(dir: &Path) {
     must(Command::new("sh").args(["-c", &format!("( {script} ) >/dev/null 2>&1 &")]));
 }
 
+/// A freshly initialized data directory, made once per test process (in
+/// its own scratch directory, removed by its watchdog when the process
+/// ends) and copied by each cluster. Blocking.
+fn template() -> &'static Path {
+    static TEMPLATE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let dir = scratch_dir();
+        watchdog(&dir);
+        let data = dir.join("template");
+        must(
+            as_postgres(&bin("initdb"))
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
+                .args(["--locale=C", "--no-instructions"]),
+        );
+        data
+    })
+}
+
 fn append(path: &Path, text: &str) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
@@ -293,12 +313,12 @@ impl Cluster {
         let (dir, link_port) = (cluster.dir.clone(), cluster.link.addr.port());
         let (pdata, sdata) = (cluster.primary.data.clone(), cluster.standby.data.clone());
         let (ppid, spid) = tokio::task::spawn_blocking(move || {
+            // A copy of the process's one `initdb` (the costly step).
             must(
-                as_postgres(&bin("initdb"))
-                    .arg("-D")
-                    .arg(&pdata)
-                    .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
-                    .args(["--locale=C", "--no-instructions"]),
+                as_postgres(Path::new("cp"))
+                    .arg("-a")
+                    .arg(template())
+                    .arg(&pdata),
             );
             let (names, level) = match mode {
                 Mode::Asynchronous => ("", "on"),
