@@ -78,7 +78,7 @@ pub(crate) struct Guard {
     /// [`PgStore::require_synchronous_replication`](crate::PgStore::require_synchronous_replication).
     pub(crate) require: bool,
     /// Set when the store has not checked the server it talks to yet, or a
-    /// call failed as unavailable (the server may have changed: a failover);
+    /// call lost its connection (the server may have changed: a failover);
     /// the next call checks first.
     recheck: AtomicBool,
     /// The warning is logged once per store.

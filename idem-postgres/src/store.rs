@@ -36,8 +36,10 @@ use crate::sql::{Statements, TableName, q};
 /// [`PgStore::check_replication`] refuse a standby in recovery with
 /// [`Error::Standby`] and warn once when commits are not synchronous to any
 /// standby; [`PgStore::require_synchronous_replication`] makes that an error.
-/// The check runs again before the first call after a call failed as
-/// unavailable (the server may have changed: a failover).
+/// The check runs again before the next call after a call lost its
+/// connection (the server may have changed: a failover), and before the
+/// first call of a store that never checked; [`PgStore::with_call_timeout`]
+/// bounds a write (a commit waiting for a standby that does not answer).
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
@@ -151,8 +153,8 @@ impl PgStore {
     }
 
     /// Refuses to run unless commits are synchronous to at least one
-    /// standby: checks the server now, and again before the first call after
-    /// any call failed as unavailable (a failover changes the server), so a
+    /// standby: checks the server now, and again before the next call after
+    /// any call lost its connection (a failover changes the server), so a
     /// deployment that lost its synchronous standby refuses writes with
     /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503) rather
     /// than acknowledging records a second failover would lose.
