@@ -206,6 +206,30 @@ async fn asynchronous_replication_loses_what_the_standby_had_not_received() {
     // first claim.
     let on_standby = PgStore::connect(&cluster.standby.url()).await;
     assert!(matches!(on_standby, Err(Error::Standby)), "{on_standby:?}");
+    // Over a pool: `migrate` refuses it, and so does a first call (a 503,
+    // before any write, the work not run).
+    let over_pool = PgStore::new(cluster.standby.pool().await);
+    let migrated = over_pool.migrate().await;
+    assert!(matches!(migrated, Err(Error::Standby)), "{migrated:?}");
+    let standby_runs = Counter::default();
+    let refused = call(
+        &engine(&over_pool, &ManualClock::starting_now()),
+        &scope(),
+        "on-the-standby",
+        &standby_runs,
+    )
+    .await
+    .expect_err("a standby takes no claim");
+    assert_switch_error(&refused);
+    let IdemError::Store(StoreError::Unavailable { source, .. }) = &refused else {
+        unreachable!("checked above");
+    };
+    assert!(
+        matches!(source.downcast_ref::<Error>(), Some(Error::Standby)),
+        "{refused:?}"
+    );
+    assert_eq!(standby_runs.get(), 0);
+    over_pool.pool().close().await;
 
     let front = Proxy::start(cluster.primary.addr()).await;
     let store = store_via(&front, &cluster).await;
