@@ -207,6 +207,18 @@ fn the_interface_on(env: &[(&str, String)]) {
     assert_eq!(server.executions(), 1 + attempts);
 
     server.kill();
+    // Nobody listening: retried (connection refused) until the deadline, and
+    // the error still names the key, with the attempts made.
+    let (down, code) = with_key(&["--body", body, "--deadline-ms", "1500"]);
+    assert_eq!(code, 1, "{down}");
+    assert_eq!(down["outcome"], "error");
+    assert_eq!(down["status"], 0);
+    assert_eq!(down["key"], key.as_str());
+    assert!(down["attempts"].as_u64().unwrap() >= 2, "retried: {down}");
+    assert!(
+        ["deadline", "transport", "max_attempts"].contains(&down["code"].as_str().unwrap()),
+        "{down}"
+    );
     let server = OrdersServer::start(addr, env);
     let (again, code) = with_key(&["--body", body]);
     assert_eq!(code, 0, "{again}");
