@@ -179,13 +179,17 @@ async fn in_flight_sequence(w: World) {
     );
     let resp = c.post(w.url("/slow")).body("{}").send().await.unwrap();
     let r = resp.idem_report().unwrap().clone();
-    assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 3), "{r:?}");
-    // Attempt 2 came at ~300 ms and got `Retry-After: 3`: the third attempt
-    // started no earlier than that.
+    // Three attempts on an unloaded machine; one more if a 409 itself took
+    // longer than the attempt timeout.
+    assert_eq!(r.kind, ReportKind::Replayed, "{r:?}");
+    assert!(r.attempts >= 3, "{r:?}");
+    // Attempt 2 came after the 300 ms timeout and got `Retry-After: 3`: the
+    // replay came no earlier than that.
     assert!(r.elapsed >= Duration::from_millis(3_300), "{r:?}");
     assert_eq!(resp.status(), 201);
     assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 3);
+    // Every attempt reached the server, the timed-out one included.
+    assert_eq!(w.keys().len(), r.attempts as usize);
     one_key(&w.keys());
 }
 

@@ -60,7 +60,10 @@ type Resp = Response<axum::body::Body>;
 /// hyper-util's client (one connection per attempt) under the layer.
 fn client(
     b: idem_client::Builder,
-) -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError, Future: Send> + Clone {
+) -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError, Future: Send>
++ Clone
++ Send
++ Sync {
     let hyper = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build_http::<Full<Bytes>>();
@@ -96,7 +99,10 @@ fn post(url: &str, intent: Option<&Intent>) -> Request<Full<Bytes>> {
 
 async fn send<S>(svc: &S, req: Request<Full<Bytes>>) -> (StatusCode, Report, Bytes)
 where
-    S: Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError> + Clone,
+    S: Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + Sync,
 {
     let resp = svc.clone().oneshot(req).await.unwrap();
     let report = resp.extensions().get::<Report>().unwrap().clone();
@@ -158,13 +164,16 @@ async fn in_flight_sequence(w: World) {
     let c = client(quick().attempt_timeout(Some(Duration::from_millis(300))));
     let (status, r, _) = send(&c, post(&w.url("/slow"), None)).await;
     assert_eq!(
-        (status, r.kind, r.attempts),
-        (StatusCode::CREATED, ReportKind::Replayed, 3),
+        (status, r.kind),
+        (StatusCode::CREATED, ReportKind::Replayed),
         "{r:?}"
     );
+    // A timeout, a 409 `in_flight` (`Retry-After: 3`), the replay; one more
+    // attempt if a 409 itself took longer than the timeout on a loaded machine.
+    assert!(r.attempts >= 3, "{r:?}");
     assert!(r.elapsed >= Duration::from_millis(3_300), "{r:?}");
     assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 3);
+    assert_eq!(w.keys().len(), r.attempts as usize);
     one_key(&w.keys());
 }
 
