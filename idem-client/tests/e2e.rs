@@ -51,6 +51,7 @@ macro_rules! e2e_suite {
             structured_and_bare_keys,
             get_passes_through_without_a_key,
             dropped_response_is_replayed,
+            timed_out_attempt_landing_late_runs_once,
         );
         /// Current-thread: the retry events are read from a thread-local subscriber.
         #[tokio::test(flavor = "current_thread")]
@@ -581,6 +582,45 @@ async fn dropped_response_is_replayed(w: World) {
     assert_eq!(w.runs().await, 1);
     assert_eq!(w.keys().len(), 2);
     one_key(&w.keys());
+}
+
+/// Row 2, a client timeout after the request was written: the proxy holds
+/// attempt 1 (its bytes already sent) past the 200 ms attempt timeout and
+/// delivers it only after attempt 2 has run and stored the outcome. The late
+/// duplicate reaches the server with the same key and is answered from the
+/// record: one run.
+async fn timed_out_attempt_landing_late_runs_once(w: World) {
+    let proxy = fault_proxy(
+        w.base(),
+        vec![Fault::Delay(Duration::from_millis(800)), Fault::Pass],
+    )
+    .await;
+    let c = client_with(
+        IdempotencyMiddleware::builder()
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .attempt_timeout(Some(Duration::from_millis(200)))
+            .deadline(Duration::from_secs(10)),
+    );
+    let resp = c
+        .post(format!("{}/orders", proxy.base))
+        .body(body_json())
+        .send()
+        .await
+        .unwrap();
+    let r = resp.idem_report().unwrap().clone();
+    assert_eq!((r.kind, r.attempts), (ReportKind::Fresh, 2), "{r:?}");
+    assert_eq!(w.keys().len(), 1, "attempt 1 is still held by the proxy");
+    // Bounded: the held attempt arrives about 800 ms after it was sent.
+    let t0 = Instant::now();
+    while w.keys().len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(w.keys().len(), 2, "the late attempt reached the server");
+    one_key(&w.keys());
+    // Let it be answered (a replay, or a 409 while attempt 2's record was
+    // in flight): never a second run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.runs().await, 1);
 }
 
 /// The server stores the outcome, then stops before answering (its runtime

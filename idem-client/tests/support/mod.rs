@@ -645,7 +645,8 @@ pub enum Fault {
     /// (`idem-http` sends it only after the outcome is stored), then reset
     /// the client's socket: the client sees no response head.
     DropResponse,
-    /// Wait, then forward both ways.
+    /// Hold the connection, then forward what the client sent (even if it
+    /// has given up and closed meanwhile) and the server's answer.
     Delay(Duration),
 }
 
@@ -672,9 +673,31 @@ pub async fn fault_proxy(upstream: String, script: Vec<Fault>) -> Proxy {
                 let Ok(mut server) = tokio::net::TcpStream::connect(&up).await else {
                     return;
                 };
-                if !matches!(fault, Fault::DropResponse) {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    return;
+                match fault {
+                    Fault::Pass => {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                    Fault::Delay(_) => {
+                        // The client may be gone by now: forward what it
+                        // sent without passing its EOF on (the server would
+                        // drop a request whose sender half-closed), and
+                        // let the server answer into the void.
+                        let (mut cr, mut cw) = client.into_split();
+                        let (mut sr, mut sw) = server.into_split();
+                        let fwd = tokio::spawn(async move {
+                            let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                            sw
+                        });
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            tokio::io::copy(&mut sr, &mut cw),
+                        )
+                        .await;
+                        fwd.abort();
+                        return;
+                    }
+                    Fault::DropResponse => {}
                 }
                 let _ = client.set_zero_linger();
                 let (mut cr, cw) = client.into_split();
