@@ -17,13 +17,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use axum::{
-    Router,
-    extract::State,
-    http::{HeaderMap, StatusCode},
-    response::IntoResponse,
-    routing::post,
-};
+use axum::http::StatusCode;
 use idem_client::{
     Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, ReportKind, Sent,
     StopReason,
@@ -757,74 +751,6 @@ mod plain {
         })
         .await;
     }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn bare_409_from_a_server_that_is_not_idem() {
-        let (base, hits, task) = stripe_like().await;
-        // Default: a 409 with no code and no Retry-After is the server's answer (row 13).
-        let resp = client()
-            .post(format!("{base}/v1/charges"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        let r = resp.idem_report().unwrap().clone();
-        assert_eq!(
-            (resp.status().as_u16(), r.kind, r.attempts),
-            (409, ReportKind::Fresh, 1)
-        );
-        assert_eq!(hits.swap(0, Ordering::SeqCst), 1);
-        // retry_conflicts: retried with the same key, and the replay is read.
-        let c = client_with(
-            IdempotencyMiddleware::builder()
-                .backoff(Duration::from_millis(10), Duration::from_millis(50))
-                .retry_conflicts(true),
-        );
-        let resp = c
-            .post(format!("{base}/v1/charges"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        let r = resp.idem_report().unwrap().clone();
-        assert_eq!(
-            (resp.status().as_u16(), r.kind, r.attempts),
-            (200, ReportKind::Replayed, 2)
-        );
-        assert_eq!(hits.load(Ordering::SeqCst), 2);
-        task.abort();
-    }
-}
-
-/// A server that is not idem: Stripe-like, a concurrent duplicate gets a bare
-/// 409 (no problem body, no `Retry-After`), then the stored answer with
-/// `Idempotent-Replayed: true`.
-async fn stripe_like() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .route(
-            "/v1/charges",
-            post(|State(h): State<Arc<AtomicUsize>>| async move {
-                if h.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
-                    (
-                        StatusCode::CONFLICT,
-                        r#"{"error":{"type":"idempotency_error"}}"#,
-                    )
-                        .into_response()
-                } else {
-                    let mut m = HeaderMap::new();
-                    m.insert("idempotent-replayed", "true".parse().unwrap());
-                    (StatusCode::OK, m, r#"{"id":"ch_1"}"#).into_response()
-                }
-            }),
-        )
-        .with_state(Arc::clone(&hits));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (base, hits, task)
 }
 
 /// A minimal subscriber that writes down what `idem_client` emits: spans
