@@ -170,7 +170,7 @@ impl Orders {
     }
 
     /// Waits (bounded) for the process to exit.
-    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -182,7 +182,7 @@ impl Orders {
                 self.seen,
                 self.stderr.lock().unwrap()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -526,7 +526,7 @@ async fn nats_orders_on_its_own_stream() {
         orders.terminate();
         orders.expect(&format!("acked {last} attempt 1")).await;
         orders.expect("stopped").await;
-        let status = orders.wait_exit(Duration::from_secs(30));
+        let status = orders.wait_exit(Duration::from_secs(30)).await;
         assert_eq!(status.code(), Some(0), "{status}");
         assert_eq!(db.ledger(&last).await, [(1, 0)]);
 
@@ -554,7 +554,7 @@ struct ThrowawayNats {
 }
 
 impl ThrowawayNats {
-    fn start() -> Self {
+    async fn start() -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -574,9 +574,12 @@ impl ThrowawayNats {
             });
         let server = Self { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "nats-server did not come up");
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         server
     }
@@ -603,7 +606,7 @@ impl Drop for ThrowawayNats {
 /// most 10 deliveries). On a server of its own, where `orders.>` is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_orders_creates_its_stream() {
-    let server = ThrowawayNats::start();
+    let server = ThrowawayNats::start().await;
     let db = Db::new();
     let env = [
         ("IDEM_NATS_URL", server.url()),
@@ -632,7 +635,7 @@ async fn nats_orders_creates_its_stream() {
 
     orders.terminate();
     orders.expect("stopped").await;
-    let status = orders.wait_exit(Duration::from_secs(30));
+    let status = orders.wait_exit(Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(0), "{status}");
     drop(server);
 }

@@ -117,14 +117,13 @@ impl Receiver {
                 lines.lock().unwrap().push(line);
             }
         });
-        // Drained so that the child never blocks on a full pipe.
+        // Drained so that the child never blocks on a full pipe; read when
+        // it failed to start.
         let mut err = child.stderr.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
+        let stderr = std::thread::spawn(move || {
             let mut s = String::new();
             let _ = err.read_to_string(&mut s);
-            sink.lock().unwrap().push_str(&s);
+            s
         });
         let mut receiver = Self {
             child,
@@ -133,11 +132,11 @@ impl Receiver {
         };
         let Ok(listening) = rx.recv_timeout(Duration::from_secs(30)) else {
             receiver.stop();
-            std::thread::sleep(Duration::from_millis(100));
+            // Killed: its stderr is closed, so this ends.
+            let stderr = stderr.join().unwrap_or_default();
             panic!(
-                "webhook_receiver did not print `listening on`: stdout {:?}, stderr {}",
+                "webhook_receiver did not print `listening on`: stdout {:?}, stderr {stderr}",
                 receiver.stdout.lock().unwrap(),
-                stderr.lock().unwrap()
             );
         };
         assert_eq!(listening, format!("http://{addr}"));
