@@ -8,7 +8,7 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `IDEM_NATS_URL` | `nats://127.0.0.1:4222` | the NATS server (JetStream enabled) |
-//! | `IDEM_NATS_STREAM` | `ORDERS` | the stream, subject `orders.>`, created if missing |
+//! | `IDEM_NATS_STREAM` | `ORDERS` | the stream, subject `orders.>`, created if missing (an existing stream is used as it is, with its own subjects) |
 //! | `IDEM_SQLITE_PATH` | `idem-nats-orders.db` in the temp dir | idem's records, the `ledger` and the `dead_letters` tables |
 //! | `IDEM_LEASE_MS` | 60 s | idem's lease, also the durable consumer's `ack_wait` when it is created |
 //!
@@ -152,7 +152,10 @@ async fn main() -> Result<(), BoxError> {
         .dead_letter(move |d| keep_dead_letter(dlq.clone(), d));
 
     let mut messages = pull.messages().await?;
-    println!("consuming stream {stream_name} (orders.>) as {GROUP} from {url}");
+    // The subjects the stream really has: `orders.>` when this created it,
+    // its own when it existed already (it is used as it is).
+    let subjects = stream.cached_info().config.subjects.join(", ");
+    println!("consuming stream {stream_name} ({subjects}) as {GROUP} from {url}");
 
     let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
