@@ -40,8 +40,9 @@ use tokio::sync::mpsc;
 /// killed run's message comes back within seconds, and long enough that the
 /// restarted process sees the dead run still in flight (its last lease
 /// renewal is at most a third of it before the kill). Work longer than the
-/// lease (the 2 s of `test.slow`) is kept alive by progress acks.
-const LEASE_MS: u64 = 4000;
+/// lease (the 2 s of `test.slow`) is kept alive by progress acks. 8 s leaves
+/// a restart and its first pull more than 5 s, even on a loaded CI machine.
+const LEASE_MS: u64 = 8000;
 
 /// How long any one printed line may take.
 const LINE: Duration = Duration::from_secs(30);
