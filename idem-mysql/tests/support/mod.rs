@@ -62,6 +62,27 @@ pub async fn pool(max: u32, options: MySqlConnectOptions) -> MySqlPool {
         .unwrap_or_else(|e| unreachable(&e))
 }
 
+/// A pool whose connections run every transaction at `isolation`
+/// (`"REPEATABLE READ"`, InnoDB's default, or `"READ COMMITTED"`).
+pub async fn pool_at(max: u32, isolation: &'static str) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                conn.execute(sqlx::AssertSqlSafe(format!(
+                    "SET SESSION TRANSACTION ISOLATION LEVEL {isolation}"
+                )))
+                .await?;
+                Ok(())
+            })
+        })
+        .connect_with(options())
+        .await
+        .unwrap_or_else(|e| unreachable(&e))
+}
+
 /// A fresh name with `prefix`.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", IdempotencyKey::random().as_str())
