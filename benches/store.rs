@@ -50,11 +50,15 @@ struct Row {
     lib: Vec<f64>,
     raw: Vec<f64>,
     min: Vec<f64>,
+    /// The minimal pattern with one checkout per statement (SQL backends).
+    min2: Vec<f64>,
     /// store-statements time / library time of each alternating round
     /// (paired mode).
     pairs: Vec<f64>,
     /// minimal-pattern time / library time of each alternating round.
     pairs_min: Vec<f64>,
+    /// two-checkout minimal time / library time of each round.
+    pairs_min2: Vec<f64>,
     mix: Option<String>,
 }
 
@@ -64,6 +68,7 @@ enum Side {
     Lib,
     Store,
     Min,
+    Min2,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -94,11 +99,12 @@ impl Summary {
             Side::Lib => &mut row.lib,
             Side::Store => &mut row.raw,
             Side::Min => &mut row.min,
+            Side::Min2 => &mut row.min2,
         };
         side.push(took.as_nanos() as f64 / calls.max(1) as f64);
     }
 
-    fn pair(&self, group: &str, store_ratio: f64, min_ratio: f64) {
+    fn pair(&self, group: &str, store_ratio: f64, min_ratio: f64, min2_ratio: Option<f64>) {
         let mut rows = self
             .rows
             .lock()
@@ -106,6 +112,7 @@ impl Summary {
         let row = rows.entry(group.to_owned()).or_default();
         row.pairs.push(store_ratio);
         row.pairs_min.push(min_ratio);
+        row.pairs_min2.extend(min2_ratio);
     }
 
     /// Notes how the contended calls ended, for a group that ran.
@@ -125,13 +132,14 @@ impl Summary {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::from(
-            "| group | idem ops/s | store-stmts ops/s | minimal ops/s | idem / store-stmts | idem / minimal | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---:|---:|---|\n",
+            "| group | idem ops/s | store-stmts ops/s | minimal ops/s | minimal-2co ops/s | idem / store-stmts | idem / minimal | idem / minimal-2co | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
         );
         for (group, row) in rows.iter() {
-            let (l, r, m) = (
+            let (l, r, m, m2) = (
                 median_rate(&row.lib),
                 median_rate(&row.raw),
                 median_rate(&row.min),
+                median_rate(&row.min2),
             );
             let ratio = |pairs: &[f64], base: f64| {
                 if pairs.is_empty() {
@@ -140,8 +148,17 @@ impl Summary {
                     median(pairs)
                 }
             };
+            // The two-checkout side runs on the SQL backends only.
+            let (m2_rate, m2_ratio) = if row.min2.is_empty() {
+                ("–".to_owned(), "–".to_owned())
+            } else {
+                (
+                    format!("{m2:.0}"),
+                    format!("{:.2}", ratio(&row.pairs_min2, m2)),
+                )
+            };
             out.push_str(&format!(
-                "| {group} | {l:.0} | {r:.0} | {m:.0} | {:.2} | {:.2} | {} |\n",
+                "| {group} | {l:.0} | {r:.0} | {m:.0} | {m2_rate} | {:.2} | {:.2} | {m2_ratio} | {} |\n",
                 ratio(&row.pairs, r),
                 ratio(&row.pairs_min, m),
                 row.mix.as_deref().unwrap_or("")
@@ -181,11 +198,14 @@ fn selected(backend: &str, body: usize) -> bool {
     listed("IDEM_BENCH_ONLY", backend) && listed("IDEM_BENCH_BODIES", &body.to_string())
 }
 
-/// The three sides of one backend at one pool size.
+/// The sides of one backend at one pool size: the library, the store's
+/// statements, the minimal pattern, and (SQL backends) the minimal pattern
+/// with one checkout per statement.
 struct Sides<L, R, M> {
     lib: Arc<Plan<L>>,
     raw: Arc<Plan<R>>,
     min: Arc<Plan<M>>,
+    min2: Option<Arc<Plan<M>>>,
 }
 
 fn paired<L: Target, R: Target, M: Target>(
@@ -205,32 +225,42 @@ fn paired<L: Target, R: Target, M: Target>(
     eprint!("{group}: {} rounds of {calls} calls", paired_rounds());
     for round in 0..paired_rounds() {
         // The order turns every round, so no side always runs first.
-        let order = match round % 3 {
-            0 => [Side::Min, Side::Store, Side::Lib],
-            1 => [Side::Lib, Side::Min, Side::Store],
-            _ => [Side::Store, Side::Lib, Side::Min],
+        let order = match round % 4 {
+            0 => [Side::Min, Side::Store, Side::Min2, Side::Lib],
+            1 => [Side::Lib, Side::Min, Side::Store, Side::Min2],
+            2 => [Side::Min2, Side::Lib, Side::Min, Side::Store],
+            _ => [Side::Store, Side::Min2, Side::Lib, Side::Min],
         };
-        let mut took = [Duration::ZERO; 3];
+        let mut took = [Duration::ZERO; 4];
         for side in order {
-            let t = match side {
-                Side::Lib => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
-                Side::Store => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
-                Side::Min => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
+            let t = match (side, &sides.min2) {
+                (Side::Lib, _) => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
+                (Side::Store, _) => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
+                (Side::Min, _) => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
+                (Side::Min2, Some(min2)) => rt.block_on(run(min2, scenario, tasks, calls, false)),
+                (Side::Min2, None) => continue,
             }
             .elapsed;
             summary.add(group, side, calls, t);
             took[side as usize] = t;
         }
         let l = took[0].as_secs_f64();
-        summary.pair(group, took[1].as_secs_f64() / l, took[2].as_secs_f64() / l);
+        let min2 = sides.min2.as_ref().map(|_| took[3].as_secs_f64() / l);
+        summary.pair(
+            group,
+            took[1].as_secs_f64() / l,
+            took[2].as_secs_f64() / l,
+            min2,
+        );
         eprint!(".");
     }
     eprintln!();
 }
 
 /// Every scenario and concurrency of one backend and body size. `make`
-/// builds the three sides on a pool of the given size (min(tasks, 16)),
-/// once per concurrency: library, store statements, minimal pattern.
+/// builds the sides on a pool of the given size (min(tasks, 16)), once per
+/// concurrency: library, store statements, minimal pattern, and the minimal
+/// pattern with one checkout per statement where the backend has a pool.
 fn bench_backend<L, R, M, F>(
     c: &mut Criterion,
     rt: &Runtime,
@@ -242,23 +272,27 @@ fn bench_backend<L, R, M, F>(
     L: Target,
     R: Target,
     M: Target,
-    F: std::future::Future<Output = (L, R, M)>,
+    F: std::future::Future<Output = (L, R, M, Option<M>)>,
 {
     if !selected(backend, body) {
         return;
     }
     let run_id = run_id();
     for tasks in [1usize, 8, 64] {
-        let (lib, raw, min) = rt.block_on(make(u32::try_from(tasks.min(16)).unwrap_or(16)));
+        let (lib, raw, min, min2) = rt.block_on(make(u32::try_from(tasks.min(16)).unwrap_or(16)));
         let prefix = format!("{run_id}-{backend}-{body}-c{tasks}");
         let sides = Sides {
             lib: Arc::new(Plan::new(lib, format!("{prefix}-lib"))),
             raw: Arc::new(Plan::new(raw, format!("{prefix}-raw"))),
             min: Arc::new(Plan::new(min, format!("{prefix}-min"))),
+            min2: min2.map(|m| Arc::new(Plan::new(m, format!("{prefix}-min2")))),
         };
         rt.block_on(sides.lib.prepare_replays());
         rt.block_on(sides.raw.prepare_replays());
         rt.block_on(sides.min.prepare_replays());
+        if let Some(min2) = &sides.min2 {
+            rt.block_on(min2.prepare_replays());
+        }
         for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
             if !concurrencies(scenario).contains(&tasks) {
                 continue;
@@ -297,6 +331,17 @@ fn bench_backend<L, R, M, F>(
                     took
                 });
             });
+            if let Some(min2) = &sides.min2 {
+                g.bench_function("minimal-2co", |b| {
+                    b.iter_custom(|calls| {
+                        let took = rt
+                            .block_on(run(min2, scenario, tasks, calls, false))
+                            .elapsed;
+                        summary.add(&group, Side::Min2, calls, took);
+                        took
+                    });
+                });
+            }
             g.finish();
         }
         if tasks == 64 {
@@ -319,6 +364,7 @@ fn memory(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 Lib::new(MemoryStore::new(), body),
                 RawMemory::new(body),
                 MinMemory::new(body),
+                None,
             )
         });
     }
@@ -353,14 +399,20 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 store.migrate().await.expect("migrate");
                 let raw = RawSqlite::new(&store, body);
                 let min = MinSqlite::new(store.pool().clone(), body).await;
-                (Lib::new(store, body), raw, min)
+                let min2 = MinSqlite::new(store.pool().clone(), body)
+                    .await
+                    .two_checkouts();
+                (Lib::new(store, body), raw, min, Some(min2))
             }
         });
         bench_backend(c, rt, summary, "sqlite-memory", body, |_| async move {
             let store = SqliteStore::memory().await.expect("open SQLite memory");
             let raw = RawSqlite::new(&store, body);
             let min = MinSqlite::new(store.pool().clone(), body).await;
-            (Lib::new(store, body), raw, min)
+            let min2 = MinSqlite::new(store.pool().clone(), body)
+                .await
+                .two_checkouts();
+            (Lib::new(store, body), raw, min, Some(min2))
         });
     }
 }
@@ -630,7 +682,10 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                     .expect("valid names");
                 let raw = RawPostgres::new(&store, body);
                 let min = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body).await;
-                (Lib::new(store, body), raw, min)
+                let min2 = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body)
+                    .await
+                    .two_checkouts();
+                (Lib::new(store, body), raw, min, Some(min2))
             }
         });
     }
@@ -680,7 +735,7 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
                 let min = MinRedis::new(conn, &format!("{prefix}min:"), body);
-                (Lib::new(store, body), raw, min)
+                (Lib::new(store, body), raw, min, None)
             }
         });
     }

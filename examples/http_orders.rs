@@ -25,6 +25,9 @@
 //! `DELETE` pass through. `?delay_ms=N` makes a POST take N ms, `?status=503`
 //! makes it fail transiently. `GET /stats` counts handler executions.
 
+#[path = "support/store_from_env.rs"]
+mod store_from_env;
+
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,9 +41,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource, OwnerId};
-use idem::{AnyStore, ConnectError, ConnectOptions, Idem, InFlightMode, Policy};
+use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use store_from_env::store_from_env;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -99,70 +103,8 @@ fn policy() -> Result<Policy, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let policy = policy()?;
-    // The backend is chosen at run time: `idem::connect` opens (and
-    // migrates) the store a URL names as an `AnyStore`, so one
-    // `Idem<AnyStore>` type serves them all.
-    let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
-    let store = match which.as_str() {
-        "memory" => AnyStore::new(idem::MemoryStore::new()),
-        "sqlite" => {
-            let path = match std::env::var("IDEM_SQLITE_PATH") {
-                Ok(p) => std::path::PathBuf::from(p),
-                Err(_) => {
-                    std::env::temp_dir().join(format!("idem-http-orders-{}.db", std::process::id()))
-                }
-            };
-            let url = path.to_string_lossy().into_owned();
-            let store = open(
-                ConnectOptions::new(),
-                &url,
-                "sqlite",
-                "the `sqlite` feature (on by default)",
-            )
-            .await?;
-            println!("store: sqlite {}", path.display());
-            store
-        }
-        "postgres" => {
-            let url = std::env::var("IDEM_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let options = ConnectOptions::new().schema_name("idem_http_orders");
-            let store = open(options, &url, "postgres", "`--features axum,postgres`").await?;
-            println!("store: postgres, schema idem_http_orders");
-            store
-        }
-        "redis" => {
-            let url = std::env::var("IDEM_REDIS_URL")
-                .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
-            let options = ConnectOptions::new().key_prefix("idem-http-orders:");
-            let store = open(options, &url, "redis", "`--features axum,redis`").await?;
-            println!("store: redis, prefix idem-http-orders:");
-            store
-        }
-        other => {
-            return Err(
-                format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into(),
-            );
-        }
-    };
+    let store = store_from_env("http-orders", "axum").await?;
     serve(Idem::new(store).with_policy(policy)).await
-}
-
-/// Opens the store `url` names; a backend compiled out says which features
-/// the example needs.
-async fn open(
-    options: ConnectOptions,
-    url: &str,
-    which: &str,
-    needs: &str,
-) -> Result<AnyStore, BoxError> {
-    match options.connect(url).await {
-        Ok(store) => Ok(store),
-        Err(ConnectError::FeatureDisabled { .. }) => {
-            Err(format!("IDEM_STORE={which} needs {needs}").into())
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {

@@ -135,13 +135,25 @@ async fn main() -> ExitCode {
             (line, ok)
         }
         Err(e) => {
-            let err = idem::client::Error::from_middleware(&e);
+            // No response at all: the middleware's error says why, and
+            // carries the key to resume with.
+            use idem::client::Error;
+            let err = Error::from_middleware(&e);
+            let (attempts, code) = match err {
+                Some(Error::Exhausted {
+                    attempts, reason, ..
+                }) => (*attempts, reason.as_str()),
+                Some(Error::BodyNotReplayable) => (0, "body_not_replayable"),
+                Some(Error::InvalidKey(_)) => (0, "invalid_key"),
+                Some(Error::KeyLifetimeExceeded { .. }) => (0, "key_lifetime_exceeded"),
+                _ => (0, "transport"),
+            };
             let line = json!({
                 "outcome": "error",
                 "status": 0,
-                "attempts": 0,
+                "attempts": attempts,
                 "key": err.and_then(|e| e.key()).map(|k| k.as_str().to_owned()),
-                "code": err.map_or_else(|| "transport".to_owned(), |e| e.to_string()),
+                "code": code,
                 "body": Value::Null,
             });
             (line, false)

@@ -48,6 +48,9 @@
 //! curl localhost:3001/stats
 //! ```
 
+#[path = "support/store_from_env.rs"]
+mod store_from_env;
+
 use std::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,8 +64,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::http::IdemAttempt;
 use idem::http::webhook::{Provider, Secret, WebhookDelivery, WebhookLayer};
-use idem::{AnyStore, ConnectError, ConnectOptions, Idem};
+use idem::{AnyStore, Idem};
 use serde_json::{Value, json};
+use store_from_env::store_from_env;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -73,74 +77,8 @@ struct Stats {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    // The backend is chosen at run time, as in `http_orders`: `idem::connect`
-    // opens (and migrates) the store a URL names as an `AnyStore`.
-    let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
-    let store = match which.as_str() {
-        "memory" => AnyStore::new(idem::MemoryStore::new()),
-        "sqlite" => {
-            let path = match std::env::var("IDEM_SQLITE_PATH") {
-                Ok(p) => std::path::PathBuf::from(p),
-                Err(_) => std::env::temp_dir()
-                    .join(format!("idem-webhook-receiver-{}.db", std::process::id())),
-            };
-            let url = path.to_string_lossy().into_owned();
-            let store = open(
-                ConnectOptions::new(),
-                &url,
-                "sqlite",
-                "the `sqlite` feature (on by default)",
-            )
-            .await?;
-            println!("store: sqlite {}", path.display());
-            store
-        }
-        "postgres" => {
-            let url = std::env::var("IDEM_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let options = ConnectOptions::new().schema_name("idem_webhook_receiver");
-            let store = open(
-                options,
-                &url,
-                "postgres",
-                "`--features axum,webhook,postgres`",
-            )
-            .await?;
-            println!("store: postgres, schema idem_webhook_receiver");
-            store
-        }
-        "redis" => {
-            let url = std::env::var("IDEM_REDIS_URL")
-                .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
-            let options = ConnectOptions::new().key_prefix("idem-webhook-receiver:");
-            let store = open(options, &url, "redis", "`--features axum,webhook,redis`").await?;
-            println!("store: redis, prefix idem-webhook-receiver:");
-            store
-        }
-        other => {
-            return Err(
-                format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into(),
-            );
-        }
-    };
+    let store = store_from_env("webhook-receiver", "axum,webhook").await?;
     serve(Idem::new(store)).await
-}
-
-/// Opens the store `url` names; a backend compiled out says which features
-/// the example needs.
-async fn open(
-    options: ConnectOptions,
-    url: &str,
-    which: &str,
-    needs: &str,
-) -> Result<AnyStore, BoxError> {
-    match options.connect(url).await {
-        Ok(store) => Ok(store),
-        Err(ConnectError::FeatureDisabled { .. }) => {
-            Err(format!("IDEM_STORE={which} needs {needs}").into())
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// One provider's route: its secret's variable, its path, and how the

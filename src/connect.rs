@@ -152,12 +152,14 @@ impl ConnectOptions {
 
     /// How long one call may wait on the server before it fails: the
     /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
-    /// wait for its write lock), Postgres's `statement_timeout` (set on
-    /// every connection of the store's pool) and MySQL's
+    /// wait for its write lock), on Postgres `statement_timeout` (set on
+    /// every connection of the store's pool) plus the store's
+    /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
+    /// a synchronous standby (`statement_timeout` does not), and on MySQL
     /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
-    /// at least 1, set on every connection). Redis calls wait on no lock
-    /// and do not use it. Default: the backends' own (SQLite 5 s busy,
-    /// 30 s acquire, no statement timeout).
+    /// at least 1, set on every connection). Redis calls wait on no lock and
+    /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
+    /// acquire, no statement or call timeout).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -450,6 +452,9 @@ impl ConnectOptions {
         let mut store = PgStore::connect_with(pool, options)
             .await
             .map_err(|e| unreachable_store(BACKEND, e))?;
+        if let Some(t) = self.timeout {
+            store = store.with_call_timeout(t);
+        }
         if let Some(schema) = &self.schema_name {
             store = store
                 .with_schema_name(schema)

@@ -1,5 +1,7 @@
 //! Helpers shared by the benches (each bench uses a part of them).
 
+#[cfg(any(feature = "consumer", feature = "webhook"))]
+pub(crate) mod dedup;
 pub(crate) mod doc;
 pub(crate) mod stores;
 

@@ -17,6 +17,13 @@
 //! The harness is `tests/crash.rs`; the worker's environment is
 //! [`WorkerConfig`]. A worker started with `IDEM_CRASH_BROKEN=1` ignores the
 //! downstream key (a fresh one per run), and the checker must catch it.
+//!
+//! Issue 19's crash tests of the inbound adapters (a JetStream consumer, a
+//! webhook receiver, each SIGKILLed mid-work) are `tests/inbound.rs`, with
+//! the children `crash-consumer` and `crash-webhook` and the [`inbound`]
+//! module.
+
+pub mod inbound;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};

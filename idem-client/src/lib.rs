@@ -4,6 +4,8 @@
 mod config;
 mod error;
 mod key;
+#[cfg(any(feature = "reqwest", feature = "tower"))]
+mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
 pub mod policy;

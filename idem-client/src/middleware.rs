@@ -174,11 +174,11 @@ impl Middleware for IdempotencyMiddleware {
         }
         let (key, key_age) = cfg
             .resolve_key(req.headers_mut(), extensions)
-            .map_err(mw_error)?;
+            .map_err(|e| mw_error(send::refused(e)))?;
         // Row 21: a body that cannot be sent twice needs the caller's consent.
         let single = extensions.get::<SingleAttempt>().is_some();
         if !single && req.try_clone().is_none() {
-            return Err(mw_error(Error::BodyNotReplayable));
+            return Err(mw_error(send::refused(Error::BodyNotReplayable)));
         }
         let span = send::span(
             req.method(),

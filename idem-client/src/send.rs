@@ -30,6 +30,7 @@ pub(crate) fn then(step: Step, attempt: u32) -> Then {
             retry_after,
         } => {
             log_retry(attempt, reason, delay, retry_after);
+            crate::metrics::record_retry(reason);
             Then::Wait(delay)
         }
         Step::Return(Outcome::Replayed) => Then::Done(ReportKind::Replayed),
@@ -70,7 +71,7 @@ pub(crate) fn span(method: &http::Method, host: &str, path: &str, key: &Idempote
     )
 }
 
-/// Records the end of a send on its span.
+/// Records the end of a send on its span (and in the metrics).
 pub(crate) fn finish(
     span: &Span,
     kind: ReportKind,
@@ -78,6 +79,7 @@ pub(crate) fn finish(
     status: Option<u16>,
     problem: Option<&Problem>,
 ) {
+    crate::metrics::record_send(kind, attempts);
     span.record("idem.attempts", attempts);
     span.record("idem.outcome", kind.as_str());
     if let Some(s) = status {
@@ -104,6 +106,12 @@ pub(crate) fn finish(
         }
         _ => {}
     }
+}
+
+/// A send refused before anything was sent (counted, then returned).
+pub(crate) fn refused(e: Error) -> Error {
+    crate::metrics::record_refused();
+    e
 }
 
 /// Request extension: send once, with a key, no retries (for a streaming body).

@@ -125,11 +125,15 @@ where
         let limit = self.max_request_body;
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
-            let (key, key_age) = cfg.resolve_key(&mut parts.headers, &mut parts.extensions)?;
+            let (key, key_age) = cfg
+                .resolve_key(&mut parts.headers, &mut parts.extensions)
+                .map_err(send::refused)?;
             let single = parts.extensions.get::<SingleAttempt>().is_some();
             let bytes = match Limited::new(body, limit).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) => return Err(Box::new(Error::BodyNotReplayable) as BoxError),
+                Err(_) => {
+                    return Err(Box::new(send::refused(Error::BodyNotReplayable)) as BoxError);
+                }
             };
             let span = send::span(
                 &parts.method,

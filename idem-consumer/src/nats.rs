@@ -232,11 +232,40 @@ impl<S: Store> NatsConsumer<S> {
                 }
             }
         };
-        let mut processed: Processed<T, E> = self
+        let processed: Processed<T, E> = self
             .consumer
             .delivery(delivered)
             .process(&key, &msg.payload, work)
             .await;
+        self.settle(msg, processed).await
+    }
+
+    /// Acknowledges `msg` per `processed.disposition`, as
+    /// [`NatsConsumer::handle`] does after its processing: for a
+    /// [`Processed`] made some other way, above all by the transactional
+    /// inbox (`consumer.delivery(n).process_in_tx(..)`, feature `postgres`),
+    /// whose disposition must reach JetStream only after its commit.
+    /// Returns `processed` with the action taken (a dead letter whose hook
+    /// failed comes back as the `Retry` that was sent).
+    ///
+    /// With the inbox: `let (key, n) = message_key(&msg)?;`, then
+    /// `let p = nats.consumer().delivery(n).process_in_tx(&key, &msg.payload,
+    /// work).await;` (the effect written on the transaction's connection),
+    /// then `nats.settle(&msg, p).await?`: a crash between the commit and
+    /// the ack makes the redelivery a replay, and the effect stays applied
+    /// once.
+    ///
+    /// # Errors
+    ///
+    /// [`NatsError::NotJetStream`] for a message without JetStream metadata
+    /// (nothing acknowledged); [`NatsError::Ack`] when the acknowledgement
+    /// failed (the processing stands).
+    pub async fn settle<T, E>(
+        &self,
+        msg: &jetstream::Message,
+        mut processed: Processed<T, E>,
+    ) -> Result<Processed<T, E>, NatsError> {
+        let (key, delivered) = message_key(msg)?;
         let ack = match processed.disposition {
             Disposition::Ack => msg.double_ack().await,
             Disposition::Retry { after } => msg.ack_with(AckKind::Nak(Some(after))).await,

@@ -1,7 +1,7 @@
 //! The consumer conformance suite (every row of the behaviour table) on
 //! every backend: one isolated store per test.
 
-mod support;
+use idem_test_support::fixtures as support;
 
 mod memory {
     idem_consumer::consumer_conformance!(super::support::memory());

@@ -3,7 +3,7 @@
 //! applied once, and a transient failure leaves neither the record nor the
 //! write behind.
 
-mod support;
+use idem_test_support::fixtures as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! real HTTP client per test, one isolated store each; a smoke subset on a
 //! throwaway Redis Cluster.
 
-mod support;
+use idem_test_support::fixtures as support;
 
 mod memory {
     idem_http::http_conformance!(super::support::memory());

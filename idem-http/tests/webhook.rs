@@ -4,7 +4,7 @@
 //! counts how many times it really ran. One test per row of the behaviour
 //! table (W1-W19), on every backend.
 
-mod support;
+use idem_test_support::fixtures as support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,7 @@
 mod admin;
 mod config;
 mod error;
+mod replication;
 mod schema;
 mod sql;
 mod store;
@@ -13,6 +14,7 @@ pub use config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN, MAX_TABLE_NAME_LEN,
 };
 pub use error::Error;
+pub use replication::Replication;
 pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::PgStore;

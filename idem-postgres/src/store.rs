@@ -21,7 +21,8 @@ use crate::config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
     MAX_TABLE_NAME_LEN, validate_identifier,
 };
-use crate::error::{BACKEND, Error, store_error};
+use crate::error::{BACKEND, Error, may_have_switched, store_error};
+use crate::replication::{self, Guard, Replication};
 use crate::sql::{Statements, TableName, q};
 
 /// The PostgreSQL idempotency store. Cheap to clone (a pool and two `Arc`s).
@@ -29,12 +30,24 @@ use crate::sql::{Statements, TableName, q};
 /// Build it with [`PgStore::new`] (your pool) or [`PgStore::connect`], pick
 /// the table with [`PgStore::with_table_name`] /
 /// [`PgStore::with_schema_name`], and create it with [`PgStore::migrate`].
+///
+/// It checks where its commits go (see the crate docs' durability table):
+/// [`PgStore::connect`], [`PgStore::connect_with`], [`PgStore::migrate`] and
+/// [`PgStore::check_replication`] refuse a standby in recovery with
+/// [`Error::Standby`] and warn once when commits are not synchronous to any
+/// standby; [`PgStore::require_synchronous_replication`] makes that an error.
+/// The check runs again before the next call after a call lost its
+/// connection (the server may have changed: a failover), and before the
+/// first call of a store that never checked; [`PgStore::with_call_timeout`]
+/// bounds a write (a commit waiting for a standby that does not answer).
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     tx_lock_timeout: Duration,
+    call_timeout: Option<Duration>,
+    guard: Arc<Guard>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -43,6 +56,8 @@ impl std::fmt::Debug for PgStore {
             .field("table", &self.name.qualified())
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("require_synchronous_replication", &self.guard.require)
             .finish_non_exhaustive()
     }
 }
@@ -58,7 +73,10 @@ impl PgStore {
     /// is replaced.
     ///
     /// Run [`PgStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
-    /// yourself) before the first call.
+    /// yourself) before the first call. Nothing is checked here (no
+    /// connection is used): [`PgStore::migrate`] or
+    /// [`PgStore::check_replication`] checks the server at start; otherwise
+    /// the first call does.
     ///
     /// # Examples
     ///
@@ -80,7 +98,12 @@ impl PgStore {
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
         };
-        Self::build(pool, name, DEFAULT_TX_LOCK_TIMEOUT)
+        Self::build(
+            pool,
+            name,
+            DEFAULT_TX_LOCK_TIMEOUT,
+            Arc::new(Guard::new(false, false)),
+        )
     }
 
     /// Connects a pool of its own to `url` and returns a store over it.
@@ -92,20 +115,27 @@ impl PgStore {
     /// and the pool replaces it. Use [`PgStore::new`] with your own
     /// [`PgPoolOptions`] to choose otherwise.
     ///
+    /// Then it checks the server ([`PgStore::check_replication`]): a standby
+    /// is refused; commits not synchronous to any standby are logged once as
+    /// a warning.
+    ///
     /// # Errors
     ///
-    /// [`Error::Sqlx`] when the URL is invalid or the server unreachable.
+    /// [`Error::Sqlx`] when the URL is invalid or the server unreachable;
+    /// [`Error::Standby`] when the server is a standby in recovery.
     pub async fn connect(url: &str) -> Result<Self, Error> {
         let options: PgConnectOptions = url.parse()?;
         Self::connect_with(PgPoolOptions::new(), options).await
     }
 
     /// Like [`PgStore::connect`], with your pool and connect options;
-    /// `test_before_acquire(false)` is still set.
+    /// `test_before_acquire(false)` is still set, and the server is checked
+    /// the same way.
     ///
     /// # Errors
     ///
-    /// [`Error::Sqlx`] when the server is unreachable.
+    /// [`Error::Sqlx`] when the server is unreachable; [`Error::Standby`]
+    /// when it is a standby in recovery.
     pub async fn connect_with(
         pool: PgPoolOptions,
         options: PgConnectOptions,
@@ -114,7 +144,82 @@ impl PgStore {
             .test_before_acquire(false)
             .connect_with(options)
             .await?;
-        Ok(Self::new(pool))
+        let store = Self::new(pool);
+        if let Err(e) = store.check_replication().await {
+            store.pool.close().await;
+            return Err(e);
+        }
+        Ok(store)
+    }
+
+    /// Refuses to run unless commits are synchronous to at least one
+    /// standby: checks the server now, and again before the next call after
+    /// any call lost its connection (a failover changes the server), so a
+    /// deployment that lost its synchronous standby refuses writes with
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503) rather
+    /// than acknowledging records a second failover would lose.
+    ///
+    /// "Synchronous" is [`Replication::is_synchronous`]:
+    /// `synchronous_standby_names` names a standby and `synchronous_commit`
+    /// is `on`, `remote_write` or `remote_apply`, as read on one of the
+    /// store's connections. It says that commits wait for a standby, not
+    /// that one is connected now: while none is, commits wait (see the
+    /// durability table in the crate docs).
+    ///
+    /// The store it returns shares the pool with `self`; clones share the
+    /// requirement.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_postgres::Error> {
+    /// use idem_postgres::PgStore;
+    ///
+    /// let store = PgStore::connect("postgres://app@db.internal/app")
+    ///     .await?
+    ///     .require_synchronous_replication()
+    ///     .await?; // Error::NotSynchronous here, at start, if not
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotSynchronous`] when commits are not synchronous to any
+    /// standby; [`Error::Standby`] on a standby; [`Error::Sqlx`] when the
+    /// server cannot be reached.
+    pub async fn require_synchronous_replication(self) -> Result<Self, Error> {
+        let store = Self {
+            guard: Arc::new(self.guard.requiring(true)),
+            ..self
+        };
+        store.check_replication().await?;
+        Ok(store)
+    }
+
+    /// Whether this store was built with
+    /// [`PgStore::require_synchronous_replication`].
+    #[must_use]
+    pub fn requires_synchronous_replication(&self) -> bool {
+        self.guard.require
+    }
+
+    /// Reads where the server's commits go, on one of the store's
+    /// connections, and judges it: a standby is refused, commits not
+    /// synchronous to any standby are an error if
+    /// [required](PgStore::require_synchronous_replication) and otherwise
+    /// logged once per store as a warning. [`PgStore::connect`] and
+    /// [`PgStore::migrate`] call it; call it at start when you build the
+    /// store with [`PgStore::new`] and do not migrate.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Standby`], [`Error::NotSynchronous`] (only if required), or
+    /// [`Error::Sqlx`] when the server cannot be reached.
+    pub async fn check_replication(&self) -> Result<Replication, Error> {
+        let found = Replication::read(&self.pool).await?;
+        self.guard.judge(&found)?;
+        Ok(found)
     }
 
     /// Uses another table name (default `idem_records`).
@@ -129,11 +234,7 @@ impl PgStore {
             table,
             ..self.name().clone()
         };
-        Ok(Self::build(
-            self.pool().clone(),
-            name,
-            self.tx_lock_timeout(),
-        ))
+        Ok(self.renamed(name))
     }
 
     /// Uses another schema (default `public`); [`PgStore::migrate`] creates
@@ -149,11 +250,7 @@ impl PgStore {
             schema,
             ..self.name().clone()
         };
-        Ok(Self::build(
-            self.pool().clone(),
-            name,
-            self.tx_lock_timeout(),
-        ))
+        Ok(self.renamed(name))
     }
 
     /// How long the transactional mode waits for a concurrent duplicate's
@@ -161,15 +258,103 @@ impl PgStore {
     /// `lock_timeout` for its own transaction only).
     #[must_use]
     pub fn with_tx_lock_timeout(self, timeout: Duration) -> Self {
-        Self::build(self.pool().clone(), self.name().clone(), timeout)
+        Self {
+            tx_lock_timeout: timeout,
+            ..self
+        }
     }
 
-    fn build(pool: PgPool, name: TableName, tx_lock_timeout: Duration) -> Self {
+    /// Bounds every write of the store (claim, completion, release, saved
+    /// resource id, lease extension, purge), from the checkout to the
+    /// commit's answer, and the `COMMIT` of the
+    /// [transactional mode](crate::PgIdemExt::execute_in_tx) (not its work);
+    /// a call still waiting then fails with
+    /// [`Error::Timeout`], which the engine sees as
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503,
+    /// retryable). Default: unbounded.
+    ///
+    /// Set it when commits wait for a synchronous standby: while no standby
+    /// confirms, a commit waits, and neither `statement_timeout` nor
+    /// `lock_timeout` bounds that wait (PostgreSQL disarms them before the
+    /// commit). A call that timed out was never reported stored; its commit
+    /// may still complete on the primary once a standby confirms it (a claim
+    /// then holds its key until the lease ends, and the next attempt is a
+    /// recovery). The connection is not cancelled (a cancelled wait would
+    /// make the unconfirmed commit visible): it returns to the pool once the
+    /// server answers, so a pool full of waiting commits answers
+    /// `PoolTimedOut` (also 503) until the standby is back.
+    #[must_use]
+    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+        Self {
+            call_timeout: Some(timeout),
+            ..self
+        }
+    }
+
+    fn build(pool: PgPool, name: TableName, tx_lock_timeout: Duration, guard: Arc<Guard>) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             tx_lock_timeout,
+            call_timeout: None,
+            guard,
+        }
+    }
+
+    /// The same store on another table.
+    fn renamed(self, name: TableName) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            ..self
+        }
+    }
+
+    /// Runs one store call, within the call timeout if one is set: first
+    /// the replication check if the server is unchecked or suspect, then
+    /// `call`; a lost connection makes the server suspect (checked again
+    /// before the next call).
+    pub(crate) async fn guarded_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let run = async {
+            self.ensure_checked().await?;
+            call.await
+        };
+        let result = self.bounded(run).await;
+        if let Err(e) = &result {
+            self.observe(e);
+        }
+        result
+    }
+
+    /// `fut` within the call timeout, if one is set.
+    pub(crate) async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.call_timeout {
+            None => fut.await,
+            Some(after) => tokio::time::timeout(after, fut)
+                .await
+                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
+        }
+    }
+
+    /// The replication check, if the server is unchecked or suspect.
+    pub(crate) async fn ensure_checked(&self) -> Result<(), StoreError> {
+        if self.guard.needs_check() {
+            self.check_replication().await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the server suspect if `e` says it may have changed.
+    pub(crate) fn observe(&self, e: &StoreError) {
+        if may_have_switched(e) {
+            self.guard.suspect();
         }
     }
 
@@ -186,10 +371,18 @@ impl PgStore {
     /// sqlx's `_sqlx_migrations` table, so it does not interfere with your
     /// application's own migrations.
     ///
+    /// First it checks the server ([`PgStore::check_replication`]) and
+    /// returns, and logs at `info`, what it found: whether commits wait for
+    /// a standby, and the settings that say so.
+    ///
     /// # Errors
     ///
-    /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege).
-    pub async fn migrate(&self) -> Result<(), Error> {
+    /// [`Error::Standby`] on a standby, [`Error::NotSynchronous`] if
+    /// [required](PgStore::require_synchronous_replication), [`Error::Sqlx`]
+    /// when the server refuses (e.g. no `CREATE` privilege).
+    pub async fn migrate(&self) -> Result<Replication, Error> {
+        let found = self.check_replication().await?;
+        replication::report(&found);
         let mut conn = self.pool().acquire().await?;
         let mut tx = conn.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -202,7 +395,7 @@ impl PgStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(found)
     }
 
     /// The pool the store runs its statements on, for your own queries on
@@ -436,14 +629,14 @@ impl Store for PgStore {
     /// on the same record, which the next run, with a fresh snapshot, sees
     /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        retry_claim_race(BACKEND, || async {
+        self.guarded_call(retry_claim_race(BACKEND, || async {
             let mut conn = self.pool.acquire().await.map_err(store_error)?;
             let outcome = self.claim_once(&mut conn, req).await?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
             }
             Ok(outcome)
-        })
+        }))
         .await
     }
 
@@ -453,25 +646,29 @@ impl Store for PgStore {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        let done = self.complete_on(&self.pool, id, token, completion).await;
-        if !matches!(done, Err(StoreError::LeaseLost)) {
-            return done;
-        }
-        // No row changed: a lost lease, or this completion already applied
-        // (a retry after a lost reply), which is not an error.
-        let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        if applied.is_some() { Ok(()) } else { done }
+        self.guarded_call(async {
+            let done = self.complete_on(&self.pool, id, token, completion).await;
+            if !matches!(done, Err(StoreError::LeaseLost)) {
+                return done;
+            }
+            // No row changed: a lost lease, or this completion already applied
+            // (a retry after a lost reply), which is not an error.
+            let applied = q(&self.sql.completed_under)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(token.as_i64())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(store_error)?;
+            if applied.is_some() { Ok(()) } else { done }
+        })
+        .await
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.release_on(&self.pool, id, token, now).await
+        self.guarded_call(self.release_on(&self.pool, id, token, now))
+            .await
     }
 
     async fn save_resource_id(
@@ -480,13 +677,13 @@ impl Store for PgStore {
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.guarded(
+        self.guarded_call(self.guarded(
             &self.pool,
             &self.sql.save_resource_id,
             id,
             token,
             GuardedValue::Text(resource_id),
-        )
+        ))
         .await
     }
 
@@ -497,7 +694,7 @@ impl Store for PgStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         let until = GuardedValue::Int(lease_until.as_unix_millis());
-        self.guarded(&self.pool, &self.sql.extend_lease, id, token, until)
+        self.guarded_call(self.guarded(&self.pool, &self.sql.extend_lease, id, token, until))
             .await
     }
 
@@ -524,6 +721,16 @@ impl Store for PgStore {
     /// again until a batch removes something or finds nothing due. Each run
     /// moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+        self.guarded_call(self.purge_batches(now, limit)).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+    }
+}
+
+impl PgStore {
+    async fn purge_batches(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
         loop {
             let row = q(&self.sql.purge)
                 .bind(now.as_unix_millis())
@@ -543,9 +750,5 @@ impl Store for PgStore {
                 return Ok(report);
             }
         }
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
     }
 }

@@ -176,59 +176,85 @@ impl PgIdemExt for Idem<PgStore> {
         O: Into<Outcome<T, E>> + Send,
         F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
     {
-        let ticket = self.ticket(prepared).deferred();
+        // The replication check (after a lost connection, or for a store
+        // that never checked), and a server made suspect by what happens
+        // here, as for the store's own calls.
         let store = self.store();
-        let mut tx = store
-            .pool()
-            .begin_with(begin_statement(store))
-            .await
-            .map_err(error::store_error)?;
-        let answer = match claim_on(store, &mut tx, &ticket).await {
-            Ok(answer) => answer,
-            Err(e) => {
-                rollback(tx).await;
-                return Err(e);
-            }
-        };
-        let claim: Claim<PgStore, T, E> = match self.settle(ticket, answer) {
-            Ok(Begin::Run(claim)) => claim,
-            Ok(Begin::Replay(reply)) => {
-                rollback(tx).await;
-                return Ok(reply);
-            }
-            Err(e) => {
-                rollback(tx).await;
-                return Err(e);
-            }
-        };
-        let outcome = work(claim.attempt().clone(), &mut tx).await;
-        let pending = claim.into_pending(outcome);
-        if pending.is_transient() {
-            // Rolling back undoes the claim: that is the release.
-            rollback(tx).await;
-            debug!("transactional transient failure: rolled back");
-            return Ok(pending.not_written());
+        store.ensure_checked().await?;
+        let result = in_tx(self, prepared, work).await;
+        if let Err(Error::Store(e)) = &result {
+            store.observe(e);
         }
-        let written = store
-            .complete_on(
-                &mut *tx,
-                pending.record(),
-                pending.token(),
-                &pending.completion(),
-            )
-            .await;
-        if let Err(e) = written {
-            // The transaction is aborted: the work's writes are gone too, so
-            // the caller gets the error, not the outcome.
-            rollback(tx).await;
-            return Err(e.into());
-        }
-        tx.commit()
-            .await
-            .map_err(|e| Error::Store(error::store_error(e)))?;
-        debug!("transactional outcome committed");
-        Ok(pending.written())
+        result
     }
+}
+
+async fn in_tx<T, E, O, F>(
+    idem: &Idem<PgStore>,
+    prepared: Prepared,
+    work: F,
+) -> Result<Reply<T, E>, Error>
+where
+    T: Storable,
+    E: Storable,
+    O: Into<Outcome<T, E>> + Send,
+    F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
+{
+    let ticket = idem.ticket(prepared).deferred();
+    let store = idem.store();
+    let mut tx = store
+        .pool()
+        .begin_with(begin_statement(store))
+        .await
+        .map_err(error::store_error)?;
+    let answer = match claim_on(store, &mut tx, &ticket).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            rollback(tx).await;
+            return Err(e);
+        }
+    };
+    let claim: Claim<PgStore, T, E> = match idem.settle(ticket, answer) {
+        Ok(Begin::Run(claim)) => claim,
+        Ok(Begin::Replay(reply)) => {
+            rollback(tx).await;
+            return Ok(reply);
+        }
+        Err(e) => {
+            rollback(tx).await;
+            return Err(e);
+        }
+    };
+    let outcome = work(claim.attempt().clone(), &mut tx).await;
+    let pending = claim.into_pending(outcome);
+    if pending.is_transient() {
+        // Rolling back undoes the claim: that is the release.
+        rollback(tx).await;
+        debug!("transactional transient failure: rolled back");
+        return Ok(pending.not_written());
+    }
+    let written = store
+        .complete_on(
+            &mut *tx,
+            pending.record(),
+            pending.token(),
+            &pending.completion(),
+        )
+        .await;
+    if let Err(e) = written {
+        // The transaction is aborted: the work's writes are gone too, so
+        // the caller gets the error, not the outcome.
+        rollback(tx).await;
+        return Err(e.into());
+    }
+    // The commit may wait for a synchronous standby: bounded by the
+    // store's call timeout (the work is not). A commit that timed out is
+    // unknown, not failed: it may still complete, with the work's rows.
+    store
+        .bounded(async { tx.commit().await.map_err(error::store_error) })
+        .await?;
+    debug!("transactional outcome committed");
+    Ok(pending.written())
 }
 
 /// The claim on the transaction, run again when it lost a race (bounded

@@ -6,7 +6,11 @@
 //! * SQLite and Postgres: a table keyed by one text column; fresh =
 //!   `INSERT … ON CONFLICT DO NOTHING RETURNING` then `UPDATE` on one checked-out
 //!   connection; replay = one `SELECT` by key; a contended call inserts and,
-//!   when it loses, reads;
+//!   when it loses, reads. The second variant (`two_checkouts`) gives the
+//!   connection back to the pool between the insert and the update, as a
+//!   hand-written version must when its work may run for seconds and should
+//!   not hold a connection meanwhile (idem's design): one checkout per
+//!   statement, so the two variants side by side price that promise alone;
 //! * Redis: see `redis_min.rs`.
 //!
 //! No fingerprint check, no lease takeover, no expiry handling beyond a
@@ -114,6 +118,7 @@ pub(crate) mod sqlite {
         fingerprint: [u8; 32],
         body: Vec<u8>,
         tokens: AtomicI64,
+        two_checkouts: bool,
     }
 
     impl MinSqlite {
@@ -127,41 +132,60 @@ pub(crate) mod sqlite {
                 fingerprint: [7; 32],
                 body: body(body_len),
                 tokens: AtomicI64::new(1),
+                two_checkouts: false,
             }
         }
 
-        /// On one connection: the insert, then the update if it won, else the
-        /// read.
+        /// The same pattern with one checkout per statement: the connection
+        /// goes back to the pool while the work would run.
+        pub(crate) fn two_checkouts(mut self) -> Self {
+            self.two_checkouts = true;
+            self
+        }
+
+        /// On one connection (with `two_checkouts`, one checkout per
+        /// statement): the insert, then the update if it won, else the read.
         async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
-            let mut conn = self.pool.acquire().await.expect("acquire");
+            let mut held = if self.two_checkouts {
+                None
+            } else {
+                Some(self.pool.acquire().await.expect("acquire"))
+            };
+            // The held connection, or a fresh checkout for this statement.
+            macro_rules! on {
+                ($query:expr, $method:ident) => {
+                    match held.as_mut() {
+                        Some(conn) => $query.$method(&mut **conn).await,
+                        None => $query.$method(&self.pool).await,
+                    }
+                };
+            }
             let token = next_token(&self.tokens);
             let now = now_ms();
-            let won = sqlx::query(INSERT)
-                .bind(key)
-                .bind(self.fingerprint.as_slice())
-                .bind(token)
-                .bind(now + LEASE_MS)
-                .fetch_optional(&mut *conn)
-                .await
-                .expect("insert");
-            if won.is_some() {
-                let done = sqlx::query(UPDATE)
+            let won = on!(
+                sqlx::query(INSERT)
                     .bind(key)
-                    .bind(self.body.as_slice())
-                    .bind(now + TTL_MS)
+                    .bind(self.fingerprint.as_slice())
                     .bind(token)
-                    .execute(&mut *conn)
-                    .await
-                    .expect("update");
+                    .bind(now + LEASE_MS),
+                fetch_optional
+            )
+            .expect("insert");
+            if won.is_some() {
+                let done = on!(
+                    sqlx::query(UPDATE)
+                        .bind(key)
+                        .bind(self.body.as_slice())
+                        .bind(now + TTL_MS)
+                        .bind(token),
+                    execute
+                )
+                .expect("update");
                 assert_eq!(done.rows_affected(), 1, "token lost");
                 return Ended::Executed;
             }
             assert!(read_if_lost, "a fresh key existed");
-            let row = sqlx::query(SELECT)
-                .bind(key)
-                .fetch_one(&mut *conn)
-                .await
-                .expect("select");
+            let row = on!(sqlx::query(SELECT).bind(key), fetch_one).expect("select");
             if row.get::<i64, _>("done") == 1 {
                 std::hint::black_box(row.get::<Vec<u8>, _>("body"));
                 Ended::Replayed
@@ -213,6 +237,7 @@ pub(crate) mod postgres {
         fingerprint: [u8; 32],
         body: Vec<u8>,
         tokens: AtomicI64,
+        two_checkouts: bool,
     }
 
     impl MinPostgres {
@@ -240,41 +265,64 @@ pub(crate) mod postgres {
                 fingerprint: [7; 32],
                 body: body(body_len),
                 tokens: AtomicI64::new(1),
+                two_checkouts: false,
             }
         }
 
-        /// On one connection: the insert, then the update if it won, else the
-        /// read.
+        /// The same pattern with one checkout per statement: the connection
+        /// goes back to the pool while the work would run.
+        pub(crate) fn two_checkouts(mut self) -> Self {
+            self.two_checkouts = true;
+            self
+        }
+
+        /// On one connection (with `two_checkouts`, one checkout per
+        /// statement): the insert, then the update if it won, else the read.
         async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
-            let mut conn = self.pool.acquire().await.expect("acquire");
+            let mut held = if self.two_checkouts {
+                None
+            } else {
+                Some(self.pool.acquire().await.expect("acquire"))
+            };
+            // The held connection, or a fresh checkout for this statement.
+            macro_rules! on {
+                ($query:expr, $method:ident) => {
+                    match held.as_mut() {
+                        Some(conn) => $query.$method(&mut **conn).await,
+                        None => $query.$method(&self.pool).await,
+                    }
+                };
+            }
             let token = next_token(&self.tokens);
             let now = now_ms();
-            let won = sqlx::query(AssertSqlSafe(self.insert.as_str()))
-                .bind(key)
-                .bind(self.fingerprint.as_slice())
-                .bind(token)
-                .bind(now + LEASE_MS)
-                .fetch_optional(&mut *conn)
-                .await
-                .expect("insert");
-            if won.is_some() {
-                let done = sqlx::query(AssertSqlSafe(self.update.as_str()))
+            let won = on!(
+                sqlx::query(AssertSqlSafe(self.insert.as_str()))
                     .bind(key)
-                    .bind(self.body.as_slice())
-                    .bind(now + TTL_MS)
+                    .bind(self.fingerprint.as_slice())
                     .bind(token)
-                    .execute(&mut *conn)
-                    .await
-                    .expect("update");
+                    .bind(now + LEASE_MS),
+                fetch_optional
+            )
+            .expect("insert");
+            if won.is_some() {
+                let done = on!(
+                    sqlx::query(AssertSqlSafe(self.update.as_str()))
+                        .bind(key)
+                        .bind(self.body.as_slice())
+                        .bind(now + TTL_MS)
+                        .bind(token),
+                    execute
+                )
+                .expect("update");
                 assert_eq!(done.rows_affected(), 1, "token lost");
                 return Ended::Executed;
             }
             assert!(read_if_lost, "a fresh key existed");
-            let row = sqlx::query(AssertSqlSafe(self.select.as_str()))
-                .bind(key)
-                .fetch_one(&mut *conn)
-                .await
-                .expect("select");
+            let row = on!(
+                sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
+                fetch_one
+            )
+            .expect("select");
             if row.get::<bool, _>("done") {
                 std::hint::black_box(row.get::<Vec<u8>, _>("body"));
                 Ended::Replayed

@@ -1,6 +1,8 @@
 //! A loopback TCP proxy in front of the server: it can drop every
-//! connection, refuse new ones, and counts the frontend messages that go
-//! through (Execute, simple Query, Sync), to measure statements per call.
+//! connection, refuse new ones, stall every connection (bytes are read but
+//! held until it resumes), point new connections at another server, and
+//! counts the frontend messages that go through (Execute, simple Query,
+//! Sync), to measure statements per call.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Frontend messages seen so far.
@@ -64,6 +67,8 @@ impl std::ops::Sub for Snapshot {
 pub struct Proxy {
     pub addr: SocketAddr,
     down: Arc<AtomicBool>,
+    stalled: watch::Sender<bool>,
+    upstream: Arc<Mutex<SocketAddr>>,
     conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
     counts: Arc<Counts>,
     accept: JoinHandle<()>,
@@ -85,6 +90,9 @@ impl Proxy {
         let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let counts = Arc::new(Counts::default());
         let (d, c, n) = (Arc::clone(&down), Arc::clone(&conns), Arc::clone(&counts));
+        let stalled = watch::Sender::new(false);
+        let upstream = Arc::new(Mutex::new(upstream));
+        let (s, u) = (stalled.clone(), Arc::clone(&upstream));
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if d.load(Ordering::SeqCst) {
@@ -92,11 +100,13 @@ impl Proxy {
                     continue;
                 }
                 let n = Arc::clone(&n);
+                let gate = s.subscribe();
+                let upstream = *u.lock().expect("lock");
                 let task = tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
-                    pipe(client, server, n).await;
+                    pipe(client, server, n, gate).await;
                 });
                 c.lock().expect("lock").push(task);
             }
@@ -104,6 +114,8 @@ impl Proxy {
         Self {
             addr,
             down,
+            stalled,
+            upstream,
             conns,
             counts,
             accept,
@@ -122,6 +134,19 @@ impl Proxy {
         self.down.store(down, Ordering::SeqCst);
     }
 
+    /// While stalled, every connection's bytes (both ways) are read and
+    /// held, not forwarded: the peers see a silent, open link. Bytes read
+    /// after `set_stalled(true)` returns are never forwarded before
+    /// `set_stalled(false)`.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled.send_replace(stalled);
+    }
+
+    /// New connections go to `upstream` (open ones keep their server).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        *self.upstream.lock().expect("lock") = upstream;
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let c = &self.counts;
         Snapshot {
@@ -134,9 +159,21 @@ impl Proxy {
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
+/// Waits while the proxy is stalled; false once the proxy is gone.
+async fn open(gate: &mut watch::Receiver<bool>) -> bool {
+    gate.wait_for(|stalled| !stalled).await.is_ok()
+}
+
+async fn pipe(
+    client: TcpStream,
+    server: TcpStream,
+    counts: Arc<Counts>,
+    gate: watch::Receiver<bool>,
+) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
+    let mut up_gate = gate.clone();
+    let mut down_gate = gate;
     let up = async move {
         let mut parser = Parser::default();
         let mut buf = vec![0u8; 16 * 1024];
@@ -146,13 +183,22 @@ async fn pipe(client: TcpStream, server: TcpStream, counts: Arc<Counts>) {
                 Ok(n) => n,
             };
             parser.feed(&buf[..n], &counts);
-            if sw.write_all(&buf[..n]).await.is_err() {
+            if !open(&mut up_gate).await || sw.write_all(&buf[..n]).await.is_err() {
                 break;
             }
         }
     };
     let down = async move {
-        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if !open(&mut down_gate).await || cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
     };
     tokio::select! {
         () = up => {}

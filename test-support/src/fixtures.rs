@@ -1,10 +1,9 @@
-//! Isolated stores for the consumer conformance suite: one per test (its own
-//! SQLite file, Postgres schema or Redis key prefix), cleaned up after.
-#![allow(dead_code, unreachable_pub)]
+//! Isolated stores for the shared conformance suites (idem-http's and
+//! idem-consumer's): one per test, with its own SQLite file, Postgres schema or
+//! Redis key prefix, removed by [`Fixture::teardown`]. Feature `fixtures`.
 
-use idem_core::IdempotencyKey;
-use idem_core::MemoryStore;
 use idem_core::testkit::Fixture;
+use idem_core::{IdempotencyKey, MemoryStore};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::sqlx::{self, Executor};
@@ -12,6 +11,8 @@ use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use idem_sqlite::SqliteStore;
 
+/// A fresh [`MemoryStore`].
+#[derive(Debug)]
 pub struct Memory(MemoryStore);
 impl Fixture for Memory {
     type Store = MemoryStore;
@@ -20,10 +21,13 @@ impl Fixture for Memory {
     }
     async fn teardown(self) {}
 }
+/// A fresh [`MemoryStore`].
 pub async fn memory() -> Memory {
     Memory(MemoryStore::new())
 }
 
+/// An in-memory SQLite store, closed at teardown.
+#[derive(Debug)]
 pub struct SqliteMemory(SqliteStore);
 impl Fixture for SqliteMemory {
     type Store = SqliteStore;
@@ -34,10 +38,13 @@ impl Fixture for SqliteMemory {
         self.0.pool().close().await;
     }
 }
+/// An in-memory SQLite store.
 pub async fn sqlite_memory() -> SqliteMemory {
     SqliteMemory(SqliteStore::memory().await.expect("in-memory SQLite"))
 }
 
+/// A SQLite file store in the temp dir; the file (and its WAL) removed at teardown.
+#[derive(Debug)]
 pub struct SqliteFile(SqliteStore, std::path::PathBuf);
 impl Fixture for SqliteFile {
     type Store = SqliteStore;
@@ -53,9 +60,10 @@ impl Fixture for SqliteFile {
         }
     }
 }
+/// A SQLite file store of its own.
 pub async fn sqlite_file() -> SqliteFile {
     let path = std::env::temp_dir().join(format!(
-        "idem-consumer-{}.db",
+        "idem-fixture-{}.db",
         IdempotencyKey::random().as_str()
     ));
     SqliteFile(SqliteStore::open(&path).await.expect("SQLite file"), path)
@@ -74,6 +82,8 @@ fn pg_down(e: &dyn std::fmt::Display) -> ! {
     )
 }
 
+/// A Postgres store in a schema of its own, dropped at teardown.
+#[derive(Debug)]
 pub struct Pg(PgStore, String);
 impl Fixture for Pg {
     type Store = PgStore;
@@ -90,9 +100,14 @@ impl Fixture for Pg {
         self.0.pool().close().await;
     }
 }
+/// A migrated Postgres store in a fresh schema (`IDEM_POSTGRES_URL`, default the machine's server).
+///
+/// # Panics
+///
+/// When the server cannot be reached: these tests never skip.
 pub async fn postgres() -> Pg {
     let schema = format!(
-        "idem_consumer_{}",
+        "idem_fixture_{}",
         IdempotencyKey::random().as_str().to_ascii_lowercase()
     );
     let pool = PgPoolOptions::new()
@@ -113,6 +128,8 @@ fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
+/// A Redis store under a key prefix of its own, whose keys are deleted at teardown.
+#[derive(Debug)]
 pub struct Redis(RedisStore);
 impl Fixture for Redis {
     type Store = RedisStore;
@@ -139,6 +156,11 @@ impl Fixture for Redis {
         }
     }
 }
+/// A Redis store under a fresh prefix (`IDEM_REDIS_URL`, default the machine's server).
+///
+/// # Panics
+///
+/// When the server cannot be reached: these tests never skip.
 pub async fn redis() -> Redis {
     let url = redis_url();
     let store = RedisStore::connect(&url).await.unwrap_or_else(|e| {
@@ -147,6 +169,45 @@ pub async fn redis() -> Redis {
              --port 6379 --save \"\" --appendonly no` or point IDEM_REDIS_URL at a server"
         )
     });
-    let prefix = format!("idemconsumer:{}:", IdempotencyKey::random().as_str());
+    let prefix = format!("idemfixture:{}:", IdempotencyKey::random().as_str());
     Redis(store.with_prefix(&prefix).expect("prefix"))
+}
+
+/// A key prefix of its own on the throwaway three-primary cluster.
+#[derive(Debug)]
+pub struct RedisCluster(RedisStore, Vec<String>);
+impl Fixture for RedisCluster {
+    type Store = RedisStore;
+    fn store(&self) -> RedisStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        let pattern = format!("{}*", self.0.prefix().as_str());
+        for url in &self.1 {
+            let client = redis::Client::open(url.as_str()).expect("node url");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("node connection");
+            let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
+            for k in keys {
+                let _: i64 = conn.del(&k).await.expect("DEL");
+            }
+        }
+    }
+}
+/// A store on this binary's throwaway Redis Cluster, under a fresh prefix.
+///
+/// # Panics
+///
+/// When the cluster does not form.
+pub async fn redis_cluster() -> RedisCluster {
+    let nodes = tokio::task::spawn_blocking(|| crate::redis_cluster::get().node_urls())
+        .await
+        .expect("start the cluster");
+    let store = RedisStore::connect_cluster(&nodes)
+        .await
+        .expect("connect to the cluster");
+    let prefix = format!("idemfixture:{}:", IdempotencyKey::random().as_str());
+    RedisCluster(store.with_prefix(&prefix).expect("prefix"), nodes)
 }

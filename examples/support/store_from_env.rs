@@ -1,0 +1,78 @@
+//! The store an example server runs on, chosen at run time from the
+//! environment (`IDEM_STORE`, `IDEM_SQLITE_PATH`, `IDEM_POSTGRES_URL`,
+//! `IDEM_REDIS_URL`): `idem::connect` opens (and migrates) the store a URL
+//! names as an `AnyStore`, so one `Idem<AnyStore>` type serves them all.
+//! Shared by `http_orders` and `webhook_receiver`, whose documented
+//! environment it implements.
+
+use idem::{AnyStore, ConnectError, ConnectOptions};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Opens the store `IDEM_STORE` names (`sqlite` by default) and prints one
+/// `store: …` line saying which. `name` (kebab case, e.g. `http-orders`)
+/// names the default SQLite file, the Postgres schema (snake case) and the
+/// Redis key prefix; `features` is what the example is run with, for the
+/// error a compiled-out backend gives.
+pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStore, BoxError> {
+    let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
+    match which.as_str() {
+        "memory" => Ok(AnyStore::new(idem::MemoryStore::new())),
+        "sqlite" => {
+            let path = match std::env::var("IDEM_SQLITE_PATH") {
+                Ok(p) => std::path::PathBuf::from(p),
+                Err(_) => {
+                    std::env::temp_dir().join(format!("idem-{name}-{}.db", std::process::id()))
+                }
+            };
+            let url = path.to_string_lossy().into_owned();
+            let store = open(
+                ConnectOptions::new(),
+                &url,
+                &which,
+                "the `sqlite` feature (on by default)",
+            )
+            .await?;
+            println!("store: sqlite {}", path.display());
+            Ok(store)
+        }
+        "postgres" => {
+            let url = std::env::var("IDEM_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let schema = format!("idem_{}", name.replace('-', "_"));
+            let options = ConnectOptions::new().schema_name(&schema);
+            let needs = format!("`--features {features},postgres`");
+            let store = open(options, &url, &which, &needs).await?;
+            println!("store: postgres, schema {schema}");
+            Ok(store)
+        }
+        "redis" => {
+            let url = std::env::var("IDEM_REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+            let prefix = format!("idem-{name}:");
+            let options = ConnectOptions::new().key_prefix(&prefix);
+            let needs = format!("`--features {features},redis`");
+            let store = open(options, &url, &which, &needs).await?;
+            println!("store: redis, prefix {prefix}");
+            Ok(store)
+        }
+        other => Err(format!("IDEM_STORE={other}: use sqlite, memory, postgres or redis").into()),
+    }
+}
+
+/// Opens the store `url` names; a backend compiled out says which features
+/// the example needs.
+async fn open(
+    options: ConnectOptions,
+    url: &str,
+    which: &str,
+    needs: &str,
+) -> Result<AnyStore, BoxError> {
+    match options.connect(url).await {
+        Ok(store) => Ok(store),
+        Err(ConnectError::FeatureDisabled { .. }) => {
+            Err(format!("IDEM_STORE={which} needs {needs}").into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,489 @@
+//! Issue 23: a primary dies while its standby's replication link is stalled,
+//! the standby is promoted, the store follows it.
+//!
+//! Each test owns a throwaway primary and streaming standby
+//! ([`support::cluster`]: `initdb`, `pg_basebackup`, free loopback ports);
+//! the standby streams through a proxy the test stalls. The application
+//! reaches the primary through a second proxy, `front` (a virtual IP or a
+//! DNS name), which is pointed at the standby once it is promoted. Then:
+//!
+//! * **asynchronous** replication loses exactly what the standby had not
+//!   received: every completion acknowledged while the link was stalled is
+//!   gone, and its next request runs the work again as a fresh call;
+//!   everything acknowledged before is replayed;
+//! * **synchronous** replication (`on`, and `remote_apply` with a quorum
+//!   `ANY 1 (…)`) loses nothing acknowledged: a claim or a completion
+//!   issued while the link is stalled waits on the commit, is never
+//!   reported stored, and fails typed (503) when the primary dies, or when
+//!   the store's [call timeout](PgStore::with_call_timeout) passes; a store
+//!   that [requires](PgStore::require_synchronous_replication) it refuses the
+//!   promoted server, which has no synchronous standby of its own;
+//! * during the switch every error a caller sees is a typed 503 with a
+//!   `Retry-After`, and the work never ran for a call that failed before it;
+//! * a store opened on a standby fails at start with [`Error::Standby`].
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::clock::ManualClock;
+use idem_core::ops::RecordState;
+use idem_core::store::StoreError;
+use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
+use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem_postgres::sqlx::{self, PgPool};
+use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
+use support::cluster::{Cluster, Mode};
+use support::proxy::Proxy;
+use support::scenario::{Counter, Out, policy, request, scope};
+use tokio::sync::{Notify, watch};
+
+/// Acknowledged calls per phase.
+const CALLS: usize = 12;
+
+type Engine = Arc<Idem<PgStore>>;
+
+fn pool_options() -> PgPoolOptions {
+    // A short acquire timeout: while the primary is down, a call that needs
+    // a new connection fails in one second instead of sqlx's thirty.
+    PgPoolOptions::new()
+        .max_connections(6)
+        .acquire_timeout(Duration::from_secs(1))
+}
+
+/// A store reaching the primary through `front`.
+async fn store_via(front: &Proxy, cluster: &Cluster) -> PgStore {
+    let options: PgConnectOptions = cluster.primary.options().port(front.addr.port());
+    PgStore::connect_with(pool_options(), options)
+        .await
+        .expect("connect through the front proxy")
+}
+
+fn engine(store: &PgStore, clock: &ManualClock) -> Engine {
+    Arc::new(
+        Idem::new(store.clone())
+            .with_clock(clock.clone())
+            .with_policy(policy(2)),
+    )
+}
+
+/// Runs the work for `key` once (counting it) and returns what the caller saw.
+async fn call(
+    engine: &Engine,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+) -> Result<Reply<String, String>, IdemError> {
+    let runs = runs.clone();
+    let body = format!("charge for {key}");
+    engine
+        .execute(scope, key, &request(), |_attempt| async move {
+            runs.hit();
+            Out::Success(body)
+        })
+        .await
+}
+
+/// `CALLS` fresh keys, each executed once; asserts every call was
+/// acknowledged as stored.
+async fn acknowledged_batch(engine: &Engine, scope: &Scope, runs: &Counter) -> Vec<String> {
+    let mut keys = Vec::new();
+    for _ in 0..CALLS {
+        let key = IdempotencyKey::random().as_str().to_owned();
+        let reply = call(engine, scope, &key, runs).await.expect("acknowledged");
+        assert!(
+            reply.is_stored() && !reply.is_replay(),
+            "{key}: stored fresh"
+        );
+        keys.push(key);
+    }
+    keys
+}
+
+/// A failure seen while the primary is gone: typed, 503, retryable.
+fn assert_switch_error(e: &IdemError) {
+    assert!(
+        matches!(e, IdemError::Store(StoreError::Unavailable { .. })),
+        "{e:?}"
+    );
+    assert_eq!(e.http_status(), 503, "{e:?}");
+    assert!(e.retry_after().is_some(), "{e:?}");
+}
+
+/// Whether the error's source is the backend's `NotSynchronous`.
+fn is_not_synchronous(e: &IdemError) -> bool {
+    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
+        return false;
+    };
+    matches!(
+        source.downcast_ref::<Error>(),
+        Some(Error::NotSynchronous { .. })
+    )
+}
+
+/// Whether the error's source is the backend's `Timeout`.
+fn is_timeout(e: &IdemError) -> bool {
+    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
+        return false;
+    };
+    matches!(source.downcast_ref::<Error>(), Some(Error::Timeout { .. }))
+}
+
+/// Kills the primary, promotes the standby, points `front` at it (open
+/// connections are cut, as a moved virtual IP or a DNS change plus the dead
+/// server would), and checks a call made in between is a typed 503 that ran
+/// nothing.
+async fn fail_over(cluster: &Cluster, front: &Proxy, engine: &Engine, scope: &Scope) {
+    cluster.kill_primary().await;
+    front.kill_all();
+    front.set_down(true); // no server behind the name yet
+    let runs = Counter::default();
+    let during = call(engine, scope, "during-the-switch", &runs)
+        .await
+        .expect_err("no server: the call fails");
+    assert_switch_error(&during);
+    assert_eq!(runs.get(), 0, "the work never ran without a claim");
+    cluster.promote_standby().await;
+    front.set_upstream(cluster.standby.addr());
+    front.set_down(false);
+}
+
+/// Calls `key` until the store answers (at most 20 tries), asserting that
+/// every failure on the way is a typed 503.
+async fn call_until_answered(
+    engine: &Engine,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+) -> Result<Reply<String, String>, IdemError> {
+    for _ in 0..20 {
+        match call(engine, scope, key, runs).await {
+            Err(e) if !is_not_synchronous(&e) && e.is_retryable() => assert_switch_error(&e),
+            other => return other,
+        }
+    }
+    panic!("the promoted server never answered");
+}
+
+async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
+    engine
+        .admin()
+        .inspect(scope, key, true)
+        .await
+        .expect("inspect")
+        .map(|r| (r.state, r.attempt))
+}
+
+/// Waits (bounded) until a client backend on `admin`'s server waits for
+/// synchronous replication; returns how many do.
+async fn wait_for_syncrep_waiters(admin: &PgPool, at_least: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        )
+        .fetch_one(admin)
+        .await
+        .expect("pg_stat_activity");
+        if n >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no commit ever waited for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_replication_loses_what_the_standby_had_not_received() {
+    let started = Instant::now();
+    let cluster = Cluster::start(Mode::Asynchronous).await;
+
+    // A store opened on the standby fails at start, typed, not at the
+    // first claim.
+    let on_standby = PgStore::connect(&cluster.standby.url()).await;
+    assert!(matches!(on_standby, Err(Error::Standby)), "{on_standby:?}");
+    // Over a pool: `migrate` refuses it, and so does a first call (a 503,
+    // before any write, the work not run).
+    let over_pool = PgStore::new(cluster.standby.pool().await);
+    let migrated = over_pool.migrate().await;
+    assert!(matches!(migrated, Err(Error::Standby)), "{migrated:?}");
+    let standby_runs = Counter::default();
+    let refused = call(
+        &engine(&over_pool, &ManualClock::starting_now()),
+        &scope(),
+        "on-the-standby",
+        &standby_runs,
+    )
+    .await
+    .expect_err("a standby takes no claim");
+    assert_switch_error(&refused);
+    let IdemError::Store(StoreError::Unavailable { source, .. }) = &refused else {
+        unreachable!("checked above");
+    };
+    assert!(
+        matches!(source.downcast_ref::<Error>(), Some(Error::Standby)),
+        "{refused:?}"
+    );
+    assert_eq!(standby_runs.get(), 0);
+    over_pool.pool().close().await;
+
+    let front = Proxy::start(cluster.primary.addr()).await;
+    let store = store_via(&front, &cluster).await;
+    let found = store.migrate().await.expect("migrate");
+    assert!(!found.is_synchronous() && !found.in_recovery, "{found:?}");
+    let refused = store.clone().require_synchronous_replication().await;
+    assert!(
+        matches!(refused, Err(Error::NotSynchronous { .. })),
+        "{refused:?}"
+    );
+    let clock = ManualClock::starting_now();
+    let engine = engine(&store, &clock);
+    let (scope, runs) = (scope(), Counter::default());
+
+    // Replicated before the stall: survives the failover.
+    let before = acknowledged_batch(&engine, &scope, &runs).await;
+    cluster.wait_streaming(false).await;
+
+    // Acknowledged while the standby receives nothing: lost.
+    cluster.link.set_stalled(true);
+    let during = acknowledged_batch(&engine, &scope, &runs).await;
+    assert_eq!(runs.get(), 2 * CALLS);
+
+    fail_over(&cluster, &front, &engine, &scope).await;
+
+    for key in &before {
+        let reply = call_until_answered(&engine, &scope, key, &runs)
+            .await
+            .expect("replayed");
+        assert!(reply.is_replay(), "{key}: replicated before the stall");
+    }
+    assert_eq!(runs.get(), 2 * CALLS, "nothing replicated ran again");
+    for key in &during {
+        assert_eq!(state(&engine, &scope, key).await, None, "{key}: lost");
+        let reply = call(&engine, &scope, key, &runs).await.expect("runs again");
+        assert!(
+            !reply.is_replay(),
+            "{key}: the documented loss: acknowledged, then executed again"
+        );
+    }
+    assert_eq!(runs.get(), 3 * CALLS, "every lost call ran a second time");
+    eprintln!("asynchronous failover test: {:?}", started.elapsed());
+}
+
+/// Starts a call whose work waits for `go` (after counting itself); returns
+/// once the work runs, i.e. once the claim is committed.
+async fn call_held(
+    engine: &Engine,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+    go: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<Reply<String, String>, IdemError>> {
+    let started = Arc::new(Notify::new());
+    let (engine, scope, key, runs, go, s) = (
+        Arc::clone(engine),
+        scope.clone(),
+        key.to_owned(),
+        runs.clone(),
+        go.clone(),
+        Arc::clone(&started),
+    );
+    let task = tokio::spawn(async move {
+        let body = format!("charge for {key}");
+        engine
+            .execute(&scope, key.as_str(), &request(), |_attempt| async move {
+                runs.hit();
+                s.notify_one();
+                let mut go = go;
+                let _ = go.wait_for(|&open| open).await;
+                Out::Success(body)
+            })
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the work started");
+    task
+}
+
+async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
+    let started = Instant::now();
+    let cluster = Cluster::start(mode).await;
+    let front = Proxy::start(cluster.primary.addr()).await;
+    let store = store_via(&front, &cluster)
+        .await
+        .require_synchronous_replication()
+        .await
+        .expect("commits wait for the standby: the requirement is met");
+    let found = store.migrate().await.expect("migrate");
+    assert!(found.is_synchronous() && !found.in_recovery, "{found:?}");
+    let clock = ManualClock::starting_now();
+    let engine = engine(&store, &clock);
+    let (scope, runs) = (scope(), Counter::default());
+
+    // Acknowledged: each commit waited for the standby.
+    let acknowledged = acknowledged_batch(&engine, &scope, &runs).await;
+    sqlx::query("CREATE TABLE orders (note text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create orders");
+
+    // A call whose claim committed, whose completion will be sent while the
+    // link is stalled.
+    let (go, gate) = watch::channel(false);
+    let held_runs = Counter::default();
+    let held = call_held(&engine, &scope, "held", &held_runs, &gate).await;
+
+    // The link stalls. A store with a call timeout answers a claim 503 once
+    // the bound passes; its commit still waits on the primary.
+    cluster.link.set_stalled(true);
+    let bounded = Arc::new(
+        Idem::new(store.clone().with_call_timeout(Duration::from_millis(300)))
+            .with_clock(clock.clone())
+            .with_policy(policy(1)),
+    );
+    let timed_out_runs = Counter::default();
+    let timed_out = call(&bounded, &scope, "timed-out", &timed_out_runs)
+        .await
+        .expect_err("the claim's commit cannot return: no standby confirms it");
+    assert_switch_error(&timed_out);
+    assert!(is_timeout(&timed_out), "{timed_out:?}");
+    assert_eq!(timed_out_runs.get(), 0, "no work without a confirmed claim");
+
+    // In the transactional mode the bound applies to the COMMIT (not the
+    // work): the caller gets the 503, and the record and the work's row
+    // wait together.
+    let tx_runs = Counter::default();
+    let in_tx = {
+        let runs = tx_runs.clone();
+        bounded
+            .execute_in_tx(
+                &scope,
+                "tx-timed-out",
+                &request(),
+                move |_attempt, conn| -> TxFuture<'_, Out> {
+                    Box::pin(async move {
+                        runs.hit();
+                        sqlx::query("INSERT INTO orders (note) VALUES ('tx-timed-out')")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert the order");
+                        Out::Success("order".into())
+                    })
+                },
+            )
+            .await
+            .expect_err("the commit cannot return")
+    };
+    assert!(is_timeout(&in_tx), "{in_tx:?}");
+    assert_eq!(tx_runs.get(), 1);
+
+    // Without a bound, a fresh claim waits on its commit, and so does the
+    // held call's completion.
+    let claim_runs = Counter::default();
+    let claim = {
+        let (engine, scope, runs) = (Arc::clone(&engine), scope.clone(), claim_runs.clone());
+        tokio::spawn(async move { call(&engine, &scope, "stalled-claim", &runs).await })
+    };
+    go.send_replace(true);
+    let admin = cluster.primary.pool().await;
+    wait_for_syncrep_waiters(&admin, 4).await;
+    admin.close().await;
+    assert!(!claim.is_finished() && !held.is_finished(), "both wait");
+
+    fail_over(&cluster, &front, &engine, &scope).await;
+
+    // What the waiting calls were told: never "stored".
+    let claim = claim
+        .await
+        .expect("join")
+        .expect_err("the claim never committed");
+    assert_switch_error(&claim);
+    assert_eq!(claim_runs.get(), 0, "no work without a committed claim");
+    let held = held.await.expect("join").expect("the work's outcome");
+    assert!(!held.is_stored(), "the completion's commit never returned");
+    assert_eq!(held_runs.get(), 1);
+
+    // The store that requires synchronous replication refuses the promoted
+    // server (no synchronous standby of its own), typed, and runs nothing.
+    let refused_runs = Counter::default();
+    let refused = call_until_answered(&engine, &scope, "after", &refused_runs)
+        .await
+        .expect_err("no synchronous standby: refused");
+    assert!(is_not_synchronous(&refused), "{refused:?}");
+    assert_eq!(refused.http_status(), 503);
+    assert!(refused.retry_after().is_some());
+    let again = call(&engine, &scope, "after", &refused_runs).await;
+    assert!(
+        again.as_ref().is_err_and(is_not_synchronous),
+        "refused until a check passes: {again:?}"
+    );
+    let refused_tx = engine
+        .execute_in_tx(
+            &scope,
+            "after-tx",
+            &request(),
+            |_attempt, _conn| -> TxFuture<'_, Out> {
+                Box::pin(async { panic!("the transactional work must not run") })
+            },
+        )
+        .await
+        .expect_err("the transactional mode is refused too");
+    assert!(is_not_synchronous(&refused_tx), "{refused_tx:?}");
+    assert_eq!(refused_runs.get(), 0);
+
+    // Read through a store that does not require it: nothing acknowledged
+    // was lost.
+    let plain = PgStore::connect(&cluster.standby.url())
+        .await
+        .expect("the promoted standby accepts a store")
+        .with_schema_name(store.schema_name())
+        .expect("schema");
+    let promoted = self::engine(&plain, &clock);
+    for key in &acknowledged {
+        let reply = call(&promoted, &scope, key, &runs).await.expect("replayed");
+        assert!(reply.is_replay(), "{key}: acknowledged, kept");
+    }
+    assert_eq!(runs.get(), CALLS, "nothing acknowledged ran twice");
+    // The claim that was never acknowledged is not there; the held call's
+    // claim is (it committed), its unacknowledged completion is not: the
+    // record is in flight and recovered after its lease.
+    assert_eq!(state(&promoted, &scope, "stalled-claim").await, None);
+    assert_eq!(state(&promoted, &scope, "timed-out").await, None);
+    assert_eq!(state(&promoted, &scope, "tx-timed-out").await, None);
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(plain.pool())
+        .await
+        .expect("count orders");
+    assert_eq!(orders, 0, "the work's row went with its record");
+    assert_eq!(
+        state(&promoted, &scope, "held").await,
+        Some((RecordState::InFlight, 1))
+    );
+    eprintln!(
+        "synchronous failover test ({mode:?}): {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_replication_on_loses_nothing_acknowledged() {
+    synchronous_replication_loses_nothing_acknowledged(Mode::Synchronous {
+        names: "standby1",
+        level: "on",
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_remote_apply_loses_nothing_acknowledged() {
+    synchronous_replication_loses_nothing_acknowledged(Mode::Synchronous {
+        names: "ANY 1 (standby1)",
+        level: "remote_apply",
+    })
+    .await;
+}

@@ -1,0 +1,300 @@
+//! The fixed interface of `examples/order_client.rs` (issue 20), checked
+//! from the outside: the built `order_client` binary against the built
+//! `http_orders` binary, on a SQLite file, a throwaway Postgres database and
+//! a throwaway Redis server, through `IDEM_STORE`. Each check reads the one
+//! JSON line and the exit status.
+//!
+//! The binaries are the ones `cargo test` builds next to this test (under
+//! `target/<profile>/examples/`), e.g.
+//! `cargo test -p idem --features client,axum,postgres,redis` (no `--test`
+//! filter: with one, cargo builds no examples, and this test says so).
+
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// A built example, next to this test binary.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap()
+        .join("examples");
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo test -p idem --features client,axum,postgres,redis` \
+         without a --test filter (cargo then builds the examples), or build them first with \
+         `cargo build -p idem --examples --features client,axum,postgres,redis`",
+        path.display()
+    );
+    path
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn random_id() -> String {
+    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
+}
+
+/// `http_orders` with this environment, killed when dropped.
+struct OrdersServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl OrdersServer {
+    /// Starts it on `addr` and waits (bounded) for its "listening" line.
+    fn start(addr: SocketAddr, env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(example("http_orders"));
+        cmd.env("IDEM_HTTP_ADDR", addr.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn http_orders");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if line.starts_with("listening on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("http_orders did not start: {err}");
+        }
+        Self { child, addr }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// `GET /stats` → executions in this process.
+    fn executions(&self) -> u64 {
+        let mut s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "GET /stats HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let body = resp.split("\r\n\r\n").nth(1).unwrap();
+        let v: Value = serde_json::from_str(body).unwrap();
+        v["executions"].as_u64().unwrap()
+    }
+
+    /// A hard stop (SIGKILL): nothing is flushed on the way out.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OrdersServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `order_client`: the parsed JSON line and whether it exited 0.
+fn order_client(args: &[&str]) -> (Value, i32) {
+    let t0 = Instant::now();
+    let out = Command::new(example("order_client"))
+        .args(args)
+        .output()
+        .expect("run order_client");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stdout: {stdout:?}");
+    let v: Value = serde_json::from_str(lines[0]).unwrap();
+    (v, out.status.code().unwrap())
+}
+
+/// Fresh, replayed (same `--key`), a mismatch not retried, a 503 retried to
+/// the deadline; then the server is killed and started again on the same
+/// store: the key still replays, and nothing ran in the new process.
+fn the_interface_on(env: &[(&str, String)]) {
+    let addr = free_addr();
+    let server = OrdersServer::start(addr, env);
+    let url = server.url("/orders");
+    let account = format!("acct_{}", random_id());
+    let body = r#"{"item":"book","qty":1}"#;
+    let base = ["--url", url.as_str(), "--account", account.as_str()];
+
+    let (fresh, code) = order_client(&[&base[..], &["--body", body]].concat());
+    assert_eq!(code, 0, "{fresh}");
+    assert_eq!(fresh["outcome"], "fresh", "{fresh}");
+    assert_eq!(
+        (fresh["status"].as_u64(), fresh["attempts"].as_u64()),
+        (Some(201), Some(1))
+    );
+    assert_eq!(fresh["body"]["item"], "book");
+    assert!(fresh.get("code").is_none(), "{fresh}");
+    let key = fresh["key"].as_str().unwrap().to_owned();
+    assert_eq!(key.len(), 32, "a minted key: {key}");
+
+    let with_key =
+        |extra: &[&str]| order_client(&[&base[..], &["--key", key.as_str()], extra].concat());
+    let (replayed, code) = with_key(&["--body", body]);
+    assert_eq!(code, 0, "{replayed}");
+    assert_eq!(replayed["outcome"], "replayed", "{replayed}");
+    assert_eq!(
+        (replayed["status"].as_u64(), replayed["attempts"].as_u64()),
+        (Some(201), Some(1))
+    );
+    assert_eq!(replayed["key"], key.as_str());
+    assert_eq!(replayed["body"], fresh["body"]);
+    assert_eq!(server.executions(), 1);
+
+    let (mismatch, code) = with_key(&["--body", r#"{"item":"pen","qty":2}"#]);
+    assert_eq!(code, 1, "{mismatch}");
+    assert_eq!(mismatch["outcome"], "error");
+    assert_eq!(mismatch["code"], "fingerprint_mismatch");
+    assert_eq!(
+        (mismatch["status"].as_u64(), mismatch["attempts"].as_u64()),
+        (Some(422), Some(1))
+    );
+    assert_eq!(server.executions(), 1);
+
+    let failing = server.url("/orders?status=503");
+    let (busy, code) = order_client(&[
+        "--url",
+        failing.as_str(),
+        "--account",
+        account.as_str(),
+        "--body",
+        body,
+        "--deadline-ms",
+        "1500",
+    ]);
+    assert_eq!(code, 1, "{busy}");
+    assert_eq!(busy["outcome"], "error");
+    assert_eq!(busy["code"], "exhausted");
+    assert_eq!(busy["status"], 503);
+    let attempts = busy["attempts"].as_u64().unwrap();
+    assert!(attempts >= 2, "retried: {busy}");
+    // One run per released 503 attempt, never more.
+    assert_eq!(server.executions(), 1 + attempts);
+
+    server.kill();
+    // Nobody listening: retried (connection refused) until the deadline, and
+    // the error still names the key, with the attempts made.
+    let (down, code) = with_key(&["--body", body, "--deadline-ms", "1500"]);
+    assert_eq!(code, 1, "{down}");
+    assert_eq!(down["outcome"], "error");
+    assert_eq!(down["status"], 0);
+    assert_eq!(down["key"], key.as_str());
+    assert!(down["attempts"].as_u64().unwrap() >= 2, "retried: {down}");
+    assert!(
+        ["deadline", "transport", "max_attempts"].contains(&down["code"].as_str().unwrap()),
+        "{down}"
+    );
+    let server = OrdersServer::start(addr, env);
+    let (again, code) = with_key(&["--body", body]);
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(again["outcome"], "replayed", "after a restart: {again}");
+    assert_eq!(again["body"], fresh["body"]);
+    assert_eq!(server.executions(), 0, "nothing ran in the new process");
+}
+
+#[test]
+fn order_client_against_http_orders_on_sqlite() {
+    let path = std::env::temp_dir().join(format!("idem-order-client-{}.db", random_id()));
+    let env = [
+        ("IDEM_STORE", "sqlite".to_owned()),
+        ("IDEM_SQLITE_PATH", path.to_string_lossy().into_owned()),
+    ];
+    let result = std::panic::catch_unwind(|| the_interface_on(&env));
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.clone().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// A database of its own (`http_orders` uses the fixed schema
+/// `idem_http_orders`), dropped after.
+#[cfg(feature = "postgres")]
+#[test]
+fn order_client_against_http_orders_on_postgres() {
+    use idem::postgres::sqlx::{self, Connection, Executor};
+    let admin = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let db = format!("idem_order_client_{}", random_id());
+    let url = match admin.rsplit_once('/') {
+        Some((server, _)) => format!("{server}/{db}"),
+        None => panic!("IDEM_POSTGRES_URL has no database: {admin}"),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sql = |stmt: String| {
+        rt.block_on(async {
+            let mut c = sqlx::PgConnection::connect(&admin).await.unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach PostgreSQL at {admin}: {e}; start it or point IDEM_POSTGRES_URL \
+                     at a server (this test never skips)"
+                )
+            });
+            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
+            c.close().await.unwrap();
+        });
+    };
+    sql(format!("CREATE DATABASE \"{db}\""));
+    let env = [
+        ("IDEM_STORE", "postgres".to_owned()),
+        ("IDEM_POSTGRES_URL", url),
+    ];
+    let result = std::panic::catch_unwind(|| the_interface_on(&env));
+    sql(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"));
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// A throwaway Redis server of its own (`http_orders` uses the fixed prefix
+/// `idem-http-orders:`), shut down after.
+#[cfg(feature = "redis")]
+#[test]
+fn order_client_against_http_orders_on_redis() {
+    let redis = idem_test_support::redis_server::Throwaway::start();
+    let env = [
+        ("IDEM_STORE", "redis".to_owned()),
+        ("IDEM_REDIS_URL", redis.url()),
+    ];
+    the_interface_on(&env);
+}
