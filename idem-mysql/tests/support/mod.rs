@@ -4,6 +4,7 @@
 
 pub mod proxy;
 pub mod scenario;
+pub mod server;
 
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
