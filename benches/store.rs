@@ -702,7 +702,8 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
 /// The MySQL URL of the tests (`IDEM_MYSQL_URL`).
 #[cfg(feature = "mysql")]
 fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 /// MySQL / MariaDB: the library (the server's claim statement, detected),
@@ -727,7 +728,8 @@ fn mysql(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
         }
     };
     let store = store.with_table_name(TABLE).expect("valid name");
-    rt.block_on(store.migrate()).expect("migrate the bench table");
+    rt.block_on(store.migrate())
+        .expect("migrate the bench table");
     for body in common::stores::BODIES {
         bench_backend(c, rt, summary, "mysql", body, |size| {
             let url = url.clone();

@@ -774,16 +774,23 @@ mod tests {
             .await
             .expect_err("bad table name");
         assert!(
-            matches!(e, ConnectError::Invalid { backend: "mysql", .. }),
+            matches!(
+                e,
+                ConnectError::Invalid {
+                    backend: "mysql",
+                    ..
+                }
+            ),
             "{e:?}"
         );
         let my = idem_mysql::MySqlStore::connect(&url)
             .await
             .expect("connect");
-        let bound: u64 = idem_mysql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
-            .fetch_one(my.pool())
-            .await
-            .expect("bound");
+        let bound: u64 =
+            idem_mysql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+                .fetch_one(my.pool())
+                .await
+                .expect("bound");
         assert_eq!(bound, 50, "a store of its own keeps the server default");
         idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
             "DROP TABLE `{table}`"

@@ -255,7 +255,15 @@ impl CrashMariaDb {
         self.child = Some(child);
         let until = Instant::now() + Duration::from_secs(30);
         while !Command::new("mariadb-admin")
-            .args(["-h", "127.0.0.1", "-P", &self.port.to_string(), "-u", "root", "ping"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-P",
+                &self.port.to_string(),
+                "-u",
+                "root",
+                "ping",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

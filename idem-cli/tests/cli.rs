@@ -781,7 +781,8 @@ fn postgres_url() -> String {
 }
 
 fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 fn mysql_killed_process() {
@@ -799,7 +800,11 @@ fn mysql_killed_process() {
         let args = ["--url", url.as_str(), "--table", table.as_str()].map(str::to_owned);
         let (code, doc) = idem(&args, &["migrate"]);
         assert_eq!(code, 0, "{doc}");
-        assert_eq!((doc["migrated"].as_bool(), doc["backend"].as_str()), (Some(true), Some("mysql")), "{doc}");
+        assert_eq!(
+            (doc["migrated"].as_bool(), doc["backend"].as_str()),
+            (Some(true), Some("mysql")),
+            "{doc}"
+        );
         let backend = Backend::MySql {
             url: url.clone(),
             table: table.clone(),

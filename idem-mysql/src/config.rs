@@ -110,7 +110,10 @@ mod tests {
             Server::from_version("10.11.19-MariaDB-0+deb12u1"),
             Server::MariaDb
         );
-        assert_eq!(Server::from_version("5.5.5-10.6.12-MariaDB"), Server::MariaDb);
+        assert_eq!(
+            Server::from_version("5.5.5-10.6.12-MariaDB"),
+            Server::MariaDb
+        );
         assert_eq!(Server::from_version("8.0.36"), Server::MySql);
         assert_eq!(Server::from_version("8.4.0-commercial"), Server::MySql);
     }

@@ -27,9 +27,7 @@ mod tests {
 
     #[test]
     fn render_fills_every_placeholder() {
-        let sql = render(&TableName {
-            table: "t1".into(),
-        });
+        let sql = render(&TableName { table: "t1".into() });
         assert!(!sql.contains('{'), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS `t1`"));
     }

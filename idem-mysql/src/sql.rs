@@ -65,8 +65,9 @@ impl Statements {
         let cols = RECORD_COLUMNS;
         let summary = SUMMARY_COLUMNS;
         // Binds: the SET values, then owner, operation, key, token.
-        let guarded =
-            |set: &str| format!("UPDATE {t} SET {set} WHERE {PK} AND token = ? AND state = 'in_flight'");
+        let guarded = |set: &str| {
+            format!("UPDATE {t} SET {set} WHERE {PK} AND token = ? AND state = 'in_flight'")
+        };
         // The insert of a fresh claim. Binds: owner, operation, key,
         // fingerprint, token, lease_until, key_expires_at, lease_until,
         // lease_until (the sweep time). The key lives at least as long as

@@ -27,7 +27,10 @@ async fn store_on(url: &str, max: u32, server: Server) -> MySqlStore {
         .connect(url)
         .await
         .expect("connect to the throwaway server");
-    let store = MySqlStore::new(pool).await.expect("version").with_server(server);
+    let store = MySqlStore::new(pool)
+        .await
+        .expect("version")
+        .with_server(server);
     store.migrate().await.expect("migrate");
     store
 }
@@ -93,8 +96,18 @@ async fn killed_connection_mid_statement(server: Server) {
     let fp = fingerprint(scope.operation(), &request(), &FieldFilter::All).expect("fp");
     let t = Token::random();
     let now = clock.now();
-    let req = ClaimRequest::new(&id, fp, t, now, now.plus(LEASE), now.plus(Duration::from_secs(86_400)));
-    assert!(matches!(store.claim(&req).await.expect("claim"), ClaimOutcome::Claimed(_)));
+    let req = ClaimRequest::new(
+        &id,
+        fp,
+        t,
+        now,
+        now.plus(LEASE),
+        now.plus(Duration::from_secs(86_400)),
+    );
+    assert!(matches!(
+        store.claim(&req).await.expect("claim"),
+        ClaimOutcome::Claimed(_)
+    ));
     store.release(&id, t, now).await.expect("release");
     let mut conn = blocker.acquire().await.expect("conn");
     let spare: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
@@ -119,7 +132,10 @@ async fn killed_connection_mid_statement(server: Server) {
         .await
         .expect_err("killed mid-claim");
     killer.await.expect("killer");
-    assert!(matches!(err, Error::Store(StoreError::Unavailable { .. })), "{err:?}");
+    assert!(
+        matches!(err, Error::Store(StoreError::Unavailable { .. })),
+        "{err:?}"
+    );
     assert!(err.is_retryable());
     assert_eq!(err.http_status(), 503);
     assert_eq!(runs.get(), 0, "nothing ran");
@@ -154,11 +170,26 @@ async fn killed_connection_mid_statement(server: Server) {
         .await
         .expect("the caller gets the work's result");
     killer.await.expect("killer");
-    assert!(!reply.is_stored(), "the completion was killed: not reported stored");
+    assert!(
+        !reply.is_stored(),
+        "the completion was killed: not reported stored"
+    );
     assert_eq!(reply.into_result(), Ok("ch_1".to_owned()));
-    hold.await.expect("lock").rollback().await.expect("rollback");
-    let rec = store.fetch(&id, clock.now()).await.expect("fetch").expect("record");
-    assert_eq!(rec.state, RecordState::InFlight, "indeed not stored: left to lease expiry");
+    hold.await
+        .expect("lock")
+        .rollback()
+        .await
+        .expect("rollback");
+    let rec = store
+        .fetch(&id, clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(
+        rec.state,
+        RecordState::InFlight,
+        "indeed not stored: left to lease expiry"
+    );
     let r = runs.clone();
     let err = idem
         .execute(&scope, "k", &request(), move |_| async move {
@@ -219,7 +250,10 @@ async fn store_recovers_after_a_server_restart() {
     db.stop().await;
     for i in 0..3 {
         let err = call(format!("down-{i}")).await.expect_err("server away");
-        assert!(matches!(err, Error::Store(StoreError::Unavailable { .. })), "{err:?}");
+        assert!(
+            matches!(err, Error::Store(StoreError::Unavailable { .. })),
+            "{err:?}"
+        );
         assert!(err.is_retryable());
     }
     db.restart().await;
@@ -236,7 +270,10 @@ async fn store_recovers_after_a_server_restart() {
     assert_eq!(runs.get(), 4 + 1 + 10, "every key ran once, none twice");
     for i in 0..4 {
         let r = call(format!("before-{i}")).await.expect("replay");
-        assert!(r.is_replay(), "completed before the restart, still there after");
+        assert!(
+            r.is_replay(),
+            "completed before the restart, still there after"
+        );
     }
     // A key whose first call failed is retried and runs once.
     call("down-0".into()).await.expect("retry after recovery");

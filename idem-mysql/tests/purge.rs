@@ -155,7 +155,10 @@ async fn purge_drops_bodies_then_keys() {
                 now.plus(Duration::from_secs(3600)),
                 now.plus(Duration::from_secs(86_400)),
             );
-            fx.store.complete(&id, token, &done).await.expect("complete");
+            fx.store
+                .complete(&id, token, &done)
+                .await
+                .expect("complete");
             ids.push(id);
         }
         // Before the lease ends nothing is due.
@@ -169,7 +172,12 @@ async fn purge_drops_bodies_then_keys() {
         assert_eq!((r.keys_removed, r.bodies_dropped), (0, 2));
         let r = fx.store.purge_expired(later, 3).await.expect("purge");
         assert_eq!((r.keys_removed, r.bodies_dropped), (0, 0));
-        let rec = fx.store.fetch(&ids[0], later).await.expect("fetch").expect("key kept");
+        let rec = fx
+            .store
+            .fetch(&ids[0], later)
+            .await
+            .expect("fetch")
+            .expect("key kept");
         assert!(rec.response.is_none());
         assert_eq!(rec.resource_id.as_deref(), Some("res"));
         // After the key's TTL: the records go.

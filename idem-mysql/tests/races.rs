@@ -16,8 +16,8 @@ use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::RecordState;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
 use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, Outcome, RecordId};
-use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
 use idem_mysql::sqlx;
+use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
 use support::MyFixture;
 use support::scenario::{Counter, LEASE, Out, count_rows, engine, request, scope, with_fixture};
 
@@ -26,7 +26,12 @@ const RC: &str = "READ COMMITTED";
 
 /// `n` stores on the fixture's table, each with a pool of its own at
 /// `isolation`, running `server`'s statements.
-async fn stores(fx: &MyFixture, n: usize, isolation: &'static str, server: Server) -> Vec<MySqlStore> {
+async fn stores(
+    fx: &MyFixture,
+    n: usize,
+    isolation: &'static str,
+    server: Server,
+) -> Vec<MySqlStore> {
     let mut stores = Vec::new();
     for _ in 0..n {
         let store = MySqlStore::new(support::pool_at(8, isolation).await)
@@ -212,10 +217,15 @@ async fn thousand_keys(isolation: &'static str, server: Server) {
             .map(|i| {
                 let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
                 tokio::spawn(async move {
-                    idem.execute(&scope, format!("key-{i}").as_str(), &request(), move |_| async move {
-                        runs.hit();
-                        Out::Success(format!("r{i}"))
-                    })
+                    idem.execute(
+                        &scope,
+                        format!("key-{i}").as_str(),
+                        &request(),
+                        move |_| async move {
+                            runs.hit();
+                            Out::Success(format!("r{i}"))
+                        },
+                    )
                     .await
                 })
             })
@@ -248,8 +258,12 @@ async fn transactional_racers_with_rollbacks(isolation: &'static str, server: Se
         let tasks: Vec<_> = (0..16)
             .map(|i| {
                 let idem = engines[i % 4].clone();
-                let (scope, key, runs, barrier) =
-                    (scope.clone(), key.clone(), runs.clone(), Arc::clone(&barrier));
+                let (scope, key, runs, barrier) = (
+                    scope.clone(),
+                    key.clone(),
+                    runs.clone(),
+                    Arc::clone(&barrier),
+                );
                 tokio::spawn(async move {
                     barrier.wait().await;
                     idem.execute_in_tx(&scope, &key, &request(), move |_, _| {
@@ -269,7 +283,9 @@ async fn transactional_racers_with_rollbacks(isolation: &'static str, server: Se
         let (mut executed, mut other) = (0, 0);
         for t in tasks {
             match t.await.expect("join") {
-                Ok(r) if !r.is_replay() && matches!(r.outcome(), Outcome::Success(_)) => executed += 1,
+                Ok(r) if !r.is_replay() && matches!(r.outcome(), Outcome::Success(_)) => {
+                    executed += 1
+                }
                 Ok(_) | Err(Error::InFlight { .. }) => other += 1,
                 Err(e) => panic!("a transactional racer got {e:?}"),
             }

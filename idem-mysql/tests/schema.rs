@@ -102,7 +102,10 @@ async fn binary_bodies_round_trip() {
             .with_policy(policy);
         let scope = scope();
         let all: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024).collect();
-        for (k, body) in [("all-bytes", (0..=255u8).collect::<Vec<u8>>()), ("3mib", all)] {
+        for (k, body) in [
+            ("all-bytes", (0..=255u8).collect::<Vec<u8>>()),
+            ("3mib", all),
+        ] {
             let b = body.clone();
             idem.execute(&scope, k, &request(), move |_| async move {
                 idem_core::Outcome::<Vec<u8>, String>::Success(b)
@@ -314,7 +317,11 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
                     .expect_err("corrupt");
                 assert!(matches!(err, Error::CorruptRecord { .. }), "{k}: {err:?}");
                 assert_eq!(err.http_status(), 500);
-                assert_eq!(runs.get(), 0, "{k}: the work does not run over a corrupted record");
+                assert_eq!(
+                    runs.get(),
+                    0,
+                    "{k}: the work does not run over a corrupted record"
+                );
             }
         }
     })

@@ -68,7 +68,11 @@ async fn commits_claim_writes_and_response_together(server: Server) {
                             .save_resource_id("ord_1")
                             .await
                             .expect("save_resource_id");
-                        insert.bind("first").execute(&mut *conn).await.expect("insert");
+                        insert
+                            .bind("first")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
                         Out::Success(format!("order-{}", attempt.number()))
                     })
                 })
@@ -119,7 +123,11 @@ async fn transient_failure_or_dropped_future_leaves_nothing(server: Server) {
         let reply = idem
             .execute_in_tx(&scope, "k", &request(), move |_, conn| {
                 Box::pin(async move {
-                    insert.bind("rolled back").execute(&mut *conn).await.expect("insert");
+                    insert
+                        .bind("rolled back")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("insert");
                     Out::Transient("provider 503".into())
                 })
             })
@@ -128,7 +136,10 @@ async fn transient_failure_or_dropped_future_leaves_nothing(server: Server) {
         assert_eq!(reply.into_result(), Err("provider 503".to_owned()));
         assert_eq!(count_rows(&fx, &orders_table(&fx)).await, 0);
         assert_eq!(
-            idem.admin().inspect(&scope, "k", true).await.expect("inspect"),
+            idem.admin()
+                .inspect(&scope, "k", true)
+                .await
+                .expect("inspect"),
             None
         );
 
@@ -162,7 +173,11 @@ async fn transient_failure_or_dropped_future_leaves_nothing(server: Server) {
             .execute_in_tx(&scope, "k", &request(), move |attempt, _| {
                 Box::pin(async move {
                     r.hit();
-                    assert_eq!(attempt.number(), 1, "nothing of the dropped attempt remains");
+                    assert_eq!(
+                        attempt.number(),
+                        1,
+                        "nothing of the dropped attempt remains"
+                    );
                     Out::Success("ok".into())
                 })
             })
@@ -205,7 +220,11 @@ async fn duplicate_waits_for_the_winner_then_replays(server: Server) {
                 idem.execute_in_tx(&scope, "k", &request(), move |_, conn| {
                     Box::pin(async move {
                         runs.hit();
-                        insert.bind("winner").execute(&mut *conn).await.expect("insert");
+                        insert
+                            .bind("winner")
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
                         let _ = started_tx.send(());
                         go.notified().await;
                         Out::Success("winner".into())
@@ -233,7 +252,10 @@ async fn duplicate_waits_for_the_winner_then_replays(server: Server) {
         let a = first.await.expect("join").expect("first");
         let b = second.await.expect("join").expect("second");
         assert!(!a.is_replay());
-        assert!(b.is_replay(), "after the winner commits the duplicate replays");
+        assert!(
+            b.is_replay(),
+            "after the winner commits the duplicate replays"
+        );
         assert_eq!(b.into_result(), Ok("winner".to_owned()));
         assert_eq!(runs.get(), 1);
         assert_eq!(count_rows(&fx, &orders_table(&fx)).await, 1);
@@ -296,9 +318,19 @@ async fn duplicate_runs_after_a_rollback_and_plain_calls_wait_too(server: Server
         let waited = lock_wait_seen(&fx).await && !second.is_finished();
         go.notify_one();
         assert!(waited, "waits on the uncommitted claim");
-        assert!(first.await.expect("join").expect("first").into_result().is_err());
+        assert!(
+            first
+                .await
+                .expect("join")
+                .expect("first")
+                .into_result()
+                .is_err()
+        );
         let b = second.await.expect("join").expect("second");
-        assert!(!b.is_replay(), "the rollback left nothing: the duplicate runs");
+        assert!(
+            !b.is_replay(),
+            "the rollback left nothing: the duplicate runs"
+        );
         assert_eq!(b.into_result(), Ok("second, attempt 1".to_owned()));
         assert_eq!(runs.get(), 2);
 
@@ -344,7 +376,10 @@ async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too_mysql_path(
 async fn tx_duplicate_gets_409_after_the_lock_wait_timeout() {
     with_fixture(MyFixture::new(4).await, |fx| async move {
         let clock = ManualClock::starting_now();
-        let store = fx.store.clone().with_tx_lock_timeout(Duration::from_millis(200));
+        let store = fx
+            .store
+            .clone()
+            .with_tx_lock_timeout(Duration::from_millis(200));
         let idem = engine(&store, &clock);
         let scope = scope();
         let (started_tx, started) = tokio::sync::oneshot::channel();

@@ -126,7 +126,8 @@ pub async fn postgres() -> Pg {
 }
 
 fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 fn mysql_down(e: &dyn std::fmt::Display) -> ! {

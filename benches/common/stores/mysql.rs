@@ -54,7 +54,8 @@ impl Statements for RawMySql {
     /// it is in flight). A lost race (no row) is run again, as the store does.
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
         loop {
-            let token = self.tokens.fetch_add(1, Ordering::Relaxed) + (i64::from(std::process::id()) << 32);
+            let token =
+                self.tokens.fetch_add(1, Ordering::Relaxed) + (i64::from(std::process::id()) << 32);
             let now = now_ms();
             let bind = |sql: &str| {
                 sqlx::query(AssertSqlSafe(sql.to_owned()))

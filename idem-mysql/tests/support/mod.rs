@@ -14,7 +14,8 @@ use idem_mysql::{MySqlStore, Server};
 
 /// The server URL: `IDEM_MYSQL_URL`, or the local default.
 pub fn url() -> String {
-    std::env::var("IDEM_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
 /// Connect options for the test server; panics with what to start if the
@@ -109,7 +110,11 @@ impl MyFixture {
     }
 
     /// Same, with connect options (e.g. through a proxy) and a flavour.
-    pub async fn with_options(max: u32, options: MySqlConnectOptions, server: Option<Server>) -> Self {
+    pub async fn with_options(
+        max: u32,
+        options: MySqlConnectOptions,
+        server: Option<Server>,
+    ) -> Self {
         let table = unique("idem_test");
         let store = MySqlStore::new(pool(max, options).await)
             .await

@@ -73,10 +73,12 @@ where
 }
 
 pub async fn count_rows(fx: &MyFixture, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM `{table}`")))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("count")
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}`"
+    )))
+    .fetch_one(fx.store.pool())
+    .await
+    .expect("count")
 }
 
 /// The caller's own table of the transactional tests.
