@@ -6,7 +6,8 @@
 //! Run with: `cargo bench --bench compare_backends` (MemoryStore and
 //! SQLite), or `cargo bench --bench compare_backends --all-features`
 //! to add Postgres (`IDEM_POSTGRES_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`) and Redis (`IDEM_REDIS_URL`,
+//! `postgres://postgres@127.0.0.1:5432/test`), MySQL/MariaDB
+//! (`IDEM_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`) and Redis (`IDEM_REDIS_URL`,
 //! default `redis://127.0.0.1:6379/`). `IDEM_COMPARE_CALLS` sets the calls
 //! per measurement (default 2000).
 //!
@@ -203,6 +204,34 @@ async fn main() {
                 }
             }
             Err(e) => eprintln!("\nNOTE: Postgres at {url} unreachable ({e}): skipped"),
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    {
+        use common::stores::mysql::RawMySql;
+        use idem::mysql::MySqlStore;
+
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        match MySqlStore::connect(&url).await {
+            Ok(store) => {
+                let store = store
+                    .with_table_name("idem_compare_records")
+                    .expect("valid name");
+                store.migrate().await.expect("migrate the bench table");
+                let raw = RawMySql::new(&store, BODY);
+                rows.push((
+                    "mysql".to_owned(),
+                    measure("mysql", Lib::new(store.clone(), BODY), raw).await,
+                ));
+                let drop =
+                    idem::mysql::sqlx::AssertSqlSafe("DROP TABLE IF EXISTS `idem_compare_records`");
+                if let Err(e) = idem::mysql::sqlx::raw_sql(drop).execute(store.pool()).await {
+                    eprintln!("\nNOTE: could not drop table idem_compare_records: {e}");
+                }
+            }
+            Err(e) => eprintln!("\nNOTE: MySQL at {url} unreachable ({e}): skipped"),
         }
     }
 

@@ -12,7 +12,9 @@
 //! file (WAL) and SQLite memory with the `sqlite` feature, Postgres with
 //! `postgres` (`IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`; schema `idem_bench`, dropped at
-//! the end) and Redis with `redis` (`IDEM_REDIS_URL`, default
+//! the end), MySQL/MariaDB with `mysql` (`IDEM_MYSQL_URL`, default
+//! `mysql://root@127.0.0.1:3306/test`; tables `idem_bench_records` and
+//! `idem_bench_min`, dropped at the end) and Redis with `redis` (`IDEM_REDIS_URL`, default
 //! `redis://127.0.0.1:6379/`; keys under `idem-bench-<pid>:`, deleted at the
 //! end). An unreachable server is reported and its groups skipped.
 //!
@@ -697,6 +699,68 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     .expect("drop the bench schema");
 }
 
+/// The MySQL URL of the tests (`IDEM_MYSQL_URL`).
+#[cfg(feature = "mysql")]
+fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// MySQL / MariaDB: the library (the server's claim statement, detected),
+/// its raw statements, and the minimal `INSERT IGNORE` pattern (held
+/// connection and one checkout per statement), in tables of the bench's own,
+/// dropped at the end.
+#[cfg(feature = "mysql")]
+fn mysql(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
+    use common::stores::min::mysql::MinMySql;
+    use common::stores::mysql::RawMySql;
+    use idem_mysql::MySqlStore;
+    use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+
+    const TABLE: &str = "idem_bench_records";
+    const MIN: &str = "idem_bench_min";
+    let url = mysql_url();
+    let store = match rt.block_on(MySqlStore::connect(&url)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("NOTE: MySQL at {url} unreachable ({e}): mysql groups NOT run");
+            return;
+        }
+    };
+    let store = store.with_table_name(TABLE).expect("valid name");
+    rt.block_on(store.migrate())
+        .expect("migrate the bench table");
+    for body in common::stores::BODIES {
+        bench_backend(c, rt, summary, "mysql", body, |size| {
+            let url = url.clone();
+            async move {
+                // min(tasks, 16) connections, no ping before a checkout: the
+                // same pool for the library and both baselines.
+                let options: MySqlConnectOptions = url.parse().expect("MySQL URL");
+                let pool = MySqlPoolOptions::new().max_connections(size);
+                let store = MySqlStore::connect_with(pool, options)
+                    .await
+                    .expect("connect")
+                    .with_table_name(TABLE)
+                    .expect("valid name");
+                let raw = RawMySql::new(&store, body);
+                let min = MinMySql::new(store.pool().clone(), MIN, body).await;
+                let min2 = MinMySql::new(store.pool().clone(), MIN, body)
+                    .await
+                    .two_checkouts();
+                (Lib::new(store, body), raw, min, Some(min2))
+            }
+        });
+    }
+    for t in [TABLE, MIN] {
+        let drop = format!("DROP TABLE IF EXISTS `{t}`");
+        rt.block_on(
+            idem_mysql::sqlx::raw_sql(idem_mysql::sqlx::AssertSqlSafe(drop)).execute(store.pool()),
+        )
+        .expect("drop the bench tables");
+    }
+}
+
 /// The Redis URL of the tests (`IDEM_REDIS_URL`).
 #[cfg(feature = "redis")]
 fn redis_url() -> String {
@@ -758,6 +822,8 @@ fn main() {
     sqlite(&mut c, &rt, &summary);
     #[cfg(feature = "postgres")]
     postgres(&mut c, &rt, &summary);
+    #[cfg(feature = "mysql")]
+    mysql(&mut c, &rt, &summary);
     #[cfg(feature = "redis")]
     redis(&mut c, &rt, &summary);
     c.final_summary();

@@ -9,14 +9,14 @@ use idem_core::store::BoxDynError;
 ///
 /// The source of [`Invalid`](Self::Invalid), [`Connect`](Self::Connect) and
 /// [`Migrate`](Self::Migrate) is the backend's own error (`idem_sqlite::Error`,
-/// `idem_postgres::Error`, `idem_redis::Error`), boxed; downcast it for the
+/// `idem_postgres::Error`, `idem_mysql::Error`, `idem_redis::Error`), boxed; downcast it for the
 /// details. No variant carries the URL, which may hold a password.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
     /// The URL names no store this crate knows. Permanent.
     #[error(
-        "unknown store scheme {scheme:?}: use sqlite: (or a file path), postgres://, redis:// or redis+cluster://"
+        "unknown store scheme {scheme:?}: use sqlite: (or a file path), postgres://, mysql://, mariadb://, redis:// or redis+cluster://"
     )]
     UnknownScheme {
         /// The scheme, as written.
@@ -28,7 +28,7 @@ pub enum ConnectError {
     FeatureDisabled {
         /// The scheme, as written.
         scheme: String,
-        /// The feature to enable (`sqlite`, `postgres` or `redis`).
+        /// The feature to enable (`sqlite`, `postgres`, `mysql` or `redis`).
         feature: &'static str,
     },
     /// The URL, or an option of [`ConnectOptions`], is not valid for its
@@ -36,7 +36,7 @@ pub enum ConnectError {
     /// refused key prefix). Permanent: fix the configuration.
     #[error("invalid {backend} store configuration")]
     Invalid {
-        /// `"sqlite"`, `"postgres"` or `"redis"`.
+        /// `"sqlite"`, `"postgres"`, `"mysql"` or `"redis"`.
         backend: &'static str,
         /// What is wrong.
         #[source]
@@ -46,7 +46,7 @@ pub enum ConnectError {
     /// credentials, a SQLite file that does not exist). May be temporary.
     #[error("cannot open the {backend} store")]
     Connect {
-        /// `"sqlite"`, `"postgres"` or `"redis"`.
+        /// `"sqlite"`, `"postgres"`, `"mysql"` or `"redis"`.
         backend: &'static str,
         /// The driver's error.
         #[source]
@@ -56,7 +56,7 @@ pub enum ConnectError {
     /// brought up to date (for example no `CREATE` privilege).
     #[error("cannot migrate the {backend} store")]
     Migrate {
-        /// `"sqlite"` or `"postgres"`.
+        /// `"sqlite"`, `"postgres"` or `"mysql"`.
         backend: &'static str,
         /// The driver's error.
         #[source]
@@ -120,6 +120,7 @@ impl ConnectOptions {
     /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
     /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
     /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
+    /// | MySQL / MariaDB | `MySqlStore::migrate`: the table and its index, idempotent, under a named lock; needs `CREATE` | no DDL: apply `MySqlStore::migration_sql` with your own tool |
     /// | Redis | nothing: Redis has no schema | nothing |
     #[must_use]
     pub fn migrate(mut self, migrate: bool) -> Self {
@@ -151,12 +152,14 @@ impl ConnectOptions {
 
     /// How long one call may wait on the server before it fails: the
     /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
-    /// wait for its write lock), and on Postgres `statement_timeout` (set on
+    /// wait for its write lock), on Postgres `statement_timeout` (set on
     /// every connection of the store's pool) plus the store's
     /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
-    /// a synchronous standby (`statement_timeout` does not). Redis calls
-    /// wait on no lock and do not use it. Default: the backends' own (SQLite
-    /// 5 s busy, 30 s acquire, no statement or call timeout).
+    /// a synchronous standby (`statement_timeout` does not), and on MySQL
+    /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
+    /// at least 1, set on every connection). Redis calls wait on no lock and
+    /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
+    /// acquire, no statement or call timeout).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
@@ -175,6 +178,8 @@ impl ConnectOptions {
             Scheme::Sqlite { bare } => self.sqlite(url, bare).await,
             #[cfg(feature = "postgres")]
             Scheme::Postgres => self.postgres(url).await,
+            #[cfg(feature = "mysql")]
+            Scheme::MySql => self.mysql(url).await,
             #[cfg(feature = "redis")]
             Scheme::Redis => self.redis(url).await,
             #[cfg(feature = "redis")]
@@ -192,6 +197,7 @@ impl ConnectOptions {
 /// |---|---|---|
 /// | `sqlite://PATH`, `sqlite:PATH`, `sqlite::memory:`, or a file path (`idem.db`, `/var/lib/app/idem.db`) | SQLite | `sqlite` |
 /// | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` |
+/// | `mysql://…`, `mariadb://…` | MySQL 8 or MariaDB 10.5+ (the server's flavour is asked at connect) | `mysql` |
 /// | `redis://HOST:PORT/DB`, `rediss://…` (TLS) | Redis | `redis` |
 /// | `redis+cluster://H1:P1,H2:P2`, `rediss+cluster://…` | Redis Cluster, through any of the nodes listed | `redis` |
 ///
@@ -230,6 +236,8 @@ enum Scheme {
     Sqlite { bare: bool },
     #[cfg(feature = "postgres")]
     Postgres,
+    #[cfg(feature = "mysql")]
+    MySql,
     #[cfg(feature = "redis")]
     Redis,
     #[cfg(feature = "redis")]
@@ -254,6 +262,8 @@ impl Scheme {
             "sqlite" => Ok(Self::Sqlite { bare: false }),
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => Ok(Self::Postgres),
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => Ok(Self::MySql),
             #[cfg(feature = "redis")]
             "redis" | "rediss" => Ok(Self::Redis),
             #[cfg(feature = "redis")]
@@ -271,6 +281,8 @@ impl Scheme {
             "sqlite" => Err(disabled(scheme, "sqlite")),
             #[cfg(not(feature = "postgres"))]
             "postgres" | "postgresql" => Err(disabled(scheme, "postgres")),
+            #[cfg(not(feature = "mysql"))]
+            "mysql" | "mariadb" => Err(disabled(scheme, "mysql")),
             #[cfg(not(feature = "redis"))]
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 Err(disabled(scheme, "redis"))
@@ -295,7 +307,12 @@ fn scheme_of(url: &str) -> Option<&str> {
     ok.then_some(scheme)
 }
 
-#[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "redis")))]
+#[cfg(not(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "redis"
+)))]
 fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
     ConnectError::FeatureDisabled {
         scheme: scheme.to_owned(),
@@ -304,7 +321,12 @@ fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
 }
 
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
     allow(dead_code, reason = "no backend in this build")
 )]
 fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
@@ -315,7 +337,12 @@ fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
 }
 
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    not(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    )),
     allow(dead_code, reason = "no backend in this build")
 )]
 fn unreachable_store(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
@@ -326,7 +353,7 @@ fn unreachable_store(backend: &'static str, e: impl Into<BoxDynError>) -> Connec
 }
 
 #[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres")),
+    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
     allow(dead_code, reason = "no SQL backend in this build")
 )]
 fn migrate_failed(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
@@ -433,6 +460,49 @@ impl ConnectOptions {
                 .with_schema_name(schema)
                 .map_err(|e| invalid(BACKEND, e))?;
         }
+        if let Some(table) = &self.table_name {
+            store = store
+                .with_table_name(table)
+                .map_err(|e| invalid(BACKEND, e))?;
+        }
+        if self.migrate {
+            store
+                .migrate()
+                .await
+                .map_err(|e| migrate_failed(BACKEND, e))?;
+        }
+        Ok(AnyStore::new(store))
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ConnectOptions {
+    async fn mysql(&self, url: &str) -> Result<AnyStore, ConnectError> {
+        use idem_mysql::sqlx::Executor;
+        use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+        use idem_mysql::{Error, MySqlStore};
+
+        const BACKEND: &str = "mysql";
+        let options = url
+            .parse::<MySqlConnectOptions>()
+            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let mut pool = MySqlPoolOptions::new();
+        if let Some(t) = self.timeout {
+            // Whole seconds: the server has no finer unit.
+            let secs = t.as_millis().div_ceil(1000).max(1);
+            pool = pool.acquire_timeout(t).after_connect(move |conn, _| {
+                Box::pin(async move {
+                    conn.execute(idem_mysql::sqlx::AssertSqlSafe(format!(
+                        "SET SESSION innodb_lock_wait_timeout = {secs}"
+                    )))
+                    .await
+                    .map(|_| ())
+                })
+            });
+        }
+        let mut store = MySqlStore::connect_with(pool, options)
+            .await
+            .map_err(|e| unreachable_store(BACKEND, e))?;
         if let Some(table) = &self.table_name {
             store = store
                 .with_table_name(table)
@@ -621,7 +691,7 @@ mod tests {
         }
     }
 
-    #[cfg(any(feature = "postgres", feature = "redis"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
     fn random() -> String {
         idem_core::IdempotencyKey::random().as_str().to_lowercase()
     }
@@ -669,6 +739,65 @@ mod tests {
         .execute(pg.pool())
         .await
         .expect("drop schema");
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_and_mariadb_urls_with_a_table() {
+        use idem_core::{Idem, Outcome, Scope};
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let table = format!("idem_connect_{}", random());
+        let options = ConnectOptions::new()
+            .table_name(&table)
+            .timeout(std::time::Duration::from_secs(3));
+        let scope = Scope::new("acct", "POST /x").expect("scope");
+        for (i, url) in [url.clone(), url.replacen("mysql://", "mariadb://", 1)]
+            .iter()
+            .enumerate()
+        {
+            let store = options.connect(url).await.unwrap_or_else(|e| {
+                panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
+            });
+            let reply = Idem::new(store)
+                .execute(&scope, "k1", &1, |_| async {
+                    Outcome::<String, String>::Success("ok".to_owned())
+                })
+                .await
+                .expect("execute in the migrated table");
+            assert!(reply.is_stored());
+            assert_eq!(reply.is_replay(), i == 1, "both URL forms reach one table");
+        }
+        let e = ConnectOptions::new()
+            .table_name("no such table")
+            .connect(&url)
+            .await
+            .expect_err("bad table name");
+        assert!(
+            matches!(
+                e,
+                ConnectError::Invalid {
+                    backend: "mysql",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let my = idem_mysql::MySqlStore::connect(&url)
+            .await
+            .expect("connect");
+        let bound: u64 =
+            idem_mysql::sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+                .fetch_one(my.pool())
+                .await
+                .expect("bound");
+        assert_eq!(bound, 50, "a store of its own keeps the server default");
+        idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
+            "DROP TABLE `{table}`"
+        )))
+        .execute(my.pool())
+        .await
+        .expect("drop table");
     }
 
     #[cfg(feature = "redis")]

@@ -30,6 +30,12 @@ pub use idem_sqlite as sqlite;
 #[doc(inline)]
 pub use idem_postgres as postgres;
 
+/// The MySQL and MariaDB backend (feature `mysql`).
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+#[doc(inline)]
+pub use idem_mysql as mysql;
+
 /// The Redis backend (standalone and Redis Cluster).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

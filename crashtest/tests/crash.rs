@@ -8,7 +8,10 @@
 //!
 //! Backends: a SQLite file; PostgreSQL (`IDEM_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`, in a schema of its own dropped
-//! at the end); a Redis server of the test's own with `appendonly yes`,
+//! at the end); a MariaDB server of the test's own (`mariadbd` on a free
+//! loopback port, its own data directory, InnoDB's default durable commits),
+//! SIGKILLed and restarted once mid-run; a Redis server of the test's own
+//! with `appendonly yes`,
 //! `appendfsync always` on a loopback port in 17300-17399, SIGKILLed and
 //! restarted once mid-run. And once a Redis without persistence, restarted
 //! mid-run, which the checker must catch forgetting.
@@ -184,6 +187,119 @@ fn postgres_survives_crashed_workers() {
     }
     let _cleanup = DropSchema(url.clone(), schema.clone());
     both_variants(&format!("postgres:{url}#{schema}"), &mut || {});
+}
+
+/// A `mariadbd` in a directory of its own on a free loopback port, with
+/// InnoDB's defaults (`innodb_flush_log_at_trx_commit = 1`: a commit is on
+/// disk before it is acknowledged); SIGKILLed on drop.
+struct CrashMariaDb {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl CrashMariaDb {
+    fn start() -> Self {
+        let dir = TempDir::new("mariadb");
+        let out = Command::new("mariadb-install-db")
+            .args(["--no-defaults", "--user=root", "--skip-test-db"])
+            .arg("--auth-root-authentication-method=normal")
+            .arg(format!("--datadir={}", dir.0.join("data").display()))
+            .output()
+            .expect("run mariadb-install-db (is MariaDB installed?)");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut db = Self {
+            port,
+            dir,
+            child: None,
+        };
+        db.restart();
+        let created = Command::new("mariadb")
+            .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
+            .args(["-e", "CREATE DATABASE IF NOT EXISTS test"])
+            .status()
+            .expect("run the mariadb client");
+        assert!(created.success(), "CREATE DATABASE test");
+        db
+    }
+
+    /// SIGKILLs the server (if running) and starts it again on its data
+    /// directory (InnoDB's crash recovery replays its redo log).
+    fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let d = &self.dir.0;
+        let child = Command::new("mariadbd")
+            .args(["--no-defaults", "--user=root", "--bind-address=127.0.0.1"])
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--log-error={}", d.join("err.log").display()))
+            .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run mariadbd (is MariaDB installed?)");
+        self.child = Some(child);
+        let until = Instant::now() + Duration::from_secs(30);
+        while !Command::new("mariadb-admin")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-P",
+                &self.port.to_string(),
+                "-u",
+                "root",
+                "ping",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(
+                Instant::now() < until,
+                "mariadbd on {} does not answer",
+                self.port
+            );
+            std::thread::park_timeout(Duration::from_millis(50));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+}
+
+impl Drop for CrashMariaDb {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// MariaDB (the MariaDB claim statement, detected at connect), with the
+/// server itself SIGKILLed and restarted once mid-run.
+#[test]
+fn mariadb_survives_crashed_workers_and_a_crashed_server() {
+    let mut db = CrashMariaDb::start();
+    let url = db.url();
+    both_variants(&format!("mysql:{url}#idem_crash"), &mut || db.restart());
 }
 
 /// A `redis-server` in a directory of its own, with AOF fsynced on every

@@ -26,14 +26,14 @@ use serde_json::{Value, json};
 #[command(name = "idem", version)]
 struct Cli {
     /// The store: `sqlite://PATH` (or a file path), `postgres://…`,
-    /// `redis://HOST:PORT`, `redis+cluster://HOST:PORT,HOST:PORT`, or
+    /// `mysql://…` or `mariadb://…`, `redis://HOST:PORT`, `redis+cluster://HOST:PORT,HOST:PORT`, or
     /// `--url` once per cluster node (`redis://…` each).
     #[arg(long, env = "IDEM_URL", global = true, value_name = "URL")]
     url: Vec<String>,
     /// Postgres schema.
     #[arg(long, global = true, default_value = idem::postgres::DEFAULT_SCHEMA)]
     schema: String,
-    /// Postgres table.
+    /// The table (Postgres, MySQL/MariaDB, SQLite).
     #[arg(long, global = true, default_value = idem::postgres::DEFAULT_TABLE)]
     table: String,
     /// Redis key prefix.
@@ -282,6 +282,8 @@ fn backend_name(url: &str) -> &'static str {
     let url = url.to_ascii_lowercase();
     if url.starts_with("postgres") {
         "postgres"
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        "mysql"
     } else if url.starts_with("redis") {
         "redis"
     } else {

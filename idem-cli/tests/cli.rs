@@ -1,4 +1,5 @@
-//! The `idem` binary end to end, against a real SQLite file, Postgres, Redis
+//! The `idem` binary end to end, against a real SQLite file, Postgres,
+//! MySQL/MariaDB, Redis
 //! and a throwaway Redis Cluster: a **child process** claims keys, saves a
 //! resource id, says so on stdout and hangs; the test SIGKILLs it, then runs
 //! the real `idem` binary (`stuck`, `inspect`, `release`, `delete`, `stats`,
@@ -15,6 +16,7 @@
 //!
 //! Every store call of the tool is bounded by `--timeout`: each backend
 //! also holds its writes (a SQLite write transaction, a Postgres table lock,
+//! MySQL row locks (`SELECT … FOR UPDATE`),
 //! `CLIENT PAUSE WRITE` on the cluster) and checks that `release` stops with
 //! exit code 5, and a silent server (a listening socket that never answers)
 //! does the same for connecting.
@@ -48,10 +50,11 @@ fn main() -> ExitCode {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         return child::main(&spec);
     }
-    let tests: [Test; 6] = [
+    let tests: [Test; 7] = [
         ("sqlite_human_output", sqlite_human_output),
         ("sqlite_killed_process", sqlite_killed_process),
         ("postgres_killed_process", postgres_killed_process),
+        ("mysql_killed_process", mysql_killed_process),
         ("redis_killed_process", redis_killed_process),
         ("cluster_killed_process", cluster_killed_process),
         ("silent_server_times_out", silent_server_times_out),
@@ -121,6 +124,7 @@ fn runtime() -> tokio::runtime::Runtime {
 enum Backend {
     Sqlite { path: String },
     Postgres { url: String, schema: String },
+    MySql { url: String, table: String },
     Redis { url: String, prefix: String },
     Cluster { nodes: Vec<String>, prefix: String },
 }
@@ -130,6 +134,7 @@ impl Backend {
         match self {
             Self::Sqlite { path } => json!({"sqlite": path}),
             Self::Postgres { url, schema } => json!({"postgres": url, "schema": schema}),
+            Self::MySql { url, table } => json!({"mysql": url, "table": table}),
             Self::Redis { url, prefix } => json!({"redis": url, "prefix": prefix}),
             Self::Cluster { nodes, prefix } => json!({"cluster": nodes, "prefix": prefix}),
         }
@@ -141,6 +146,7 @@ impl Backend {
         match self {
             Self::Sqlite { path } => s(&["--url", &format!("sqlite://{path}")]),
             Self::Postgres { url, schema } => s(&["--url", url, "--schema", schema]),
+            Self::MySql { url, table } => s(&["--url", url, "--table", table]),
             Self::Redis { url, prefix } => s(&["--url", url, "--prefix", prefix]),
             Self::Cluster { nodes, prefix } => {
                 let list: Vec<&str> = nodes
@@ -198,6 +204,13 @@ mod child {
                 .await
                 .map_err(|x| e(&x))?
                 .with_schema_name(b["schema"].as_str().unwrap_or_default())
+                .map_err(|x| e(&x))?;
+            hold(store, spec).await
+        } else if let Some(url) = b["mysql"].as_str() {
+            let store = idem_mysql::MySqlStore::connect(url)
+                .await
+                .map_err(|x| e(&x))?
+                .with_table_name(b["table"].as_str().unwrap_or_default())
                 .map_err(|x| e(&x))?;
             hold(store, spec).await
         } else if let Some(url) = b["redis"].as_str() {
@@ -355,6 +368,7 @@ fn keys_of(doc: &Value) -> Vec<String> {
 enum WriteHold {
     Sqlite(idem_sqlite::sqlx::SqliteConnection),
     Postgres(idem_postgres::sqlx::PgConnection),
+    MySql(idem_mysql::sqlx::MySqlConnection),
     Cluster(Vec<u16>),
 }
 
@@ -390,6 +404,24 @@ async fn hold_writes(backend: &Backend) -> Option<WriteHold> {
             .expect("LOCK TABLE");
             Some(WriteHold::Postgres(conn))
         }
+        Backend::MySql { url, table } => {
+            use idem_mysql::sqlx::Connection;
+            let mut conn = idem_mysql::sqlx::MySqlConnection::connect(url)
+                .await
+                .expect("connect");
+            idem_mysql::sqlx::query("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("BEGIN");
+            // Every row of the test's own table, locked until ROLLBACK.
+            idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
+                "SELECT `key` FROM `{table}` FOR UPDATE"
+            )))
+            .fetch_all(&mut conn)
+            .await
+            .expect("SELECT … FOR UPDATE");
+            Some(WriteHold::MySql(conn))
+        }
         // The shared server is never paused.
         Backend::Redis { .. } => None,
         Backend::Cluster { .. } => {
@@ -413,6 +445,12 @@ async fn let_go(hold: WriteHold) {
         }
         WriteHold::Postgres(mut conn) => {
             idem_postgres::sqlx::query("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .expect("ROLLBACK");
+        }
+        WriteHold::MySql(mut conn) => {
+            idem_mysql::sqlx::query("ROLLBACK")
                 .execute(&mut conn)
                 .await
                 .expect("ROLLBACK");
@@ -742,6 +780,46 @@ fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+fn mysql_killed_process() {
+    runtime().block_on(async {
+        let url = mysql_url();
+        let table = format!("idem_cli_{}", IdempotencyKey::random().as_str());
+        let store = idem_mysql::MySqlStore::connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
+            })
+            .with_table_name(&table)
+            .expect("table name");
+        // The tool creates the table (`migrate`), as an operator would.
+        let args = ["--url", url.as_str(), "--table", table.as_str()].map(str::to_owned);
+        let (code, doc) = idem(&args, &["migrate"]);
+        assert_eq!(code, 0, "{doc}");
+        assert_eq!(
+            (doc["migrated"].as_bool(), doc["backend"].as_str()),
+            (Some(true), Some("mysql")),
+            "{doc}"
+        );
+        let backend = Backend::MySql {
+            url: url.clone(),
+            table: table.clone(),
+        };
+        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+        killed_process(store.clone(), backend, owner(), ended, || ()).await;
+        idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
+            "DROP TABLE `{table}`"
+        )))
+        .execute(store.pool())
+        .await
+        .expect("drop table");
+    });
+}
+
 fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
@@ -894,6 +972,7 @@ fn silent_server_times_out() {
     let port = silent.local_addr().expect("addr").port();
     for url in [
         format!("postgres://postgres@127.0.0.1:{port}/test"),
+        format!("mysql://root@127.0.0.1:{port}/test"),
         format!("redis://127.0.0.1:{port}/"),
         format!("redis+cluster://127.0.0.1:{port}"),
     ] {

@@ -19,6 +19,10 @@ mod postgres {
     idem_consumer::consumer_conformance!(super::support::postgres());
 }
 
+mod mysql {
+    idem_consumer::consumer_conformance!(super::support::mysql());
+}
+
 mod redis {
     idem_consumer::consumer_conformance!(super::support::redis());
 }

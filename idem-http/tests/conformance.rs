@@ -20,6 +20,10 @@ mod postgres {
     idem_http::http_conformance!(super::support::postgres());
 }
 
+mod mysql {
+    idem_http::http_conformance!(super::support::mysql());
+}
+
 mod redis {
     idem_http::http_conformance!(super::support::redis());
 }

@@ -1,6 +1,7 @@
 //! Isolated stores for the shared conformance suites (idem-http's and
-//! idem-consumer's): one per test, with its own SQLite file, Postgres schema or
-//! Redis key prefix, removed by [`Fixture::teardown`]. Feature `fixtures`.
+//! idem-consumer's): one per test, with its own SQLite file, Postgres schema,
+//! MySQL table or Redis key prefix, removed by [`Fixture::teardown`]. Feature
+//! `fixtures`.
 
 use idem_core::testkit::Fixture;
 use idem_core::{IdempotencyKey, MemoryStore};
@@ -122,6 +123,62 @@ pub async fn postgres() -> Pg {
         .expect("schema name");
     store.migrate().await.expect("migrate");
     Pg(store, schema)
+}
+
+fn mysql_url() -> String {
+    std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+fn mysql_down(e: &dyn std::fmt::Display) -> ! {
+    panic!(
+        "cannot reach MySQL/MariaDB at {}: {e}\nStart it with:\n    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql\n\
+         or point IDEM_MYSQL_URL at a server (these tests never skip).",
+        mysql_url()
+    )
+}
+
+/// A MySQL / MariaDB store in a table of its own, dropped at teardown.
+#[derive(Debug)]
+pub struct MySql(idem_mysql::MySqlStore);
+impl Fixture for MySql {
+    type Store = idem_mysql::MySqlStore;
+    fn store(&self) -> idem_mysql::MySqlStore {
+        self.0.clone()
+    }
+    async fn teardown(self) {
+        let drop = format!("DROP TABLE IF EXISTS `{}`", self.0.table_name());
+        self.0
+            .pool()
+            .execute(idem_mysql::sqlx::AssertSqlSafe(drop))
+            .await
+            .expect("drop table");
+        self.0.pool().close().await;
+    }
+}
+/// A migrated MySQL / MariaDB store in a fresh table (`IDEM_MYSQL_URL`,
+/// default the machine's server), with the statements of the server found.
+///
+/// # Panics
+///
+/// When the server cannot be reached: these tests never skip.
+pub async fn mysql() -> MySql {
+    use idem_mysql::sqlx::mysql::MySqlPoolOptions;
+    let table = format!("idem_fixture_{}", IdempotencyKey::random().as_str());
+    let pool = MySqlPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .connect(&mysql_url())
+        .await
+        .unwrap_or_else(|e| mysql_down(&e));
+    let store = idem_mysql::MySqlStore::new(pool)
+        .await
+        .unwrap_or_else(|e| mysql_down(&e))
+        .with_table_name(&table)
+        .expect("table name");
+    store.migrate().await.expect("migrate");
+    MySql(store)
 }
 
 fn redis_url() -> String {

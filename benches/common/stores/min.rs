@@ -11,6 +11,9 @@
 //!   hand-written version must when its work may run for seconds and should
 //!   not hold a connection meanwhile (idem's design): one checkout per
 //!   statement, so the two variants side by side price that promise alone;
+//! * MySQL / MariaDB: the same table (binary key); fresh = `INSERT IGNORE`
+//!   (one row affected: won) then `UPDATE`; replay = one `SELECT`; with
+//!   `two_checkouts` as above;
 //! * Redis: see `redis_min.rs`.
 //!
 //! No fingerprint check, no lease takeover, no expiry handling beyond a
@@ -333,6 +336,140 @@ pub(crate) mod postgres {
     }
 
     impl Target for MinPostgres {
+        async fn fresh(&self, key: &str) {
+            self.call(key, false).await;
+        }
+
+        async fn replay(&self, key: &str) {
+            let row = sqlx::query(AssertSqlSafe(self.select.as_str()))
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await
+                .expect("select");
+            assert!(row.get::<bool, _>("done"), "completed key");
+            std::hint::black_box(row.get::<Vec<u8>, _>("body"));
+        }
+
+        async fn contended(&self, key: &str) -> Ended {
+            self.call(key, true).await
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql {
+    use std::sync::atomic::AtomicI64;
+
+    use idem_mysql::sqlx::{self, AssertSqlSafe, MySqlPool, Row};
+
+    use super::super::workload::{Ended, Target, body};
+    use super::super::{LEASE_MS, TTL_MS, now_ms};
+    use super::next_token;
+
+    /// MySQL / MariaDB: the minimal table on the store's pool.
+    #[derive(Debug)]
+    pub(crate) struct MinMySql {
+        pool: MySqlPool,
+        insert: String,
+        update: String,
+        select: String,
+        fingerprint: [u8; 32],
+        body: Vec<u8>,
+        tokens: AtomicI64,
+        two_checkouts: bool,
+    }
+
+    impl MinMySql {
+        /// The table `table`, created if missing.
+        pub(crate) async fn new(pool: MySqlPool, table: &str, body_len: usize) -> Self {
+            let t = format!("`{table}`");
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    `key` VARBINARY(255) PRIMARY KEY, fingerprint VARBINARY(32) NOT NULL,
+                    token BIGINT NOT NULL, done BOOLEAN NOT NULL DEFAULT false, body LONGBLOB,
+                    expires_at BIGINT NOT NULL) ENGINE = InnoDB"
+            )))
+            .execute(&pool)
+            .await
+            .expect("create the minimal table");
+            Self {
+                pool,
+                insert: format!(
+                    "INSERT IGNORE INTO {t} (`key`, fingerprint, token, expires_at) VALUES (?, ?, ?, ?)"
+                ),
+                update: format!(
+                    "UPDATE {t} SET done = true, body = ?, expires_at = ? WHERE `key` = ? AND token = ?"
+                ),
+                select: format!("SELECT done, body FROM {t} WHERE `key` = ?"),
+                fingerprint: [7; 32],
+                body: body(body_len),
+                tokens: AtomicI64::new(1),
+                two_checkouts: false,
+            }
+        }
+
+        /// The same pattern with one checkout per statement.
+        pub(crate) fn two_checkouts(mut self) -> Self {
+            self.two_checkouts = true;
+            self
+        }
+
+        /// On one connection (with `two_checkouts`, one checkout per
+        /// statement): the insert, then the update if it won, else the read.
+        async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
+            let mut held = if self.two_checkouts {
+                None
+            } else {
+                Some(self.pool.acquire().await.expect("acquire"))
+            };
+            macro_rules! on {
+                ($query:expr, $method:ident) => {
+                    match held.as_mut() {
+                        Some(conn) => $query.$method(&mut **conn).await,
+                        None => $query.$method(&self.pool).await,
+                    }
+                };
+            }
+            let token = next_token(&self.tokens);
+            let now = now_ms();
+            let inserted = on!(
+                sqlx::query(AssertSqlSafe(self.insert.as_str()))
+                    .bind(key)
+                    .bind(self.fingerprint.as_slice())
+                    .bind(token)
+                    .bind(now + LEASE_MS),
+                execute
+            )
+            .expect("insert");
+            if inserted.rows_affected() == 1 {
+                let done = on!(
+                    sqlx::query(AssertSqlSafe(self.update.as_str()))
+                        .bind(self.body.as_slice())
+                        .bind(now + TTL_MS)
+                        .bind(key)
+                        .bind(token),
+                    execute
+                )
+                .expect("update");
+                assert_eq!(done.rows_affected(), 1, "token lost");
+                return Ended::Executed;
+            }
+            assert!(read_if_lost, "a fresh key existed");
+            let row = on!(
+                sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
+                fetch_one
+            )
+            .expect("select");
+            if row.get::<bool, _>("done") {
+                std::hint::black_box(row.get::<Vec<u8>, _>("body"));
+                Ended::Replayed
+            } else {
+                Ended::Conflict
+            }
+        }
+    }
+
+    impl Target for MinMySql {
         async fn fresh(&self, key: &str) {
             self.call(key, false).await;
         }

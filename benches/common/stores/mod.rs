@@ -5,6 +5,8 @@
 
 pub(crate) mod memory;
 pub(crate) mod min;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use idem_core::store::Store;
 use idem_core::{Idem, InFlightMode, Outcome, Policy, Scope};
 use idem_crashtest::{DurableLog, WorkerConfig};
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
@@ -68,6 +69,15 @@ async fn open_and_run(
             .await
             .map_err(|x| e(&x))?
             .with_schema_name(schema)
+            .map_err(|x| e(&x))?;
+        store.migrate().await.map_err(|x| e(&x))?;
+        run(Idem::new(store).with_policy(policy), cfg, log).await
+    } else if let Some(rest) = cfg.backend.strip_prefix("mysql:") {
+        let (url, table) = rest.split_once('#').ok_or("mysql:<url>#<table>")?;
+        let store = MySqlStore::connect(url)
+            .await
+            .map_err(|x| e(&x))?
+            .with_table_name(table)
             .map_err(|x| e(&x))?;
         store.migrate().await.map_err(|x| e(&x))?;
         run(Idem::new(store).with_policy(policy), cfg, log).await

@@ -1,0 +1,179 @@
+//! This backend's errors, and the one place that maps them onto
+//! [`idem_core::store::StoreError`].
+
+use idem_core::store::StoreError;
+use sqlx::mysql::MySqlDatabaseError;
+
+/// The backend's name in [`StoreError`]s.
+pub(crate) const BACKEND: &str = "mysql";
+
+/// An error of the MySQL / MariaDB backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configured table name is not a plain SQL identifier. Permanent:
+    /// fix the configuration.
+    #[error("invalid {what} name: {reason}")]
+    InvalidIdentifier {
+        /// `"table"`.
+        what: &'static str,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The driver failed (connection, query, decoding). Temporary or
+    /// permanent depending on the cause (the `From<Error> for StoreError`
+    /// impl classifies it).
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    /// A stored row cannot be decoded into a record (unknown state, a
+    /// fingerprint that is not 32 bytes, ...). Permanent until repaired.
+    #[error("corrupted record: {detail}")]
+    Corrupt {
+        /// What is wrong with it (never the key or the body).
+        detail: String,
+    },
+    /// The claim kept losing races with concurrent writers on the same
+    /// record (deadlocks, duplicate keys, a record changed between the read
+    /// and the takeover) and gave up after a bounded number of tries.
+    /// Temporary.
+    #[error("the claim lost {tries} races in a row on one record")]
+    ClaimContention {
+        /// How many times the claim was run.
+        tries: u32,
+    },
+}
+
+/// Server error numbers.
+pub(crate) mod code {
+    /// `ER_DUP_ENTRY`: a unique key already holds the value.
+    pub(crate) const DUP_ENTRY: u16 = 1062;
+    /// `ER_LOCK_WAIT_TIMEOUT`: `innodb_lock_wait_timeout` expired (only the
+    /// statement is rolled back).
+    pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// `ER_LOCK_DEADLOCK`: InnoDB chose this transaction as the deadlock
+    /// victim and rolled all of it back.
+    pub(crate) const DEADLOCK: u16 = 1213;
+}
+
+/// Error numbers that mean "the server or the connection went away, the
+/// call was interrupted or timed out, or it lost a lock": the call may
+/// succeed if retried.
+fn is_unavailable_number(n: u16) -> bool {
+    matches!(
+        n,
+        code::LOCK_WAIT_TIMEOUT
+            | code::DEADLOCK
+            | 1040 // ER_CON_COUNT_ERROR: too many connections
+            | 1053 // ER_SERVER_SHUTDOWN
+            | 1203 // ER_TOO_MANY_USER_CONNECTIONS
+            | 1317 // ER_QUERY_INTERRUPTED (KILL QUERY)
+            | 1927 // ER_CONNECTION_KILLED (MariaDB: KILL)
+            | 1969 // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+            | 3024 // ER_QUERY_TIMEOUT (MySQL max_execution_time)
+            | 4031 // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8.0.24+)
+    )
+}
+
+/// The server's error number of a driver error, if it is one.
+pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+fn is_unavailable_database(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    number(e).is_some_and(is_unavailable_number)
+        || db
+            .code()
+            .is_some_and(|state| state.starts_with("08") || state == "40001")
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        let unavailable = |source: Error| Self::Unavailable {
+            backend: BACKEND,
+            source: Box::new(source),
+        };
+        match e {
+            Error::Corrupt { detail } => Self::Corrupt {
+                backend: BACKEND,
+                detail,
+            },
+            Error::Sqlx(
+                sqlx::Error::ColumnDecode { .. }
+                | sqlx::Error::Decode(_)
+                | sqlx::Error::ColumnNotFound(_)
+                | sqlx::Error::ColumnIndexOutOfBounds { .. }
+                | sqlx::Error::TypeNotFound { .. },
+            ) => Self::Corrupt {
+                backend: BACKEND,
+                detail: e.to_string(),
+            },
+            Error::Sqlx(
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed,
+            )
+            | Error::ClaimContention { .. } => unavailable(e),
+            Error::Sqlx(ref s) if is_unavailable_database(s) => unavailable(e),
+            other => Self::Backend {
+                backend: BACKEND,
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
+impl From<Error> for idem_core::Error {
+    fn from(e: Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+/// A driver error as a [`StoreError`].
+pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+    Error::Sqlx(e).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_classifies_driver_errors() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(matches!(store_error(io), StoreError::Unavailable { .. }));
+        assert!(matches!(
+            store_error(sqlx::Error::PoolTimedOut),
+            StoreError::Unavailable { .. }
+        ));
+        let decode = sqlx::Error::Decode("bad".into());
+        assert!(matches!(store_error(decode), StoreError::Corrupt { .. }));
+        let corrupt = Error::Corrupt { detail: "x".into() };
+        assert!(matches!(
+            StoreError::from(corrupt),
+            StoreError::Corrupt { .. }
+        ));
+        assert!(matches!(
+            StoreError::from(Error::ClaimContention { tries: 8 }),
+            StoreError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            store_error(sqlx::Error::RowNotFound),
+            StoreError::Backend { .. }
+        ));
+        assert!(is_unavailable_number(1213));
+        assert!(is_unavailable_number(1927));
+        assert!(!is_unavailable_number(1062));
+        assert!(!is_unavailable_number(1146)); // no such table
+    }
+}

@@ -1,0 +1,237 @@
+//! The SQL: where the records live ([`TableName`]) and every statement the
+//! store runs ([`Statements`]), built once per table name. The claims below
+//! are the part to read first.
+//!
+//! Placeholders are positional (`?`): each statement's comment lists its
+//! bind order, which `store.rs` and `admin.rs` follow.
+
+use std::sync::Arc;
+
+use sqlx::AssertSqlSafe;
+
+/// Where the records live: a validated table name, in the connection's
+/// database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableName {
+    pub(crate) table: String,
+}
+
+impl TableName {
+    /// `` `table` ``, safe to splice into SQL: the name was validated as a
+    /// plain identifier, so the quoting cannot be escaped.
+    pub(crate) fn quoted(&self) -> String {
+        format!("`{}`", self.table)
+    }
+}
+
+/// The SQL of every transition, built once per table name.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim_returning: Arc<str>,
+    pub(crate) insert: Arc<str>,
+    pub(crate) read: Arc<str>,
+    pub(crate) takeover: Arc<str>,
+    pub(crate) complete: Arc<str>,
+    pub(crate) completed_under: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) save_resource_id: Arc<str>,
+    pub(crate) extend_lease: Arc<str>,
+    pub(crate) fetch: Arc<str>,
+    pub(crate) purge_delete: Arc<str>,
+    pub(crate) purge_drop_bodies: Arc<str>,
+    pub(crate) purge_refile: Arc<str>,
+    pub(crate) list_in_flight: Arc<str>,
+    pub(crate) list_in_flight_after: Arc<str>,
+    pub(crate) release_in_flight: Arc<str>,
+    pub(crate) delete_completed: Arc<str>,
+    pub(crate) count_states: Arc<str>,
+}
+
+/// The columns a record is decoded from (`store::decode_record`), plus its
+/// token. The one `?` is `now`: the body only while it lives.
+const RECORD_COLUMNS: &str = "token, fingerprint, state, attempt, lease_until, resource_id, outcome, \
+     IF(response_expires_at > ?, response, NULL) AS response, response_expires_at, key_expires_at";
+
+const SUMMARY_COLUMNS: &str =
+    "owner, operation, `key`, state, attempt, lease_until, resource_id, key_expires_at";
+
+/// The primary key: binds owner, operation, key.
+const PK: &str = "owner = ? AND operation = ? AND `key` = ?";
+
+impl Statements {
+    #[allow(clippy::too_many_lines)]
+    pub(crate) fn new(name: &TableName) -> Self {
+        let t = name.quoted();
+        let cols = RECORD_COLUMNS;
+        let summary = SUMMARY_COLUMNS;
+        // Binds: the SET values, then owner, operation, key, token.
+        let guarded = |set: &str| {
+            format!("UPDATE {t} SET {set} WHERE {PK} AND token = ? AND state = 'in_flight'")
+        };
+        // The insert of a fresh claim. Binds: owner, operation, key,
+        // fingerprint, token, lease_until, key_expires_at, lease_until,
+        // lease_until (the sweep time). The key lives at least as long as
+        // the lease.
+        let insert = format!(
+            "INSERT INTO {t} (owner, operation, `key`, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+             VALUES (?, ?, ?, ?, 'in_flight', ?, 1, ?, GREATEST(?, ?), ?)"
+        );
+        Self {
+            // MariaDB's claim (10.5+: `INSERT … RETURNING`): the insert
+            // above, and on a duplicate key a no-op update (`token = token`
+            // is the standing row's own token), returning the row as it now
+            // stands. Binds: the insert's nine, then now. One statement, one
+            // round trip:
+            //
+            // * absent → inserted, and the row returned carries our token;
+            // * present → returned unchanged (another token): the record to
+            //   replay, refuse, or take over (`takeover`, a second statement
+            //   on the rare path). The duplicate takes the row's exclusive
+            //   lock for the statement (InnoDB locks what `ON DUPLICATE KEY`
+            //   may update), so replays of one key queue for microseconds;
+            //   in a transaction it waits for an uncommitted claim of the
+            //   same key to end, which is the transactional mode's wait.
+            claim_returning: format!("{insert} ON DUPLICATE KEY UPDATE token = token RETURNING {cols}")
+                .into(),
+            // MySQL's claim (no `RETURNING`): the plain insert; a duplicate
+            // key (`ER_DUP_ENTRY`, a typed error, no `IGNORE` that would
+            // also turn truncations into warnings) → `read`.
+            insert: insert.clone().into(),
+            // The read after a duplicate key on MySQL. Binds: now, owner,
+            // operation, key. No row: the record went between the two
+            // statements (purged): a race lost, run again.
+            read: format!("SELECT {cols} FROM {t} WHERE {PK}").into(),
+            // The takeover of exactly the version the claim read: guarded by
+            // every column the decision read (the token changes with every
+            // claim; the holder's own writes change the state, the lease,
+            // the key's expiry or the resource id), so the values computed
+            // from it hold, and of two racing takeovers exactly one updates.
+            // No row: a race lost. Binds: fingerprint, token, attempt,
+            // lease_until, sweep_at, key_expires_at, resource_id; then
+            // owner, operation, key and the token, state, attempt,
+            // lease_until, key_expires_at and resource_id read.
+            takeover: format!(
+                "UPDATE {t} SET fingerprint = ?, state = 'in_flight', token = ?, attempt = ?,
+                    lease_until = ?, sweep_at = ?, key_expires_at = ?, resource_id = ?,
+                    outcome = NULL, response = NULL, response_expires_at = NULL
+                 WHERE {PK} AND token = ? AND state = ? AND attempt = ? AND lease_until = ?
+                   AND key_expires_at = ? AND resource_id <=> ?"
+            )
+            .into(),
+            // Binds: outcome, body, response expiry, key expiry, resource id
+            // or NULL; owner, operation, key, token. A completion changes no
+            // indexed column.
+            complete: guarded(
+                "state = 'completed', outcome = ?, response = ?, response_expires_at = ?, \
+                 key_expires_at = ?, resource_id = COALESCE(?, resource_id)",
+            )
+            .into(),
+            // Asked only when a completion matched no row: is the record
+            // already completed under this token (a retry after a lost
+            // reply, not a lost lease)? Binds: owner, operation, key, token.
+            completed_under: format!(
+                "SELECT 1 FROM {t} WHERE {PK} AND token = ? AND state = 'completed'"
+            )
+            .into(),
+            // Binds: now; the record and token.
+            release: guarded("state = 'released', lease_until = ?").into(),
+            // Binds: the resource id; the record and token.
+            save_resource_id: guarded("resource_id = ?").into(),
+            // The key is kept at least until the lease ends. Binds: the
+            // lease end three times; the record and token.
+            extend_lease: guarded(
+                "lease_until = ?, sweep_at = ?, key_expires_at = GREATEST(key_expires_at, ?)",
+            )
+            .into(),
+            // Binds: now; owner, operation, key; now, now.
+            fetch: format!(
+                "SELECT {cols} FROM {t} WHERE {PK} \
+                 AND (key_expires_at > ? OR (state = 'in_flight' AND lease_until > ?))"
+            )
+            .into(),
+            // The purge: three statements per batch, each walking the sweep
+            // index up to now (`sweep_at <= ?` first, `ORDER BY sweep_at
+            // LIMIT ?`: a range of the index, at most the limit changed).
+            // In-flight records whose key lives on are passed, not taken (an
+            // in-flight record's `sweep_at` is its lease end).
+            //
+            // 1. expired keys are deleted (binds: now ×3, limit);
+            purge_delete: format!(
+                "DELETE FROM {t}
+                 WHERE sweep_at <= ? AND key_expires_at <= ? AND (state <> 'in_flight' OR lease_until <= ?)
+                 ORDER BY sweep_at LIMIT ?"
+            )
+            .into(),
+            // 2. expired bodies of live keys are dropped, the record re-filed
+            //    at its key's expiry (binds: now ×3, limit);
+            purge_drop_bodies: format!(
+                "UPDATE {t} SET response = NULL, sweep_at = key_expires_at
+                 WHERE sweep_at <= ? AND state <> 'in_flight' AND key_expires_at > ?
+                   AND response IS NOT NULL AND response_expires_at <= ?
+                 ORDER BY sweep_at LIMIT ?"
+            )
+            .into(),
+            // 3. every other record passed is re-filed at the time it next
+            //    has something to do: its body's expiry, else its key's
+            //    (binds: now ×3, limit). A completion never moves a record
+            //    in the index; this does, once, in batches.
+            purge_refile: format!(
+                "UPDATE {t} SET sweep_at = IF(response IS NOT NULL AND response_expires_at > ?,
+                                              LEAST(response_expires_at, key_expires_at), key_expires_at)
+                 WHERE sweep_at <= ? AND state <> 'in_flight' AND key_expires_at > ?
+                 ORDER BY sweep_at LIMIT ?"
+            )
+            .into(),
+            // The operator listing, walking the sweep index (an in-flight
+            // record's `sweep_at` is its lease end, so the index order is
+            // the lease order). Binds: lease bound ×2, now, limit; the next
+            // pages: lease bound ×2, now, the keyset position (4), limit.
+            list_in_flight: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
+                 ORDER BY sweep_at, owner, operation, `key` LIMIT ?"
+            )
+            .into(),
+            list_in_flight_after: format!(
+                "SELECT {summary} FROM {t}
+                 WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
+                   AND (sweep_at, owner, operation, `key`) > (?, ?, ?, ?)
+                 ORDER BY sweep_at, owner, operation, `key` LIMIT ?"
+            )
+            .into(),
+            // The lease ends now; the token, resource id and attempt stay.
+            // Binds: now ×2; owner, operation, key; now; the attempt or NULL
+            // ×2.
+            release_in_flight: format!(
+                "UPDATE {t} SET lease_until = LEAST(lease_until, ?), sweep_at = LEAST(lease_until, ?)
+                 WHERE {PK} AND state = 'in_flight' AND key_expires_at > ?
+                   AND (? IS NULL OR attempt = ?)"
+            )
+            .into(),
+            // Binds: owner, operation, key, now.
+            delete_completed: format!(
+                "DELETE FROM {t} WHERE {PK} AND (state = 'completed' OR key_expires_at <= ?)"
+            )
+            .into(),
+            // Binds: now ×6.
+            count_states: format!(
+                "SELECT
+                   COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' THEN 1 END) AS in_flight,
+                   COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' AND lease_until <= ? THEN 1 END) AS stuck,
+                   COUNT(CASE WHEN key_expires_at > ? AND state = 'released' THEN 1 END) AS released,
+                   COUNT(CASE WHEN key_expires_at > ? AND state = 'completed' THEN 1 END) AS completed,
+                   COUNT(CASE WHEN key_expires_at <= ? THEN 1 END) AS expired
+                 FROM {t}"
+            )
+            .into(),
+        }
+    }
+}
+
+pub(crate) fn q(
+    sql: &Arc<str>,
+) -> sqlx::query::Query<'static, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    // The text comes from `Statements::new`: fixed SQL around a validated,
+    // quoted identifier. Values always go through bind parameters.
+    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+}

@@ -1,0 +1,624 @@
+//! [`MySqlStore`]: building it, migrating its table, and the [`Store`]
+//! implementation. Every transition is one SQL statement of [`crate::sql`],
+//! except the claim on MySQL (an insert, then a read when the key exists)
+//! and a takeover (the claim, then a guarded update).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::RecordId;
+use idem_core::adapter::Fingerprint;
+use idem_core::clock::Timestamp;
+use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::store::{
+    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
+    StoredRecord, Token, retry_claim_race,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::{Executor, MySqlConnection, MySqlExecutor, MySqlPool, Row};
+use tracing::debug;
+
+use crate::config::{
+    DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server, validate_identifier,
+};
+use crate::error::{BACKEND, Error, code, number, store_error};
+use crate::sql::{Statements, TableName, q};
+
+/// The MySQL / MariaDB idempotency store. Cheap to clone (a pool and two
+/// `Arc`s).
+///
+/// Build it with [`MySqlStore::new`] (your pool) or [`MySqlStore::connect`],
+/// pick the table with [`MySqlStore::with_table_name`], and create it with
+/// [`MySqlStore::migrate`]. The server's flavour ([`Server`]), which decides
+/// the claim statement, is detected when the store is built.
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    name: Arc<TableName>,
+    sql: Arc<Statements>,
+    server: Server,
+    tx_lock_timeout: Duration,
+}
+
+impl std::fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("table", &self.name.table)
+            .field("server", &self.server)
+            .field("pool_size", &self.pool.size())
+            .field("tx_lock_timeout", &self.tx_lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlStore {
+    /// A store over an existing pool, using the table `idem_records` of the
+    /// pool's database. Asks the server `SELECT VERSION()` once, to pick the
+    /// claim statement ([`Server`]).
+    ///
+    /// The pool is used as given. If you build it yourself, consider
+    /// [`MySqlPoolOptions::test_before_acquire(false)`](MySqlPoolOptions::test_before_acquire):
+    /// otherwise sqlx pings every connection before handing it out, which
+    /// doubles the round trips of every call. A dead connection then fails
+    /// one call with [`StoreError::Unavailable`](idem_core::store::StoreError)
+    /// and is replaced.
+    ///
+    /// Run [`MySqlStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
+    /// yourself) before the first call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the server cannot be asked its version.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idem_mysql::Error> {
+    /// use idem_mysql::{MySqlStore, sqlx::mysql::MySqlPoolOptions};
+    ///
+    /// let pool = MySqlPoolOptions::new()
+    ///     .test_before_acquire(false)
+    ///     .connect("mysql://root@127.0.0.1:3306/test")
+    ///     .await?;
+    /// let store = MySqlStore::new(pool).await?.with_table_name("payments_idem")?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn new(pool: MySqlPool) -> Result<Self, Error> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&pool)
+            .await?;
+        let server = Server::from_version(&version);
+        debug!(%version, ?server, "detected the server");
+        let name = TableName {
+            table: DEFAULT_TABLE.to_owned(),
+        };
+        Ok(Self::build(pool, name, server, DEFAULT_TX_LOCK_TIMEOUT))
+    }
+
+    /// Connects a pool of its own to `url` (`mysql://` or `mariadb://`) and
+    /// returns a store over it.
+    ///
+    /// The pool is built with `test_before_acquire(false)`: no ping before
+    /// each call, so a claim or a replay is one round trip on MariaDB. The
+    /// price: a connection that died while idle fails the one call that
+    /// picks it up (a typed
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError), HTTP 503),
+    /// and the pool replaces it. Use [`MySqlStore::new`] with your own
+    /// [`MySqlPoolOptions`] to choose otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the URL is invalid or the server unreachable.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options: MySqlConnectOptions = url.parse()?;
+        Self::connect_with(MySqlPoolOptions::new(), options).await
+    }
+
+    /// Like [`MySqlStore::connect`], with your pool and connect options;
+    /// `test_before_acquire(false)` is still set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the server is unreachable.
+    pub async fn connect_with(
+        pool: MySqlPoolOptions,
+        options: MySqlConnectOptions,
+    ) -> Result<Self, Error> {
+        let pool = pool
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await?;
+        Self::new(pool).await
+    }
+
+    /// Uses another table name (default `idem_records`), in the pool's
+    /// database.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidIdentifier`] unless the name is 1 to 48 ASCII letters,
+    /// digits and `_`, not starting with a digit.
+    pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
+        let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
+        Ok(Self::build(
+            self.pool,
+            TableName { table },
+            self.server,
+            self.tx_lock_timeout,
+        ))
+    }
+
+    /// Uses the claim statement of `server` instead of the detected one
+    /// (e.g. the portable MySQL statements on a MariaDB server, which runs
+    /// them too: the tests do, to run the MySQL path somewhere).
+    #[must_use]
+    pub fn with_server(mut self, server: Server) -> Self {
+        self.server = server;
+        self
+    }
+
+    /// How long the transactional mode waits for a concurrent duplicate's
+    /// transaction to finish before answering 409 (default 5 s; rounded up
+    /// to whole seconds, at least 1: it sets the session's
+    /// `innodb_lock_wait_timeout`, see
+    /// [`MySqlIdemExt`](crate::MySqlIdemExt)).
+    #[must_use]
+    pub fn with_tx_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.tx_lock_timeout = timeout;
+        self
+    }
+
+    fn build(pool: MySqlPool, name: TableName, server: Server, tx_lock_timeout: Duration) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            server,
+            tx_lock_timeout,
+        }
+    }
+
+    /// The migration for this store's table, placeholder filled in, for
+    /// applying with your own tool.
+    #[must_use]
+    pub fn migration_sql(&self) -> String {
+        crate::schema::render(&self.name)
+    }
+
+    /// Creates the table and its index if missing. Idempotent: safe to call
+    /// at every start, from every instance at once (a named lock,
+    /// `GET_LOCK`, serializes them: MySQL's DDL is not transactional). It
+    /// never touches sqlx's `_sqlx_migrations` table, so it does not
+    /// interfere with your application's own migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege,
+    /// or the lock not granted within 60 s).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
+            .bind(crate::schema::MIGRATE_LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+        if got != Some(1) {
+            return Err(Error::Sqlx(sqlx::Error::Protocol(
+                "could not take the migration lock within 60 s".into(),
+            )));
+        }
+        let done = conn
+            .execute(sqlx::AssertSqlSafe(self.migration_sql()))
+            .await;
+        let released = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(crate::schema::MIGRATE_LOCK)
+            .execute(&mut *conn)
+            .await;
+        done?;
+        released?;
+        Ok(())
+    }
+
+    /// The pool the store runs its statements on, for your own queries on
+    /// the same database (the transactional mode borrows a connection from
+    /// it), for closing it, or for its size and idle connections.
+    #[must_use]
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table holding the records (default `idem_records`), as validated
+    /// by [`MySqlStore::with_table_name`].
+    #[must_use]
+    pub fn table_name(&self) -> &str {
+        &self.name.table
+    }
+
+    /// The server flavour whose statements the store runs.
+    #[must_use]
+    pub fn server(&self) -> Server {
+        self.server
+    }
+
+    pub(crate) fn tx_lock_timeout(&self) -> Duration {
+        self.tx_lock_timeout
+    }
+
+    pub(crate) fn sql(&self) -> &Statements {
+        &self.sql
+    }
+
+    /// Runs the claim once on `conn` (a pooled connection or a
+    /// transaction's). `None`: it lost a race (a deadlock, a record that
+    /// changed or went between two statements) and must be run again.
+    pub(crate) async fn claim_once(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let lease = req.lease_until.as_unix_millis();
+        let insert = |sql| {
+            q(sql)
+                .bind(req.id.owner())
+                .bind(req.id.operation())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(lease)
+                .bind(req.key_expires_at.as_unix_millis())
+                .bind(lease)
+                .bind(lease)
+        };
+        let now = req.now.as_unix_millis();
+        let row = match self.server {
+            Server::MariaDb => {
+                match insert(&self.sql.claim_returning)
+                    .bind(now)
+                    .fetch_one(&mut *conn)
+                    .await
+                {
+                    Ok(row) => row,
+                    Err(e) if is_race(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Server::MySql => match insert(&self.sql.insert).execute(&mut *conn).await {
+                Ok(_) => {
+                    return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                        attempt: 1,
+                        previous: None,
+                    })));
+                }
+                Err(e) if number(&e) == Some(code::DUP_ENTRY) => {
+                    let read = q(&self.sql.read)
+                        .bind(now)
+                        .bind(req.id.owner())
+                        .bind(req.id.operation())
+                        .bind(req.id.key().as_str())
+                        .fetch_optional(&mut *conn)
+                        .await;
+                    match read {
+                        Ok(Some(row)) => row,
+                        Ok(None) => return Ok(None),
+                        Err(e) if is_race(&e) => return Ok(None),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) if is_race(&e) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let token: i64 = row.try_get("token")?;
+        if token == req.token.as_i64() {
+            // Our insert (or, after a lost reply, our own earlier claim).
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        let expired = record.is_expired(req.now);
+        if !expired && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read. An expired key
+        // starts over (attempt 1, no resource id, the new key expiry);
+        // otherwise the attempt counts on and the resource id stays.
+        let (attempt, resource_id, key_expires_at) = if expired {
+            (1, None, req.key_expires_at.as_unix_millis().max(lease))
+        } else {
+            (
+                record.attempt.saturating_add(1),
+                record.resource_id.clone(),
+                record.key_expires_at.as_unix_millis().max(lease),
+            )
+        };
+        let took = q(&self.sql.takeover)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(lease)
+            .bind(lease)
+            .bind(key_expires_at)
+            .bind(resource_id.as_deref())
+            .bind(req.id.owner())
+            .bind(req.id.operation())
+            .bind(req.id.key().as_str())
+            .bind(token)
+            .bind(record.state.as_str())
+            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
+            .bind(record.lease_until.as_unix_millis())
+            .bind(record.key_expires_at.as_unix_millis())
+            .bind(record.resource_id.as_deref())
+            .execute(&mut *conn)
+            .await;
+        match took {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if is_race(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // A takeover reports the state it read; a holder whose lease ended
+        // may have released since (same token, a guard column changed: then
+        // this takeover lost and runs again, and reads `Released`).
+        let previous = match reason {
+            Some(reason) if !expired => Some(Previous {
+                reason,
+                resource_id,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
+
+    pub(crate) async fn complete_on<'c>(
+        &self,
+        conn: impl MySqlExecutor<'c>,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let done = q(&self.sql.complete)
+            .bind(c.outcome.as_str())
+            .bind(c.body)
+            .bind(c.response_expires_at.as_unix_millis())
+            .bind(c.key_expires_at.as_unix_millis())
+            .bind(c.resource_id)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .execute(conn)
+            .await
+            .map_err(store_error)?;
+        fenced(done.rows_affected())
+    }
+
+    async fn guarded(
+        &self,
+        sql: &Arc<str>,
+        id: &RecordId,
+        token: Token,
+        value: GuardedValue<'_>,
+    ) -> Result<(), StoreError> {
+        let query = q(sql);
+        let query = match value {
+            GuardedValue::Int(v, times) => (0..times).fold(query, |q, _| q.bind(v)),
+            GuardedValue::Text(v) => query.bind(v),
+        };
+        let done = query
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .execute(&self.pool)
+            .await
+            .map_err(store_error)?;
+        fenced(done.rows_affected())
+    }
+}
+
+/// A deadlock (InnoDB rolled the statement's transaction back) or a
+/// duplicate key: a race with a concurrent writer of the same record, which
+/// a second run, seeing the winner's commit, resolves.
+fn is_race(e: &sqlx::Error) -> bool {
+    matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
+}
+
+/// Reads a record from the row, refusing anything a record cannot hold.
+fn decode_record(row: &MySqlRow) -> Result<StoredRecord, Error> {
+    let corrupt = |detail: String| Error::Corrupt { detail };
+    let fp: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = Fingerprint::from_slice(&fp)
+        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
+    let state: String = row.try_get("state")?;
+    let state = RecordState::parse(&state)
+        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
+    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
+        None => None,
+        Some(o) => Some(
+            OutcomeKind::parse(&o)
+                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
+        ),
+    };
+    StoredRecord {
+        fingerprint,
+        state,
+        attempt: attempt_of(row)?,
+        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
+        resource_id: row.try_get("resource_id")?,
+        outcome,
+        response: row.try_get("response")?,
+        response_expires_at: row
+            .try_get::<Option<i64>, _>("response_expires_at")?
+            .map(Timestamp::from_unix_millis),
+        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
+    }
+    .validate(BACKEND)
+    .map_err(|e| match e {
+        StoreError::Corrupt { detail, .. } => corrupt(detail),
+        other => corrupt(other.to_string()),
+    })
+}
+
+/// Enough of a corrupted value to recognise it in a log, not more.
+pub(crate) fn truncate(s: &str) -> &str {
+    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
+}
+
+/// The `attempt` column, refusing a negative one.
+pub(crate) fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
+    let attempt: i32 = row.try_get("attempt")?;
+    u32::try_from(attempt).map_err(|_| Error::Corrupt {
+        detail: format!("negative attempt {attempt}"),
+    })
+}
+
+/// The value(s) a guarded update sets: an integer bound `n` times, or text.
+enum GuardedValue<'a> {
+    Int(i64, usize),
+    Text(&'a str),
+}
+
+/// One row matched (sqlx connects with `CLIENT_FOUND_ROWS`, so an update
+/// that matched but changed nothing counts too): the token held. None: the
+/// lease is lost (or the record is gone, or no longer in flight).
+fn fenced(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+impl Store for MySqlStore {
+    /// One statement on one checkout on MariaDB (two for a takeover); on
+    /// MySQL an insert, plus a read when the key exists (three for a
+    /// takeover). Run again (at most 8 times in all) only when it lost a
+    /// race to a concurrent writer on the same record (a deadlock, a
+    /// duplicate key, a record changed between the read and the takeover).
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        retry_claim_race(BACKEND, || async {
+            let mut conn = self.pool.acquire().await.map_err(store_error)?;
+            let outcome = self.claim_once(&mut conn, req).await?;
+            if outcome.is_none() {
+                debug!("claim lost a race; running it again");
+            }
+            Ok(outcome)
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let done = self.complete_on(&self.pool, id, token, completion).await;
+        if !matches!(done, Err(StoreError::LeaseLost)) {
+            return done;
+        }
+        // No row matched: a lost lease, or this completion already applied
+        // (a retry after a lost reply), which is not an error.
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        if applied.is_some() { Ok(()) } else { done }
+    }
+
+    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
+        let now = GuardedValue::Int(now.as_unix_millis(), 1);
+        self.guarded(&self.sql.release, id, token, now).await
+    }
+
+    async fn save_resource_id(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
+        let value = GuardedValue::Text(resource_id);
+        self.guarded(&self.sql.save_resource_id, id, token, value)
+            .await
+    }
+
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let until = GuardedValue::Int(lease_until.as_unix_millis(), 3);
+        self.guarded(&self.sql.extend_lease, id, token, until).await
+    }
+
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        let now = now.as_unix_millis();
+        let row = q(&self.sql.fetch)
+            .bind(now)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)?;
+        Ok(row.as_ref().map(decode_record).transpose()?)
+    }
+
+    /// One batch per round: the expired keys (one `DELETE`), the expired
+    /// bodies (one `UPDATE`), then the re-filing of the other records due
+    /// (one `UPDATE`), each walking the sweep index, at most `limit` rows
+    /// each. A round that only re-filed records removed nothing, and an
+    /// empty report tells the caller the purge is done; so the round runs
+    /// again until it removes something or finds nothing due. Each round
+    /// moves every row it re-files past `now`, so this ends.
+    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+        let now = now.as_unix_millis();
+        let limit = i64::from(limit);
+        // One checkout for the whole purge: its statements follow each other.
+        let mut conn = self.pool.acquire().await.map_err(store_error)?;
+        let mut run = async |sql: &Arc<str>| {
+            q(sql)
+                .bind(now)
+                .bind(now)
+                .bind(now)
+                .bind(limit)
+                .execute(&mut *conn)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(store_error)
+        };
+        loop {
+            let keys_removed = run(&self.sql.purge_delete).await?;
+            let bodies_dropped = run(&self.sql.purge_drop_bodies).await?;
+            let report = PurgeReport {
+                keys_removed,
+                bodies_dropped,
+            };
+            if report != PurgeReport::default() {
+                return Ok(report);
+            }
+            let refiled = run(&self.sql.purge_refile).await?;
+            if refiled == 0 {
+                return Ok(report);
+            }
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+    }
+}
