@@ -64,6 +64,9 @@ fn is_unavailable_number(n: u16) -> bool {
         code::LOCK_WAIT_TIMEOUT
             | code::DEADLOCK
             | 1040 // ER_CON_COUNT_ERROR: too many connections
+            | 1047 // ER_UNKNOWN_COM_ERROR: a Galera node outside the primary component
+            | 1290 // ER_OPTION_PREVENTS_STATEMENT: `read_only` (a replica, or a demoted primary)
+            | 1792 // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
             | 1053 // ER_SERVER_SHUTDOWN
             | 1203 // ER_TOO_MANY_USER_CONNECTIONS
             | 1317 // ER_QUERY_INTERRUPTED (KILL QUERY)
@@ -173,6 +176,11 @@ mod tests {
         ));
         assert!(is_unavailable_number(1213));
         assert!(is_unavailable_number(1927));
+        // A read-only server or a Galera node cut off from its quorum: the
+        // same call succeeds against the new primary after a failover.
+        assert!(is_unavailable_number(1290));
+        assert!(is_unavailable_number(1792));
+        assert!(is_unavailable_number(1047));
         assert!(!is_unavailable_number(1062));
         assert!(!is_unavailable_number(1146)); // no such table
     }
