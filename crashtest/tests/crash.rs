@@ -201,10 +201,14 @@ struct CrashMariaDb {
 impl CrashMariaDb {
     fn start() -> Self {
         let dir = TempDir::new("mariadb");
+        // Its own tmpdir: bootstraps side by side in one /tmp collide on
+        // their temporary tables' names and abort.
+        std::fs::create_dir_all(dir.0.join("tmp")).expect("tmpdir");
         let out = Command::new("mariadb-install-db")
             .args(["--no-defaults", "--user=root", "--skip-test-db"])
             .arg("--auth-root-authentication-method=normal")
             .arg(format!("--datadir={}", dir.0.join("data").display()))
+            .arg(format!("--tmpdir={}", dir.0.join("tmp").display()))
             .output()
             .expect("run mariadb-install-db (is MariaDB installed?)");
         assert!(
@@ -244,6 +248,7 @@ impl CrashMariaDb {
             .arg(format!("--port={}", self.port))
             .arg(format!("--datadir={}", d.join("data").display()))
             .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("err.log").display()))
             .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])

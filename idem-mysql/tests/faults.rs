@@ -151,10 +151,21 @@ async fn killed_connection_mid_statement(server: Server) {
         .expect("id");
     let (r, sql) = (runs.clone(), lock_row.clone());
     let (hold_tx, hold) = tokio::sync::oneshot::channel();
-    let killer = tokio::spawn(kill_when_running(url.clone(), table.clone(), spare));
+    // The killer starts looking only once the work runs: the claim before it
+    // is a statement on the table too, and a loaded machine can be caught
+    // running it.
+    let (ran_tx, ran) = tokio::sync::oneshot::channel::<()>();
+    let killer = tokio::spawn({
+        let (url, table) = (url.clone(), table.clone());
+        async move {
+            ran.await.expect("the work ran");
+            kill_when_running(url, table, spare).await
+        }
+    });
     let reply = idem
         .execute(&scope, "k", &request(), move |a| async move {
             r.hit();
+            let _ = ran_tx.send(());
             let mut lock = sqlx::Transaction::begin(conn, None).await.expect("begin");
             let id = a.record();
             sqlx::query(sqlx::AssertSqlSafe(sql))

@@ -39,15 +39,19 @@ impl Throwaway {
             "idem-mariadb-{}",
             idem_core::IdempotencyKey::random().as_str()
         ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        // Its own tmpdir too: bootstraps running side by side in one /tmp
+        // collide on their temporary tables' names and abort.
+        std::fs::create_dir_all(dir.join("tmp")).expect("temp dir");
         let data = dir.join("data");
         let out = tokio::task::spawn_blocking({
             let data = data.clone();
+            let tmp = dir.join("tmp");
             move || {
                 Command::new("mariadb-install-db")
                     .args(["--no-defaults", "--user=root", "--skip-test-db"])
                     .arg("--auth-root-authentication-method=normal")
                     .arg(format!("--datadir={}", data.display()))
+                    .arg(format!("--tmpdir={}", tmp.display()))
                     .output()
             }
         })
@@ -94,6 +98,7 @@ impl Throwaway {
             .arg(format!("--port={}", self.port))
             .arg(format!("--datadir={}", d.join("data").display()))
             .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--tmpdir={}", d.join("tmp").display()))
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("err.log").display()))
             .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])
