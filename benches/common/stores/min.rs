@@ -90,6 +90,18 @@ impl Target for MinMemory {
     }
 }
 
+/// Runs a query on the held connection, or (with `two_checkouts`, when
+/// `held` is `None`) on a fresh checkout from `pool` for this statement only.
+/// One macro for every SQL side: their drivers' executor types differ.
+macro_rules! on_conn {
+    ($held:expr, $pool:expr, $query:expr, $method:ident) => {
+        match $held.as_mut() {
+            Some(conn) => $query.$method(&mut **conn).await,
+            None => $query.$method($pool).await,
+        }
+    };
+}
+
 /// A token per claim, as a hand-written fencing check would use.
 fn next_token(tokens: &AtomicI64) -> i64 {
     tokens.fetch_add(1, Ordering::Relaxed)
@@ -154,18 +166,11 @@ pub(crate) mod sqlite {
             } else {
                 Some(self.pool.acquire().await.expect("acquire"))
             };
-            // The held connection, or a fresh checkout for this statement.
-            macro_rules! on {
-                ($query:expr, $method:ident) => {
-                    match held.as_mut() {
-                        Some(conn) => $query.$method(&mut **conn).await,
-                        None => $query.$method(&self.pool).await,
-                    }
-                };
-            }
             let token = next_token(&self.tokens);
             let now = now_ms();
-            let won = on!(
+            let won = on_conn!(
+                held,
+                &self.pool,
                 sqlx::query(INSERT)
                     .bind(key)
                     .bind(self.fingerprint.as_slice())
@@ -175,7 +180,9 @@ pub(crate) mod sqlite {
             )
             .expect("insert");
             if won.is_some() {
-                let done = on!(
+                let done = on_conn!(
+                    held,
+                    &self.pool,
                     sqlx::query(UPDATE)
                         .bind(key)
                         .bind(self.body.as_slice())
@@ -188,7 +195,8 @@ pub(crate) mod sqlite {
                 return Ended::Executed;
             }
             assert!(read_if_lost, "a fresh key existed");
-            let row = on!(sqlx::query(SELECT).bind(key), fetch_one).expect("select");
+            let row = on_conn!(held, &self.pool, sqlx::query(SELECT).bind(key), fetch_one)
+                .expect("select");
             if row.get::<i64, _>("done") == 1 {
                 std::hint::black_box(row.get::<Vec<u8>, _>("body"));
                 Ended::Replayed
@@ -287,18 +295,11 @@ pub(crate) mod postgres {
             } else {
                 Some(self.pool.acquire().await.expect("acquire"))
             };
-            // The held connection, or a fresh checkout for this statement.
-            macro_rules! on {
-                ($query:expr, $method:ident) => {
-                    match held.as_mut() {
-                        Some(conn) => $query.$method(&mut **conn).await,
-                        None => $query.$method(&self.pool).await,
-                    }
-                };
-            }
             let token = next_token(&self.tokens);
             let now = now_ms();
-            let won = on!(
+            let won = on_conn!(
+                held,
+                &self.pool,
                 sqlx::query(AssertSqlSafe(self.insert.as_str()))
                     .bind(key)
                     .bind(self.fingerprint.as_slice())
@@ -308,7 +309,9 @@ pub(crate) mod postgres {
             )
             .expect("insert");
             if won.is_some() {
-                let done = on!(
+                let done = on_conn!(
+                    held,
+                    &self.pool,
                     sqlx::query(AssertSqlSafe(self.update.as_str()))
                         .bind(key)
                         .bind(self.body.as_slice())
@@ -321,7 +324,9 @@ pub(crate) mod postgres {
                 return Ended::Executed;
             }
             assert!(read_if_lost, "a fresh key existed");
-            let row = on!(
+            let row = on_conn!(
+                held,
+                &self.pool,
                 sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
                 fetch_one
             )
@@ -422,17 +427,11 @@ pub(crate) mod mysql {
             } else {
                 Some(self.pool.acquire().await.expect("acquire"))
             };
-            macro_rules! on {
-                ($query:expr, $method:ident) => {
-                    match held.as_mut() {
-                        Some(conn) => $query.$method(&mut **conn).await,
-                        None => $query.$method(&self.pool).await,
-                    }
-                };
-            }
             let token = next_token(&self.tokens);
             let now = now_ms();
-            let inserted = on!(
+            let inserted = on_conn!(
+                held,
+                &self.pool,
                 sqlx::query(AssertSqlSafe(self.insert.as_str()))
                     .bind(key)
                     .bind(self.fingerprint.as_slice())
@@ -442,7 +441,9 @@ pub(crate) mod mysql {
             )
             .expect("insert");
             if inserted.rows_affected() == 1 {
-                let done = on!(
+                let done = on_conn!(
+                    held,
+                    &self.pool,
                     sqlx::query(AssertSqlSafe(self.update.as_str()))
                         .bind(self.body.as_slice())
                         .bind(now + TTL_MS)
@@ -455,7 +456,9 @@ pub(crate) mod mysql {
                 return Ended::Executed;
             }
             assert!(read_if_lost, "a fresh key existed");
-            let row = on!(
+            let row = on_conn!(
+                held,
+                &self.pool,
                 sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
                 fetch_one
             )
