@@ -54,6 +54,8 @@ struct Row {
     min: Vec<f64>,
     /// The minimal pattern with one checkout per statement (SQL backends).
     min2: Vec<f64>,
+    /// A peer library on the same store (Redis: the `idempotent` crate).
+    peer: Vec<f64>,
     /// store-statements time / library time of each alternating round
     /// (paired mode).
     pairs: Vec<f64>,
@@ -61,6 +63,8 @@ struct Row {
     pairs_min: Vec<f64>,
     /// two-checkout minimal time / library time of each round.
     pairs_min2: Vec<f64>,
+    /// peer library time / library time of each round.
+    pairs_peer: Vec<f64>,
     mix: Option<String>,
 }
 
@@ -71,6 +75,7 @@ enum Side {
     Store,
     Min,
     Min2,
+    Peer,
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -102,11 +107,19 @@ impl Summary {
             Side::Store => &mut row.raw,
             Side::Min => &mut row.min,
             Side::Min2 => &mut row.min2,
+            Side::Peer => &mut row.peer,
         };
         side.push(took.as_nanos() as f64 / calls.max(1) as f64);
     }
 
-    fn pair(&self, group: &str, store_ratio: f64, min_ratio: f64, min2_ratio: Option<f64>) {
+    fn pair(
+        &self,
+        group: &str,
+        store_ratio: f64,
+        min_ratio: f64,
+        min2_ratio: Option<f64>,
+        peer_ratio: Option<f64>,
+    ) {
         let mut rows = self
             .rows
             .lock()
@@ -115,6 +128,7 @@ impl Summary {
         row.pairs.push(store_ratio);
         row.pairs_min.push(min_ratio);
         row.pairs_min2.extend(min2_ratio);
+        row.pairs_peer.extend(peer_ratio);
     }
 
     /// Notes how the contended calls ended, for a group that ran.
@@ -134,14 +148,15 @@ impl Summary {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::from(
-            "| group | idem ops/s | store-stmts ops/s | minimal ops/s | minimal-2co ops/s | idem / store-stmts | idem / minimal | idem / minimal-2co | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+            "| group | idem ops/s | store-stmts ops/s | minimal ops/s | minimal-2co ops/s | idempotent ops/s | idem / store-stmts | idem / minimal | idem / minimal-2co | idem / idempotent | contended mix (idem: executed/replayed/409) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         );
         for (group, row) in rows.iter() {
-            let (l, r, m, m2) = (
+            let (l, r, m, m2, p) = (
                 median_rate(&row.lib),
                 median_rate(&row.raw),
                 median_rate(&row.min),
                 median_rate(&row.min2),
+                median_rate(&row.peer),
             );
             let ratio = |pairs: &[f64], base: f64| {
                 if pairs.is_empty() {
@@ -150,17 +165,19 @@ impl Summary {
                     median(pairs)
                 }
             };
-            // The two-checkout side runs on the SQL backends only.
-            let (m2_rate, m2_ratio) = if row.min2.is_empty() {
-                ("–".to_owned(), "–".to_owned())
-            } else {
-                (
-                    format!("{m2:.0}"),
-                    format!("{:.2}", ratio(&row.pairs_min2, m2)),
-                )
+            // The two-checkout side runs on the SQL backends only, the peer
+            // library on Redis only.
+            let optional = |samples: &[f64], pairs: &[f64], rate: f64| {
+                if samples.is_empty() {
+                    ("–".to_owned(), "–".to_owned())
+                } else {
+                    (format!("{rate:.0}"), format!("{:.2}", ratio(pairs, rate)))
+                }
             };
+            let (m2_rate, m2_ratio) = optional(&row.min2, &row.pairs_min2, m2);
+            let (p_rate, p_ratio) = optional(&row.peer, &row.pairs_peer, p);
             out.push_str(&format!(
-                "| {group} | {l:.0} | {r:.0} | {m:.0} | {m2_rate} | {:.2} | {:.2} | {m2_ratio} | {} |\n",
+                "| {group} | {l:.0} | {r:.0} | {m:.0} | {m2_rate} | {p_rate} | {:.2} | {:.2} | {m2_ratio} | {p_ratio} | {} |\n",
                 ratio(&row.pairs, r),
                 ratio(&row.pairs_min, m),
                 row.mix.as_deref().unwrap_or("")
@@ -201,20 +218,38 @@ fn selected(backend: &str, body: usize) -> bool {
 }
 
 /// The sides of one backend at one pool size: the library, the store's
-/// statements, the minimal pattern, and (SQL backends) the minimal pattern
-/// with one checkout per statement.
-struct Sides<L, R, M> {
+/// statements, the minimal pattern, (SQL backends) the minimal pattern
+/// with one checkout per statement, and (Redis) a peer library.
+struct Sides<L, R, M, P> {
     lib: Arc<Plan<L>>,
     raw: Arc<Plan<R>>,
     min: Arc<Plan<M>>,
     min2: Option<Arc<Plan<M>>>,
+    peer: Option<Arc<Plan<P>>>,
 }
 
-fn paired<L: Target, R: Target, M: Target>(
+/// The peer side of a backend that has none.
+enum NoPeer {}
+
+impl Target for NoPeer {
+    async fn fresh(&self, _: &str) {
+        match *self {}
+    }
+
+    async fn replay(&self, _: &str) {
+        match *self {}
+    }
+
+    async fn contended(&self, _: &str) -> common::stores::workload::Ended {
+        match *self {}
+    }
+}
+
+fn paired<L: Target, R: Target, M: Target, P: Target>(
     rt: &Runtime,
     summary: &Summary,
     group: &str,
-    sides: &Sides<L, R, M>,
+    sides: &Sides<L, R, M, P>,
     scenario: Scenario,
     tasks: usize,
 ) {
@@ -227,20 +262,27 @@ fn paired<L: Target, R: Target, M: Target>(
     eprint!("{group}: {} rounds of {calls} calls", paired_rounds());
     for round in 0..paired_rounds() {
         // The order turns every round, so no side always runs first.
-        let order = match round % 4 {
-            0 => [Side::Min, Side::Store, Side::Min2, Side::Lib],
-            1 => [Side::Lib, Side::Min, Side::Store, Side::Min2],
-            2 => [Side::Min2, Side::Lib, Side::Min, Side::Store],
-            _ => [Side::Store, Side::Min2, Side::Lib, Side::Min],
+        let order = match round % 5 {
+            0 => [Side::Min, Side::Store, Side::Peer, Side::Min2, Side::Lib],
+            1 => [Side::Lib, Side::Min, Side::Store, Side::Peer, Side::Min2],
+            2 => [Side::Min2, Side::Lib, Side::Min, Side::Store, Side::Peer],
+            3 => [Side::Peer, Side::Min2, Side::Lib, Side::Min, Side::Store],
+            _ => [Side::Store, Side::Peer, Side::Min2, Side::Lib, Side::Min],
         };
-        let mut took = [Duration::ZERO; 4];
+        let mut took = [Duration::ZERO; 5];
         for side in order {
-            let t = match (side, &sides.min2) {
-                (Side::Lib, _) => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
-                (Side::Store, _) => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
-                (Side::Min, _) => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
-                (Side::Min2, Some(min2)) => rt.block_on(run(min2, scenario, tasks, calls, false)),
-                (Side::Min2, None) => continue,
+            let t = match side {
+                Side::Lib => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
+                Side::Store => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
+                Side::Min => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
+                Side::Min2 => match &sides.min2 {
+                    Some(min2) => rt.block_on(run(min2, scenario, tasks, calls, false)),
+                    None => continue,
+                },
+                Side::Peer => match &sides.peer {
+                    Some(peer) => rt.block_on(run(peer, scenario, tasks, calls, false)),
+                    None => continue,
+                },
             }
             .elapsed;
             summary.add(group, side, calls, t);
@@ -248,11 +290,13 @@ fn paired<L: Target, R: Target, M: Target>(
         }
         let l = took[0].as_secs_f64();
         let min2 = sides.min2.as_ref().map(|_| took[3].as_secs_f64() / l);
+        let peer = sides.peer.as_ref().map(|_| took[4].as_secs_f64() / l);
         summary.pair(
             group,
             took[1].as_secs_f64() / l,
             took[2].as_secs_f64() / l,
             min2,
+            peer,
         );
         eprint!(".");
     }
@@ -261,9 +305,10 @@ fn paired<L: Target, R: Target, M: Target>(
 
 /// Every scenario and concurrency of one backend and body size. `make`
 /// builds the sides on a pool of the given size (min(tasks, 16)), once per
-/// concurrency: library, store statements, minimal pattern, and the minimal
-/// pattern with one checkout per statement where the backend has a pool.
-fn bench_backend<L, R, M, F>(
+/// concurrency: library, store statements, minimal pattern, the minimal
+/// pattern with one checkout per statement where the backend has a pool,
+/// and a peer library where one is measured.
+fn bench_backend<L, R, M, P, F>(
     c: &mut Criterion,
     rt: &Runtime,
     summary: &Arc<Summary>,
@@ -274,26 +319,32 @@ fn bench_backend<L, R, M, F>(
     L: Target,
     R: Target,
     M: Target,
-    F: std::future::Future<Output = (L, R, M, Option<M>)>,
+    P: Target,
+    F: std::future::Future<Output = (L, R, M, Option<M>, Option<P>)>,
 {
     if !selected(backend, body) {
         return;
     }
     let run_id = run_id();
     for tasks in [1usize, 8, 64] {
-        let (lib, raw, min, min2) = rt.block_on(make(u32::try_from(tasks.min(16)).unwrap_or(16)));
+        let (lib, raw, min, min2, peer) =
+            rt.block_on(make(u32::try_from(tasks.min(16)).unwrap_or(16)));
         let prefix = format!("{run_id}-{backend}-{body}-c{tasks}");
         let sides = Sides {
             lib: Arc::new(Plan::new(lib, format!("{prefix}-lib"))),
             raw: Arc::new(Plan::new(raw, format!("{prefix}-raw"))),
             min: Arc::new(Plan::new(min, format!("{prefix}-min"))),
             min2: min2.map(|m| Arc::new(Plan::new(m, format!("{prefix}-min2")))),
+            peer: peer.map(|p| Arc::new(Plan::new(p, format!("{prefix}-peer")))),
         };
         rt.block_on(sides.lib.prepare_replays());
         rt.block_on(sides.raw.prepare_replays());
         rt.block_on(sides.min.prepare_replays());
         if let Some(min2) = &sides.min2 {
             rt.block_on(min2.prepare_replays());
+        }
+        if let Some(peer) = &sides.peer {
+            rt.block_on(peer.prepare_replays());
         }
         for scenario in [Scenario::Fresh, Scenario::Replay, Scenario::Contended] {
             if !concurrencies(scenario).contains(&tasks) {
@@ -344,6 +395,17 @@ fn bench_backend<L, R, M, F>(
                     });
                 });
             }
+            if let Some(peer) = &sides.peer {
+                g.bench_function("idempotent", |b| {
+                    b.iter_custom(|calls| {
+                        let took = rt
+                            .block_on(run(peer, scenario, tasks, calls, false))
+                            .elapsed;
+                        summary.add(&group, Side::Peer, calls, took);
+                        took
+                    });
+                });
+            }
             g.finish();
         }
         if tasks == 64 {
@@ -367,6 +429,7 @@ fn memory(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 RawMemory::new(body),
                 MinMemory::new(body),
                 None,
+                None::<NoPeer>,
             )
         });
     }
@@ -404,7 +467,7 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 let min2 = MinSqlite::new(store.pool().clone(), body)
                     .await
                     .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2))
+                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
             }
         });
         bench_backend(c, rt, summary, "sqlite-memory", body, |_| async move {
@@ -414,7 +477,7 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
             let min2 = MinSqlite::new(store.pool().clone(), body)
                 .await
                 .two_checkouts();
-            (Lib::new(store, body), raw, min, Some(min2))
+            (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
         });
     }
 }
@@ -530,15 +593,17 @@ fn profile_size(calls: u64) -> (u64, usize) {
     )
 }
 
-/// `IDEM_STORE_PROFILE=redis-fresh|redis-replay|redis-min-fresh|redis-min-replay`:
+/// `IDEM_STORE_PROFILE=redis-fresh|redis-replay|redis-min-fresh|redis-min-replay|redis-peer-fresh|redis-peer-replay`:
 /// 200,000 calls (`IDEM_PROFILE_CALLS`) at 64 tasks (`IDEM_PROFILE_TASKS`)
-/// through the library or the minimal hand-written pattern on the Redis of
+/// through the library, the minimal hand-written pattern or the `idempotent`
+/// crate on the Redis of
 /// `IDEM_REDIS_URL`, then exits: one side per process, so `perf stat` on the
 /// client and `INFO cpu` on the server give each side's CPU per call.
 #[cfg(feature = "redis")]
 fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
     use common::stores::redis::clean;
     use common::stores::redis_min::MinRedis;
+    use common::stores::redis_peer::PeerIdempotent;
     use idem_redis::RedisStore;
     use idem_redis::redis::aio::ConnectionManager;
 
@@ -553,6 +618,9 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
     let took = if side.starts_with("min-") {
         let min = MinRedis::new(conn.clone(), &prefix, 256);
         profile_loop(rt, min, scenario, tasks, calls)
+    } else if side.starts_with("peer-") {
+        let peer = rt.block_on(PeerIdempotent::new(&url, &format!("{prefix}peer"), 256));
+        profile_loop(rt, peer, scenario, tasks, calls)
     } else {
         let store = RedisStore::new(conn.clone())
             .with_prefix(&prefix)
@@ -687,7 +755,7 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 let min2 = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body)
                     .await
                     .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2))
+                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
             }
         });
     }
@@ -748,7 +816,7 @@ fn mysql(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                 let min2 = MinMySql::new(store.pool().clone(), MIN, body)
                     .await
                     .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2))
+                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
             }
         });
     }
@@ -771,6 +839,7 @@ fn redis_url() -> String {
 fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use common::stores::redis::{RawRedis, clean};
     use common::stores::redis_min::MinRedis;
+    use common::stores::redis_peer::PeerIdempotent;
     use idem_redis::RedisStore;
     use idem_redis::redis::aio::ConnectionManager;
 
@@ -792,14 +861,15 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
         let conn = conn.clone();
         let prefix = prefix.clone();
         bench_backend(c, rt, summary, "redis", body, |_| {
-            let (conn, prefix) = (conn.clone(), prefix.clone());
+            let (conn, prefix, url) = (conn.clone(), prefix.clone(), url.clone());
             async move {
                 let store = RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
                 let min = MinRedis::new(conn, &format!("{prefix}min:"), body);
-                (Lib::new(store, body), raw, min, None)
+                let peer = PeerIdempotent::new(&url, &format!("{prefix}peer"), body).await;
+                (Lib::new(store, body), raw, min, None, Some(peer))
             }
         });
     }

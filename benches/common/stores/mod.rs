@@ -13,6 +13,8 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 #[cfg(feature = "redis")]
 pub(crate) mod redis_min;
+#[cfg(feature = "redis")]
+pub(crate) mod redis_peer;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 pub(crate) mod workload;
