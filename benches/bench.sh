@@ -14,6 +14,8 @@
 #
 #   benches/bench.sh                          # every backend, 256 B and 4 KiB
 #   IDEM_BENCH_ONLY=postgres,sqlite-file IDEM_BENCH_BODIES=256 benches/bench.sh
+#   IDEM_BENCH_BIN="before/store after/store" AB_ROUNDS=2 benches/bench.sh
+#       # binaries built elsewhere, alternated on the same servers
 #
 # Needs: taskset, redis-server, PostgreSQL's initdb/pg_ctl (PG_BIN, default
 # the newest /usr/lib/postgresql/*/bin). Without them, that backend is skipped
@@ -41,8 +43,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "building the bench (release)..." >&2
-cargo bench --bench store --all-features --no-run >/dev/null 2>&1 || cargo bench --bench store --all-features --no-run
+# IDEM_BENCH_BIN: run these already built bench binaries instead of building
+# this tree's (a before/after comparison on the same servers).
+if [ -z "${IDEM_BENCH_BIN:-}" ]; then
+    echo "building the bench (release)..." >&2
+    cargo bench --bench store --all-features --no-run >/dev/null 2>&1 || cargo bench --bench store --all-features --no-run
+fi
 
 if [ -x "$PG_BIN/initdb" ]; then
     [ "$(id -u)" = 0 ] && chown postgres "$TMP"
@@ -65,5 +71,24 @@ if command -v redis-server >/dev/null; then
 fi
 
 echo "servers on core $SERVER_CORE, client on core $CLIENT_CORE, $ROUNDS alternating rounds" >&2
-IDEM_BENCH_PAIRED=$ROUNDS taskset -c "$CLIENT_CORE" \
-    cargo bench --bench store --all-features -- 2>&1 | grep -v '^\s*$' | sed -n '/^| group/,$p'
+if [ -z "${IDEM_BENCH_BIN:-}" ]; then
+    IDEM_BENCH_PAIRED=$ROUNDS taskset -c "$CLIENT_CORE" \
+        cargo bench --bench store --all-features -- 2>&1 | grep -v '^\s*$' | sed -n '/^| group/,$p'
+    exit 0
+fi
+# Several binaries (before/after): AB_ROUNDS passes over them on the same
+# servers, the order reversed every other pass, each table headed by its
+# binary and pass.
+read -r -a bins <<<"$IDEM_BENCH_BIN"
+for bin in "${bins[@]}"; do [ -x "$bin" ] || { echo "IDEM_BENCH_BIN: $bin is not executable" >&2; exit 2; }; done
+for pass in $(seq "${AB_ROUNDS:-1}"); do
+    order=("${bins[@]}")
+    if [ $((pass % 2)) = 0 ]; then
+        order=(); for ((i = ${#bins[@]} - 1; i >= 0; i--)); do order+=("${bins[i]}"); done
+    fi
+    for bin in "${order[@]}"; do
+        echo "### $(basename "$bin"), pass $pass"
+        IDEM_BENCH_PAIRED=$ROUNDS taskset -c "$CLIENT_CORE" "$bin" --bench 2>&1 \
+            | grep -v '^\s*$' | sed -n '/^| group/,$p'
+    done
+done
