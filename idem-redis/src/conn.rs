@@ -48,7 +48,8 @@ impl Connection {
     /// cluster); an error reply is the error.
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let v = match self {
-            Self::Standalone(c) => c.clone().req_packed_command(cmd).await?,
+            // The inherent method: `ConnectionLike`'s boxes its future.
+            Self::Standalone(c) => c.clone().send_packed_command(cmd).await?,
             Self::Cluster(c) => c.clone().req_packed_command(cmd).await?,
         };
         v.extract_error()
@@ -70,7 +71,7 @@ impl Connection {
         n: usize,
     ) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Standalone(c) => c.clone().req_packed_commands(pipe, 0, n).await,
+            Self::Standalone(c) => c.clone().send_packed_commands(pipe, 0, n).await,
             Self::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 c.clone()
