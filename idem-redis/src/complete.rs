@@ -4,7 +4,9 @@
 
 use idem_core::ops::OutcomeKind;
 use idem_core::store::{Completion, StoreError, Token};
-use redis::{Cmd, Value};
+use std::io::Write;
+
+use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
 
 use crate::conn::evalsha;
 use crate::error::{corrupt, store_error};
@@ -22,6 +24,24 @@ use crate::store::{RedisStore, ttl_ms, unexpected};
 /// at about 800 bytes. (A body kept inside its record always passes through
 /// the script, which writes the record.)
 pub(crate) const SCRIPT_ARG_MAX: usize = 1024;
+
+/// A body kept inside its record, as `complete.lua` appends it to the
+/// record: the body, then its length (u32, big-endian).
+#[derive(Debug, Clone, Copy)]
+struct InlineBody<'a>(&'a [u8]);
+
+impl ToRedisArgs for InlineBody<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        let mut w = out.writer_for_next_arg();
+        w.write_all(self.0)
+            .and_then(|()| w.write_all(&len.to_be_bytes()))
+            .expect("writing to a command never fails");
+    }
+}
 
 /// What a completion writes, as `complete.lua` takes it.
 #[derive(Debug, Clone, Copy)]
@@ -84,18 +104,17 @@ pub(crate) fn commands(keys: &RecordKeys, a: &Args<'_>) -> (Option<Cmd>, Cmd) {
     call.arg(&a.token.to_be_bytes()[..])
         .arg(&expiries[..])
         .arg(&[outcome_byte(a.outcome)][..])
-        .arg(a.ttls[0])
-        .arg(mode);
+        .arg(a.ttls[0]);
     match (mode, inline, value) {
+        // One key tells the script the body goes inside the record.
         ("i", Some(body), _) => {
-            let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
-            call.arg(body).arg(&len.to_be_bytes()[..]);
+            call.arg(InlineBody(body));
         }
         ("2", _, Some(v)) => {
-            call.arg(v).arg(a.ttls[1]);
+            call.arg(mode).arg(v).arg(a.ttls[1]);
         }
         _ => {
-            call.arg("").arg("");
+            call.arg(mode).arg("").arg("");
         }
     }
     if let Some(r) = a.resource_id {

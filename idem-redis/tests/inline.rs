@@ -126,6 +126,31 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
         .expect("record");
     assert_eq!(fetched.response.as_deref(), Some(body.as_slice()));
 
+    // A body over 512 bytes is appended to the record by the script
+    // (`APPEND`, cheaper than copying it into a new Lua string); the replay
+    // is the same one command.
+    let long = record_id(&scope());
+    let req = claim_req(&long, &clock);
+    store.claim(&req).await.expect("claim");
+    let long_body = [all_bytes(), b"tail".to_vec()].concat();
+    let complete = delta(&mut admin, async {
+        store
+            .complete(&long, req.token, &done(clock.now(), &long_body, None))
+            .await
+            .expect("complete");
+    })
+    .await;
+    assert_eq!(
+        complete,
+        counts(&[("append", 1), ("evalsha", 1), ("get", 1), ("set", 1)])
+    );
+    let replay = delta(&mut admin, async {
+        let rec = existing(&store, &long, &clock).await;
+        assert_eq!(rec.response.as_deref(), Some(long_body.as_slice()));
+    })
+    .await;
+    assert_eq!(replay, counts(&[("set", 1)]));
+
     // Through the engine: the work ran once, the replay is the first reply.
     let idem = engine(store.clone(), &clock);
     let (scope, runs) = (scope(), Counter::default());
