@@ -304,6 +304,10 @@ impl RedisStore {
     /// `SET … NX GET` and nothing else, and a fresh key costs Redis four
     /// commands instead of six. `0` (the default) turns it off: every body
     /// goes to the body key, and the claim reads it in the same pipeline.
+    /// A body over 512 bytes kept inside is appended by the completion's
+    /// script rather than copied in Lua, but still costs Redis more to
+    /// write than one staged in the body key (at 4 KiB, 109,500
+    /// instructions per completion against 87,800).
     ///
     /// **Retention stays tiered.** A body kept inside the record is never
     /// returned at or after its `response_expires_at` (the reader compares
@@ -313,8 +317,13 @@ impl RedisStore {
     /// `key_expires_at`, as before. What changes is the memory: Redis cannot
     /// expire part of a string, so a body kept inside its record occupies
     /// memory until the *key* expires, where a body in the body key is freed
-    /// at the response TTL. Measured costs are in the crate docs ("Bodies
-    /// kept inside their record").
+    /// at the response TTL. Measured with the default policy (response 24 h,
+    /// key 30 days), a key costs Redis 1.7 times the memory over its life
+    /// with 256-byte bodies inside, 3.7 times at 1 KiB; with `response_ttl`
+    /// equal to `key_ttl` the option saves memory instead (one key per
+    /// record). Hence the default, off; `1024` is a good limit when memory
+    /// allows. The numbers, and the CPU and commands saved, are in the
+    /// [crate docs](crate#bodies-kept-inside-their-record).
     ///
     /// A body over the limit goes to the body key as before; replaying it
     /// costs one more round trip (the claim, then a `GET` of the body key),
