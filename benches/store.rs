@@ -594,9 +594,11 @@ fn profile_size(calls: u64) -> (u64, usize) {
 }
 
 /// `IDEM_STORE_PROFILE=redis-fresh|redis-replay|redis-min-fresh|redis-min-replay|redis-peer-fresh|redis-peer-replay`:
-/// 200,000 calls (`IDEM_PROFILE_CALLS`) at 64 tasks (`IDEM_PROFILE_TASKS`)
-/// through the library, the minimal hand-written pattern or the `idempotent`
-/// crate on the Redis of
+/// 200,000 calls (`IDEM_PROFILE_CALLS`) at 64 tasks (`IDEM_PROFILE_TASKS`),
+/// the store keeping bodies of up to `IDEM_REDIS_INLINE_LIMIT` bytes (default
+/// the bench's [`INLINE_LIMIT`](common::stores::redis::INLINE_LIMIT)) inside
+/// their record, through the library, the minimal hand-written pattern or
+/// the `idempotent` crate on the Redis of
 /// `IDEM_REDIS_URL`, then exits: one side per process, so `perf stat` on the
 /// client and `INFO cpu` on the server give each side's CPU per call.
 #[cfg(feature = "redis")]
@@ -624,7 +626,13 @@ fn profile_redis(side: &str, scenario: Scenario, rt: &Runtime) {
     } else {
         let store = RedisStore::new(conn.clone())
             .with_prefix(&prefix)
-            .expect("valid prefix");
+            .expect("valid prefix")
+            .with_inline_body_limit(
+                std::env::var("IDEM_REDIS_INLINE_LIMIT")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(common::stores::redis::INLINE_LIMIT),
+            );
         profile_loop(rt, Lib::new(store, 256), scenario, tasks, calls)
     };
     rt.block_on(clean(&conn, &prefix));
@@ -837,7 +845,7 @@ fn redis_url() -> String {
 
 #[cfg(feature = "redis")]
 fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
-    use common::stores::redis::{RawRedis, clean};
+    use common::stores::redis::{INLINE_LIMIT, RawRedis, clean};
     use common::stores::redis_min::MinRedis;
     use common::stores::redis_peer::PeerIdempotent;
     use idem_redis::RedisStore;
@@ -865,7 +873,8 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
             async move {
                 let store = RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
-                    .expect("valid prefix");
+                    .expect("valid prefix")
+                    .with_inline_body_limit(INLINE_LIMIT);
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), body);
                 let min = MinRedis::new(conn, &format!("{prefix}min:"), body);
                 let peer = PeerIdempotent::new(&url, &format!("{prefix}peer"), body).await;

@@ -3,7 +3,8 @@
 //! Through [`RedisStore`] on `IDEM_REDIS_URL`, 16 tasks on one store, runs
 //! three phases over `IDEM_OPS` keys (default 20,000): claims of new keys,
 //! their completions (an `IDEM_BODY`-byte body, default 256), then replays
-//! (claims of the completed keys). Per phase it prints the commands Redis ran
+//! (claims of the completed keys), bodies of up to `IDEM_INLINE` bytes kept
+//! inside their record (default 0: none). Per phase it prints the commands Redis ran
 //! per operation, the microseconds they took (`usec` of `INFO commandstats`,
 //! reset with `CONFIG RESETSTAT` before each phase; for a script, its own
 //! `usec`, which includes the commands it ran) and Redis's whole CPU time per
@@ -139,7 +140,8 @@ async fn main() {
         .await
         .expect("connect")
         .with_prefix(&prefix)
-        .expect("prefix");
+        .expect("prefix")
+        .with_inline_body_limit(env("IDEM_INLINE", 0));
     let mut admin = redis::Client::open(url.as_str())
         .expect("url")
         .get_multiplexed_async_connection()

@@ -3,9 +3,13 @@
 
 mod ack;
 mod admin;
+mod claim;
+mod complete;
 mod config;
+mod conn;
 mod error;
 mod keys;
+mod legacy;
 mod record;
 mod scripts;
 mod store;
@@ -23,7 +27,7 @@ pub use store::RedisStore;
 #[doc(hidden)]
 pub mod statements {
     use idem_core::ops::{OutcomeKind, RecordState};
-    use redis::Pipeline;
+    use redis::{Cmd, Pipeline};
 
     pub use crate::scripts::sources::*;
 
@@ -33,81 +37,86 @@ pub mod statements {
     ///
     /// An owner, operation or key longer than 65,535 bytes.
     pub fn in_flight_record(
-        (owner, operation, key): (&str, &str, &str),
+        identity: (&str, &str, &str),
         fingerprint: [u8; 32],
         token: i64,
         lease_until: i64,
         key_expires_at: i64,
     ) -> Result<Vec<u8>, idem_core::store::StoreError> {
-        crate::record::Record {
-            state: RecordState::InFlight,
-            token,
-            attempt: 1,
-            lease_until,
-            key_expires_at,
-            response_expires_at: 0,
-            fingerprint,
-            outcome: None,
-            owner: owner.to_owned(),
-            operation: operation.to_owned(),
-            key: key.to_owned(),
-            resource_id: None,
-        }
-        .encode()
+        crate::record::InFlight::new(identity, &fingerprint, token, lease_until, key_expires_at)
+            .map(|r| r.to_vec())
     }
 
-    /// The claim's pipeline: `SET … NX PX … GET` and `GET <body>`.
+    /// The claim's command with bodies kept inside their record
+    /// ([`RedisStore::with_inline_body_limit`](crate::RedisStore::with_inline_body_limit)):
+    /// `SET <record> <fresh> NX PX <ttl> GET`, the whole claim.
     #[must_use]
-    pub fn claim(record: &str, body: &str, fresh: &[u8], ttl_ms: i64) -> Pipeline {
-        crate::store::claim_pipeline(record, body, fresh, ttl_ms)
+    pub fn claim(record: &str, fresh: &[u8], ttl_ms: i64) -> Cmd {
+        crate::claim::command(record.as_bytes(), fresh, fresh.len(), ttl_ms)
     }
 
-    /// The body value a completion stores under `token`.
+    /// The claim without inline bodies: the same `SET` and `GET <body>`,
+    /// one pipeline (`body` is the record's body key, `…:v`).
     #[must_use]
-    pub fn body_value(token: i64, body: &[u8]) -> Vec<u8> {
-        crate::record::encode_body(token, body)
+    pub fn claim_with_body(record: &str, body: &str, fresh: &[u8], ttl_ms: i64) -> Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.add_command(claim(record, fresh, ttl_ms))
+            .cmd("GET")
+            .arg(body);
+        pipe
     }
 
     /// The completion's pipeline, keeping the record's resource id: for a
-    /// body value over 1 KiB `SET <staging> <body value> PX …`, then
-    /// `complete.lua` (`EVALSHA`: load [`COMPLETE`] first, or after
-    /// `NOSCRIPT`); its reply is the pipeline's last. `record` is the
-    /// record's key (`…:r`); the body and staging keys follow from it.
+    /// body over `inline_limit` whose value is over 1 KiB
+    /// `SET <staging> <body value> PX …`, then `complete.lua` (`EVALSHA`:
+    /// load [`COMPLETE`] first, or after `NOSCRIPT`); its reply is the
+    /// pipeline's last. `record` is the record's key (`…:r`); the body and
+    /// staging keys follow from it. `expiries` are the key's and the
+    /// response's (ms since the epoch), `ttls` the same as native TTLs.
+    ///
+    /// # Panics
+    ///
+    /// When `record` is not a record key (`…:r`, at most 131 bytes).
     #[must_use]
     pub fn complete(
         record: &str,
         token: i64,
         expiries: [i64; 2],
         ttls: [i64; 2],
-        body_value: &[u8],
+        body: &[u8],
+        inline_limit: usize,
     ) -> Pipeline {
-        let keys = crate::keys::RecordKeys {
-            record: record.to_owned(),
-            body: crate::keys::body_for(record),
-        };
-        let (mut pipe, inv) = crate::store::complete_pipeline(
+        let keys = crate::keys::RecordKeys::from_record(record).expect("a record key");
+        let (pre, call) = crate::complete::commands(
             &keys,
-            token,
-            OutcomeKind::Success,
-            expiries,
-            ttls,
-            Some(body_value),
-            None,
+            &crate::complete::Args {
+                token,
+                outcome: OutcomeKind::Success,
+                expiries,
+                ttls,
+                body: Some(body),
+                resource_id: None,
+                inline_limit,
+            },
         );
-        pipe.invoke_script(&inv);
+        let mut pipe = redis::pipe();
+        if let Some(pre) = pre {
+            pipe.add_command(pre);
+        }
+        pipe.add_command(call);
         pipe
     }
 
-    /// What a claim's replies say, decoded as the store decodes them:
-    /// `Some(body)` for a completed record whose body (`body_value`) is its
-    /// own, `None` for anything else (in flight, released, no body).
+    /// What a claim's reply says, decoded as the store decodes it:
+    /// `Some(body)` for a completed record holding its body, or whose body
+    /// key's value (`body_value`) is its own; `None` for anything else (in
+    /// flight, released, no body).
     #[must_use]
-    pub fn replayed(record: &[u8], body_value: Option<&[u8]>) -> Option<Vec<u8>> {
-        let rec = crate::record::Record::decode(record).ok()?;
+    pub fn replayed(record: Vec<u8>, body_value: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        let rec = crate::record::Parsed::parse(&record).ok()?;
         if rec.state != RecordState::Completed {
             return None;
         }
-        let b = crate::record::body_of(body_value?, rec.token).ok()??;
-        Some(b.to_vec())
+        rec.take_response(record, body_value, i64::MIN).ok()?
     }
 }

@@ -6,35 +6,38 @@ use std::time::Duration;
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::ops::PurgeReport;
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
-    StoredRecord, Token,
+    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Client, ErrorKind, RedisError, RedisResult, ScriptInvocation, Value};
-use tracing::{debug, info, warn};
+use redis::{Client, Cmd, Script, Value};
+use tracing::debug;
 
 use crate::ack::ReplicaAck;
 use crate::config::KeyPrefix;
-use crate::error::{BACKEND, Error, corrupt, is_wrong_type, store_error};
-use crate::keys::{RecordKeys, body_for, legacy_body};
-use crate::record::{BODY_HEADER, Record, encode_body, outcome_byte};
+use crate::conn::{Connection, evalsha};
+use crate::error::{BACKEND, Error, corrupt, store_error};
+use crate::keys::RecordKeys;
+use crate::legacy::migrating;
+use crate::record::{InFlight, Parsed};
 use crate::scripts;
 
 /// An idempotency store in Redis or Redis Cluster.
 ///
-/// A claim (and so a replay) is one pipeline of two native commands; a
-/// completion, release, saved resource id or lease extension is one `EVALSHA` of a
-/// small Lua script that checks the fencing token (see the
-/// [crate docs](crate) for the record layout and the commands of each
-/// transition). Every call is one round trip, except a takeover (the claim,
-/// then a swap). The store holds one multiplexed, reconnecting connection:
-/// cloning it is cheap and clones share the connection, which pipelines the
-/// calls of many tasks.
+/// A claim (and so a replay) is one native `SET … NX GET` (with the body's
+/// `GET` pipelined beside it unless bodies are kept inside their record, see
+/// [`RedisStore::with_inline_body_limit`]); a completion, release, saved
+/// resource id or lease extension is one `EVALSHA` of a small Lua script that
+/// checks the fencing token (see the [crate docs](crate) for the record
+/// layout and the commands of each transition). Every call is one round
+/// trip, except a takeover (the claim, then a swap) and, with inline bodies,
+/// the replay of a body kept in the body key (the claim, then its `GET`).
+/// The store holds one multiplexed, reconnecting connection: cloning it is
+/// cheap and clones share the connection, which pipelines the calls of many
+/// tasks.
 ///
 /// # Examples
 ///
@@ -51,201 +54,9 @@ use crate::scripts;
 pub struct RedisStore {
     pub(crate) conn: Connection,
     pub(crate) prefix: KeyPrefix,
-    ack: Option<ReplicaAck>,
-}
-
-/// The connection behind a store: standalone (reconnecting) or cluster.
-#[derive(Clone)]
-pub(crate) enum Connection {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// How many times a script call is made when Redis answers NOSCRIPT.
-///
-/// `invoke_async` already loads the script once after a NOSCRIPT; a
-/// `SCRIPT FLUSH` or a failover landing between that load and the second
-/// `EVALSHA` answers NOSCRIPT again. A NOSCRIPT reply means the script did not
-/// run, so calling again can never apply a transition twice.
-const NOSCRIPT_TRIES: u32 = 3;
-
-impl Connection {
-    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        let mut tries = 1;
-        loop {
-            let result = match self {
-                Self::Standalone(c) => inv.invoke_async(&mut c.clone()).await,
-                Self::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
-            };
-            match result {
-                Err(e)
-                    if tries < NOSCRIPT_TRIES
-                        && e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    debug!(
-                        tries,
-                        "script not loaded on the server (NOSCRIPT): calling again"
-                    );
-                    tries += 1;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Sends `pipe` in one round trip and returns its `n` replies, error
-    /// replies included as [`Value::ServerError`]. In a cluster the pipeline
-    /// goes to the primary of `key`'s slot (every key of a record shares it,
-    /// and a `WAIT` in the pipeline must reach the node that wrote).
-    pub(crate) async fn packed(
-        &self,
-        pipe: &redis::Pipeline,
-        key: &str,
-        n: usize,
-    ) -> RedisResult<Vec<Value>> {
-        match self {
-            Self::Standalone(c) => c.clone().req_packed_commands(pipe, 0, n).await,
-            Self::Cluster(c) => {
-                let route = Route::with_key(key, SlotAddr::Master);
-                c.clone()
-                    .route_pipeline(
-                        pipe.clone(),
-                        0,
-                        n,
-                        SingleNodeRoutingInfo::SpecificNode(route),
-                    )
-                    .await
-            }
-        }
-    }
-
-    /// One command on the keys of one record.
-    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> RedisResult<Value> {
-        match self {
-            Self::Standalone(c) => cmd.query_async(&mut c.clone()).await,
-            Self::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-        }
-    }
-
-    /// Sends the commands of `pre`, the script `inv` and, with `ack`,
-    /// `WAIT`, in one pipeline routed like [`Self::packed`]; returns the
-    /// script's reply and `WAIT`'s. An error reply to a command of `pre` is
-    /// the call's error. After `NOSCRIPT` the script is loaded and the whole
-    /// pipeline sent again (the script did not run; `pre` must be safe to
-    /// repeat).
-    pub(crate) async fn script_pipeline(
-        &self,
-        pre: &redis::Pipeline,
-        inv: &ScriptInvocation<'_>,
-        key: &str,
-        ack: Option<ReplicaAck>,
-    ) -> RedisResult<(Value, Option<Value>)> {
-        let n_pre = pre.len();
-        let mut pipe = pre.clone();
-        pipe.invoke_script(inv);
-        if let Some(ack) = ack {
-            pipe.cmd("WAIT").arg(ack.replicas()).arg(ack.timeout_ms());
-        }
-        let n = n_pre + 1 + usize::from(ack.is_some());
-        let mut tries = 1;
-        loop {
-            let mut replies = self.packed(&pipe, key, n).await?.into_iter();
-            for _ in 0..n_pre {
-                if let Some(v) = replies.next() {
-                    v.extract_error()?;
-                }
-            }
-            let script = replies.next().unwrap_or(Value::Nil);
-            match script.extract_error() {
-                Err(e)
-                    if tries < NOSCRIPT_TRIES
-                        && e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    debug!(
-                        tries,
-                        "script not loaded on the server (NOSCRIPT): loading it"
-                    );
-                    match self {
-                        Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
-                        Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
-                    };
-                    tries += 1;
-                }
-                Err(e) => return Err(e),
-                Ok(script) => {
-                    let wait = replies.next().map(Value::extract_error).transpose()?;
-                    return Ok((script, wait));
-                }
-            }
-        }
-    }
-
-    /// Runs a script and `WAIT <replicas> <timeout>` in one pipeline on the
-    /// connection to the primary of `key`'s slot; returns both replies.
-    ///
-    /// `WAIT` counts the replicas holding every write made so far *on its own
-    /// connection*, so it must follow the script on the same connection with
-    /// no reconnection in between: one pipeline gives both (a dropped
-    /// connection fails the pair). In a cluster redis-rs would send a lone
-    /// `WAIT` to every primary and keep the smallest answer, so the pipeline
-    /// is routed explicitly to the slot's primary.
-    async fn invoke_then_wait(
-        &self,
-        inv: &ScriptInvocation<'_>,
-        key: &str,
-        ack: ReplicaAck,
-    ) -> RedisResult<(Value, Value)> {
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(inv)
-            .cmd("WAIT")
-            .arg(ack.replicas())
-            .arg(ack.timeout_ms());
-        let mut tries = 1;
-        loop {
-            let replies = match self {
-                Self::Standalone(c) => c.clone().req_packed_commands(&pipe, 0, 2).await?,
-                Self::Cluster(c) => {
-                    let route = Route::with_key(key, SlotAddr::Master);
-                    c.clone()
-                        .route_pipeline(
-                            pipe.clone(),
-                            0,
-                            2,
-                            SingleNodeRoutingInfo::SpecificNode(route),
-                        )
-                        .await?
-                }
-            };
-            let [script, wait]: [Value; 2] = replies.try_into().map_err(|r: Vec<Value>| {
-                RedisError::from((
-                    ErrorKind::UnexpectedReturnType,
-                    "script and WAIT",
-                    format!("{} replies instead of 2", r.len()),
-                ))
-            })?;
-            match script.extract_error() {
-                Err(e)
-                    if tries < NOSCRIPT_TRIES
-                        && e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    debug!(
-                        tries,
-                        "script not loaded on the server (NOSCRIPT): loading it"
-                    );
-                    match self {
-                        Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
-                        Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
-                    };
-                    tries += 1;
-                }
-                Err(e) => return Err(e),
-                Ok(script) => return Ok((script, wait.extract_error()?)),
-            }
-        }
-    }
+    pub(crate) ack: Option<ReplicaAck>,
+    /// Bodies up to this many bytes are kept inside their record; 0: never.
+    pub(crate) inline_limit: usize,
 }
 
 impl fmt::Debug for RedisStore {
@@ -258,6 +69,7 @@ impl fmt::Debug for RedisStore {
             .field("connection", &kind)
             .field("prefix", &self.prefix)
             .field("replica_ack", &self.ack)
+            .field("inline_body_limit", &self.inline_limit)
             .finish()
     }
 }
@@ -287,6 +99,7 @@ impl RedisStore {
             conn: Connection::Standalone(manager),
             prefix: KeyPrefix::default(),
             ack: None,
+            inline_limit: 0,
         }
     }
 
@@ -368,6 +181,7 @@ impl RedisStore {
             conn: Connection::Cluster(conn),
             prefix: KeyPrefix::default(),
             ack: None,
+            inline_limit: 0,
         }
     }
 
@@ -419,16 +233,19 @@ impl RedisStore {
     /// change a record. The layout of its value is internal and may change.
     #[must_use]
     pub fn record_key(&self, id: &RecordId) -> String {
-        RecordKeys::new(&self.prefix, id).record
+        RecordKeys::new(&self.prefix, id)
+            .record_key()
+            .to_string_lossy()
     }
 
     /// The Redis key holding a record's stored response body (`…:v`, in the
     /// record's slot), which expires natively at the response TTL while the
-    /// record stays until the key TTL. For the same uses as
-    /// [`RedisStore::record_key`], with the same caveats.
+    /// record stays until the key TTL. A body kept inside its record (see
+    /// [`RedisStore::with_inline_body_limit`]) is not there. For the same
+    /// uses as [`RedisStore::record_key`], with the same caveats.
     #[must_use]
     pub fn body_key(&self, id: &RecordId) -> String {
-        RecordKeys::new(&self.prefix, id).body
+        RecordKeys::new(&self.prefix, id).body().to_string_lossy()
     }
 
     /// Reports a claim, completion, saved resource id or lease extension done only
@@ -482,8 +299,63 @@ impl RedisStore {
         self.ack
     }
 
-    pub(crate) async fn run(&self, inv: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        self.conn.invoke(inv).await.map_err(store_error)
+    /// Keeps a response body of up to `bytes` bytes inside its record
+    /// (record layout 2), so that a replay is the claim's one
+    /// `SET … NX GET` and nothing else, and a fresh key costs Redis four
+    /// commands instead of six. `0` (the default) turns it off: every body
+    /// goes to the body key, and the claim reads it in the same pipeline.
+    /// A body over 512 bytes kept inside is appended by the completion's
+    /// script rather than copied in Lua, but still costs Redis more to
+    /// write than one staged in the body key (at 4 KiB, 109,500
+    /// instructions per completion against 87,800).
+    ///
+    /// **Retention stays tiered.** A body kept inside the record is never
+    /// returned at or after its `response_expires_at` (the reader compares
+    /// the engine's clock with the deadline in the record, as for a body in
+    /// the body key), and a later rewrite of the record (a completion
+    /// retried by its attempt) drops it. The key itself lives to
+    /// `key_expires_at`, as before. What changes is the memory: Redis cannot
+    /// expire part of a string, so a body kept inside its record occupies
+    /// memory until the *key* expires, where a body in the body key is freed
+    /// at the response TTL. Measured with the default policy (response 24 h,
+    /// key 30 days), a key costs Redis 1.7 times the memory over its life
+    /// with 256-byte bodies inside, 3.7 times at 1 KiB; with `response_ttl`
+    /// equal to `key_ttl` the option saves memory instead (one key per
+    /// record). Hence the default, off; `1024` is a good limit when memory
+    /// allows. The numbers, and the CPU and commands saved, are in the
+    /// [crate docs](crate#bodies-kept-inside-their-record).
+    ///
+    /// A body over the limit goes to the body key as before; replaying it
+    /// costs one more round trip (the claim, then a `GET` of the body key),
+    /// and so does replaying a record written without the option.
+    ///
+    /// **Rolling upgrades.** Records of layout 2 are refused as corrupt by
+    /// versions of this crate that predate it. Turn the option on only once
+    /// every instance sharing the Redis runs a version that reads layout 2
+    /// (this one or later); records of layout 1 and of the hash layout stay
+    /// readable and completable whatever the option.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_redis::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_inline_body_limit(1024);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_inline_body_limit(mut self, bytes: usize) -> Self {
+        self.inline_limit = bytes;
+        self
+    }
+
+    /// The largest body kept inside its record, in bytes (0: none).
+    #[must_use]
+    pub fn inline_body_limit(&self) -> usize {
+        self.inline_limit
     }
 
     /// Runs a script that may write to the record at `record_key`; with the
@@ -491,22 +363,21 @@ impl RedisStore {
     /// the script's reply and whether enough replicas confirmed (always `Ok`
     /// without the option). The caller decides whether the confirmation
     /// matters (it does not when the script wrote nothing).
-    async fn write(
+    pub(crate) async fn write(
         &self,
-        inv: &ScriptInvocation<'_>,
-        record_key: &str,
+        script: &Script,
+        call: Cmd,
+        record_key: &[u8],
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
-        let Some(ack) = self.ack else {
-            return Ok((self.run(inv).await?, Ok(())));
-        };
         let (reply, waited) = self
             .conn
-            .invoke_then_wait(inv, record_key, ack)
+            .eval(script, None, call, record_key, self.ack)
             .await
             .map_err(store_error)?;
-        let acked = match waited {
-            Value::Int(n) => ack.check(n),
-            other => Err(unexpected(&other)),
+        let acked = match (self.ack, waited) {
+            (None, _) => Ok(()),
+            (Some(ack), Some(Value::Int(n))) => ack.check(n),
+            (Some(_), other) => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
         };
         Ok((reply, acked))
     }
@@ -515,10 +386,11 @@ impl RedisStore {
     /// lease lost.
     async fn guarded(
         &self,
-        inv: &ScriptInvocation<'_>,
-        record_key: &str,
+        script: &Script,
+        call: Cmd,
+        record_key: &[u8],
     ) -> Result<(), StoreError> {
-        let (reply, acked) = self.write(inv, record_key).await?;
+        let (reply, acked) = self.write(script, call, record_key).await?;
         match reply {
             Value::Int(1) => acked,
             Value::Int(0) => Err(StoreError::LeaseLost),
@@ -527,16 +399,21 @@ impl RedisStore {
     }
 
     /// Releases under `token` without `WAIT` (see [`Self::with_replica_ack`]).
-    async fn release_keys(
+    pub(crate) async fn release_keys(
         &self,
         keys: &RecordKeys,
         token: Token,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut inv = scripts::RELEASE.key(&keys.record);
-        inv.arg(&be8(token.as_i64())[..])
+        let mut call = evalsha(&scripts::RELEASE, &[keys.record()], 2, 16);
+        call.arg(&be8(token.as_i64())[..])
             .arg(&be8(now.as_unix_millis())[..]);
-        match self.run(&inv).await? {
+        let (reply, _) = self
+            .conn
+            .eval(&scripts::RELEASE, None, call, keys.record(), None)
+            .await
+            .map_err(store_error)?;
+        match reply {
             Value::Int(1) => Ok(()),
             Value::Int(0) => Err(StoreError::LeaseLost),
             other => Err(unexpected(&other)),
@@ -550,7 +427,7 @@ const MAX_TTL_MS: i64 = 1_000_000_000_000_000;
 
 /// Milliseconds from `now` to `deadline` for `PEXPIRE`, from 1 to
 /// [`MAX_TTL_MS`].
-fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
+pub(crate) fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
     deadline
         .as_unix_millis()
         .saturating_sub(now.as_unix_millis())
@@ -562,10 +439,6 @@ fn ttl_ms(deadline: Timestamp, now: Timestamp) -> i64 {
 /// lost race means another caller moved the record on.
 const CLAIM_ROUNDS: u32 = 8;
 
-/// How many times an operation is retried after rewriting a record of the
-/// hash layout.
-const MIGRATE_TRIES: u32 = 3;
-
 fn be8(ms: i64) -> [u8; 8] {
     ms.to_be_bytes()
 }
@@ -574,10 +447,10 @@ impl RedisStore {
     /// Sends `pipe` (commands on the keys of one record) in one round trip;
     /// with the acknowledgement option `WAIT` follows in the same pipeline
     /// and the second value tells whether enough replicas confirmed.
-    async fn pipeline(
+    pub(crate) async fn pipeline(
         &self,
         pipe: &mut redis::Pipeline,
-        record_key: &str,
+        record_key: &[u8],
         n: usize,
     ) -> Result<(Vec<Value>, Result<(), StoreError>), StoreError> {
         let Some(ack) = self.ack else {
@@ -602,16 +475,19 @@ impl RedisStore {
         Ok((replies, acked))
     }
 
-    /// Reads a record and its body: `GET` of both keys, one round trip.
+    /// Reads a record and its body key: `GET` of both keys, one round trip.
     async fn read(
         &self,
         keys: &RecordKeys,
-    ) -> Result<Option<(Record, Option<Vec<u8>>)>, StoreError> {
+    ) -> Result<Option<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
         let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(&keys.record).cmd("GET").arg(&keys.body);
+        pipe.cmd("GET")
+            .arg(keys.record())
+            .cmd("GET")
+            .arg(keys.body().as_bytes());
         let replies = self
             .conn
-            .packed(&pipe, &keys.record, 2)
+            .packed(&pipe, keys.record(), 2)
             .await
             .map_err(store_error)?;
         let [rec, body]: [Value; 2] = replies
@@ -620,153 +496,7 @@ impl RedisStore {
         let Some(rec) = string(rec)? else {
             return Ok(None);
         };
-        Ok(Some((Record::decode(&rec)?, string(body)?)))
-    }
-
-    /// Rewrites a record of the hash layout in layout 1. `true` when the
-    /// operation may run again: migrated, or changed or gone meanwhile (a
-    /// retry reads it afresh); `false` when the record is not a hash, so the
-    /// `WRONGTYPE` came from something else.
-    pub(crate) async fn migrate_record(&self, record_key: &str) -> Result<bool, StoreError> {
-        const FIELDS: [&str; 12] = [
-            "f", "s", "t", "a", "l", "k", "x", "o", "e", "io", "ip", "ik",
-        ];
-        let fields: Vec<Value> = match self
-            .conn
-            .query(redis::cmd("HMGET").arg(record_key).arg(&FIELDS[..]))
-            .await
-        {
-            Ok(Value::Array(v)) => v,
-            Ok(other) => return Err(unexpected(&other)),
-            Err(e) if e.code() == Some("WRONGTYPE") => return Ok(false),
-            Err(e) => return Err(store_error(e)),
-        };
-        if fields.len() != FIELDS.len() {
-            return Err(corrupt("HMGET gave the wrong number of fields"));
-        }
-        if fields.iter().all(|v| *v == Value::Nil) {
-            return Ok(true); // gone since: the retry finds it absent
-        }
-        let record = legacy_record(&fields)?;
-        let mut inv = scripts::MIGRATE.key(record_key);
-        inv.key(legacy_body(record_key)).key(body_for(record_key));
-        for v in &fields {
-            match v {
-                Value::Nil => inv.arg(""),
-                v => {
-                    let mut seen = b"=".to_vec();
-                    seen.extend_from_slice(bytes(v, "field")?.unwrap_or_default());
-                    inv.arg(seen)
-                }
-            };
-        }
-        inv.arg(record.encode()?)
-            .arg(&encode_body(record.token, b"")[..BODY_HEADER]);
-        // Written with `WAIT` like any other write, but the operation that
-        // follows confirms what matters; the migration itself needs none.
-        match self.write(&inv, record_key).await?.0 {
-            Value::Int(_) => Ok(true),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// A claim, once (see [`Store::claim`]); `Ok(None)` when a race was lost
-    /// and the claim must read again.
-    async fn claim_once(
-        &self,
-        req: &ClaimRequest<'_>,
-        keys: &RecordKeys,
-        fresh: &[u8],
-        ttl: i64,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let mut pipe = claim_pipeline(&keys.record, &keys.body, fresh, ttl);
-        let (replies, acked) = self.pipeline(&mut pipe, &keys.record, 2).await?;
-        let [set, body]: [Value; 2] = replies
-            .try_into()
-            .map_err(|_| corrupt("a claim gave the wrong number of replies"))?;
-        let Some(old) = string(set)? else {
-            // Absent: the in-flight record is written.
-            return self.claimed(keys, req, acked, 1, None).await.map(Some);
-        };
-        let rec = Record::decode(&old)?;
-        let now = req.now.as_unix_millis();
-        if rec.is_expired(now) {
-            // Expired on the engine's clock, still in Redis: a new operation.
-            let (reply, acked) = self
-                .swap(keys, &old, fresh, "new", &ttl.to_string())
-                .await?;
-            return if reply {
-                self.claimed(keys, req, acked, 1, None).await.map(Some)
-            } else {
-                Ok(None)
-            };
-        }
-        let stored = rec.to_stored(None, now)?;
-        if let Some(reason) = stored.takeover_reason(&req.fingerprint, req.now) {
-            let attempt = rec
-                .attempt
-                .checked_add(1)
-                .ok_or_else(|| corrupt("the attempt count overflows"))?;
-            let lease = req.lease_until.as_unix_millis();
-            let mut next = Record {
-                state: RecordState::InFlight,
-                token: req.token.as_i64(),
-                attempt,
-                lease_until: lease,
-                ..rec.clone()
-            };
-            // Keep the key (and its native TTL) at least until the lease ends.
-            let raise = if lease > rec.key_expires_at {
-                next.key_expires_at = lease;
-                ttl_ms(req.lease_until, req.now).to_string()
-            } else {
-                String::new()
-            };
-            let (reply, acked) = self
-                .swap(keys, &old, &next.encode()?, "keep", &raise)
-                .await?;
-            return if reply {
-                let previous = Previous {
-                    reason,
-                    resource_id: rec.resource_id,
-                };
-                self.claimed(keys, req, acked, attempt, Some(previous))
-                    .await
-                    .map(Some)
-            } else {
-                Ok(None)
-            };
-        }
-        let body = string(body)?;
-        if rec.has_foreign_body(body.as_deref(), now)? {
-            // Another completion's body: the record moved meanwhile.
-            return Ok(None);
-        }
-        Ok(Some(ClaimOutcome::Existing(
-            rec.to_stored(body.as_deref(), now)?,
-        )))
-    }
-
-    /// The claim is written; not acknowledged, it is given back.
-    async fn claimed(
-        &self,
-        keys: &RecordKeys,
-        req: &ClaimRequest<'_>,
-        acked: Result<(), StoreError>,
-        attempt: u32,
-        previous: Option<Previous>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        if let Err(e) = acked {
-            // Not acknowledged: the work must not run. Give the key back so
-            // the next retry need not wait for the lease (a lost release only
-            // delays it).
-            warn!(error = %e, "claim not acknowledged by the replicas: given back, work not run");
-            if let Err(release) = self.release_keys(keys, req.token, req.now).await {
-                warn!(error = %release, "giving the claim back failed; left to its lease");
-            }
-            return Err(e);
-        }
-        Ok(ClaimOutcome::Claimed(Claimed { attempt, previous }))
+        Ok(Some((rec, string(body)?)))
     }
 
     /// Runs `swap.lua`: `true` when the record still held `old` and was
@@ -779,147 +509,21 @@ impl RedisStore {
         mode: &str,
         ttl: &str,
     ) -> Result<(bool, Result<(), StoreError>), StoreError> {
-        let mut inv = scripts::SWAP.key(&keys.record);
-        inv.key(&keys.body).arg(old).arg(new).arg(mode).arg(ttl);
-        let (reply, acked) = self.write(&inv, &keys.record).await?;
+        let body = keys.body();
+        let mut call = evalsha(
+            &scripts::SWAP,
+            &[keys.record(), body.as_bytes()],
+            4,
+            old.len() + new.len() + 32,
+        );
+        call.arg(old).arg(new).arg(mode).arg(ttl);
+        let (reply, acked) = self.write(&scripts::SWAP, call, keys.record()).await?;
         match reply {
             Value::Int(1) => Ok((true, acked)),
             Value::Int(0) => Ok((false, acked)),
             other => Err(unexpected(&other)),
         }
     }
-
-    async fn complete_once(
-        &self,
-        keys: &RecordKeys,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        let body = c.body.map(|b| encode_body(token.as_i64(), b));
-        let (pre, inv) = complete_pipeline(
-            keys,
-            token.as_i64(),
-            c.outcome,
-            [c.key_expires_at, c.response_expires_at].map(Timestamp::as_unix_millis),
-            [
-                ttl_ms(c.key_expires_at, c.now),
-                ttl_ms(c.response_expires_at, c.now),
-            ],
-            body.as_deref(),
-            c.resource_id,
-        );
-        let (reply, waited) = self
-            .conn
-            .script_pipeline(&pre, &inv, &keys.record, self.ack)
-            .await
-            .map_err(store_error)?;
-        let acked = match (self.ack, waited) {
-            (None, _) => Ok(()),
-            (Some(ack), Some(Value::Int(n))) => ack.check(n),
-            (Some(_), other) => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
-        };
-        match reply {
-            // 2: already completed under this token, a retry after a lost
-            // reply or a missing acknowledgement: done, not a lost lease. The
-            // script rewrote the record unchanged, so the `WAIT` after it
-            // covers the completion: with the option, a confirmation now is
-            // the confirmation the first call lacked.
-            Value::Int(1 | 2) => acked,
-            Value::Int(0) => Err(StoreError::LeaseLost),
-            other => Err(unexpected(&other)),
-        }
-    }
-}
-
-/// The claim: `SET <record> <in-flight record> NX PX <key TTL> GET` and
-/// `GET <body>`, one pipeline. The first reply is nil when the record was
-/// written, else the standing record; the second its body, if any.
-pub(crate) fn claim_pipeline(record: &str, body: &str, fresh: &[u8], ttl: i64) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(record)
-        .arg(fresh)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl)
-        .arg("GET")
-        .cmd("GET")
-        .arg(body);
-    pipe
-}
-
-/// Bodies (with their header) up to this size go to `complete.lua` as an
-/// argument; larger ones are staged by a native `SET` and moved into place by
-/// the script. Measured with the server under callgrind: passing a body
-/// through Lua costs about 13 instructions per byte (copies in and out of
-/// Lua, and the garbage collector's work for them), staging it a flat
-/// 10,500 (one more command and a `RENAME`): even at about 800 bytes.
-pub(crate) const INLINE_BODY_MAX: usize = 1024;
-
-/// The completion, one pipeline: `SET <staging> <body value> PX <body TTL>`
-/// for a large body (see [`INLINE_BODY_MAX`]), then `complete.lua`,
-/// returned apart so that the caller can reload it after `NOSCRIPT`.
-/// `expiries` are the key's and the response's (ms since the epoch), `ttls`
-/// the same as native TTLs, `body` the body value ([`encode_body`]),
-/// `resource_id` the id replacing the record's, if any.
-pub(crate) fn complete_pipeline<'a>(
-    keys: &RecordKeys,
-    token: i64,
-    outcome: OutcomeKind,
-    expiries: [i64; 2],
-    ttls: [i64; 2],
-    body: Option<&[u8]>,
-    resource_id: Option<&str>,
-) -> (redis::Pipeline, ScriptInvocation<'a>) {
-    let staging = keys.staging(token);
-    let mut pre = redis::pipe();
-    let mode = match body {
-        None => "0",
-        Some(b) if b.len() > INLINE_BODY_MAX => {
-            pre.cmd("SET").arg(&staging).arg(b).arg("PX").arg(ttls[1]);
-            "1"
-        }
-        Some(_) => "2",
-    };
-    let mut both = [0; 16];
-    both[..8].copy_from_slice(&be8(expiries[0]));
-    both[8..].copy_from_slice(&be8(expiries[1]));
-    let mut inv = scripts::COMPLETE.key(&keys.record);
-    inv.key(&keys.body);
-    if mode == "1" {
-        inv.key(staging);
-    }
-    inv.arg(&be8(token)[..])
-        .arg(&both[..])
-        .arg(&[outcome_byte(outcome)][..])
-        .arg(ttls[0])
-        .arg(mode)
-        .arg(if resource_id.is_some() { "1" } else { "0" })
-        .arg(resource_id.unwrap_or_default());
-    if let (Some(b), "2") = (body, mode) {
-        inv.arg(b).arg(ttls[1]);
-    }
-    (pre, inv)
-}
-
-/// Runs `$op` (an expression giving `Result<_, StoreError>`) again after
-/// rewriting a record of the hash layout found at `$record`.
-macro_rules! migrating {
-    ($self:ident, $record:expr, $op:expr) => {{
-        let mut tries = 1;
-        loop {
-            match $op {
-                Err(e) if tries < MIGRATE_TRIES && is_wrong_type(&e) => {
-                    if !$self.migrate_record($record).await? {
-                        break Err(e);
-                    }
-                    info!("rewrote a record of the hash layout in layout 1");
-                    tries += 1;
-                }
-                other => break other,
-            }
-        }
-    }};
 }
 
 impl Store for RedisStore {
@@ -927,19 +531,18 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, req.id);
         // A lease is never outlived by its key.
         let key_expires_at = req.key_expires_at.max(req.lease_until);
-        let fresh = Record::in_flight(
-            req.id,
-            &req.fingerprint,
-            req.token,
-            req.lease_until,
-            key_expires_at,
-        )
-        .encode()?;
+        let fresh = InFlight::new(
+            (req.id.owner(), req.id.operation(), req.id.key().as_str()),
+            req.fingerprint.as_bytes(),
+            req.token.as_i64(),
+            req.lease_until.as_unix_millis(),
+            key_expires_at.as_unix_millis(),
+        )?;
         let ttl = ttl_ms(key_expires_at, req.now);
         for _ in 0..CLAIM_ROUNDS {
             let once = migrating!(
                 self,
-                &keys.record,
+                keys.record(),
                 self.claim_once(req, &keys, &fresh, ttl).await
             );
             if let Some(outcome) = once? {
@@ -962,7 +565,7 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         migrating!(
             self,
-            &keys.record,
+            keys.record(),
             self.complete_once(&keys, token, c).await
         )
     }
@@ -971,7 +574,7 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         migrating!(
             self,
-            &keys.record,
+            keys.record(),
             self.release_keys(&keys, token, now).await
         )
     }
@@ -983,9 +586,17 @@ impl Store for RedisStore {
         resource_id: &str,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::SAVE_RESOURCE_ID.key(&keys.record);
-        inv.arg(&be8(token.as_i64())[..]).arg(resource_id);
-        migrating!(self, &keys.record, self.guarded(&inv, &keys.record).await)
+        migrating!(self, keys.record(), {
+            let mut call = evalsha(
+                &scripts::SAVE_RESOURCE_ID,
+                &[keys.record()],
+                2,
+                8 + resource_id.len(),
+            );
+            call.arg(&be8(token.as_i64())[..]).arg(resource_id);
+            self.guarded(&scripts::SAVE_RESOURCE_ID, call, keys.record())
+                .await
+        })
     }
 
     async fn extend_lease(
@@ -995,11 +606,13 @@ impl Store for RedisStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        let mut inv = scripts::EXTEND.key(&keys.record);
-        inv.arg(&be8(token.as_i64())[..])
-            .arg(&be8(lease_until.as_unix_millis())[..])
-            .arg(lease_until.as_unix_millis());
-        migrating!(self, &keys.record, self.guarded(&inv, &keys.record).await)
+        migrating!(self, keys.record(), {
+            let mut call = evalsha(&scripts::EXTEND, &[keys.record()], 3, 40);
+            call.arg(&be8(token.as_i64())[..])
+                .arg(&be8(lease_until.as_unix_millis())[..])
+                .arg(lease_until.as_unix_millis());
+            self.guarded(&scripts::EXTEND, call, keys.record()).await
+        })
     }
 
     async fn fetch(
@@ -1010,9 +623,11 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         let now = now.as_unix_millis();
         for _ in 0..CLAIM_ROUNDS {
-            let Some((rec, body)) = migrating!(self, &keys.record, self.read(&keys).await)? else {
+            let Some((value, body)) = migrating!(self, keys.record(), self.read(&keys).await)?
+            else {
                 return Ok(None);
             };
+            let rec = Parsed::parse(&value)?;
             if rec.is_expired(now) {
                 return Ok(None);
             }
@@ -1021,7 +636,7 @@ impl Store for RedisStore {
                 debug!("fetch read a body of another completion; reading again");
                 continue;
             }
-            return rec.to_stored(body.as_deref(), now).map(Some);
+            return rec.stored_at(value, body, now).map(Some);
         }
         Err(StoreError::Unavailable {
             backend: BACKEND,
@@ -1040,8 +655,8 @@ impl Store for RedisStore {
     }
 }
 
-/// A string reply's bytes, `None` for nil; an error reply becomes its
-/// [`StoreError`].
+/// A string reply's bytes (the reply's own buffer), `None` for nil; an
+/// error reply becomes its [`StoreError`].
 pub(crate) fn string(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
     match v.extract_error().map_err(store_error)? {
         Value::Nil => Ok(None),
@@ -1049,83 +664,6 @@ pub(crate) fn string(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
         Value::SimpleString(s) => Ok(Some(s.into_bytes())),
         other => Err(unexpected(&other)),
     }
-}
-
-/// A record of the hash layout (`f s t a l k x o e io ip ik`) in layout 1.
-fn legacy_record(f: &[Value]) -> Result<Record, StoreError> {
-    let [fp, s, t, a, l, k, x, o, e, io, ip, ik] = f else {
-        return Err(corrupt("a hash record has the wrong number of fields"));
-    };
-    let fingerprint: [u8; 32] = bytes(fp, "fingerprint")?
-        .ok_or_else(|| missing("fingerprint"))?
-        .try_into()
-        .map_err(|_| corrupt("the fingerprint is not 32 bytes long"))?;
-    let state = text(s, "state")?;
-    let state =
-        RecordState::parse(state).ok_or_else(|| corrupt(format!("unknown state {state:?}")))?;
-    let outcome = match opt_text(o, "outcome")? {
-        None => None,
-        Some(o) => {
-            Some(OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {o:?}")))?)
-        }
-    };
-    let attempt = int(a, "attempt")?;
-    Ok(Record {
-        state,
-        token: int(t, "token")?,
-        attempt: u32::try_from(attempt)
-            .ok()
-            .filter(|a| *a > 0)
-            .ok_or_else(|| corrupt(format!("attempt {attempt} is out of range")))?,
-        lease_until: int(l, "lease")?,
-        key_expires_at: int(k, "key expiry")?,
-        response_expires_at: match e {
-            Value::Nil => 0,
-            v => int(v, "response expiry")?,
-        },
-        fingerprint,
-        outcome,
-        owner: opt_text(io, "owner")?.unwrap_or_default(),
-        operation: opt_text(ip, "operation")?.unwrap_or_default(),
-        key: opt_text(ik, "key")?.unwrap_or_default(),
-        resource_id: opt_text(x, "resource id")?,
-    })
-}
-
-fn bytes<'a>(v: &'a Value, field: &str) -> Result<Option<&'a [u8]>, StoreError> {
-    match v {
-        Value::Nil => Ok(None),
-        Value::BulkString(b) => Ok(Some(b)),
-        Value::SimpleString(s) => Ok(Some(s.as_bytes())),
-        _ => Err(corrupt(format!("the {field} is not a string"))),
-    }
-}
-
-fn text<'a>(v: &'a Value, field: &str) -> Result<&'a str, StoreError> {
-    let b = bytes(v, field)?.ok_or_else(|| missing(field))?;
-    std::str::from_utf8(b).map_err(|_| corrupt(format!("the {field} is not UTF-8")))
-}
-
-fn opt_text(v: &Value, field: &str) -> Result<Option<String>, StoreError> {
-    match v {
-        Value::Nil => Ok(None),
-        v => text(v, field).map(|t| Some(t.to_owned())),
-    }
-}
-
-fn int(v: &Value, field: &str) -> Result<i64, StoreError> {
-    match v {
-        Value::Int(i) => Ok(*i),
-        v => {
-            let t = text(v, field)?;
-            t.parse()
-                .map_err(|_| corrupt(format!("the {field} {t:?} is not an integer")))
-        }
-    }
-}
-
-fn missing(field: &str) -> StoreError {
-    corrupt(format!("the {field} is missing"))
 }
 
 pub(crate) fn unexpected(v: &Value) -> StoreError {

@@ -14,8 +14,9 @@
 //!   refused (503 before the work, or the outcome returned with
 //!   `is_stored() == false`), and what it confirmed before is still there.
 //!
-//! Also the option on standalone Redis (a primary and its replica): every
-//! acknowledged write, then each of them refused once the replica is gone.
+//! Also the option on standalone Redis (a primary and its replica), with
+//! bodies in the body key and kept inside their record: every acknowledged
+//! write, then each of them refused once the replica is gone.
 
 mod support;
 
@@ -307,6 +308,17 @@ async fn a_lagging_replica_promoted_loses_only_what_was_not_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
+    acknowledged_only_while_a_replica_confirms(0).await;
+}
+
+/// The same with bodies kept inside their record: the claim is one `SET`
+/// and its `WAIT`, the completion one script and its `WAIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_writes_with_inline_bodies_are_acknowledged_only_while_a_replica_confirms() {
+    acknowledged_only_while_a_replica_confirms(1024).await;
+}
+
+async fn acknowledged_only_while_a_replica_confirms(inline_limit: usize) {
     let pair = ReplicatedPair::start();
     let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(
         1_800_000_000_000,
@@ -327,7 +339,8 @@ async fn standalone_writes_are_acknowledged_only_while_a_replica_confirms() {
             let store = RedisStore::new(manager)
                 .with_prefix("idem-ack:")
                 .expect("prefix")
-                .with_replica_ack(1, ack);
+                .with_replica_ack(1, ack)
+                .with_inline_body_limit(inline_limit);
             assert_eq!(store.replica_ack().map(|a| a.replicas()), Some(1));
             let idem: Engine = Arc::new(Idem::new(store).with_clock(clock).with_policy(policy()));
             idem

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
@@ -18,6 +17,7 @@ use support::scenario::{
     Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
 };
 use support::server::Throwaway;
+use support::stats::{counts, delta};
 
 /// A store on `url` that gives up reconnecting quickly (fault tests).
 async fn impatient_store(url: &str) -> RedisStore {
@@ -240,52 +240,6 @@ async fn restart_without_persistence_is_unavailable_then_forgets() {
     assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
     assert!(!run().await.expect("after restart").is_replay());
     assert_eq!(runs.get(), 2);
-}
-
-/// Counts of every command Redis ran (from `INFO commandstats`).
-async fn commandstats(admin: &mut MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
-        .await
-        .expect("INFO");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
-async fn delta<F: std::future::Future>(
-    admin: &mut MultiplexedConnection,
-    f: F,
-) -> Vec<(String, u64)> {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(admin)
-        .await
-        .expect("RESETSTAT");
-    f.await;
-    let mut stats: Vec<(String, u64)> = commandstats(admin)
-        .await
-        .into_iter()
-        .filter(|(name, _)| !name.starts_with("config") && name != "info")
-        .collect();
-    stats.sort();
-    stats
-}
-
-fn counts(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
-    let mut v: Vec<(String, u64)> = pairs.iter().map(|(n, c)| ((*n).to_owned(), *c)).collect();
-    v.sort();
-    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

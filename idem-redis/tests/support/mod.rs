@@ -5,6 +5,7 @@ pub(crate) mod cluster;
 pub(crate) mod replicated;
 pub(crate) mod scenario;
 pub(crate) mod server;
+pub(crate) mod stats;
 
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
@@ -105,6 +106,27 @@ impl Fixture for RedisFixture {
 /// The conformance fixture on standalone Redis.
 pub(crate) async fn standalone() -> RedisFixture {
     RedisFixture::new(standalone_store().await, vec![standalone_url()])
+}
+
+/// The largest body the `*_inline` fixtures keep inside its record: 1 KiB,
+/// so that the suite's small bodies are inline and its large ones (up to
+/// 1 MiB) go to the body key.
+pub(crate) const INLINE_LIMIT: usize = 1024;
+
+/// The conformance fixture on standalone Redis, bodies up to
+/// [`INLINE_LIMIT`] kept inside their record.
+pub(crate) async fn standalone_inline() -> RedisFixture {
+    let mut f = standalone().await;
+    f.store = f.store.clone().with_inline_body_limit(INLINE_LIMIT);
+    f
+}
+
+/// The conformance fixture on the cluster, bodies up to [`INLINE_LIMIT`]
+/// kept inside their record.
+pub(crate) async fn cluster_inline() -> RedisFixture {
+    let mut f = cluster().await;
+    f.store = f.store.clone().with_inline_body_limit(INLINE_LIMIT);
+    f
 }
 
 /// The conformance fixture on the cluster (started once per test binary).
