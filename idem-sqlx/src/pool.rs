@@ -114,7 +114,10 @@ impl<C: Connection + 'static> managed::Manager for Manager<C> {
     type Error = sqlx::Error;
 
     async fn create(&self) -> Result<Tracked<C>, sqlx::Error> {
-        let conn = self.options.connect().await?;
+        // Boxed: a driver's handshake future is large (TLS, authentication),
+        // and every checkout's future would otherwise carry it inline for
+        // the rare checkout that connects.
+        let conn = Box::pin(self.options.connect()).await?;
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         Ok(Tracked {
