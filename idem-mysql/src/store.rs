@@ -76,7 +76,7 @@ impl ConnectionError for CallError {
             return true;
         };
         if let Some(e) = source.downcast_ref::<Error>() {
-            e.leaves_connection_sound()
+            leaves_connection_sound(e)
         } else {
             source
                 .downcast_ref::<sqlx::Error>()
@@ -85,33 +85,40 @@ impl ConnectionError for CallError {
     }
 }
 
+/// The server detection's error, as its connection sees it.
+struct Detecting(Error);
+
+impl ConnectionError for Detecting {
+    fn leaves_connection_sound(&self) -> bool {
+        leaves_connection_sound(&self.0)
+    }
+}
+
 /// What a connection of the store's own pool is after a call that failed
 /// with this error: sound when every statement was answered and the session
 /// goes on (the server's own errors, except those that end the session;
 /// decoding, which reads rows a statement already returned in full),
 /// otherwise re-validated or replaced (see [`idem_sqlx::Conn`]).
-impl ConnectionError for Error {
-    fn leaves_connection_sound(&self) -> bool {
-        match self {
-            Error::Sqlx(e @ sqlx::Error::Database(db)) => {
-                // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
-                // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
-                // connection exception (SQLSTATE class 08): the server ends
-                // the session.
-                let ends = matches!(number(e), Some(1053 | 1927 | 4031))
-                    || db.code().is_some_and(|c| c.starts_with("08"));
-                !ends
-            }
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::TypeNotFound { .. },
-            ) => true,
-            Error::Sqlx(e) => e.leaves_connection_sound(),
-            _ => true,
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e @ sqlx::Error::Database(db)) => {
+            // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
+            // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
+            // connection exception (SQLSTATE class 08): the server ends
+            // the session.
+            let ends = matches!(number(e), Some(1053 | 1927 | 4031))
+                || db.code().is_some_and(|c| c.starts_with("08"));
+            !ends
         }
+        Error::Sqlx(
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::TypeNotFound { .. },
+        ) => true,
+        Error::Sqlx(e) => e.leaves_connection_sound(),
+        _ => true,
     }
 }
 
@@ -264,7 +271,9 @@ impl MySqlStore {
         let calls = idem_sqlx::Pool::new(options.clone(), config);
         let server = {
             let mut conn = calls.get().await?;
-            conn.run(detect).await?
+            conn.run(|c| async { detect(c).await.map_err(Detecting) })
+                .await
+                .map_err(|Detecting(e)| e)?
         };
         let pool = pool
             .test_before_acquire(false)

@@ -26,7 +26,7 @@ use crate::error::{BACKEND, Error, may_have_switched};
 use crate::replication::{self, Guard, Replication};
 use crate::sql::{Statements, TableName, q};
 
-/// Runs `$call`, a future of `Result<_, E>` (`E:` [`ConnectionError`]) on
+/// Runs `$call`, a future of `Result<_, Error>` on
 /// `$conn: &mut PgConnection`, on one checkout of the connections the
 /// store's calls use: its own pool's (tracked: no ping, see
 /// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
@@ -36,7 +36,10 @@ macro_rules! on_conn {
         match &$store.calls {
             Some(calls) => {
                 let mut checkout = calls.get().await.map_err(Error::Sqlx)?;
-                checkout.run(|$conn| $call).await
+                checkout
+                    .run(|$conn| async move { $call.await.map_err(CallError) })
+                    .await
+                    .map_err(|CallError(e)| e)
             }
             None => {
                 // Boxed: sqlx's acquire future is large, and would sit
@@ -693,15 +696,19 @@ impl PgStore {
     }
 }
 
+/// A call's error, as its connection sees it (a private wrapper, so that
+/// the classification stays out of the crate's public API).
+struct CallError(Error);
+
 /// What a connection of the store's own pool is after a call that failed
 /// with this error: sound when every statement was answered and the
 /// session goes on (the server's own errors, except those that end the
 /// session; decoding, which reads rows a statement already returned in
 /// full; the replication check's verdicts), otherwise re-validated or
 /// replaced (see [`idem_sqlx::Conn`]).
-impl ConnectionError for Error {
+impl ConnectionError for CallError {
     fn leaves_connection_sound(&self) -> bool {
-        match self {
+        match &self.0 {
             Error::Sqlx(sqlx::Error::Database(db)) => !ends_session(db.as_ref()),
             Error::Sqlx(
                 sqlx::Error::ColumnDecode { .. }
