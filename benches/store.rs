@@ -708,7 +708,7 @@ fn profile_sqlite(side: &str, scenario: Scenario, rt: &Runtime) {
     } else {
         profile_loop(rt, Lib::new(store.clone(), 256), scenario, tasks, calls)
     };
-    rt.block_on(store.pool().close());
+    rt.block_on(store.close());
     println!("sqlite-{side}: {calls} calls at {tasks} tasks in {took:?}");
 }
 

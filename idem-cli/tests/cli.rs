@@ -762,7 +762,7 @@ fn sqlite_killed_process() {
         };
         let ended = vec![IdempotencyKey::random().as_str().to_owned()];
         killed_process(store.clone(), backend, owner(), ended, || ()).await;
-        store.pool().close().await;
+        store.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let mut p = path.clone().into_os_string();
             p.push(suffix);
@@ -1225,7 +1225,7 @@ fn sqlite_human_output() {
             "{doc}"
         );
 
-        store.pool().close().await;
+        store.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let mut p = path.clone().into_os_string();
             p.push(suffix);

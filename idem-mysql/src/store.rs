@@ -14,6 +14,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
+use idem_sqlx::{ConnectionError, PoolConfig};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
@@ -24,16 +25,136 @@ use crate::config::{
 use crate::error::{BACKEND, Error, code, number, store_error};
 use crate::sql::{Statements, TableName, q};
 
-/// The MySQL / MariaDB idempotency store. Cheap to clone (a pool and two
-/// `Arc`s).
+/// Runs `$call`, a future of `Result<_, StoreError>` on
+/// `$conn: &mut MySqlConnection`, on one checkout of the connections the
+/// store's calls use: its own pool's (tracked: no ping, see
+/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
+/// checkout that fails returns early (through `?`).
+macro_rules! on_conn {
+    ($store:expr, |$conn:ident| $call:expr) => {
+        match &$store.calls {
+            Some(calls) => {
+                let mut checkout = calls.get().await.map_err(store_error)?;
+                checkout
+                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
+                    .await
+                    .map_err(|CallError(e)| e)
+            }
+            None => {
+                // Boxed: sqlx's acquire future is large, and would sit
+                // inline in every call's future, on either pool.
+                let acquire = Box::pin($store.pool.acquire());
+                let mut checkout = acquire.await.map_err(store_error)?;
+                let $conn: &mut MySqlConnection = &mut checkout;
+                $call.await
+            }
+        }
+    };
+}
+
+/// A call's error, as its connection sees it: the driver's error inside a
+/// [`StoreError`] says whether the connection is still sound; every other
+/// failure (a lost lease, a corrupt row) comes after complete answers.
+struct CallError(StoreError);
+
+impl From<StoreError> for CallError {
+    fn from(e: StoreError) -> Self {
+        Self(e)
+    }
+}
+
+impl From<Error> for CallError {
+    fn from(e: Error) -> Self {
+        Self(e.into())
+    }
+}
+
+impl ConnectionError for CallError {
+    fn leaves_connection_sound(&self) -> bool {
+        let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = &self.0
+        else {
+            return true;
+        };
+        if let Some(e) = source.downcast_ref::<Error>() {
+            leaves_connection_sound(e)
+        } else {
+            source
+                .downcast_ref::<sqlx::Error>()
+                .is_none_or(ConnectionError::leaves_connection_sound)
+        }
+    }
+}
+
+/// The server detection's error, as its connection sees it.
+struct Detecting(Error);
+
+impl ConnectionError for Detecting {
+    fn leaves_connection_sound(&self) -> bool {
+        leaves_connection_sound(&self.0)
+    }
+}
+
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: sound when every statement was answered and the session
+/// goes on (the server's own errors, except those that end the session;
+/// decoding, which reads rows a statement already returned in full),
+/// otherwise re-validated or replaced (see [`idem_sqlx::Conn`]).
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e @ sqlx::Error::Database(db)) => {
+            // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
+            // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
+            // connection exception (SQLSTATE class 08): the server ends
+            // the session.
+            let ends = matches!(number(e), Some(1053 | 1927 | 4031))
+                || db.code().is_some_and(|c| c.starts_with("08"));
+            !ends
+        }
+        Error::Sqlx(
+            sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::TypeNotFound { .. },
+        ) => true,
+        Error::Sqlx(e) => e.leaves_connection_sound(),
+        _ => true,
+    }
+}
+
+/// The MySQL / MariaDB idempotency store. Cheap to clone (pools and a few
+/// `Arc`s; clones share them).
 ///
 /// Build it with [`MySqlStore::new`] (your pool) or [`MySqlStore::connect`],
 /// pick the table with [`MySqlStore::with_table_name`], and create it with
 /// [`MySqlStore::migrate`]. The server's flavour ([`Server`]), which decides
 /// the claim statement, is detected when the store is built.
+///
+/// # Connections
+///
+/// A store built by [`MySqlStore::connect`] or [`MySqlStore::connect_with`]
+/// runs its calls (claim, completion, release, saved resource id, lease
+/// extension, fetch, purge) on a pool of its own ([`idem_sqlx::Pool`]) that
+/// pings a connection neither before a call nor after it. A connection is
+/// re-validated only when a call may have left it unsound (a dropped future:
+/// its answer is awaited off the caller's path, then a ping), and replaced
+/// when a call failed on the wire or the server ended the session (`KILL`, a
+/// shutdown). Up to `max_connections` of the pool options serve the calls,
+/// most recently used first; [`MySqlStore::pool`], a sqlx pool opened lazily
+/// with the same options, serves [`MySqlStore::migrate`], the transactional
+/// mode, the operator API and your own queries, and holds up to
+/// `max_connections` more while they run.
+///
+/// A store over your pool ([`MySqlStore::new`]) runs everything on that
+/// pool, which pings each connection as it takes it back (sqlx does so
+/// unconditionally): one more round trip per call, off the caller's path but
+/// holding the connection until it is answered.
 #[derive(Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
+    /// The calls' own pool (built by `connect`); `None`: the calls run on
+    /// `pool` (a store over the user's pool).
+    calls: Option<idem_sqlx::Pool<MySqlConnection>>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     server: Server,
@@ -45,6 +166,7 @@ impl std::fmt::Debug for MySqlStore {
         f.debug_struct("MySqlStore")
             .field("table", &self.name.table)
             .field("server", &self.server)
+            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .finish_non_exhaustive()
@@ -56,12 +178,19 @@ impl MySqlStore {
     /// pool's database. Asks the server `SELECT VERSION()` once, to pick the
     /// claim statement ([`Server`]).
     ///
-    /// The pool is used as given. If you build it yourself, consider
+    /// Every call runs on this pool, as given. If you build it yourself,
+    /// consider
     /// [`MySqlPoolOptions::test_before_acquire(false)`](MySqlPoolOptions::test_before_acquire):
     /// otherwise sqlx pings every connection before handing it out, which
     /// doubles the round trips of every call. A dead connection then fails
     /// one call with [`StoreError::Unavailable`](idem_core::store::StoreError)
-    /// and is replaced.
+    /// and is replaced. Even so, sqlx pings each connection as it takes it
+    /// back after a call (unconditionally): one more round trip per call,
+    /// which the caller does not wait for but which keeps the connection
+    /// from the next call until it is answered (a fresh key checks out
+    /// twice). A store built by [`MySqlStore::connect`] or
+    /// [`MySqlStore::connect_with`] does not pay it (see
+    /// [Connections](MySqlStore#connections)).
     ///
     /// Run [`MySqlStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
     /// yourself) before the first call.
@@ -85,27 +214,30 @@ impl MySqlStore {
     /// # Ok(()) }
     /// ```
     pub async fn new(pool: MySqlPool) -> Result<Self, Error> {
-        let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&pool)
-            .await?;
-        let server = Server::from_version(&version);
-        debug!(%version, ?server, "detected the server");
+        let server = detect(&pool).await?;
+        Ok(Self::with_server_of(pool, None, server))
+    }
+
+    fn with_server_of(
+        pool: MySqlPool,
+        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+        server: Server,
+    ) -> Self {
         let name = TableName {
             table: DEFAULT_TABLE.to_owned(),
         };
-        Ok(Self::build(pool, name, server, DEFAULT_TX_LOCK_TIMEOUT))
+        Self::build(pool, calls, name, server, DEFAULT_TX_LOCK_TIMEOUT)
     }
 
-    /// Connects a pool of its own to `url` (`mysql://` or `mariadb://`) and
-    /// returns a store over it.
+    /// Connects to `url` (`mysql://` or `mariadb://`) and returns a store
+    /// with pools of its own (see [Connections](MySqlStore#connections)),
+    /// sqlx's default pool options.
     ///
-    /// The pool is built with `test_before_acquire(false)`: no ping before
-    /// each call, so a claim or a replay is one round trip on MariaDB. The
-    /// price: a connection that died while idle fails the one call that
-    /// picks it up (a typed
+    /// No ping before or after a call, so a claim or a replay is one round
+    /// trip on MariaDB. The price: a connection that died while idle fails
+    /// the one call that picks it up (a typed
     /// [`StoreError::Unavailable`](idem_core::store::StoreError), HTTP 503),
-    /// and the pool replaces it. Use [`MySqlStore::new`] with your own
-    /// [`MySqlPoolOptions`] to choose otherwise.
+    /// and the pool replaces it.
     ///
     /// # Errors
     ///
@@ -115,8 +247,15 @@ impl MySqlStore {
         Self::connect_with(MySqlPoolOptions::new(), options).await
     }
 
-    /// Like [`MySqlStore::connect`], with your pool and connect options;
-    /// `test_before_acquire(false)` is still set.
+    /// Like [`MySqlStore::connect`], with your pool and connect options.
+    ///
+    /// The calls' pool takes from `pool` its `max_connections`, its
+    /// `acquire_timeout` (a call that waits longer for a connection fails
+    /// with [`StoreError::Unavailable`](idem_core::store::StoreError)), its
+    /// `max_lifetime` and its `idle_timeout` (a connection past either is
+    /// replaced at its next checkout). [`MySqlStore::pool`] is built from
+    /// `pool` with `test_before_acquire(false)` and `min_connections(0)`,
+    /// and opened lazily; its hooks apply to it only.
     ///
     /// # Errors
     ///
@@ -125,11 +264,22 @@ impl MySqlStore {
         pool: MySqlPoolOptions,
         options: MySqlConnectOptions,
     ) -> Result<Self, Error> {
+        let config = PoolConfig::new(pool.get_max_connections())
+            .acquire_timeout(Some(pool.get_acquire_timeout()))
+            .max_lifetime(pool.get_max_lifetime())
+            .idle_timeout(pool.get_idle_timeout());
+        let calls = idem_sqlx::Pool::new(options.clone(), config);
+        let server = {
+            let mut conn = calls.get().await?;
+            conn.run(|c| async { detect(c).await.map_err(Detecting) })
+                .await
+                .map_err(|Detecting(e)| e)?
+        };
         let pool = pool
             .test_before_acquire(false)
-            .connect_with(options)
-            .await?;
-        Self::new(pool).await
+            .min_connections(0)
+            .connect_lazy_with(options);
+        Ok(Self::with_server_of(pool, Some(calls), server))
     }
 
     /// Uses another table name (default `idem_records`), in the pool's
@@ -143,6 +293,7 @@ impl MySqlStore {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
         Ok(Self::build(
             self.pool,
+            self.calls,
             TableName { table },
             self.server,
             self.tx_lock_timeout,
@@ -169,9 +320,16 @@ impl MySqlStore {
         self
     }
 
-    fn build(pool: MySqlPool, name: TableName, server: Server, tx_lock_timeout: Duration) -> Self {
+    fn build(
+        pool: MySqlPool,
+        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+        name: TableName,
+        server: Server,
+        tx_lock_timeout: Duration,
+    ) -> Self {
         Self {
             pool,
+            calls,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             server,
@@ -219,12 +377,28 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// The pool the store runs its statements on, for your own queries on
-    /// the same database (the transactional mode borrows a connection from
-    /// it), for closing it, or for its size and idle connections.
+    /// The sqlx pool of the store, for your own queries on the same
+    /// database, for its size and idle connections. The transactional mode,
+    /// [`MySqlStore::migrate`] and the operator API run on it; the store's
+    /// calls do too for a store over your pool ([`MySqlStore::new`]), and
+    /// otherwise run on a pool of their own (see
+    /// [Connections](MySqlStore#connections)). To close the store, call
+    /// [`MySqlStore::close`].
     #[must_use]
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
+    }
+
+    /// Closes the store's connections: the calls' own pool (its idle
+    /// connections now, the others as their calls end) and
+    /// [`MySqlStore::pool`], which for a store over your pool is yours.
+    /// Every call after it fails with
+    /// [`StoreError::Unavailable`], on every clone.
+    pub async fn close(&self) {
+        if let Some(calls) = &self.calls {
+            calls.close();
+        }
+        self.pool.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -395,8 +569,20 @@ impl MySqlStore {
         fenced(done.rows_affected())
     }
 
+    /// A statement guarded by the fencing token, as a store call.
     async fn guarded(
         &self,
+        sql: &Arc<str>,
+        id: &RecordId,
+        token: Token,
+        value: GuardedValue<'_>,
+    ) -> Result<(), StoreError> {
+        on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, value))
+    }
+
+    async fn guarded_on(
+        &self,
+        conn: &mut MySqlConnection,
         sql: &Arc<str>,
         id: &RecordId,
         token: Token,
@@ -412,11 +598,83 @@ impl MySqlStore {
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(token.as_i64())
-            .execute(&self.pool)
+            .execute(conn)
             .await
             .map_err(store_error)?;
         fenced(done.rows_affected())
     }
+
+    /// The completion on one connection, and when it changed no row,
+    /// whether this completion was already applied (a retry after a lost
+    /// reply, which is not an error).
+    async fn complete_once(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let done = self.complete_on(&mut *conn, id, token, completion).await;
+        if !matches!(done, Err(StoreError::LeaseLost)) {
+            return done;
+        }
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(conn)
+            .await
+            .map_err(store_error)?;
+        if applied.is_some() { Ok(()) } else { done }
+    }
+
+    /// Purge rounds on one connection (see [`Store::purge_expired`]).
+    async fn purge_on(
+        &self,
+        conn: &mut MySqlConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<PurgeReport, StoreError> {
+        let now = now.as_unix_millis();
+        let limit = i64::from(limit);
+        let mut run = async |sql: &Arc<str>| {
+            q(sql)
+                .bind(now)
+                .bind(now)
+                .bind(now)
+                .bind(limit)
+                .execute(&mut *conn)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(store_error)
+        };
+        loop {
+            let keys_removed = run(&self.sql.purge_delete).await?;
+            let bodies_dropped = run(&self.sql.purge_drop_bodies).await?;
+            let report = PurgeReport {
+                keys_removed,
+                bodies_dropped,
+            };
+            if report != PurgeReport::default() {
+                return Ok(report);
+            }
+            let refiled = run(&self.sql.purge_refile).await?;
+            if refiled == 0 {
+                return Ok(report);
+            }
+        }
+    }
+}
+
+/// Asks the server its version, to pick the claim statement.
+async fn detect<'c>(conn: impl MySqlExecutor<'c>) -> Result<Server, Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(conn)
+        .await?;
+    let server = Server::from_version(&version);
+    debug!(%version, ?server, "detected the server");
+    Ok(server)
 }
 
 /// A deadlock (InnoDB rolled the statement's transaction back) or a
@@ -500,8 +758,9 @@ impl Store for MySqlStore {
     /// duplicate key, a record changed between the read and the takeover).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            let mut conn = self.pool.acquire().await.map_err(store_error)?;
-            let outcome = self.claim_once(&mut conn, req).await?;
+            let outcome = on_conn!(self, |conn| async {
+                Ok::<_, StoreError>(self.claim_once(conn, req).await?)
+            })?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again");
             }
@@ -510,27 +769,15 @@ impl Store for MySqlStore {
         .await
     }
 
+    /// One statement; when it changed no row, a read on the same checkout
+    /// tells a lost lease from this completion already applied.
     async fn complete(
         &self,
         id: &RecordId,
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        let done = self.complete_on(&self.pool, id, token, completion).await;
-        if !matches!(done, Err(StoreError::LeaseLost)) {
-            return done;
-        }
-        // No row matched: a lost lease, or this completion already applied
-        // (a retry after a lost reply), which is not an error.
-        let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        if applied.is_some() { Ok(()) } else { done }
+        on_conn!(self, |conn| self.complete_once(conn, id, token, completion))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -565,57 +812,30 @@ impl Store for MySqlStore {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
         let now = now.as_unix_millis();
-        let row = q(&self.sql.fetch)
-            .bind(now)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now)
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(row.as_ref().map(decode_record).transpose()?)
+        on_conn!(self, |conn| async {
+            let row = q(&self.sql.fetch)
+                .bind(now)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now)
+                .bind(now)
+                .fetch_optional(conn)
+                .await
+                .map_err(store_error)?;
+            Ok::<_, StoreError>(row.as_ref().map(decode_record).transpose()?)
+        })
     }
 
     /// One batch per round: the expired keys (one `DELETE`), the expired
     /// bodies (one `UPDATE`), then the re-filing of the other records due
     /// (one `UPDATE`), each walking the sweep index, at most `limit` rows
-    /// each. A round that only re-filed records removed nothing, and an
-    /// empty report tells the caller the purge is done; so the round runs
-    /// again until it removes something or finds nothing due. Each round
-    /// moves every row it re-files past `now`, so this ends.
+    /// each, on one checkout. A round that only re-filed records removed
+    /// nothing, and an empty report tells the caller the purge is done; so
+    /// the round runs again until it removes something or finds nothing due.
+    /// Each round moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        let now = now.as_unix_millis();
-        let limit = i64::from(limit);
-        // One checkout for the whole purge: its statements follow each other.
-        let mut conn = self.pool.acquire().await.map_err(store_error)?;
-        let mut run = async |sql: &Arc<str>| {
-            q(sql)
-                .bind(now)
-                .bind(now)
-                .bind(now)
-                .bind(limit)
-                .execute(&mut *conn)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(store_error)
-        };
-        loop {
-            let keys_removed = run(&self.sql.purge_delete).await?;
-            let bodies_dropped = run(&self.sql.purge_drop_bodies).await?;
-            let report = PurgeReport {
-                keys_removed,
-                bodies_dropped,
-            };
-            if report != PurgeReport::default() {
-                return Ok(report);
-            }
-            let refiled = run(&self.sql.purge_refile).await?;
-            if refiled == 0 {
-                return Ok(report);
-            }
-        }
+        on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {

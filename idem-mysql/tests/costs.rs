@@ -11,6 +11,7 @@ use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::OutcomeKind;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use idem_core::{FieldFilter, IdempotencyKey, RecordId};
+use idem_mysql::sqlx::MySqlPool;
 use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
 use support::MyFixture;
 use support::proxy::{Proxy, Snapshot};
@@ -34,13 +35,32 @@ struct Costs {
     tx_replay: Snapshot,
 }
 
-async fn measure(server: Server) -> Costs {
+/// Waits until every connection of the store's sqlx pool is idle again,
+/// i.e. until sqlx's return ping (a spawned task) was answered, then a
+/// little longer for anything else that would go on the wire after a call.
+async fn settle(pool: &MySqlPool) {
+    for _ in 0..500 {
+        if usize::try_from(pool.size()).ok() == Some(pool.num_idle()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+/// The costs of every transition through a store built by `connect_with`
+/// (`own_pool`: the calls on idem-sqlx's pool) or over a sqlx pool.
+async fn measure(server: Server, own_pool: bool) -> Costs {
     let proxy = Proxy::start(support::upstream().await).await;
-    let pool = support::pool(1, support::via(&proxy)).await;
     let table = support::unique("idem_costs");
-    let store = MySqlStore::new(pool)
-        .await
-        .expect("version")
+    let store = if own_pool {
+        support::connect(1, support::via(&proxy)).await
+    } else {
+        MySqlStore::new(support::pool(1, support::via(&proxy)).await)
+            .await
+            .expect("version")
+    };
+    let store = store
         .with_table_name(&table)
         .expect("table")
         .with_server(server);
@@ -61,7 +81,8 @@ async fn measure(server: Server) -> Costs {
         // connection, the second is what a warm pool pays.
         for pass in 0..2 {
             let mut r = Vec::new();
-            let mut m = |name: &str, before: Snapshot| {
+            let mut m = async |name: &str, before: Snapshot| {
+                settle(store.pool()).await;
                 let d = proxy.snapshot() - before;
                 r.push(format!(
                     "{name:<34} statements {}  round trips {}  (+{} release ping, {} prepared)",
@@ -95,39 +116,39 @@ async fn measure(server: Server) -> Costs {
             );
             let s = proxy.snapshot();
             store.claim(&req(t1)).await.expect("claim");
-            let claim = m("claim (fresh)", s);
+            let claim = m("claim (fresh)", s).await;
             let s = proxy.snapshot();
             store
                 .save_resource_id(&id, t1, "ch")
                 .await
                 .expect("save_resource_id");
-            let save_resource_id = m("save_resource_id", s);
+            let save_resource_id = m("save_resource_id", s).await;
             let s = proxy.snapshot();
             store
                 .extend_lease(&id, t1, now.plus(LEASE * 2))
                 .await
                 .expect("extend");
-            let extend = m("extend_lease", s);
+            let extend = m("extend_lease", s).await;
             let s = proxy.snapshot();
             store.release(&id, t1, now).await.expect("release");
-            let release = m("release", s);
+            let release = m("release", s).await;
             let s = proxy.snapshot();
             let took = store.claim(&req(t2)).await.expect("takeover");
             assert!(matches!(took, ClaimOutcome::Claimed(c) if c.attempt == 2));
-            let takeover = m("claim (takeover of released)", s);
+            let takeover = m("claim (takeover of released)", s).await;
             let s = proxy.snapshot();
             store.complete(&id, t2, &done).await.expect("complete");
-            let complete = m("complete", s);
+            let complete = m("complete", s).await;
             let s = proxy.snapshot();
             let existing = store.claim(&req(Token::random())).await.expect("replay");
             assert!(matches!(existing, ClaimOutcome::Existing(_)));
-            let replay = m("claim → existing (replay)", s);
+            let replay = m("claim → existing (replay)", s).await;
             let s = proxy.snapshot();
             store.fetch(&id, now).await.expect("fetch");
-            let fetch = m("fetch", s);
+            let fetch = m("fetch", s).await;
             let s = proxy.snapshot();
             store.purge_expired(now, 100).await.expect("purge");
-            let purge = m("purge_expired (nothing due)", s);
+            let purge = m("purge_expired (nothing due)", s).await;
             let key = IdempotencyKey::random();
             let s = proxy.snapshot();
             idem.execute(&scope, &key, &request(), |_| async {
@@ -135,7 +156,7 @@ async fn measure(server: Server) -> Costs {
             })
             .await
             .expect("execute");
-            let fresh = m("Idem::execute, fresh key", s);
+            let fresh = m("Idem::execute, fresh key", s).await;
             let s = proxy.snapshot();
             let again = idem
                 .execute(&scope, &key, &request(), |_| async {
@@ -144,7 +165,7 @@ async fn measure(server: Server) -> Costs {
                 .await
                 .expect("replay");
             assert!(again.is_replay());
-            let replayed = m("Idem::execute, replay", s);
+            let replayed = m("Idem::execute, replay", s).await;
             let key = IdempotencyKey::random();
             let s = proxy.snapshot();
             idem.execute_in_tx(&scope, &key, &request(), |_, _| {
@@ -152,7 +173,7 @@ async fn measure(server: Server) -> Costs {
             })
             .await
             .expect("tx");
-            let tx_fresh = m("execute_in_tx, fresh key", s);
+            let tx_fresh = m("execute_in_tx, fresh key", s).await;
             let s = proxy.snapshot();
             let again = idem
                 .execute_in_tx(&scope, &key, &request(), |_, _| {
@@ -161,7 +182,7 @@ async fn measure(server: Server) -> Costs {
                 .await
                 .expect("tx replay");
             assert!(again.is_replay());
-            let tx_replay = m("execute_in_tx, replay", s);
+            let tx_replay = m("execute_in_tx, replay", s).await;
             if pass == 1 {
                 rows = r;
                 costs = Some(Costs {
@@ -199,7 +220,7 @@ fn pair(s: Snapshot) -> (u64, u64, u64) {
 /// the key is fresh or replayed; a takeover adds one guarded update.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_one_statement_per_transition() {
-    let c = measure(Server::MariaDb).await;
+    let c = measure(Server::MariaDb, true).await;
     for (name, d) in [
         ("claim", c.claim),
         ("save_resource_id", c.save_resource_id),
@@ -214,13 +235,61 @@ async fn mariadb_one_statement_per_transition() {
     assert_eq!(pair(c.takeover), (2, 2, 0), "{:?}", c.takeover);
     // The purge with nothing due: delete, drop bodies, re-file.
     assert_eq!(pair(c.purge), (3, 3, 0), "{:?}", c.purge);
-    assert_eq!(c.purge.ping, 1, "one checkout for the whole purge");
     assert_eq!(pair(c.fresh), (2, 2, 0), "claim + complete");
     assert_eq!(pair(c.replayed), (1, 1, 0), "one claim");
     // SET SESSION …; BEGIN (one text query), claim, complete, COMMIT.
     assert_eq!(pair(c.tx_fresh), (4, 4, 0));
     // SET SESSION …; BEGIN, claim, ROLLBACK.
     assert_eq!(pair(c.tx_replay), (3, 3, 0));
+    no_ping_but_the_transactional_mode(&c);
+}
+
+/// A store with its own pool sends no `COM_PING` between its calls; the
+/// transactional mode runs on the sqlx pool, which pings its connection
+/// back.
+fn no_ping_but_the_transactional_mode(c: &Costs) {
+    for d in [
+        c.claim,
+        c.save_resource_id,
+        c.extend,
+        c.release,
+        c.takeover,
+        c.complete,
+        c.replay,
+        c.fetch,
+        c.purge,
+        c.fresh,
+        c.replayed,
+    ] {
+        assert_eq!(d.ping, 0, "{d:?}");
+    }
+    assert_eq!((c.tx_fresh.ping, c.tx_replay.ping), (1, 1));
+}
+
+/// The same statements through a store over the caller's sqlx pool, and
+/// sqlx's `COM_PING` as each connection goes back to it: one per checkout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_over_a_sqlx_pool_pays_its_ping_per_checkout() {
+    let c = measure(Server::MariaDb, false).await;
+    assert_eq!(pair(c.fresh), (2, 2, 0), "claim + complete");
+    assert_eq!(pair(c.replayed), (1, 1, 0), "one claim");
+    for d in [
+        c.claim,
+        c.save_resource_id,
+        c.extend,
+        c.release,
+        c.takeover,
+        c.complete,
+        c.replay,
+        c.fetch,
+        c.purge,
+        c.replayed,
+        c.tx_fresh,
+        c.tx_replay,
+    ] {
+        assert_eq!(d.ping, 1, "{d:?}");
+    }
+    assert_eq!(c.fresh.ping, 2, "two checkouts: {:?}", c.fresh);
 }
 
 /// The portable MySQL statements (no `RETURNING`): a fresh key is one
@@ -228,7 +297,7 @@ async fn mariadb_one_statement_per_transition() {
 /// one guarded update more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_path_statements_per_transition() {
-    let c = measure(Server::MySql).await;
+    let c = measure(Server::MySql, true).await;
     for (name, d) in [
         ("claim", c.claim),
         ("save_resource_id", c.save_resource_id),
@@ -242,9 +311,9 @@ async fn mysql_path_statements_per_transition() {
     assert_eq!(pair(c.replay), (2, 2, 0), "{:?}", c.replay);
     assert_eq!(pair(c.takeover), (3, 3, 0), "{:?}", c.takeover);
     assert_eq!(pair(c.purge), (3, 3, 0), "{:?}", c.purge);
-    assert_eq!(c.purge.ping, 1, "one checkout for the whole purge");
     assert_eq!(pair(c.fresh), (2, 2, 0), "insert + complete");
     assert_eq!(pair(c.replayed), (2, 2, 0), "insert + read");
     assert_eq!(pair(c.tx_fresh), (4, 4, 0));
     assert_eq!(pair(c.tx_replay), (4, 4, 0));
+    no_ping_but_the_transactional_mode(&c);
 }

@@ -13,6 +13,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
+use idem_sqlx::{ConnectionError, PoolConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
 use tracing::debug;
@@ -21,11 +22,39 @@ use crate::config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
     MAX_TABLE_NAME_LEN, validate_identifier,
 };
-use crate::error::{BACKEND, Error, may_have_switched, store_error};
+use crate::error::{BACKEND, Error, may_have_switched};
 use crate::replication::{self, Guard, Replication};
 use crate::sql::{Statements, TableName, q};
 
-/// The PostgreSQL idempotency store. Cheap to clone (a pool and two `Arc`s).
+/// Runs `$call`, a future of `Result<_, Error>` on
+/// `$conn: &mut PgConnection`, on one checkout of the connections the
+/// store's calls use: its own pool's (tracked: no ping, see
+/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
+/// checkout that fails returns early with [`Error::Sqlx`] (through `?`).
+macro_rules! on_conn {
+    ($store:expr, |$conn:ident| $call:expr) => {
+        match &$store.calls {
+            Some(calls) => {
+                let mut checkout = calls.get().await.map_err(Error::Sqlx)?;
+                checkout
+                    .run(|$conn| async move { $call.await.map_err(CallError) })
+                    .await
+                    .map_err(|CallError(e)| e)
+            }
+            None => {
+                // Boxed: sqlx's acquire future is large, and would sit
+                // inline in every call's future, on either pool.
+                let acquire = Box::pin($store.pool.acquire());
+                let mut checkout = acquire.await.map_err(Error::Sqlx)?;
+                let $conn: &mut PgConnection = &mut checkout;
+                $call.await
+            }
+        }
+    };
+}
+
+/// The PostgreSQL idempotency store. Cheap to clone (two pools and a few
+/// `Arc`s; clones share them).
 ///
 /// Build it with [`PgStore::new`] (your pool) or [`PgStore::connect`], pick
 /// the table with [`PgStore::with_table_name`] /
@@ -40,9 +69,34 @@ use crate::sql::{Statements, TableName, q};
 /// connection (the server may have changed: a failover), and before the
 /// first call of a store that never checked; [`PgStore::with_call_timeout`]
 /// bounds a write (a commit waiting for a standby that does not answer).
+///
+/// # Connections
+///
+/// A store built by [`PgStore::connect`] or [`PgStore::connect_with`] runs
+/// its calls (claim, completion, release, saved resource id, lease
+/// extension, fetch, purge and the replication check) on a pool of its own
+/// ([`idem_sqlx::Pool`]) that neither pings a connection before a call nor
+/// after it: a claim, a completion or a replay is one round trip. A
+/// connection is re-validated only when a call may have left it unsound (a
+/// call cut short by [`PgStore::with_call_timeout`] or a dropped future: its
+/// answer is awaited, off the caller's path, then a ping), and replaced when
+/// a call failed on the wire. Up to `max_connections` of the pool options
+/// serve the calls, most recently used first; [`PgStore::pool`], a sqlx
+/// pool opened lazily with the same options, serves [`PgStore::migrate`],
+/// the [transactional mode](crate::PgIdemExt::execute_in_tx), the operator
+/// API and your own queries, and holds up to `max_connections` more while
+/// they run (closed after its `idle_timeout`).
+///
+/// A store over your pool ([`PgStore::new`]) runs everything on that pool,
+/// which pings each connection as it takes it back (sqlx does so
+/// unconditionally): one round trip more per call, off the caller's path
+/// but holding the connection until it is answered.
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The calls' own pool (built by `connect`); `None`: the calls run on
+    /// `pool` (a store over the user's pool).
+    calls: Option<idem_sqlx::Pool<PgConnection>>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     tx_lock_timeout: Duration,
@@ -54,6 +108,7 @@ impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
             .field("table", &self.name.qualified())
+            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .field("call_timeout", &self.call_timeout)
@@ -65,12 +120,18 @@ impl std::fmt::Debug for PgStore {
 impl PgStore {
     /// A store over an existing pool, using `public.idem_records`.
     ///
-    /// The pool is used as given. If you build it yourself, consider
+    /// Every call runs on this pool, as given. If you build it yourself,
+    /// consider
     /// [`PgPoolOptions::test_before_acquire(false)`](PgPoolOptions::test_before_acquire):
     /// otherwise sqlx pings every connection before handing it out, which
     /// doubles the round trips of every call. A dead connection then fails
     /// one call with [`StoreError::Unavailable`](idem_core::store::StoreError) and
-    /// is replaced.
+    /// is replaced. Even so, sqlx pings each connection as it takes it back
+    /// after a call (unconditionally): one more round trip per call, which
+    /// the caller does not wait for but which keeps the connection from the
+    /// next call until it is answered (a fresh key checks out twice). A store
+    /// built by [`PgStore::connect`] or [`PgStore::connect_with`] does not pay
+    /// it (see [Connections](PgStore#connections)).
     ///
     /// Run [`PgStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
     /// yourself) before the first call. Nothing is checked here (no
@@ -100,20 +161,21 @@ impl PgStore {
         };
         Self::build(
             pool,
+            None,
             name,
             DEFAULT_TX_LOCK_TIMEOUT,
             Arc::new(Guard::new(false, false)),
         )
     }
 
-    /// Connects a pool of its own to `url` and returns a store over it.
+    /// Connects to `url` and returns a store with pools of its own (see
+    /// [Connections](PgStore#connections)), sqlx's default pool options.
     ///
-    /// The pool is built with `test_before_acquire(false)`: no ping before
-    /// each call, so a claim or a replay is one round trip. The price: a
-    /// connection that died while idle fails the one call that picks it up
-    /// (a typed [`StoreError::Unavailable`](idem_core::store::StoreError), HTTP 503),
-    /// and the pool replaces it. Use [`PgStore::new`] with your own
-    /// [`PgPoolOptions`] to choose otherwise.
+    /// No ping before or after a call, so a claim, a completion or a replay
+    /// is one round trip. The price: a connection that died while idle fails
+    /// the one call that picks it up (a typed
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError), HTTP 503),
+    /// and the pool replaces it.
     ///
     /// Then it checks the server ([`PgStore::check_replication`]): a standby
     /// is refused; commits not synchronous to any standby are logged once as
@@ -128,9 +190,16 @@ impl PgStore {
         Self::connect_with(PgPoolOptions::new(), options).await
     }
 
-    /// Like [`PgStore::connect`], with your pool and connect options;
-    /// `test_before_acquire(false)` is still set, and the server is checked
-    /// the same way.
+    /// Like [`PgStore::connect`], with your pool and connect options, and
+    /// the server checked the same way.
+    ///
+    /// The calls' pool takes from `pool` its `max_connections`, its
+    /// `acquire_timeout` (a call that waits longer for a connection fails
+    /// with [`StoreError::Unavailable`](idem_core::store::StoreError)), its
+    /// `max_lifetime` and its `idle_timeout` (a connection past either is
+    /// replaced at its next checkout). [`PgStore::pool`] is built from
+    /// `pool` with `test_before_acquire(false)` and `min_connections(0)`,
+    /// and opened lazily; its hooks (`after_connect`, ...) apply to it only.
     ///
     /// # Errors
     ///
@@ -140,13 +209,28 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
+        let config = PoolConfig::new(pool.get_max_connections())
+            .acquire_timeout(Some(pool.get_acquire_timeout()))
+            .max_lifetime(pool.get_max_lifetime())
+            .idle_timeout(pool.get_idle_timeout());
+        let calls = idem_sqlx::Pool::new(options.clone(), config);
         let pool = pool
             .test_before_acquire(false)
-            .connect_with(options)
-            .await?;
-        let store = Self::new(pool);
+            .min_connections(0)
+            .connect_lazy_with(options);
+        let name = TableName {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+        };
+        let store = Self::build(
+            pool,
+            Some(calls),
+            name,
+            DEFAULT_TX_LOCK_TIMEOUT,
+            Arc::new(Guard::new(false, false)),
+        );
         if let Err(e) = store.check_replication().await {
-            store.pool.close().await;
+            store.close().await;
             return Err(e);
         }
         Ok(store)
@@ -217,7 +301,9 @@ impl PgStore {
     /// [`Error::Standby`], [`Error::NotSynchronous`] (only if required), or
     /// [`Error::Sqlx`] when the server cannot be reached.
     pub async fn check_replication(&self) -> Result<Replication, Error> {
-        let found = Replication::read(&self.pool).await?;
+        let found: Result<Replication, Error> =
+            on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
+        let found = found?;
         self.guard.judge(&found)?;
         Ok(found)
     }
@@ -291,9 +377,16 @@ impl PgStore {
         }
     }
 
-    fn build(pool: PgPool, name: TableName, tx_lock_timeout: Duration, guard: Arc<Guard>) -> Self {
+    fn build(
+        pool: PgPool,
+        calls: Option<idem_sqlx::Pool<PgConnection>>,
+        name: TableName,
+        tx_lock_timeout: Duration,
+        guard: Arc<Guard>,
+    ) -> Self {
         Self {
             pool,
+            calls,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             tx_lock_timeout,
@@ -346,7 +439,9 @@ impl PgStore {
     /// The replication check, if the server is unchecked or suspect.
     pub(crate) async fn ensure_checked(&self) -> Result<(), StoreError> {
         if self.guard.needs_check() {
-            self.check_replication().await?;
+            // Boxed: the rare path keeps its (checkout-sized) future out of
+            // every call's.
+            Box::pin(self.check_replication()).await?;
         }
         Ok(())
     }
@@ -398,12 +493,29 @@ impl PgStore {
         Ok(found)
     }
 
-    /// The pool the store runs its statements on, for your own queries on
-    /// the same database (the transactional mode borrows a connection from
-    /// it), for closing it, or for its size and idle connections.
+    /// The sqlx pool of the store, for your own queries on the same
+    /// database, for its size and idle connections. The transactional mode,
+    /// [`PgStore::migrate`] and the operator API run on it; the store's
+    /// calls do too for a store over your pool ([`PgStore::new`]), and
+    /// otherwise run on a pool of their own (see
+    /// [Connections](PgStore#connections)). To close the store, call
+    /// [`PgStore::close`].
     #[must_use]
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Closes the store's connections: the calls' own pool (its idle
+    /// connections now, the others as their calls end) and
+    /// [`PgStore::pool`], which for a store over your pool is yours. Every
+    /// call after it fails with
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
+    /// clone.
+    pub async fn close(&self) {
+        if let Some(calls) = &self.calls {
+            calls.close();
+        }
+        self.pool.close().await;
     }
 
     /// The schema holding the table (default `public`), as validated by
@@ -489,6 +601,9 @@ impl PgStore {
         Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
+    /// The completion (with the transactional mode's transaction, or a
+    /// connection): `Ok` when it applied, [`StoreError::LeaseLost`] when no
+    /// row changed.
     pub(crate) async fn complete_on<'c>(
         &self,
         conn: impl PgExecutor<'c>,
@@ -496,6 +611,17 @@ impl PgStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
+        fenced(self.complete_rows(conn, id, token, c).await?)
+    }
+
+    /// The completion's statement; the rows it changed.
+    async fn complete_rows<'c>(
+        &self,
+        conn: impl PgExecutor<'c>,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<u64, Error> {
         let done = q(&self.sql.complete)
             .bind(id.owner())
             .bind(id.operation())
@@ -507,28 +633,35 @@ impl PgStore {
             .bind(c.key_expires_at.as_unix_millis())
             .bind(c.resource_id)
             .execute(conn)
-            .await
-            .map_err(store_error)?;
-        fenced(done.rows_affected())
+            .await?;
+        Ok(done.rows_affected())
     }
 
-    pub(crate) async fn release_on<'c>(
+    /// The completion, and when it changed no row, whether this completion
+    /// was already applied (a retry after a lost reply, which is not an
+    /// error): `false` means the lease is lost.
+    async fn complete_once(
         &self,
-        conn: impl PgExecutor<'c>,
+        conn: &mut PgConnection,
         id: &RecordId,
         token: Token,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.guarded(
-            conn,
-            &self.sql.release,
-            id,
-            token,
-            GuardedValue::Int(now.as_unix_millis()),
-        )
-        .await
+        c: &Completion<'_>,
+    ) -> Result<bool, Error> {
+        if self.complete_rows(&mut *conn, id, token, c).await? == 1 {
+            return Ok(true);
+        }
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(conn)
+            .await?;
+        Ok(applied.is_some())
     }
 
+    /// A statement guarded by the fencing token (`$1`–`$3` the record, `$4`
+    /// the token, `$5` the value); the rows it changed.
     async fn guarded<'c>(
         &self,
         conn: impl PgExecutor<'c>,
@@ -536,7 +669,7 @@ impl PgStore {
         id: &RecordId,
         token: Token,
         value: GuardedValue<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, Error> {
         let query = q(sql)
             .bind(id.owner())
             .bind(id.operation())
@@ -546,14 +679,67 @@ impl PgStore {
             GuardedValue::Int(v) => query.bind(v),
             GuardedValue::Text(v) => query.bind(v),
         };
-        fenced(
-            query
-                .execute(conn)
-                .await
-                .map_err(store_error)?
-                .rows_affected(),
-        )
+        Ok(query.execute(conn).await?.rows_affected())
     }
+
+    /// A guarded statement as a store call: fenced by its row count.
+    async fn guarded_call_on(
+        &self,
+        sql: &Arc<str>,
+        id: &RecordId,
+        token: Token,
+        value: GuardedValue<'_>,
+    ) -> Result<(), StoreError> {
+        let rows: Result<u64, Error> =
+            on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
+        fenced(rows?)
+    }
+}
+
+/// A call's error, as its connection sees it (a private wrapper, so that
+/// the classification stays out of the crate's public API).
+struct CallError(Error);
+
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: sound when every statement was answered and the
+/// session goes on (the server's own errors, except those that end the
+/// session; decoding, which reads rows a statement already returned in
+/// full; the replication check's verdicts), otherwise re-validated or
+/// replaced (see [`idem_sqlx::Conn`]).
+impl ConnectionError for CallError {
+    fn leaves_connection_sound(&self) -> bool {
+        match &self.0 {
+            Error::Sqlx(sqlx::Error::Database(db)) => !ends_session(db.as_ref()),
+            Error::Sqlx(
+                sqlx::Error::ColumnDecode { .. }
+                | sqlx::Error::Decode(_)
+                | sqlx::Error::ColumnNotFound(_)
+                | sqlx::Error::ColumnIndexOutOfBounds { .. },
+            )
+            | Error::Corrupt { .. }
+            | Error::Standby
+            | Error::NotSynchronous { .. }
+            | Error::ClaimContention { .. }
+            | Error::InvalidIdentifier { .. } => true,
+            Error::Sqlx(e) => e.leaves_connection_sound(),
+            Error::Timeout { .. } => false,
+        }
+    }
+}
+
+/// Whether the server ends the session after this error: a `FATAL` or
+/// `PANIC` (`pg_terminate_backend`, a shutdown, an idle-session timeout),
+/// or a connection exception (class `08`).
+fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
+    let fatal = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|pg| {
+            matches!(
+                pg.severity(),
+                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+            )
+        });
+    fatal || db.code().is_some_and(|c| c.starts_with("08"))
 }
 
 /// Reads a record from the row, refusing anything a record cannot hold.
@@ -630,8 +816,8 @@ impl Store for PgStore {
     /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.guarded_call(retry_claim_race(BACKEND, || async {
-            let mut conn = self.pool.acquire().await.map_err(store_error)?;
-            let outcome = self.claim_once(&mut conn, req).await?;
+            let outcome: Result<_, Error> = on_conn!(self, |conn| self.claim_once(conn, req));
+            let outcome = outcome?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
             }
@@ -640,6 +826,9 @@ impl Store for PgStore {
         .await
     }
 
+    /// One statement; when it changed no row, a read on the same checkout
+    /// tells a lost lease from this completion already applied (a retry
+    /// after a lost reply, which is not an error).
     async fn complete(
         &self,
         id: &RecordId,
@@ -647,27 +836,20 @@ impl Store for PgStore {
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
         self.guarded_call(async {
-            let done = self.complete_on(&self.pool, id, token, completion).await;
-            if !matches!(done, Err(StoreError::LeaseLost)) {
-                return done;
+            let applied: Result<bool, Error> =
+                on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
+            if applied? {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost)
             }
-            // No row changed: a lost lease, or this completion already applied
-            // (a retry after a lost reply), which is not an error.
-            let applied = q(&self.sql.completed_under)
-                .bind(id.owner())
-                .bind(id.operation())
-                .bind(id.key().as_str())
-                .bind(token.as_i64())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(store_error)?;
-            if applied.is_some() { Ok(()) } else { done }
         })
         .await
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.guarded_call(self.release_on(&self.pool, id, token, now))
+        let now = GuardedValue::Int(now.as_unix_millis());
+        self.guarded_call(self.guarded_call_on(&self.sql.release, id, token, now))
             .await
     }
 
@@ -677,14 +859,9 @@ impl Store for PgStore {
         token: Token,
         resource_id: &str,
     ) -> Result<(), StoreError> {
-        self.guarded_call(self.guarded(
-            &self.pool,
-            &self.sql.save_resource_id,
-            id,
-            token,
-            GuardedValue::Text(resource_id),
-        ))
-        .await
+        let value = GuardedValue::Text(resource_id);
+        self.guarded_call(self.guarded_call_on(&self.sql.save_resource_id, id, token, value))
+            .await
     }
 
     async fn extend_lease(
@@ -694,7 +871,7 @@ impl Store for PgStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         let until = GuardedValue::Int(lease_until.as_unix_millis());
-        self.guarded_call(self.guarded(&self.pool, &self.sql.extend_lease, id, token, until))
+        self.guarded_call(self.guarded_call_on(&self.sql.extend_lease, id, token, until))
             .await
     }
 
@@ -703,15 +880,17 @@ impl Store for PgStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        let row = q(&self.sql.fetch)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)?;
-        Ok(row.as_ref().map(decode_record).transpose()?)
+        let record: Result<_, Error> = on_conn!(self, |conn| async {
+            let row = q(&self.sql.fetch)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now.as_unix_millis())
+                .fetch_optional(conn)
+                .await?;
+            row.as_ref().map(decode_record).transpose()
+        });
+        Ok(record?)
     }
 
     /// One batch of the sweep index per statement. A batch that only
@@ -721,7 +900,12 @@ impl Store for PgStore {
     /// again until a batch removes something or finds nothing due. Each run
     /// moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.guarded_call(self.purge_batches(now, limit)).await
+        self.guarded_call(async {
+            let report: Result<_, Error> =
+                on_conn!(self, |conn| self.purge_batches(conn, now, limit));
+            Ok(report?)
+        })
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -730,16 +914,22 @@ impl Store for PgStore {
 }
 
 impl PgStore {
-    async fn purge_batches(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+    /// Purge batches on one connection until one removes something or finds
+    /// nothing due.
+    async fn purge_batches(
+        &self,
+        conn: &mut PgConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<PurgeReport, Error> {
         loop {
             let row = q(&self.sql.purge)
                 .bind(now.as_unix_millis())
                 .bind(i64::from(limit))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(store_error)?;
-            let count = |col: &str| -> Result<u64, StoreError> {
-                let n: i64 = row.try_get(col).map_err(store_error)?;
+                .fetch_one(&mut *conn)
+                .await?;
+            let count = |col: &str| -> Result<u64, Error> {
+                let n: i64 = row.try_get(col)?;
                 Ok(u64::try_from(n).unwrap_or(0))
             };
             let report = PurgeReport {

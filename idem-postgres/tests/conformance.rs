@@ -1,9 +1,14 @@
-//! The shared conformance suite against the real server, one schema per test.
+//! The shared conformance suite against the real server, one schema per
+//! test: a store with pools of its own (`PgStore::connect_with`, the calls on
+//! idem-sqlx's pool) and a store over the caller's sqlx pool
+//! (`PgStore::new`).
 
 mod support;
 
-async fn setup() -> support::PgFixture {
-    support::PgFixture::new(16).await
+mod own_pool {
+    idem_core::store_conformance!(crate::support::PgFixture::new(16));
 }
 
-idem_core::store_conformance!(setup());
+mod over_a_sqlx_pool {
+    idem_core::store_conformance!(crate::support::PgFixture::over_pool(16));
+}

@@ -171,24 +171,39 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
     .await;
 }
 
-/// Every connection dropped (a server restart, a failover): calls fail
-/// with a typed 503 while the server is away, never run the work twice, and
-/// the pool recovers on its own once it is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pool_recovers_after_connections_are_dropped() {
-    let proxy = Proxy::start(support::upstream().await).await;
-    let options = support::via(&proxy);
-    let pool = idem_postgres::sqlx::postgres::PgPoolOptions::new()
+fn recovery_pool_options() -> idem_postgres::sqlx::postgres::PgPoolOptions {
+    idem_postgres::sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .test_before_acquire(false)
         .acquire_timeout(Duration::from_secs(2))
-        .connect_with(options)
+}
+
+/// Every connection dropped (a server restart, a failover): calls fail
+/// with a typed 503 while the server is away, never run the work twice, and
+/// the store's own pool recovers on its own once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_recovers_after_connections_are_dropped() {
+    let proxy = Proxy::start(support::upstream().await).await;
+    let store = PgStore::connect_with(recovery_pool_options(), support::via(&proxy))
         .await
         .expect("connect through proxy");
+    recovers_after_connections_are_dropped(store, proxy).await;
+}
+
+/// The same for a store over the caller's sqlx pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlx_pool_recovers_after_connections_are_dropped() {
+    let proxy = Proxy::start(support::upstream().await).await;
+    let pool = recovery_pool_options()
+        .connect_with(support::via(&proxy))
+        .await
+        .expect("connect through proxy");
+    recovers_after_connections_are_dropped(PgStore::new(pool), proxy).await;
+}
+
+async fn recovers_after_connections_are_dropped(store: PgStore, proxy: Proxy) {
     let schema = support::schema_name();
-    let store = PgStore::new(pool)
-        .with_schema_name(&schema)
-        .expect("schema");
+    let store = store.with_schema_name(&schema).expect("schema");
     store.migrate().await.expect("migrate");
     let fx = PgFixture { store, schema };
     with_fixture(fx, move |fx| async move {
@@ -232,6 +247,123 @@ async fn pool_recovers_after_connections_are_dropped() {
         // A key whose first call failed is retried and runs once.
         call("down-0".into()).await.expect("retry after recovery");
         assert_eq!(runs.get(), 16);
+    })
+    .await;
+}
+
+/// A claim request for `id` at `now` with a fresh token.
+fn claim_request(id: &RecordId, now: idem_core::clock::Timestamp) -> ClaimRequest<'_> {
+    let fp = fingerprint(id.operation(), &request(), &FieldFilter::All).expect("fp");
+    ClaimRequest::new(
+        id,
+        fp,
+        Token::random(),
+        now,
+        now.plus(LEASE),
+        now.plus(Duration::from_secs(86_400)),
+    )
+}
+
+/// A statement cut short (the call's timeout passed while the proxy held
+/// its bytes) leaves its connection in flight: it keeps its place in the
+/// store's pool (of one), is waited for and pinged once the server answers,
+/// and then serves the next call, which gets its own answer, not the cut
+/// statement's. No connection is opened for it, and only that one ping goes
+/// on the wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_cut_short_is_awaited_and_pinged_before_its_connection_serves_again() {
+    let proxy = Proxy::start(support::upstream().await).await;
+    let fx = PgFixture::with_options(1, support::via(&proxy)).await;
+    with_fixture(fx, move |fx| async move {
+        let store = fx
+            .store
+            .clone()
+            .with_call_timeout(Duration::from_millis(200));
+        let now = ManualClock::starting_now().now();
+        let scope = scope();
+        let key = |k: &str| RecordId::new(scope.clone(), IdempotencyKey::parse(k).expect("key"));
+        let (a, b, c) = (key("a"), key("b"), key("c"));
+        let claimed = store.claim(&claim_request(&a, now)).await.expect("claim a");
+        assert!(matches!(claimed, ClaimOutcome::Claimed(_)));
+        assert!(store.fetch(&c, now).await.expect("fetch c").is_none());
+
+        let before = proxy.snapshot();
+        proxy.set_stalled(true);
+        let cut = store
+            .claim(&claim_request(&b, now))
+            .await
+            .expect_err("held by the proxy past the call timeout");
+        assert!(matches!(cut, StoreError::Unavailable { .. }), "{cut:?}");
+        proxy.set_stalled(false);
+
+        // The pool's one connection is the cut one: this call waits for it.
+        let rec = store
+            .fetch(&a, now)
+            .await
+            .expect("fetch a")
+            .expect("a is stored");
+        assert_eq!(rec.state, RecordState::InFlight);
+        assert!(
+            store.fetch(&c, now).await.expect("fetch c").is_none(),
+            "c was never claimed"
+        );
+        let d = proxy.snapshot() - before;
+        assert_eq!(d.connections, 0, "the connection was kept: {d:?}");
+        assert_eq!(d.ping, 1, "re-validated with one ping: {d:?}");
+        assert_eq!(d.execute, 3, "the cut claim and the two reads: {d:?}");
+        // The cut claim reached the server once released (it was never
+        // reported stored: its record waits for its lease, as documented).
+        let b = store.fetch(&b, now).await.expect("fetch b").expect("b");
+        assert_eq!(b.state, RecordState::InFlight);
+    })
+    .await;
+}
+
+/// The server terminates the store's connection while it is idle
+/// (`pg_terminate_backend`): at most the next call fails, typed 503; the
+/// connection is replaced, not handed out again, and the calls after it
+/// succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_terminates_fails_at_most_one_call() {
+    let app = app_name();
+    let fx = PgFixture::with_options(1, support::options().application_name(&app)).await;
+    with_fixture(fx, move |fx| async move {
+        let now = ManualClock::starting_now().now();
+        let scope = scope();
+        let key = |k: String| RecordId::new(scope.clone(), IdempotencyKey::parse(&k).expect("key"));
+        let warm = key("warm".to_owned());
+        fx.store
+            .claim(&claim_request(&warm, now))
+            .await
+            .expect("warm");
+
+        let admin = support::pool(1, support::options()).await;
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) \
+             FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .expect("terminate");
+        admin.close().await;
+        assert!(killed >= 1, "the store's connection was terminated");
+
+        let mut outcomes = Vec::new();
+        for i in 0..4 {
+            let id = key(format!("after-{i}"));
+            outcomes.push(fx.store.claim(&claim_request(&id, now)).await);
+        }
+        match &outcomes[0] {
+            Ok(ClaimOutcome::Claimed(_)) | Err(StoreError::Unavailable { .. }) => {}
+            other => panic!("the first call after the kill: {other:?}"),
+        }
+        for (i, o) in outcomes.iter().enumerate().skip(1) {
+            assert!(
+                matches!(o, Ok(ClaimOutcome::Claimed(_))),
+                "call {i} after the kill: {o:?}"
+            );
+        }
     })
     .await;
 }

@@ -12,7 +12,6 @@ use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::RecordState;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
 use idem_core::{Error, FieldFilter, IdempotencyKey, RecordId};
-use idem_postgres::PgStore;
 use support::PgFixture;
 use support::proxy::Proxy;
 use support::scenario::{Counter, LEASE, Out, count_rows, engine, request, scope, with_fixture};
@@ -27,8 +26,8 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         let proxy = Proxy::start(support::upstream().await).await;
         let mut engines = Vec::new();
         for _ in 0..8 {
-            let pool = support::pool(8, support::via(&proxy)).await;
-            let store = PgStore::new(pool)
+            let store = support::connect(8, support::via(&proxy))
+                .await
                 .with_schema_name(&fx.schema)
                 .expect("schema");
             // The start check, before the counted race (a store over a
@@ -82,7 +81,7 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         assert_eq!(executed + replayed + in_flight, 64);
         assert_eq!(count_rows(&fx, "idem_records").await, 1);
         for e in &engines {
-            e.store().pool().close().await;
+            e.store().close().await;
         }
     })
     .await;
@@ -96,9 +95,9 @@ async fn racing_takeovers_have_exactly_one_winner() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
         let mut stores = Vec::new();
         for _ in 0..4 {
-            let pool = support::pool(8, support::options()).await;
             stores.push(
-                PgStore::new(pool)
+                support::connect(8, support::options())
+                    .await
                     .with_schema_name(&fx.schema)
                     .expect("schema"),
             );
@@ -184,7 +183,7 @@ async fn racing_takeovers_have_exactly_one_winner() {
         assert!(fresh.previous.is_none());
         assert_eq!(count_rows(&fx, "idem_records").await, 1);
         for s in &stores {
-            s.pool().close().await;
+            s.close().await;
         }
     })
     .await;

@@ -112,7 +112,7 @@ async fn commits_without_a_synchronous_standby_warn_once_and_can_be_refused() {
     assert!(message.contains("synchronous_standby_names"), "{message}");
 
     drop_schema(&schema).await;
-    store.pool().close().await;
+    store.close().await;
 }
 
 /// A store over your own pool checks nothing until asked; its first call

@@ -125,7 +125,7 @@ async fn table_and_schema_names_are_validated_and_configurable() {
                 .migration_sql()
                 .contains("\"Payments_Idem_key_expires_idx\"")
         );
-        custom.pool().close().await;
+        custom.close().await;
     })
     .await;
 }
@@ -194,8 +194,8 @@ async fn corrupted_rows_are_typed_errors_not_panics() {
 }
 
 /// `(n_tup_upd, n_tup_hot_upd)` of the fixture's table, as seen after this
-/// backend's own pending counters are flushed (the pool has one connection,
-/// so every statement of the test ran on it).
+/// backend's own pending counters are flushed (the store runs on its pool
+/// of one connection, so every statement of the test ran on it).
 async fn update_counts(fx: &PgFixture) -> (i64, i64) {
     let pool = fx.store.pool();
     sqlx::query("SELECT pg_stat_force_next_flush()")
@@ -218,7 +218,7 @@ async fn update_counts(fx: &PgFixture) -> (i64, i64) {
 /// completion misses only when its page filled up since the claim).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_are_hot_updates() {
-    with_fixture(PgFixture::new(1).await, |fx| async move {
+    with_fixture(PgFixture::over_pool(1).await, |fx| async move {
         let clock = ManualClock::starting_now();
         let idem = engine(&fx.store, &clock);
         let scope = scope();

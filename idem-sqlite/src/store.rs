@@ -14,6 +14,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
+use idem_sqlx::{ConnectionError, PoolConfig};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -25,6 +26,56 @@ use crate::config::{
 };
 use crate::error::{BACKEND, Error, corrupt, map};
 use crate::sql::{Statements, q};
+
+/// Runs `$call`, a future of `Result<_, StoreError>` on
+/// `$conn: &mut SqliteConnection`, on one checkout of the connections the
+/// store's calls use: its own pool's (tracked: no ping, see
+/// [`idem_sqlx::Conn`]) or, for a store over a sqlx pool, that pool's. A
+/// checkout that fails returns early (through `?`).
+macro_rules! on_conn {
+    ($store:expr, |$conn:ident| $call:expr) => {
+        match &$store.calls {
+            Some(calls) => {
+                let mut checkout = calls.get().await.map_err(map)?;
+                checkout
+                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
+                    .await
+                    .map_err(|CallError(e)| e)
+            }
+            None => {
+                // Boxed: sqlx's acquire future is large, and would sit
+                // inline in every call's future, on either pool.
+                let acquire = Box::pin($store.pool.acquire());
+                let mut checkout = acquire.await.map_err(map)?;
+                let $conn: &mut SqliteConnection = &mut checkout;
+                $call.await
+            }
+        }
+    };
+}
+
+/// A call's error, as its connection sees it: the driver's error inside a
+/// [`StoreError`] says whether the connection is still sound; every other
+/// failure (a lost lease, a corrupt row, SQLite's own errors such as
+/// `SQLITE_BUSY`) comes after complete answers.
+struct CallError(StoreError);
+
+impl From<StoreError> for CallError {
+    fn from(e: StoreError) -> Self {
+        Self(e)
+    }
+}
+
+impl ConnectionError for CallError {
+    fn leaves_connection_sound(&self) -> bool {
+        match &self.0 {
+            StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
+                .downcast_ref::<sqlx::Error>()
+                .is_none_or(ConnectionError::leaves_connection_sound),
+            _ => true,
+        }
+    }
+}
 
 /// An idempotency store in one SQLite table (`idem_records` unless
 /// [`SqliteStore::with_table_name`] says otherwise).
@@ -47,10 +98,34 @@ use crate::sql::{Statements, q};
 /// embedded database also migrate: [`SqliteStore::open`] (a file) and
 /// [`SqliteStore::memory`] (a private in-memory database).
 ///
-/// Cheap to clone (a pool and an `Arc`); clones share the pool.
+/// Cheap to clone (pools and `Arc`s); clones share them.
+///
+/// # Connections
+///
+/// A file store built by [`SqliteStore::open`], [`SqliteStore::connect`] or
+/// [`SqliteStore::connect_with`] runs its calls on a pool of its own
+/// ([`idem_sqlx::Pool`]) that sends no ping to a connection's worker thread
+/// before or after a call: a fresh key is its three statements and a replay
+/// its one read, with no other hop. A connection is re-validated only when a
+/// call may have left it unsound (a dropped future: its statement is waited
+/// for, then a ping), and replaced when its worker failed. The most recently
+/// used connection is handed out first, so the completion of a short work
+/// usually runs on the connection (and the page cache) its claim used.
+/// [`SqliteStore::pool`], a sqlx pool on the same file opened lazily, serves
+/// [`SqliteStore::migrate`], the operator API and your own queries.
+///
+/// An in-memory database ([`SqliteStore::memory`], or an in-memory URL given
+/// to [`SqliteStore::connect`]) lives exactly as long as its one connection,
+/// which every call, the migration and [`SqliteStore::pool`] share: it stays
+/// on sqlx's pool, whose ping after each checkout is one more hop to the
+/// connection's worker thread. So does a store over your pool
+/// ([`SqliteStore::new`]).
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The calls' own pool (a file database built here); `None`: the calls
+    /// run on `pool` (a memory database, or a store over the user's pool).
+    calls: Option<idem_sqlx::Pool<SqliteConnection>>,
     table: Arc<str>,
     sql: Arc<Statements>,
 }
@@ -59,6 +134,7 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
             .field("table", &self.table)
+            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
             .field("pool_size", &self.pool.size())
             .finish_non_exhaustive()
     }
@@ -66,8 +142,11 @@ impl std::fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// A store over your pool, on the table `idem_records`. The pool is used
-    /// as given; run [`SqliteStore::migrate`] (or apply
-    /// [`SqliteStore::migration_sql`] yourself) before the first call.
+    /// as given, for every call: sqlx pings each connection as it takes it
+    /// back (one more hop to its worker thread per call, see
+    /// [Connections](SqliteStore#connections)). Run [`SqliteStore::migrate`]
+    /// (or apply [`SqliteStore::migration_sql`] yourself) before the first
+    /// call.
     ///
     /// # Examples
     ///
@@ -82,7 +161,7 @@ impl SqliteStore {
     /// ```
     #[must_use]
     pub fn new(pool: SqlitePool) -> Self {
-        Self::build(pool, Arc::from(DEFAULT_TABLE))
+        Self::build(pool, None, Arc::from(DEFAULT_TABLE))
     }
 
     /// Connects a pool to the database `url` names (`sqlite://path`,
@@ -92,10 +171,10 @@ impl SqliteStore {
     ///
     /// A file gets what [`SqliteStore::open`] sets up (WAL,
     /// `synchronous = NORMAL`, a 5 s busy timeout, a pool of 8 connections
-    /// with no ping before a checkout), except creating the file, which the
-    /// URL decides. An in-memory URL gets the one connection, kept for the
-    /// store's life, that [`SqliteStore::memory`] uses: an in-memory
-    /// database lives as long as its connection.
+    /// for the calls, with no ping before or after one), except creating the
+    /// file, which the URL decides. An in-memory URL gets the one
+    /// connection, kept for the store's life, that [`SqliteStore::memory`]
+    /// uses: an in-memory database lives as long as its connection.
     ///
     /// # Errors
     ///
@@ -113,7 +192,7 @@ impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str(url)?;
         if is_in_memory(url) {
-            return Self::connect_with(memory_pool(), options).await;
+            return Self::over_memory(options).await;
         }
         let options = options
             .journal_mode(SqliteJournalMode::Wal)
@@ -123,12 +202,21 @@ impl SqliteStore {
         Self::connect_with(pool, options).await
     }
 
-    /// Connects a pool built from your pool and connect options and returns a
-    /// store over it; `test_before_acquire(false)` is set (a SQLite
+    /// Returns a store over the database of your connect options, with
+    /// pools built from your pool options (see
+    /// [Connections](SqliteStore#connections)): the calls' own pool takes
+    /// `max_connections`, `acquire_timeout`, `max_lifetime` and
+    /// `idle_timeout`; [`SqliteStore::pool`] is opened lazily with
+    /// `test_before_acquire(false)` and `min_connections(0)` (a SQLite
     /// connection is a handle on a local file, with no peer to lose: a ping
-    /// before each checkout would be one more trip to the connection's worker
-    /// thread on every call). It does not migrate: call
-    /// [`SqliteStore::migrate`].
+    /// before each checkout would be one more trip to the connection's
+    /// worker thread). It does not migrate: call [`SqliteStore::migrate`].
+    ///
+    /// For a file database. An in-memory database lives only as long as
+    /// one of its connections and is shared between connections only through
+    /// SQLite's shared cache (table locks): use [`SqliteStore::memory`] or an
+    /// in-memory URL with [`SqliteStore::connect`], which keep it on one
+    /// connection.
     ///
     /// # Errors
     ///
@@ -154,7 +242,23 @@ impl SqliteStore {
         pool: SqlitePoolOptions,
         options: SqliteConnectOptions,
     ) -> Result<Self, Error> {
+        let config = PoolConfig::new(pool.get_max_connections())
+            .acquire_timeout(Some(pool.get_acquire_timeout()))
+            .max_lifetime(pool.get_max_lifetime())
+            .idle_timeout(pool.get_idle_timeout());
+        let calls = idem_sqlx::Pool::new(options.clone(), config);
+        // Opened now, so that a file that cannot be opened fails here.
+        drop(calls.get().await?);
         let pool = pool
+            .test_before_acquire(false)
+            .min_connections(0)
+            .connect_lazy_with(options);
+        Ok(Self::build(pool, Some(calls), Arc::from(DEFAULT_TABLE)))
+    }
+
+    /// A store on one in-memory connection, shared by everything.
+    async fn over_memory(options: SqliteConnectOptions) -> Result<Self, Error> {
+        let pool = memory_pool()
             .test_before_acquire(false)
             .connect_with(options)
             .await?;
@@ -208,7 +312,7 @@ impl SqliteStore {
     /// The database cannot be created.
     pub async fn memory() -> Result<Self, Error> {
         let options = SqliteConnectOptions::from_str("sqlite::memory:")?;
-        let store = Self::connect_with(memory_pool(), options).await?;
+        let store = Self::over_memory(options).await?;
         store.migrate().await?;
         Ok(store)
     }
@@ -225,23 +329,44 @@ impl SqliteStore {
     /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_table_name(table)?;
-        Ok(Self::build(self.pool, Arc::from(table)))
+        Ok(Self::build(self.pool, self.calls, Arc::from(table)))
     }
 
-    fn build(pool: SqlitePool, table: Arc<str>) -> Self {
+    fn build(
+        pool: SqlitePool,
+        calls: Option<idem_sqlx::Pool<SqliteConnection>>,
+        table: Arc<str>,
+    ) -> Self {
         Self {
             pool,
+            calls,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
     }
 
-    /// The pool the store runs its statements on, for your own queries on
-    /// the same database, for closing it (`pool().close().await`) before the
-    /// file is removed, or for its size and idle connections.
+    /// The sqlx pool of the store, for your own queries on the same
+    /// database, or for its size and idle connections.
+    /// [`SqliteStore::migrate`] and the operator API run on it; the store's
+    /// calls do too for a memory database and a store over your pool, and
+    /// otherwise run on a pool of their own (see
+    /// [Connections](SqliteStore#connections)). To close the store (before
+    /// the file is removed, say), call [`SqliteStore::close`].
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Closes the store's connections: the calls' own pool (its idle
+    /// connections now, the others as their calls end) and
+    /// [`SqliteStore::pool`], which for a store over your pool is yours.
+    /// Every call after it fails with
+    /// [`StoreError::Unavailable`], on every clone.
+    pub async fn close(&self) {
+        if let Some(calls) = &self.calls {
+            calls.close();
+        }
+        self.pool.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -304,6 +429,8 @@ impl SqliteStore {
         &self.sql
     }
 
+    /// A statement guarded by the fencing token, as a store call: `Ok` when
+    /// it changed the record, [`StoreError::LeaseLost`] otherwise.
     async fn guarded(
         &self,
         sql: &Arc<str>,
@@ -311,19 +438,35 @@ impl SqliteStore {
         token: Token,
         bind: impl FnOnce(
             sqlx::query::Query<'static, Sqlite, SqliteArguments>,
-        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>,
+        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>
+        + Send,
     ) -> Result<(), StoreError> {
+        let rows = on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
+        if rows == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+
+    /// The guarded statement on `conn`; the rows it changed.
+    async fn guarded_on(
+        &self,
+        conn: &mut SqliteConnection,
+        sql: &Arc<str>,
+        id: &RecordId,
+        token: Token,
+        bind: impl FnOnce(
+            sqlx::query::Query<'static, Sqlite, SqliteArguments>,
+        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>,
+    ) -> Result<u64, StoreError> {
         let q = q(sql)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(token.as_i64());
-        let done = bind(q).execute(&self.pool).await.map_err(map)?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
+        let done = bind(q).execute(conn).await.map_err(map)?;
+        Ok(done.rows_affected())
     }
 }
 
@@ -427,6 +570,115 @@ fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
     r.takeover_reason(&req.fingerprint, req.now).is_some()
 }
 
+impl SqliteStore {
+    /// The claim on one connection (see [`Store::claim`]); `None`: it raced
+    /// with another write and must run again.
+    async fn claim_once(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let id = req.id;
+        match self.fetch_on(conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
+            _ => {}
+        }
+        let won = q(&self.sql.claim)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(ms(req.lease_until))
+            .bind(ms(req.key_expires_at))
+            .bind(ms(req.now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        if let Some(row) = won {
+            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
+        }
+        match self.fetch_on(conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
+            // Gone or claimable since the insert ran: claim again.
+            _ => {
+                tracing::debug!("claim raced with another write; retrying");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The completion on one connection, and when it changed no row,
+    /// whether this completion was already applied (a retry after a lost
+    /// reply, which is not an error).
+    async fn complete_on(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let rows = self
+            .guarded_on(&mut *conn, &self.sql.complete, id, token, |q| {
+                q.bind(c.outcome.as_str())
+                    .bind(c.body)
+                    .bind(ms(c.response_expires_at))
+                    .bind(ms(c.key_expires_at))
+                    .bind(c.resource_id)
+            })
+            .await?;
+        if rows == 1 {
+            return Ok(());
+        }
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(conn)
+            .await
+            .map_err(map)?;
+        if applied.is_some() {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+
+    /// Purge batches in `BEGIN IMMEDIATE` transactions on one connection
+    /// (see [`Store::purge_expired`]).
+    async fn purge_on(
+        &self,
+        conn: &mut SqliteConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<PurgeReport, StoreError> {
+        loop {
+            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+                .await
+                .map_err(map)?;
+            let mut run = async |sql: &Arc<str>| {
+                q(sql)
+                    .bind(ms(now))
+                    .bind(i64::from(limit))
+                    .execute(&mut *tx)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(map)
+            };
+            let report = PurgeReport {
+                keys_removed: run(&self.sql.purge_keys).await?,
+                bodies_dropped: run(&self.sql.purge_bodies).await?,
+            };
+            let refiled = run(&self.sql.refile).await?;
+            tx.commit().await.map_err(map)?;
+            if report != PurgeReport::default() || refiled == 0 {
+                return Ok(report);
+            }
+        }
+    }
+}
+
 impl Store for SqliteStore {
     /// Read first, on one connection: a record that exists and may not be
     /// claimed (a replay, a conflict, a mismatch) is answered by that read
@@ -435,69 +687,21 @@ impl Store for SqliteStore {
     /// SQLite's single write lock); when that claim loses (a concurrent
     /// writer got there first), the record is read again.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let id = req.id;
         retry_claim_race(BACKEND, || async {
-            let mut conn = self.pool.acquire().await.map_err(map)?;
-            match self.fetch_on(&mut conn, id, req.now).await? {
-                Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
-                _ => {}
-            }
-            let won = q(&self.sql.claim)
-                .bind(id.owner())
-                .bind(id.operation())
-                .bind(id.key().as_str())
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(ms(req.lease_until))
-                .bind(ms(req.key_expires_at))
-                .bind(ms(req.now))
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(map)?;
-            if let Some(row) = won {
-                return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
-            }
-            match self.fetch_on(&mut conn, id, req.now).await? {
-                Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
-                // Gone or claimable since the insert ran: claim again.
-                _ => {
-                    tracing::debug!("claim raced with another write; retrying");
-                    Ok(None)
-                }
-            }
+            on_conn!(self, |conn| self.claim_once(conn, req))
         })
         .await
     }
 
+    /// One statement; when it changed no row, a read on the same checkout
+    /// tells a lost lease from this completion already applied.
     async fn complete(
         &self,
         id: &RecordId,
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        let done = self
-            .guarded(&self.sql.complete, id, token, |q| {
-                q.bind(c.outcome.as_str())
-                    .bind(c.body)
-                    .bind(ms(c.response_expires_at))
-                    .bind(ms(c.key_expires_at))
-                    .bind(c.resource_id)
-            })
-            .await;
-        if !matches!(done, Err(StoreError::LeaseLost)) {
-            return done;
-        }
-        // No row changed: a lost lease, or this completion already applied
-        // (a retry after a lost reply), which is not an error.
-        let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map)?;
-        if applied.is_some() { Ok(()) } else { done }
+        on_conn!(self, |conn| self.complete_on(conn, id, token, c))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -534,38 +738,14 @@ impl Store for SqliteStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(map)?;
-        self.fetch_on(&mut conn, id, now).await
+        on_conn!(self, |conn| self.fetch_on(conn, id, now))
     }
 
     /// One batch of each purge statement, in one transaction; batches that
     /// only re-filed records run again, so an empty report means nothing
     /// is left to purge.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(map)?;
-        loop {
-            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
-                .await
-                .map_err(map)?;
-            let mut run = async |sql: &Arc<str>| {
-                q(sql)
-                    .bind(ms(now))
-                    .bind(i64::from(limit))
-                    .execute(&mut *tx)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .map_err(map)
-            };
-            let report = PurgeReport {
-                keys_removed: run(&self.sql.purge_keys).await?,
-                bodies_dropped: run(&self.sql.purge_bodies).await?,
-            };
-            let refiled = run(&self.sql.refile).await?;
-            tx.commit().await.map_err(map)?;
-            if report != PurgeReport::default() || refiled == 0 {
-                return Ok(report);
-            }
-        }
+        on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -109,7 +109,7 @@ async fn records_survive_reopening_the_file() {
     let db = FileDb::new().await;
     let scope = Scope::new("acct", "POST /charges").unwrap();
     complete_one(&Idem::new(db.store()), &scope, "k1").await;
-    db.store.pool().close().await;
+    db.store.close().await;
     let reopened = SqliteStore::open(&db.path).await.unwrap();
     let charge = replay_one(&Idem::new(reopened.clone()), &scope, "k1").await;
     assert_eq!(charge.id, "ch_1");
@@ -173,14 +173,14 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
         .unwrap();
     drop(writer);
     let second = second.expect("open (and migrate) beside a writer");
-    second.pool().close().await;
+    second.close().await;
     let read_only = SqliteStore::connect_with(one(), options().read_only(true))
         .await
         .expect("a read-only file opens");
     read_only.migrate().await.expect("and migrates: one read");
     let charge = replay_one(&Idem::new(read_only.clone()), &scope, "k1").await;
     assert_eq!(charge.id, "ch_1", "a replay reads only");
-    read_only.pool().close().await;
+    read_only.close().await;
     db.teardown().await;
 }
 

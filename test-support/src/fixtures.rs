@@ -36,7 +36,7 @@ impl Fixture for SqliteMemory {
         self.0.clone()
     }
     async fn teardown(self) {
-        self.0.pool().close().await;
+        self.0.close().await;
     }
 }
 /// An in-memory SQLite store.
@@ -53,7 +53,7 @@ impl Fixture for SqliteFile {
         self.0.clone()
     }
     async fn teardown(self) {
-        self.0.pool().close().await;
+        self.0.close().await;
         for suffix in ["", "-wal", "-shm"] {
             let mut p = self.1.clone().into_os_string();
             p.push(suffix);
@@ -98,7 +98,7 @@ impl Fixture for Pg {
             .execute(sqlx::AssertSqlSafe(drop))
             .await
             .expect("drop schema");
-        self.0.pool().close().await;
+        self.0.close().await;
     }
 }
 /// A migrated Postgres store in a fresh schema (`IDEM_POSTGRES_URL`, default the machine's server).
@@ -153,7 +153,7 @@ impl Fixture for MySql {
             .execute(idem_mysql::sqlx::AssertSqlSafe(drop))
             .await
             .expect("drop table");
-        self.0.pool().close().await;
+        self.0.close().await;
     }
 }
 /// A migrated MySQL / MariaDB store in a fresh table (`IDEM_MYSQL_URL`,

@@ -64,6 +64,18 @@ pub async fn pool(max: u32, options: MySqlConnectOptions) -> MySqlPool {
         .unwrap_or_else(|e| unreachable(&e))
 }
 
+/// A store with pools of its own (`MySqlStore::connect_with`: the calls on
+/// idem-sqlx's pool), on the default table (fails the test, never skips, if
+/// the server is unreachable).
+pub async fn connect(max: u32, options: MySqlConnectOptions) -> MySqlStore {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(std::time::Duration::from_secs(10));
+    MySqlStore::connect_with(pool, options)
+        .await
+        .unwrap_or_else(|e| unreachable(&e))
+}
+
 /// A pool whose connections run every transaction at `isolation`
 /// (`"REPEATABLE READ"`, InnoDB's default, or `"READ COMMITTED"`).
 pub async fn pool_at(max: u32, isolation: &'static str) -> MySqlPool {
@@ -116,9 +128,8 @@ impl MyFixture {
         server: Option<Server>,
     ) -> Self {
         let table = unique("idem_test");
-        let store = MySqlStore::new(pool(max, options).await)
+        let store = connect(max, options)
             .await
-            .expect("version")
             .with_table_name(&table)
             .expect("valid table name");
         let store = match server {
@@ -134,7 +145,7 @@ impl MyFixture {
         format!("`{}`", self.table)
     }
 
-    /// Drops the table (and any `extra` tables) and closes the pool.
+    /// Drops the table (and any `extra` tables) and closes the store.
     pub async fn drop_tables(&self, extra: &[&str]) {
         let admin = pool(1, options()).await;
         for t in std::iter::once(self.table.as_str()).chain(extra.iter().copied()) {
@@ -144,7 +155,7 @@ impl MyFixture {
                 .expect("drop table");
         }
         admin.close().await;
-        self.store.pool().close().await;
+        self.store.close().await;
     }
 }
 

@@ -64,6 +64,22 @@ pub async fn pool(max: u32, options: PgConnectOptions) -> PgPool {
         .unwrap_or_else(|e| unreachable(&e))
 }
 
+/// Pool options of the tests: `max` connections, a 10 s acquire timeout.
+pub fn pool_options(max: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(std::time::Duration::from_secs(10))
+}
+
+/// A store with pools of its own (`PgStore::connect_with`: the calls on
+/// idem-sqlx's pool), on the default table (fails the test, never skips, if
+/// the server is unreachable).
+pub async fn connect(max: u32, options: PgConnectOptions) -> PgStore {
+    PgStore::connect_with(pool_options(max), options)
+        .await
+        .unwrap_or_else(|e| unreachable(&e))
+}
+
 /// A fresh schema name.
 pub fn schema_name() -> String {
     format!(
@@ -83,17 +99,26 @@ pub struct PgFixture {
 }
 
 impl PgFixture {
-    /// A store of `max` connections over a new, migrated schema.
+    /// A store of `max` connections for its calls (`PgStore::connect_with`)
+    /// over a new, migrated schema.
     pub async fn new(max: u32) -> Self {
         Self::with_options(max, options()).await
     }
 
     /// Same, with connect options (e.g. through a proxy).
     pub async fn with_options(max: u32, options: PgConnectOptions) -> Self {
+        Self::migrated(connect(max, options).await).await
+    }
+
+    /// A store over a pool of `max` connections built here (`PgStore::new`:
+    /// the calls on sqlx's pool), over a new, migrated schema.
+    pub async fn over_pool(max: u32) -> Self {
+        Self::migrated(PgStore::new(pool(max, options()).await)).await
+    }
+
+    async fn migrated(store: PgStore) -> Self {
         let schema = schema_name();
-        let store = PgStore::new(pool(max, options).await)
-            .with_schema_name(&schema)
-            .expect("valid schema name");
+        let store = store.with_schema_name(&schema).expect("valid schema name");
         store.migrate().await.expect("migrate");
         Self { store, schema }
     }
@@ -103,7 +128,7 @@ impl PgFixture {
         format!("\"{}\".\"{}\"", self.schema, self.store.table_name())
     }
 
-    /// Drops the schema and closes the pool.
+    /// Drops the schema and closes the store.
     pub async fn drop_schema(&self) {
         let admin = pool(1, options()).await;
         admin
@@ -114,7 +139,7 @@ impl PgFixture {
             .await
             .expect("drop schema");
         admin.close().await;
-        self.store.pool().close().await;
+        self.store.close().await;
     }
 }
 

@@ -2,7 +2,7 @@
 //! connection, refuse new ones, stall every connection (bytes are read but
 //! held until it resumes), point new connections at another server, and
 //! counts the frontend messages that go through (Execute, simple Query,
-//! Sync), to measure statements per call.
+//! Sync) and the connections it forwards, to measure statements per call.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,6 +27,8 @@ pub struct Counts {
     pub ping: AtomicU64,
     /// `P`: statements prepared (parsed) on the server.
     pub parse: AtomicU64,
+    /// Connections accepted and forwarded.
+    pub connections: AtomicU64,
 }
 
 /// A snapshot of [`Counts`].
@@ -37,6 +39,7 @@ pub struct Snapshot {
     pub sync: u64,
     pub ping: u64,
     pub parse: u64,
+    pub connections: u64,
 }
 
 impl Snapshot {
@@ -59,6 +62,7 @@ impl std::ops::Sub for Snapshot {
             sync: self.sync - o.sync,
             ping: self.ping - o.ping,
             parse: self.parse - o.parse,
+            connections: self.connections - o.connections,
         }
     }
 }
@@ -99,6 +103,7 @@ impl Proxy {
                     drop(client); // "server down": the connection is closed at once
                     continue;
                 }
+                n.connections.fetch_add(1, Ordering::SeqCst);
                 let n = Arc::clone(&n);
                 let gate = s.subscribe();
                 let upstream = *u.lock().expect("lock");
@@ -155,6 +160,7 @@ impl Proxy {
             sync: c.sync.load(Ordering::SeqCst),
             ping: c.ping.load(Ordering::SeqCst),
             parse: c.parse.load(Ordering::SeqCst),
+            connections: c.connections.load(Ordering::SeqCst),
         }
     }
 }

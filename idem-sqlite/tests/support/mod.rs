@@ -41,18 +41,23 @@ pub fn temp_path() -> PathBuf {
     std::env::temp_dir().join(format!("idem-test-{}.db", IdempotencyKey::random()))
 }
 
+/// Removes a database file and its WAL files.
+pub fn remove(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 impl Fixture for FileDb {
     type Store = SqliteStore;
     fn store(&self) -> SqliteStore {
         self.store.clone()
     }
     async fn teardown(self) {
-        self.store.pool().close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        self.store.close().await;
+        remove(&self.path);
     }
 }
 
@@ -65,7 +70,7 @@ impl Fixture for MemoryDb {
         self.0.clone()
     }
     async fn teardown(self) {
-        self.0.pool().close().await;
+        self.0.close().await;
     }
 }
 

@@ -1,0 +1,184 @@
+//! A checked-out connection ([`Conn`]) and what it records: whether every
+//! statement sent on it was answered ([`ConnectionError`] says which errors
+//! are answers).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use deadpool::managed::Object;
+use sqlx::Connection;
+
+use crate::pool::{Counters, Manager};
+
+/// An error that can tell whether the connection it came from is still in
+/// step with the server: whether the server answered the statement
+/// completely, so that the next statement finds nothing of this one on the
+/// wire.
+///
+/// A backend implements it for its own error type, so that a call can run
+/// several statements and decode their rows inside one [`Conn::run`] and
+/// still be judged by what happened on the wire.
+pub trait ConnectionError {
+    /// `true` when the server answered (the protocol is in sync); `false`
+    /// when the connection may be broken or out of step (I/O, TLS,
+    /// protocol, a crashed worker, an error the backend cannot place).
+    fn leaves_connection_sound(&self) -> bool;
+}
+
+/// The server answered a [`sqlx::Error::Database`] (an SQL error: a
+/// constraint, a syntax error, a lock timeout, a serialization failure) and a
+/// [`sqlx::Error::RowNotFound`] (a complete answer without a row). Anything
+/// else may have left the connection out of step.
+impl ConnectionError for sqlx::Error {
+    fn leaves_connection_sound(&self) -> bool {
+        matches!(self, Self::Database(_) | Self::RowNotFound)
+    }
+}
+
+/// What is known of a connection's protocol state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Every statement sent on it was answered: it is reused as it is.
+    Sound,
+    /// A statement was sent and its answer not read (its future is
+    /// running, or was dropped).
+    InFlight,
+    /// A statement failed in a way that may have broken the connection.
+    Broken,
+}
+
+/// A pooled connection and what the pool knows of it.
+pub(crate) struct Tracked<C> {
+    pub(crate) conn: C,
+    pub(crate) state: State,
+    pub(crate) opened: Instant,
+    /// When it last went back to the pool.
+    pub(crate) returned: Instant,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// A connection checked out of a [`Pool`](crate::Pool), returned to it when
+/// dropped.
+///
+/// The connection is lent only through [`Conn::run`], which records whether
+/// the statements it ran left it sound. What happens on drop:
+///
+/// * **sound** (every statement answered): it goes back to the pool at once,
+///   and the next checkout uses it with no round trip;
+/// * **broken** (a statement failed on the wire): it is closed, and the pool
+///   opens a new connection when it needs one;
+/// * **in flight** (the [`Conn::run`] future was dropped before its
+///   statements were answered: a timeout, a cancelled request): it keeps its
+///   place in the pool while a task of the current tokio runtime waits for
+///   the server's answers and pings it (the wait is not cancelled, the
+///   server is not interrupted); it goes back to the pool if the ping is
+///   answered and is closed otherwise. Without a runtime it goes back
+///   marked, and the next checkout closes it instead of using it.
+pub struct Conn<C: Connection + 'static> {
+    obj: Option<Object<Manager<C>>>,
+}
+
+impl<C: Connection + 'static> std::fmt::Debug for Conn<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("state", &self.obj.as_ref().map(|o| o.state))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connection + 'static> Conn<C> {
+    pub(crate) fn new(obj: Object<Manager<C>>) -> Self {
+        Self { obj: Some(obj) }
+    }
+
+    /// Runs `call` on the connection: one or more statements, and whatever
+    /// the caller decodes between them.
+    ///
+    /// The connection counts as in flight from the moment `call` starts
+    /// until it returns: `Ok`, or an error whose
+    /// [`leaves_connection_sound`](ConnectionError::leaves_connection_sound)
+    /// is `true`, makes it sound again; any other error marks it broken
+    /// (for good: a later `run` does not make a broken connection sound).
+    ///
+    /// # Errors
+    ///
+    /// What `call` returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), sqlx::Error> {
+    /// use idem_sqlx::{Pool, PoolConfig};
+    /// use sqlx::SqliteConnection;
+    /// use sqlx::sqlite::SqliteConnectOptions;
+    ///
+    /// let pool: Pool<SqliteConnection> =
+    ///     Pool::new("sqlite::memory:".parse::<SqliteConnectOptions>()?, PoolConfig::new(1));
+    /// let mut conn = pool.get().await?;
+    /// let one: i64 = conn
+    ///     .run(|c| sqlx::query_scalar("SELECT 1").fetch_one(c))
+    ///     .await?;
+    /// assert_eq!(one, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<'a, T, E, F>(&'a mut self, call: impl FnOnce(&'a mut C) -> F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>> + Send,
+        E: ConnectionError + Send,
+        T: Send,
+    {
+        let tracked: &'a mut Tracked<C> = self.obj.as_mut().expect("present until dropped");
+        let Tracked { conn, state, .. } = tracked;
+        let before = *state;
+        *state = State::InFlight;
+        let result = call(conn).await;
+        *state = match &result {
+            _ if before == State::Broken => State::Broken,
+            Ok(_) => State::Sound,
+            Err(e) if e.leaves_connection_sound() => State::Sound,
+            Err(_) => State::Broken,
+        };
+        result
+    }
+}
+
+impl<C: Connection + 'static> Drop for Conn<C> {
+    fn drop(&mut self) {
+        let Some(mut obj) = self.obj.take() else {
+            return;
+        };
+        match obj.state {
+            State::Sound => obj.returned = Instant::now(),
+            State::Broken => discard(obj),
+            State::InFlight => {
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    // Back to the pool marked: the next checkout closes it.
+                    return;
+                };
+                runtime.spawn(revalidate(obj));
+            }
+        }
+    }
+}
+
+/// Waits for the answers of the statements a dropped future left on the
+/// connection, then for a ping: sound again, or closed. The connection
+/// keeps its place in the pool meanwhile.
+async fn revalidate<C: Connection + 'static>(mut obj: Object<Manager<C>>) {
+    let pinged = obj.conn.ping().await;
+    if pinged.is_ok() {
+        obj.state = State::Sound;
+        obj.returned = Instant::now();
+        obj.counters.revalidated.fetch_add(1, Ordering::Relaxed);
+    } else {
+        discard(obj);
+    }
+}
+
+/// Takes the connection out of the pool (freeing its place) and closes it.
+fn discard<C: Connection + 'static>(obj: Object<Manager<C>>) {
+    obj.counters.discarded.fetch_add(1, Ordering::Relaxed);
+    drop(Object::take(obj));
+}

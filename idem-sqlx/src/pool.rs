@@ -1,0 +1,257 @@
+//! The pool ([`Pool`]), its settings ([`PoolConfig`]) and its counters
+//! ([`Stats`]); the deadpool [`Manager`](deadpool::managed::Manager) that
+//! opens and recycles connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use deadpool::managed::{self, Metrics, PoolError, QueueMode, RecycleError, RecycleResult};
+use sqlx::{ConnectOptions, Connection};
+
+use crate::conn::{Conn, State, Tracked};
+
+/// The settings of a [`Pool`]: the backends take them from the sqlx
+/// `PoolOptions` their users pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    max_size: usize,
+    acquire_timeout: Option<Duration>,
+    max_lifetime: Option<Duration>,
+    idle_timeout: Option<Duration>,
+}
+
+impl PoolConfig {
+    /// At most `max_size` connections (at least one), a checkout that waits
+    /// without bound, connections kept however old or idle.
+    #[must_use]
+    pub fn new(max_size: u32) -> Self {
+        Self {
+            max_size: usize::try_from(max_size.max(1)).unwrap_or(usize::MAX),
+            acquire_timeout: None,
+            max_lifetime: None,
+            idle_timeout: None,
+        }
+    }
+
+    /// Bounds a checkout, from the wait for a free place to the new
+    /// connection's handshake: [`Pool::get`] then fails with
+    /// [`sqlx::Error::PoolTimedOut`] (sqlx's `acquire_timeout`).
+    #[must_use]
+    pub fn acquire_timeout(self, timeout: Option<Duration>) -> Self {
+        Self {
+            acquire_timeout: timeout,
+            ..self
+        }
+    }
+
+    /// A connection opened longer ago than this is closed at its next
+    /// checkout instead of used (sqlx's `max_lifetime`).
+    #[must_use]
+    pub fn max_lifetime(self, lifetime: Option<Duration>) -> Self {
+        Self {
+            max_lifetime: lifetime,
+            ..self
+        }
+    }
+
+    /// A connection idle in the pool longer than this is closed at its next
+    /// checkout instead of used (sqlx's `idle_timeout`; no task closes it
+    /// earlier).
+    #[must_use]
+    pub fn idle_timeout(self, timeout: Option<Duration>) -> Self {
+        Self {
+            idle_timeout: timeout,
+            ..self
+        }
+    }
+
+    /// The most connections the pool holds.
+    #[must_use]
+    pub fn max_size(&self) -> usize {
+        self.max_size
+    }
+}
+
+/// What a [`Pool`] holds now and what it did so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Connections open now, checked out or idle.
+    pub size: usize,
+    /// Idle connections, ready for a checkout.
+    pub idle: usize,
+    /// Connections opened so far.
+    pub opened: u64,
+    /// Checkouts that reused an idle connection as it was (no round trip).
+    pub reused: u64,
+    /// Connections pinged back to soundness after a dropped statement.
+    pub revalidated: u64,
+    /// Connections closed because they were broken, in flight without a
+    /// runtime to wait for them, too old or idle too long.
+    pub discarded: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    opened: AtomicU64,
+    reused: AtomicU64,
+    pub(crate) revalidated: AtomicU64,
+    pub(crate) discarded: AtomicU64,
+}
+
+/// Opens connections with the options it holds, and lets a checkout reuse
+/// an idle one only when it is sound (no round trip) and neither too old
+/// nor idle too long.
+pub(crate) struct Manager<C: Connection + 'static> {
+    options: C::Options,
+    config: PoolConfig,
+    counters: Arc<Counters>,
+}
+
+impl<C: Connection + 'static> managed::Manager for Manager<C> {
+    type Type = Tracked<C>;
+    type Error = sqlx::Error;
+
+    async fn create(&self) -> Result<Tracked<C>, sqlx::Error> {
+        // Boxed: a driver's handshake future is large (TLS, authentication),
+        // and every checkout's future would otherwise carry it inline for
+        // the rare checkout that connects.
+        let conn = Box::pin(self.options.connect()).await?;
+        self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        Ok(Tracked {
+            conn,
+            state: State::Sound,
+            opened: now,
+            returned: now,
+            counters: Arc::clone(&self.counters),
+        })
+    }
+
+    async fn recycle(&self, t: &mut Tracked<C>, _: &Metrics) -> RecycleResult<sqlx::Error> {
+        let stale =
+            |limit: Option<Duration>, since: Instant| limit.is_some_and(|l| since.elapsed() >= l);
+        if t.state != State::Sound
+            || stale(self.config.max_lifetime, t.opened)
+            || stale(self.config.idle_timeout, t.returned)
+        {
+            self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            return Err(RecycleError::message("unsound, too old or idle too long"));
+        }
+        self.counters.reused.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A pool of sqlx connections of type `C` that never pings a connection it
+/// takes back or hands out: a connection is re-validated only when a
+/// statement may have left it unsound (see [`Conn`]).
+///
+/// The most recently returned connection is handed out first (LIFO), so
+/// consecutive calls of one task usually run on the same connection (warm
+/// caches on the server or, for SQLite, in the connection's page cache), and
+/// connections beyond what the load needs stay idle. Connections are opened
+/// on demand, none at construction. Cheap to clone; clones share the
+/// connections.
+pub struct Pool<C: Connection + 'static> {
+    inner: managed::Pool<Manager<C>>,
+    acquire_timeout: Option<Duration>,
+    counters: Arc<Counters>,
+}
+
+impl<C: Connection + 'static> std::fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connection + 'static> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            acquire_timeout: self.acquire_timeout,
+            counters: Arc::clone(&self.counters),
+        }
+    }
+}
+
+impl<C: Connection + 'static> Pool<C> {
+    /// A pool that opens its connections with `options`. Nothing is opened
+    /// here: the first [`Pool::get`] connects.
+    #[must_use]
+    pub fn new(options: C::Options, config: PoolConfig) -> Self {
+        let counters = Arc::new(Counters::default());
+        let manager = Manager {
+            options,
+            config,
+            counters: Arc::clone(&counters),
+        };
+        let inner = managed::Pool::builder(manager)
+            .max_size(config.max_size)
+            .queue_mode(QueueMode::Lifo)
+            .build()
+            .expect("no timeouts are configured in deadpool, so no runtime is needed");
+        Self {
+            inner,
+            acquire_timeout: config.acquire_timeout,
+            counters,
+        }
+    }
+
+    /// Checks a connection out: the most recently returned sound one, with
+    /// no round trip, or a new one if none is idle and the pool has room;
+    /// otherwise waits for one, within the acquire timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error::PoolTimedOut`] when the acquire timeout passed,
+    /// [`sqlx::Error::PoolClosed`] after [`Pool::close`], and the driver's
+    /// error when a new connection cannot be opened.
+    pub async fn get(&self) -> Result<Conn<C>, sqlx::Error> {
+        let got = match self.acquire_timeout {
+            None => self.inner.get().await,
+            Some(after) => tokio::time::timeout(after, self.inner.get())
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)?,
+        };
+        match got {
+            Ok(obj) => Ok(Conn::new(obj)),
+            Err(PoolError::Backend(e)) => Err(e),
+            Err(PoolError::Closed) => Err(sqlx::Error::PoolClosed),
+            Err(PoolError::Timeout(_)) => Err(sqlx::Error::PoolTimedOut),
+            Err(other) => Err(sqlx::Error::Protocol(format!("connection pool: {other}"))),
+        }
+    }
+
+    /// Closes the pool: idle connections are closed now, checked-out ones
+    /// when they are returned, and every later [`Pool::get`] fails with
+    /// [`sqlx::Error::PoolClosed`].
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Whether [`Pool::close`] was called.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// What the pool holds and what it did so far.
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        let status = self.inner.status();
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            size: status.size,
+            idle: status.available,
+            opened: count(&self.counters.opened),
+            reused: count(&self.counters.reused),
+            revalidated: count(&self.counters.revalidated),
+            discarded: count(&self.counters.discarded),
+        }
+    }
+}
