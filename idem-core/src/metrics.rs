@@ -73,24 +73,50 @@ mod on {
         .increment(1);
     }
 
+    /// Times one store call and counts its failure, without wrapping the
+    /// call's future: `start` before the call, `finish` with its result.
+    /// (A wrapper future would move the store's whole future into its own
+    /// state on every call: measured as about 750 instructions of `memcpy`
+    /// per Redis replay.)
+    pub(crate) struct StoreTimer {
+        call: &'static str,
+        start: Instant,
+    }
+
+    impl StoreTimer {
+        pub(crate) fn start(call: &'static str) -> Self {
+            Self {
+                call,
+                start: Instant::now(),
+            }
+        }
+
+        pub(crate) fn finish<T>(self, result: &Result<T, StoreError>) {
+            let call = self.call;
+            metrics::histogram!("idem_store_call_seconds", "call" => call)
+                .record(self.start.elapsed().as_secs_f64());
+            let kind = match result {
+                Ok(_) | Err(StoreError::LeaseLost) => None,
+                Err(StoreError::Unavailable { .. }) => Some("unavailable"),
+                Err(StoreError::Corrupt { .. }) => Some("corrupt"),
+                Err(_) => Some("backend"),
+            };
+            if let Some(kind) = kind {
+                metrics::counter!("idem_store_errors_total", "call" => call, "kind" => kind)
+                    .increment(1);
+            }
+        }
+    }
+
+    /// [`StoreTimer`] around `fut`, for the operator's calls (off the
+    /// request path, where the extra move does not matter).
     pub(crate) async fn time_store<T, F>(call: &'static str, fut: F) -> Result<T, StoreError>
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        let start = Instant::now();
+        let timer = StoreTimer::start(call);
         let result = fut.await;
-        metrics::histogram!("idem_store_call_seconds", "call" => call)
-            .record(start.elapsed().as_secs_f64());
-        let kind = match &result {
-            Ok(_) | Err(StoreError::LeaseLost) => None,
-            Err(StoreError::Unavailable { .. }) => Some("unavailable"),
-            Err(StoreError::Corrupt { .. }) => Some("corrupt"),
-            Err(_) => Some("backend"),
-        };
-        if let Some(kind) = kind {
-            metrics::counter!("idem_store_errors_total", "call" => call, "kind" => kind)
-                .increment(1);
-        }
+        timer.finish(&result);
         result
     }
 
@@ -138,6 +164,19 @@ mod on {
 
     #[inline(always)]
     pub(crate) fn record_recovery(_op: &str, _reason: TakeoverReason) {}
+
+    /// Nothing to time.
+    pub(crate) struct StoreTimer;
+
+    impl StoreTimer {
+        #[inline(always)]
+        pub(crate) fn start(_call: &'static str) -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn finish<T>(self, _result: &Result<T, StoreError>) {}
+    }
 
     /// The call itself, untouched.
     #[inline(always)]

@@ -249,8 +249,11 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             self.idem.store(),
         );
         self.idem
-            .with_retries(|| {
-                crate::metrics::time_store("complete", store.complete(id, token, completion))
+            .with_retries(|| async move {
+                let timer = crate::metrics::StoreTimer::start("complete");
+                let done = store.complete(id, token, completion).await;
+                timer.finish(&done);
+                done
             })
             .await
     }
@@ -263,7 +266,12 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         );
         let now = self.idem.clock().now();
         self.idem
-            .with_retries(|| crate::metrics::time_store("release", store.release(id, token, now)))
+            .with_retries(|| async move {
+                let timer = crate::metrics::StoreTimer::start("release");
+                let done = store.release(id, token, now).await;
+                timer.finish(&done);
+                done
+            })
             .await
     }
 

@@ -190,8 +190,10 @@ impl<S: Store> Idem<S> {
         };
         let mut ticket = EngineExt::ticket(self, prepared);
         loop {
-            let answer =
-                crate::metrics::time_store("claim", self.store.claim(&ticket.request())).await?;
+            let timer = crate::metrics::StoreTimer::start("claim");
+            let answer = self.store.claim(&ticket.request()).await;
+            timer.finish(&answer);
+            let answer = answer?;
             match self.settle_ref(&ticket, answer) {
                 Err(Error::InFlight { retry_after }) => {
                     let Some((deadline, poll)) = wait else {
