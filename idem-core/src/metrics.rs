@@ -26,52 +26,94 @@
 #[cfg(feature = "metrics")]
 mod on {
     use std::future::Future;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
+
+    use metrics::SharedString;
 
     use crate::ops::PurgeReport;
     use crate::store::StoreError;
     use crate::{Error, TakeoverReason};
 
-    pub(crate) fn record_rejection(op: &str, e: &Error) {
+    // Labels cost no allocation of their own: the `operation` label shares
+    // the scope's string (a reference count, not a copy), and the store
+    // call's labels are literals, which the `metrics` macros turn into
+    // static keys. What is left per counted event is the label vector of
+    // the `operation` counters.
+    fn operation(op: &Arc<str>) -> SharedString {
+        SharedString::from_shared(Arc::clone(op))
+    }
+
+    pub(crate) fn record_rejection(op: &Arc<str>, e: &Error) {
         metrics::counter!(
             "idem_rejections_total",
-            "operation" => op.to_owned(),
+            "operation" => operation(op),
             "code" => e.code()
         )
         .increment(1);
     }
 
     /// A claim was won: the work runs.
-    pub(crate) fn record_run(op: &str) {
-        metrics::counter!("idem_executions_total", "operation" => op.to_owned()).increment(1);
+    pub(crate) fn record_run(op: &Arc<str>) {
+        metrics::counter!("idem_executions_total", "operation" => operation(op)).increment(1);
     }
 
     /// A stored outcome was returned without running the work.
-    pub(crate) fn record_replay(op: &str) {
-        metrics::counter!("idem_replays_total", "operation" => op.to_owned()).increment(1);
+    pub(crate) fn record_replay(op: &Arc<str>) {
+        metrics::counter!("idem_replays_total", "operation" => operation(op)).increment(1);
     }
 
     /// The work failed transiently and the key was released.
-    pub(crate) fn record_transient_release(op: &str) {
-        metrics::counter!("idem_transient_releases_total", "operation" => op.to_owned())
+    pub(crate) fn record_transient_release(op: &Arc<str>) {
+        metrics::counter!("idem_transient_releases_total", "operation" => operation(op))
             .increment(1);
     }
 
     /// The work finished but its outcome was not stored.
-    pub(crate) fn record_not_stored(op: &str) {
-        metrics::counter!("idem_responses_not_stored_total", "operation" => op.to_owned())
+    pub(crate) fn record_not_stored(op: &Arc<str>) {
+        metrics::counter!("idem_responses_not_stored_total", "operation" => operation(op))
             .increment(1);
     }
 
-    pub(crate) fn record_recovery(op: &str, reason: TakeoverReason) {
+    pub(crate) fn record_recovery(op: &Arc<str>, reason: TakeoverReason) {
         let reason = reason.as_str();
         metrics::counter!(
             "idem_recoveries_total",
-            "operation" => op.to_owned(),
+            "operation" => operation(op),
             "reason" => reason
         )
         .increment(1);
     }
+
+    /// The store calls the engine times, each with its own static keys.
+    macro_rules! store_calls {
+        ($($call:literal),+) => {
+            fn call_histogram(call: &'static str) -> metrics::Histogram {
+                match call {
+                    $($call => metrics::histogram!("idem_store_call_seconds", "call" => $call),)+
+                    other => metrics::histogram!("idem_store_call_seconds", "call" => other),
+                }
+            }
+
+            fn error_counter(call: &'static str, kind: &'static str) -> metrics::Counter {
+                match (call, kind) {
+                    $(
+                        ($call, "unavailable") => metrics::counter!(
+                            "idem_store_errors_total", "call" => $call, "kind" => "unavailable"
+                        ),
+                        ($call, "corrupt") => metrics::counter!(
+                            "idem_store_errors_total", "call" => $call, "kind" => "corrupt"
+                        ),
+                    )+
+                    (call, kind) => {
+                        metrics::counter!("idem_store_errors_total", "call" => call, "kind" => kind)
+                    }
+                }
+            }
+        };
+    }
+
+    store_calls!("claim", "complete", "release", "fetch", "purge");
 
     /// Times one store call and counts its failure, without wrapping the
     /// call's future: `start` before the call, `finish` with its result.
@@ -92,9 +134,7 @@ mod on {
         }
 
         pub(crate) fn finish<T>(self, result: &Result<T, StoreError>) {
-            let call = self.call;
-            metrics::histogram!("idem_store_call_seconds", "call" => call)
-                .record(self.start.elapsed().as_secs_f64());
+            call_histogram(self.call).record(self.start.elapsed().as_secs_f64());
             let kind = match result {
                 Ok(_) | Err(StoreError::LeaseLost) => None,
                 Err(StoreError::Unavailable { .. }) => Some("unavailable"),
@@ -102,8 +142,7 @@ mod on {
                 Err(_) => Some("backend"),
             };
             if let Some(kind) = kind {
-                metrics::counter!("idem_store_errors_total", "call" => call, "kind" => kind)
-                    .increment(1);
+                error_counter(self.call, kind).increment(1);
             }
         }
     }
@@ -121,8 +160,8 @@ mod on {
     }
 
     /// How long the work ran: from the claim to its completion.
-    pub(crate) fn record_work(op: &str, d: Duration) {
-        metrics::histogram!("idem_work_seconds", "operation" => op.to_owned())
+    pub(crate) fn record_work(op: &Arc<str>, d: Duration) {
+        metrics::histogram!("idem_work_seconds", "operation" => operation(op))
             .record(d.as_secs_f64());
     }
 
@@ -141,6 +180,7 @@ mod on {
 #[cfg(not(feature = "metrics"))]
 mod on {
     use std::future::Future;
+    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::ops::PurgeReport;
@@ -148,22 +188,22 @@ mod on {
     use crate::{Error, TakeoverReason};
 
     #[inline(always)]
-    pub(crate) fn record_rejection(_op: &str, _e: &Error) {}
+    pub(crate) fn record_rejection(_op: &Arc<str>, _e: &Error) {}
 
     #[inline(always)]
-    pub(crate) fn record_run(_op: &str) {}
+    pub(crate) fn record_run(_op: &Arc<str>) {}
 
     #[inline(always)]
-    pub(crate) fn record_replay(_op: &str) {}
+    pub(crate) fn record_replay(_op: &Arc<str>) {}
 
     #[inline(always)]
-    pub(crate) fn record_transient_release(_op: &str) {}
+    pub(crate) fn record_transient_release(_op: &Arc<str>) {}
 
     #[inline(always)]
-    pub(crate) fn record_not_stored(_op: &str) {}
+    pub(crate) fn record_not_stored(_op: &Arc<str>) {}
 
     #[inline(always)]
-    pub(crate) fn record_recovery(_op: &str, _reason: TakeoverReason) {}
+    pub(crate) fn record_recovery(_op: &Arc<str>, _reason: TakeoverReason) {}
 
     /// Nothing to time.
     pub(crate) struct StoreTimer;
@@ -188,7 +228,7 @@ mod on {
     }
 
     #[inline(always)]
-    pub(crate) fn record_work(_op: &str, _d: Duration) {}
+    pub(crate) fn record_work(_op: &Arc<str>, _d: Duration) {}
 
     #[inline(always)]
     pub(crate) fn record_purge(_result: &Result<PurgeReport, Error>) {}

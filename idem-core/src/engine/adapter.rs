@@ -159,7 +159,7 @@ impl<S: Store> EngineExt for Idem<S> {
                 fingerprint,
             })
         })();
-        prepared.inspect_err(|e| crate::metrics::record_rejection(scope.operation(), e))
+        prepared.inspect_err(|e| crate::metrics::record_rejection(scope.operation_shared(), e))
     }
 
     async fn begin_prepared<T: Storable, E: Storable>(
@@ -191,7 +191,7 @@ impl<S: Store> EngineExt for Idem<S> {
         ticket: ClaimTicket,
         answer: ClaimOutcome,
     ) -> Result<Begin<S, T, E>, Error> {
-        let op = ticket.prepared.id.operation().to_owned();
+        let op = ticket.prepared.id.operation_shared().clone();
         crate::engine::record_begin(&op, self.settle_ref(&ticket, answer))
     }
 }
@@ -213,7 +213,7 @@ impl<S: Store> Idem<S> {
         let number = claimed.attempt;
         match &claimed.previous {
             Some(p) => {
-                crate::metrics::record_recovery(ticket.prepared.id.operation(), p.reason);
+                crate::metrics::record_recovery(ticket.prepared.id.operation_shared(), p.reason);
                 info!(attempt = number, reason = ?p.reason, "claimed: recovery");
             }
             None => tracing::debug!(attempt = number, "claimed"),
@@ -402,7 +402,7 @@ impl<T, E> PendingCompletion<T, E> {
     pub fn written(self) -> Reply<T, E> {
         let stored = self.kind != OutcomeKind::NotStored && !self.is_transient();
         if !stored && !self.is_transient() {
-            crate::metrics::record_not_stored(self.attempt.record().operation());
+            crate::metrics::record_not_stored(self.attempt.record().operation_shared());
         }
         self.reply(stored)
     }
@@ -410,7 +410,7 @@ impl<T, E> PendingCompletion<T, E> {
     /// The completion was not written (a transient outcome rolled back, or a
     /// store that failed): the executed reply, not stored.
     pub fn not_written(self) -> Reply<T, E> {
-        let op = self.attempt.record().operation();
+        let op = self.attempt.record().operation_shared();
         if self.is_transient() {
             crate::metrics::record_transient_release(op);
         } else {

@@ -109,7 +109,10 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
     /// Marks the claim finished and records how long the work ran.
     pub(crate) fn finish(&mut self) {
         self.finished = true;
-        crate::metrics::record_work(self.attempt.record().operation(), self.started.elapsed());
+        crate::metrics::record_work(
+            self.attempt.record().operation_shared(),
+            self.started.elapsed(),
+        );
     }
 
     /// Stores the outcome and returns it as an executed [`Reply`].
@@ -139,7 +142,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         self.finish();
         let outcome = outcome.into();
         let number = self.attempt.number();
-        let op = self.attempt.record().operation();
+        let op = self.attempt.record().operation_shared();
         if let Outcome::Transient(_) = outcome {
             match self.release_inner().await {
                 Ok(()) => {
@@ -205,7 +208,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             response_expires_at: now,
             key_expires_at: now.plus(self.idem.policy().key_ttl()),
         };
-        let op = self.attempt.record().operation();
+        let op = self.attempt.record().operation_shared();
         match self.write_completion(&completion).await {
             Ok(()) => {
                 crate::metrics::record_not_stored(op);
@@ -232,7 +235,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         self.finish();
         match self.release_inner().await {
             Ok(()) => {
-                crate::metrics::record_transient_release(self.attempt.record().operation());
+                crate::metrics::record_transient_release(self.attempt.record().operation_shared());
                 Ok(())
             }
             Err(StoreError::LeaseLost) => Err(self.lease_lost()),
@@ -280,7 +283,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         let e = Error::LeaseLost {
             retry_after: RETRY_SOON,
         };
-        crate::metrics::record_rejection(self.attempt.record().operation(), &e);
+        crate::metrics::record_rejection(self.attempt.record().operation_shared(), &e);
         e
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod outcome;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -31,7 +32,7 @@ use crate::{
 
 /// Counts a begin's answer: a claim won, a replay, or a rejection.
 pub(crate) fn record_begin<S: Store, T, E>(
-    op: &str,
+    op: &Arc<str>,
     result: Result<Begin<S, T, E>, Error>,
 ) -> Result<Begin<S, T, E>, Error> {
     match &result {
@@ -176,7 +177,7 @@ impl<S: Store> Idem<S> {
         &self,
         prepared: Prepared,
     ) -> Result<Begin<S, T, E>, Error> {
-        let op = prepared.id.operation().to_owned();
+        let op = prepared.id.operation_shared().clone();
         record_begin(&op, self.claim_or_wait(prepared).await)
     }
 

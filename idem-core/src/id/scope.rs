@@ -113,6 +113,11 @@ impl Scope {
     pub fn operation(&self) -> &str {
         &self.operation
     }
+
+    /// The operation's shared string: a metrics label without a copy.
+    pub(crate) fn operation_shared(&self) -> &Arc<str> {
+        &self.operation
+    }
 }
 
 impl fmt::Debug for Scope {
@@ -151,6 +156,11 @@ impl RecordId {
     /// The operation.
     #[must_use]
     pub fn operation(&self) -> &str {
+        &self.scope.operation
+    }
+
+    /// The operation's shared string: a metrics label without a copy.
+    pub(crate) fn operation_shared(&self) -> &Arc<str> {
         &self.scope.operation
     }
 
