@@ -1,0 +1,3 @@
+\set k random(1, 100000)
+\set now 1000
+WITH cur AS (SELECT fingerprint, state, attempt, lease_until, resource_id, outcome, CASE WHEN response_expires_at > :now THEN response END AS response, response_expires_at, key_expires_at, token FROM t_cur WHERE owner = 'acct_42' AND operation = 'POST /payments' AND key = 'key-' || :k) SELECT 'existing', fingerprint, state, attempt, lease_until, resource_id, outcome, response, response_expires_at, key_expires_at, token FROM cur;
