@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use deadpool::managed::Object;
 use sqlx::Connection;
@@ -55,6 +55,8 @@ pub(crate) struct Tracked<C> {
     pub(crate) opened: Instant,
     /// When it last went back to the pool.
     pub(crate) returned: Instant,
+    /// How long a dropped statement's answers and the ping may take.
+    pub(crate) revalidate_timeout: Option<Duration>,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -71,10 +73,11 @@ pub(crate) struct Tracked<C> {
 /// * **in flight** (the [`Conn::run`] future was dropped before its
 ///   statements were answered: a timeout, a cancelled request): it keeps its
 ///   place in the pool while a task of the current tokio runtime waits for
-///   the server's answers and pings it (the wait is not cancelled, the
-///   server is not interrupted); it goes back to the pool if the ping is
-///   answered and is closed otherwise. Without a runtime it goes back
-///   marked, and the next checkout closes it instead of using it.
+///   the server's answers and pings it (the server is not interrupted); it
+///   goes back to the pool if the ping is answered within the pool's
+///   [revalidate timeout](crate::PoolConfig::revalidate_timeout) and is
+///   closed otherwise. Without a runtime it goes back marked, and the next
+///   checkout closes it instead of using it.
 pub struct Conn<C: Connection + 'static> {
     obj: Option<Object<Manager<C>>>,
 }
@@ -164,11 +167,17 @@ impl<C: Connection + 'static> Drop for Conn<C> {
 }
 
 /// Waits for the answers of the statements a dropped future left on the
-/// connection, then for a ping: sound again, or closed. The connection
-/// keeps its place in the pool meanwhile.
+/// connection, then for a ping, within the revalidate timeout: sound again,
+/// or closed. The connection keeps its place in the pool meanwhile.
 async fn revalidate<C: Connection + 'static>(mut obj: Object<Manager<C>>) {
-    let pinged = obj.conn.ping().await;
-    if pinged.is_ok() {
+    let pinged = match obj.revalidate_timeout {
+        Some(limit) => matches!(
+            tokio::time::timeout(limit, obj.conn.ping()).await,
+            Ok(Ok(()))
+        ),
+        None => obj.conn.ping().await.is_ok(),
+    };
+    if pinged {
         obj.state = State::Sound;
         obj.returned = Instant::now();
         obj.counters.revalidated.fetch_add(1, Ordering::Relaxed);

@@ -11,6 +11,10 @@ use sqlx::{ConnectOptions, Connection};
 
 use crate::conn::{Conn, State, Tracked};
 
+/// How long a connection whose statement was dropped mid-flight may take to
+/// answer it and a ping before it is closed, unless configured otherwise.
+const DEFAULT_REVALIDATE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The settings of a [`Pool`]: the backends take them from the sqlx
 /// `PoolOptions` their users pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,11 +23,14 @@ pub struct PoolConfig {
     acquire_timeout: Option<Duration>,
     max_lifetime: Option<Duration>,
     idle_timeout: Option<Duration>,
+    revalidate_timeout: Option<Duration>,
 }
 
 impl PoolConfig {
     /// At most `max_size` connections (at least one), a checkout that waits
-    /// without bound, connections kept however old or idle.
+    /// without bound, connections kept however old or idle, and a
+    /// connection left in flight waited for at most 30 seconds
+    /// ([`PoolConfig::revalidate_timeout`]).
     #[must_use]
     pub fn new(max_size: u32) -> Self {
         Self {
@@ -31,6 +38,23 @@ impl PoolConfig {
             acquire_timeout: None,
             max_lifetime: None,
             idle_timeout: None,
+            revalidate_timeout: Some(DEFAULT_REVALIDATE_TIMEOUT),
+        }
+    }
+
+    /// Bounds the wait for a connection whose statement was dropped
+    /// mid-flight (see [`Conn`]): if the server's answers and a ping have
+    /// not come back within `timeout`, the connection is closed and its
+    /// place freed. Until then it holds a place in the pool, so without a
+    /// bound a statement that never ends (a lock wait, a half-open TCP
+    /// connection) would take a place away for good. `None` waits without
+    /// bound. The backends set it to their pool's acquire timeout: a
+    /// checkout would not wait longer for that place anyway.
+    #[must_use]
+    pub fn revalidate_timeout(self, timeout: Option<Duration>) -> Self {
+        Self {
+            revalidate_timeout: timeout,
+            ..self
         }
     }
 
@@ -125,6 +149,7 @@ impl<C: Connection + 'static> managed::Manager for Manager<C> {
             state: State::Sound,
             opened: now,
             returned: now,
+            revalidate_timeout: self.config.revalidate_timeout,
             counters: Arc::clone(&self.counters),
         })
     }

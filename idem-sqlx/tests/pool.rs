@@ -129,6 +129,29 @@ async fn a_statement_dropped_mid_flight_is_waited_for_then_the_connection_reused
     assert_eq!(counts(pool.stats()), (1, 1, 1, 0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_dropped_mid_flight_that_outlasts_the_revalidate_timeout_is_closed() {
+    let db = TempDb::new();
+    let pool = db.pool(
+        PoolConfig::new(1)
+            .acquire_timeout(Some(Duration::from_secs(30)))
+            .revalidate_timeout(Some(Duration::from_millis(1))),
+    );
+    let mut conn = pool.get().await.expect("checkout");
+    let cut = tokio::time::timeout(
+        Duration::from_millis(20),
+        conn.run(|c| sqlx::query_scalar::<_, i64>(SLOW).fetch_one(c)),
+    )
+    .await;
+    assert!(cut.is_err(), "the slow statement was still running");
+    drop(conn);
+    // The slow statement cannot answer within 1 ms: the connection is
+    // closed and its place freed, so the next checkout gets a new one
+    // instead of waiting for the statement to end.
+    assert_eq!(select(&pool, 8).await, 8);
+    assert_eq!(counts(pool.stats()), (2, 0, 0, 1));
+}
+
 #[test]
 fn a_connection_dropped_in_flight_without_a_runtime_is_replaced_at_its_next_checkout() {
     let db = TempDb::new();
