@@ -11,6 +11,7 @@
 //! | `IDEM_SQLITE_PATH` | a file in a temp dir | the SQLite database |
 //! | `IDEM_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` | schema `idem_http_orders` |
 //! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | prefix `idem-http-orders:` |
+//! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS` | 60 s, 24 h, 30 days | the policy |
 //! | `IDEM_IN_FLIGHT` | `reject` | `wait`: duplicates wait up to 10 s for the first |
 //!

@@ -12,6 +12,7 @@
 //! | `IDEM_SQLITE_PATH` | a file in a temp dir | the SQLite database |
 //! | `IDEM_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` | schema `idem_webhook_receiver` |
 //! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | prefix `idem-webhook-receiver:` |
+//! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `STANDARD_WEBHOOK_SECRET` | unset | a `whsec_…` secret: mounts `POST /webhooks/standard` |
 //! | `STRIPE_WEBHOOK_SECRET` | unset | Stripe's `whsec_…` signing secret: mounts `POST /webhooks/stripe` |
 //! | `GITHUB_WEBHOOK_SECRET` | unset | the GitHub webhook secret: mounts `POST /webhooks/github` |

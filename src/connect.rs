@@ -89,6 +89,7 @@ pub struct ConnectOptions {
     schema_name: Option<String>,
     table_name: Option<String>,
     key_prefix: Option<String>,
+    inline_body_limit: usize,
     timeout: Option<Duration>,
 }
 
@@ -108,6 +109,7 @@ impl ConnectOptions {
             schema_name: None,
             table_name: None,
             key_prefix: None,
+            inline_body_limit: 0,
             timeout: None,
         }
     }
@@ -147,6 +149,18 @@ impl ConnectOptions {
     #[must_use]
     pub fn key_prefix(mut self, prefix: &str) -> Self {
         self.key_prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// Keeps a response body of up to `bytes` inside its Redis record, so a
+    /// replay is one command (`RedisStore::with_inline_body_limit`; default
+    /// 0: every body in a key of its own). Such a body stays in memory until
+    /// the key expires, and versions before the option refuse those records:
+    /// read that method's memory figures and rolling-upgrade rule first.
+    /// Ignored by other backends.
+    #[must_use]
+    pub fn redis_inline_body_limit(mut self, bytes: usize) -> Self {
+        self.inline_body_limit = bytes;
         self
     }
 
@@ -544,7 +558,9 @@ impl ConnectOptions {
         if let Some(prefix) = prefix {
             store = store.with_key_prefix(prefix);
         }
-        Ok(AnyStore::new(store))
+        Ok(AnyStore::new(
+            store.with_inline_body_limit(self.inline_body_limit),
+        ))
     }
 
     async fn redis_cluster(&self, nodes: Vec<String>) -> Result<AnyStore, ConnectError> {
@@ -565,7 +581,9 @@ impl ConnectOptions {
         if let Some(prefix) = prefix {
             store = store.with_key_prefix(prefix);
         }
-        Ok(AnyStore::new(store))
+        Ok(AnyStore::new(
+            store.with_inline_body_limit(self.inline_body_limit),
+        ))
     }
 }
 
@@ -845,7 +863,62 @@ mod tests {
             .await
             .expect("connect");
         let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
-        assert!(!keys.is_empty(), "the record is under the prefix");
+        assert_eq!(keys.len(), 2, "the record and its body key: {keys:?}");
+        let _: i64 = conn.del(keys).await.expect("DEL");
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_with_bodies_inside_their_record() {
+        use idem_core::{Idem, Outcome, Scope};
+        use idem_redis::redis::AsyncCommands;
+        let url = std::env::var("IDEM_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+        let prefix = format!("idem-connect-inline:{}:", random());
+        let store = ConnectOptions::new()
+            .key_prefix(&prefix)
+            .redis_inline_body_limit(64)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
+            });
+        let idem = Idem::new(store);
+        let scope = Scope::new("acct", "POST /x").expect("scope");
+        let client = idem_redis::redis::Client::open(url.as_str()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        // A body within the limit stays inside its record: one key, and the
+        // replay is the same bytes.
+        let small = idem
+            .execute(&scope, "small", &1, |_| async {
+                Outcome::<String, String>::Success("ok".to_owned())
+            })
+            .await
+            .expect("execute");
+        assert!(small.is_stored());
+        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        assert_eq!(keys.len(), 1, "the record alone: {keys:?}");
+        let replay = idem
+            .execute(&scope, "small", &1, |_| async {
+                Outcome::<String, String>::Success("run again".to_owned())
+            })
+            .await
+            .expect("replay");
+        assert!(replay.is_replay());
+        assert_eq!(replay.into_result(), Ok("ok".to_owned()));
+        // One over it goes to a body key of its own.
+        let large = idem
+            .execute(&scope, "large", &1, |_| async {
+                Outcome::<String, String>::Success("x".repeat(100))
+            })
+            .await
+            .expect("execute");
+        assert!(large.is_stored());
+        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        assert_eq!(keys.len(), 3, "two records and one body key: {keys:?}");
         let _: i64 = conn.del(keys).await.expect("DEL");
     }
 }

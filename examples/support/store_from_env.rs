@@ -1,6 +1,6 @@
 //! The store an example server runs on, chosen at run time from the
 //! environment (`IDEM_STORE`, `IDEM_SQLITE_PATH`, `IDEM_POSTGRES_URL`,
-//! `IDEM_REDIS_URL`): `idem::connect` opens (and migrates) the store a URL
+//! `IDEM_REDIS_URL`, `IDEM_REDIS_INLINE_BODY_LIMIT`): `idem::connect` opens (and migrates) the store a URL
 //! names as an `AnyStore`, so one `Idem<AnyStore>` type serves them all.
 //! Shared by `http_orders` and `webhook_receiver`, whose documented
 //! environment it implements.
@@ -50,7 +50,15 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
             let url = std::env::var("IDEM_REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
             let prefix = format!("idem-{name}:");
-            let options = ConnectOptions::new().key_prefix(&prefix);
+            let inline = match std::env::var("IDEM_REDIS_INLINE_BODY_LIMIT") {
+                Ok(v) => v.parse::<usize>().map_err(|e| {
+                    format!("IDEM_REDIS_INLINE_BODY_LIMIT={v}: not a number of bytes ({e})")
+                })?,
+                Err(_) => 0,
+            };
+            let options = ConnectOptions::new()
+                .key_prefix(&prefix)
+                .redis_inline_body_limit(inline);
             let needs = format!("`--features {features},redis`");
             let store = open(options, &url, &which, &needs).await?;
             println!("store: redis, prefix {prefix}");
