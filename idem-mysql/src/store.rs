@@ -264,12 +264,7 @@ impl MySqlStore {
         pool: MySqlPoolOptions,
         options: MySqlConnectOptions,
     ) -> Result<Self, Error> {
-        let config = PoolConfig::new(pool.get_max_connections())
-            .acquire_timeout(Some(pool.get_acquire_timeout()))
-            .revalidate_timeout(Some(pool.get_acquire_timeout()))
-            .max_lifetime(pool.get_max_lifetime())
-            .idle_timeout(pool.get_idle_timeout());
-        let calls = idem_sqlx::Pool::new(options.clone(), config);
+        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         let server = {
             let mut conn = calls.get().await?;
             conn.run(|c| async { detect(c).await.map_err(Detecting) })

@@ -209,12 +209,7 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
-        let config = PoolConfig::new(pool.get_max_connections())
-            .acquire_timeout(Some(pool.get_acquire_timeout()))
-            .revalidate_timeout(Some(pool.get_acquire_timeout()))
-            .max_lifetime(pool.get_max_lifetime())
-            .idle_timeout(pool.get_idle_timeout());
-        let calls = idem_sqlx::Pool::new(options.clone(), config);
+        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         let pool = pool
             .test_before_acquire(false)
             .min_connections(0)

@@ -242,12 +242,7 @@ impl SqliteStore {
         pool: SqlitePoolOptions,
         options: SqliteConnectOptions,
     ) -> Result<Self, Error> {
-        let config = PoolConfig::new(pool.get_max_connections())
-            .acquire_timeout(Some(pool.get_acquire_timeout()))
-            .revalidate_timeout(Some(pool.get_acquire_timeout()))
-            .max_lifetime(pool.get_max_lifetime())
-            .idle_timeout(pool.get_idle_timeout());
-        let calls = idem_sqlx::Pool::new(options.clone(), config);
+        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         // Opened now, so that a file that cannot be opened fails here.
         drop(calls.get().await?);
         let pool = pool

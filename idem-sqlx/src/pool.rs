@@ -58,6 +58,19 @@ impl PoolConfig {
         }
     }
 
+    /// The settings sqlx's `options` give: `max_connections`,
+    /// `acquire_timeout`, `max_lifetime` and `idle_timeout`, and the
+    /// acquire timeout as the [revalidate timeout](Self::revalidate_timeout)
+    /// too. What the idem stores built by `connect_with` run their calls on.
+    #[must_use]
+    pub fn from_pool_options<DB: sqlx::Database>(options: &sqlx::pool::PoolOptions<DB>) -> Self {
+        Self::new(options.get_max_connections())
+            .acquire_timeout(Some(options.get_acquire_timeout()))
+            .revalidate_timeout(Some(options.get_acquire_timeout()))
+            .max_lifetime(options.get_max_lifetime())
+            .idle_timeout(options.get_idle_timeout())
+    }
+
     /// Bounds a checkout, from the wait for a free place to the new
     /// connection's handshake: [`Pool::get`] then fails with
     /// [`sqlx::Error::PoolTimedOut`] (sqlx's `acquire_timeout`).
