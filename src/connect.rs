@@ -818,12 +818,45 @@ mod tests {
         .expect("drop table");
     }
 
+    /// The Redis the tests use (`IDEM_REDIS_URL`).
+    #[cfg(feature = "redis")]
+    fn redis_url() -> String {
+        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+    }
+
+    /// Opens the store `options` name on the tests' Redis, and a connection
+    /// of the test's own to look at its keys.
+    #[cfg(feature = "redis")]
+    async fn open_redis(
+        options: ConnectOptions,
+    ) -> (AnyStore, idem_redis::redis::aio::MultiplexedConnection) {
+        let url = redis_url();
+        let store = options.connect(&url).await.unwrap_or_else(|e| {
+            panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
+        });
+        let conn = idem_redis::redis::Client::open(url.as_str())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        (store, conn)
+    }
+
+    /// Every key under `prefix`.
+    #[cfg(feature = "redis")]
+    async fn redis_keys(
+        conn: &mut idem_redis::redis::aio::MultiplexedConnection,
+        prefix: &str,
+    ) -> Vec<String> {
+        use idem_redis::redis::AsyncCommands;
+        conn.keys(format!("{prefix}*")).await.expect("KEYS")
+    }
+
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn redis_with_a_prefix() {
         use idem_core::{Idem, Outcome, Scope};
-        let url = std::env::var("IDEM_REDIS_URL")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+        use idem_redis::redis::AsyncCommands;
         // A bad prefix is found before connecting (nothing listens on port 1).
         let e = ConnectOptions::new()
             .key_prefix("")
@@ -841,13 +874,7 @@ mod tests {
             "{e:?}"
         );
         let prefix = format!("idem-connect:{}:", random());
-        let store = ConnectOptions::new()
-            .key_prefix(&prefix)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-            });
+        let (store, mut conn) = open_redis(ConnectOptions::new().key_prefix(&prefix)).await;
         let scope = Scope::new("acct", "POST /x").expect("scope");
         let reply = Idem::new(store)
             .execute(&scope, "k1", &1, |_| async {
@@ -856,13 +883,7 @@ mod tests {
             .await
             .expect("execute");
         assert!(reply.is_stored());
-        use idem_redis::redis::AsyncCommands;
-        let client = idem_redis::redis::Client::open(url.as_str()).expect("client");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 2, "the record and its body key: {keys:?}");
         let _: i64 = conn.del(keys).await.expect("DEL");
     }
@@ -872,24 +893,13 @@ mod tests {
     async fn redis_with_bodies_inside_their_record() {
         use idem_core::{Idem, Outcome, Scope};
         use idem_redis::redis::AsyncCommands;
-        let url = std::env::var("IDEM_REDIS_URL")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
         let prefix = format!("idem-connect-inline:{}:", random());
-        let store = ConnectOptions::new()
+        let options = ConnectOptions::new()
             .key_prefix(&prefix)
-            .redis_inline_body_limit(64)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-            });
+            .redis_inline_body_limit(64);
+        let (store, mut conn) = open_redis(options).await;
         let idem = Idem::new(store);
         let scope = Scope::new("acct", "POST /x").expect("scope");
-        let client = idem_redis::redis::Client::open(url.as_str()).expect("client");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
         // A body within the limit stays inside its record: one key, and the
         // replay is the same bytes.
         let small = idem
@@ -899,7 +909,7 @@ mod tests {
             .await
             .expect("execute");
         assert!(small.is_stored());
-        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 1, "the record alone: {keys:?}");
         let replay = idem
             .execute(&scope, "small", &1, |_| async {
@@ -917,7 +927,7 @@ mod tests {
             .await
             .expect("execute");
         assert!(large.is_stored());
-        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
+        let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 3, "two records and one body key: {keys:?}");
         let _: i64 = conn.del(keys).await.expect("DEL");
     }

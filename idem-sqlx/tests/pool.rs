@@ -51,6 +51,18 @@ fn counts(s: Stats) -> (u64, u64, u64, u64) {
 const SLOW: &str = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) \
                     SELECT count(*) FROM n";
 
+/// Checks a connection out, starts [`SLOW`] on it, drops the statement's
+/// future 20 ms in (while it still runs), then the checkout.
+async fn drop_mid_statement(pool: &Pool<SqliteConnection>) {
+    let mut conn = pool.get().await.expect("checkout");
+    let cut = tokio::time::timeout(
+        Duration::from_millis(20),
+        conn.run(|c| sqlx::query_scalar::<_, i64>(SLOW).fetch_one(c)),
+    )
+    .await;
+    assert!(cut.is_err(), "the slow statement was still running");
+}
+
 #[tokio::test]
 async fn clean_calls_reuse_one_connection_with_no_revalidation() {
     let db = TempDb::new();
@@ -113,14 +125,7 @@ async fn a_connection_left_unsound_is_closed_and_replaced() {
 async fn a_statement_dropped_mid_flight_is_waited_for_then_the_connection_reused() {
     let db = TempDb::new();
     let pool = db.pool(PoolConfig::new(1).acquire_timeout(Some(Duration::from_secs(30))));
-    let mut conn = pool.get().await.expect("checkout");
-    let cut = tokio::time::timeout(
-        Duration::from_millis(20),
-        conn.run(|c| sqlx::query_scalar::<_, i64>(SLOW).fetch_one(c)),
-    )
-    .await;
-    assert!(cut.is_err(), "the slow statement was still running");
-    drop(conn);
+    drop_mid_statement(&pool).await;
     // The connection keeps its place while its statement finishes: the
     // next checkout waits for it, then gets it back re-validated, and sees
     // its own answer, not the dropped statement's.
@@ -137,14 +142,7 @@ async fn a_statement_dropped_mid_flight_that_outlasts_the_revalidate_timeout_is_
             .acquire_timeout(Some(Duration::from_secs(30)))
             .revalidate_timeout(Some(Duration::from_millis(1))),
     );
-    let mut conn = pool.get().await.expect("checkout");
-    let cut = tokio::time::timeout(
-        Duration::from_millis(20),
-        conn.run(|c| sqlx::query_scalar::<_, i64>(SLOW).fetch_one(c)),
-    )
-    .await;
-    assert!(cut.is_err(), "the slow statement was still running");
-    drop(conn);
+    drop_mid_statement(&pool).await;
     // The slow statement cannot answer within 1 ms: the connection is
     // closed and its place freed, so the next checkout gets a new one
     // instead of waiting for the statement to end.
