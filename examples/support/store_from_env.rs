@@ -1,7 +1,8 @@
 //! The store an example server runs on, chosen at run time from the
 //! environment (`IDEM_STORE`, `IDEM_SQLITE_PATH`, `IDEM_POSTGRES_URL`,
-//! `IDEM_REDIS_URL`, `IDEM_REDIS_INLINE_BODY_LIMIT`): `idem::connect` opens (and migrates) the store a URL
-//! names as an `AnyStore`, so one `Idem<AnyStore>` type serves them all.
+//! `IDEM_REDIS_URL`, `IDEM_REDIS_INLINE_BODY_LIMIT`): `idem::connect` opens
+//! (and migrates) the store a URL names as an `AnyStore`, so one
+//! `Idem<AnyStore>` type serves them all.
 //! Shared by `http_orders` and `webhook_receiver`, whose documented
 //! environment it implements.
 
