@@ -2,8 +2,9 @@
 # The issue-22 pgbench runs (benches/README.md, "Issue 22, second pass"):
 # a throwaway PostgreSQL cluster on core $SERVER_CORE (default 0) and port
 # $PG_PORT (default 7240), pgbench with 8 clients on core $CLIENT_CORE
-# (default 1), ROUNDS (default 3) alternating rounds of SECONDS (default 4)
-# per script. Prints "round script tps"; stops the cluster by its pid.
+# (default 1), ROUNDS (default 3) alternating rounds of SECONDS_PER (default 4) seconds
+# per script (SCRIPTS picks some, by name without .sql; default every
+# script here). Prints "round script tps"; stops the cluster by its pid.
 set -euo pipefail
 cd "$(dirname "$0")"
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
@@ -19,9 +20,7 @@ psql() { command psql -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres "$@"
 psql -f schema.sql 2>/dev/null
 psql -f claim-fn.sql
 for round in $(seq "${ROUNDS:-3}"); do
-    for script in claim-replay claim-no-on-conflict-replay claim-where-false-replay select-replay \
-        select-in-with-replay fn-replay hashkey-replay shortkey-replay min-replay \
-        claim-fresh fn-fresh hashkey-fresh shortkey-fresh min-fresh; do
+    for script in ${SCRIPTS:-$(ls *.sql | grep -v -e '^schema.sql$' -e '^claim-fn.sql$' | sed 's/\.sql$//')}; do
         tps=$(taskset -c "${CLIENT_CORE:-1}" pgbench -n -M prepared -h 127.0.0.1 -p "$PG_PORT" -U postgres \
             -c 8 -j 1 -T "${SECONDS_PER:-4}" -f "$script.sql" postgres 2>&1 | grep -oP 'tps = \K[0-9]+')
         echo "$round $script $tps"

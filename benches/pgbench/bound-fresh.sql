@@ -1,0 +1,6 @@
+-- The least a fresh key can cost with idem's record: its claim row inserted
+-- by a plain INSERT … ON CONFLICT DO NOTHING (no read of an existing record,
+-- nothing returned), then idem's completion.
+\set k random(200000, 9000000000000000)
+INSERT INTO t_cur (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at) VALUES ('acct_42', 'POST /payments', 'key-' || :k, decode(repeat('ab',32),'hex'), 'in_flight', :k, 1, 100, 200, 100) ON CONFLICT (owner, operation, key) DO NOTHING;
+UPDATE t_cur SET state='completed', outcome='success', response=decode(repeat('cd',256),'hex'), response_expires_at=9e15, key_expires_at=9e15, lease_until=0 WHERE owner = 'acct_42' AND operation = 'POST /payments' AND key = 'key-' || :k AND token = :k AND state='in_flight';

@@ -1,0 +1,7 @@
+-- idem's claim returning always one row (the record read, if any, and the
+-- inserted attempt, if any) instead of a UNION of two typed branches.
+\set k random(1, 100000)
+\set now 1000
+WITH cur AS (SELECT fingerprint, state, attempt, lease_until, resource_id, outcome, CASE WHEN response_expires_at > :now THEN response END AS response, response_expires_at, key_expires_at, token FROM t_cur WHERE owner = 'acct_42' AND operation = 'POST /payments' AND key = 'key-' || :k),
+ins AS (INSERT INTO t_cur (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at) SELECT 'acct_42', 'POST /payments', 'key-' || :k, decode(repeat('ab',32),'hex'), 'in_flight', :k, 1, 100, 200, 100 WHERE NOT EXISTS (SELECT 1 FROM cur) ON CONFLICT (owner, operation, key) DO NOTHING RETURNING attempt)
+SELECT (SELECT attempt FROM ins) AS claimed, cur.* FROM (SELECT) one LEFT JOIN cur ON true;
