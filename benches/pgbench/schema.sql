@@ -38,14 +38,9 @@ VACUUM ANALYZE t_h2;
 -- every key comparison is a memcmp instead of the database collation's
 -- strcoll): t_cur otherwise unchanged.
 DROP TABLE IF EXISTS t_c;
-CREATE TABLE t_c (
-    owner text COLLATE "C" NOT NULL, operation text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL,
-    fingerprint bytea NOT NULL, state text NOT NULL, token bigint NOT NULL, attempt integer NOT NULL,
-    lease_until bigint NOT NULL, resource_id text, outcome text, response bytea,
-    response_expires_at bigint, key_expires_at bigint NOT NULL, sweep_at bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (owner, operation, key),
-    CHECK (state IN ('in_flight','released','completed')), CHECK (outcome IN ('success','failure','not_stored')),
-    CHECK (octet_length(fingerprint) = 32));
+CREATE TABLE t_c (LIKE t_cur INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE t_c ALTER COLUMN owner TYPE text COLLATE "C", ALTER COLUMN operation TYPE text COLLATE "C",
+    ALTER COLUMN key TYPE text COLLATE "C", ADD PRIMARY KEY (owner, operation, key);
 CREATE INDEX t_c_sweep ON t_c (sweep_at, owner, operation, key);
 INSERT INTO t_c SELECT * FROM t_cur;
 VACUUM ANALYZE t_c;
