@@ -17,12 +17,40 @@
 //! message prints one line:
 //!
 //! ```text
-//! acked <id> attempt <n>       the work ran (or had run: a replay) and the message is acknowledged
-//! retry <id> after <ms>        nak'd: JetStream delivers it again after <ms>
-//! dead-letter <id> <reason>    terminated, and kept in the `dead_letters` table
+//! acked <id> attempt <n> <how>  acknowledged; <how> says what this delivery did:
+//!                               `executed` (the work ran), `replayed` (it had run:
+//!                               the stored outcome, nothing ran) or `recovered` (it
+//!                               ran again after an attempt that died, and found that
+//!                               attempt's ledger row instead of writing a second one)
+//! retry <id> after <ms>         nak'd: JetStream delivers it again after <ms>
+//! dead-letter <id> <reason>     terminated, and kept in the `dead_letters` table (a row per
+//!                               dead-lettered delivery: none is overwritten)
 //! ```
 //!
+//! `<n>` is the attempt whose outcome is acknowledged (on a replay, the one
+//! that ran).
+//!
 //! `<id>` is the message's `Nats-Msg-Id` header, else `STREAM:sequence`.
+//!
+//! What JetStream does before idem sees a message, and what to do about it:
+//!
+//! - **A duplicate `Nats-Msg-Id` inside the stream's duplicate window (2
+//!   minutes unless the stream sets `duplicate_window`) is dropped at
+//!   publish**: the publisher's ack says `duplicate`, and no delivery
+//!   reaches this consumer. So idem's replay and `fingerprint_mismatch` only
+//!   show for a copy published after that window, or when the stream's window
+//!   is shorter (this example's tests create their stream with a short one).
+//!   JetStream's window is what stops a publisher's retry; idem is what
+//!   stops a redelivery, a late copy and a second payload under one id.
+//! - **`IDEM_LEASE_MS` sets `ack_wait` only when the durable consumer is
+//!   first created.** An existing `nats-orders` consumer keeps its own
+//!   `ack_wait`: after changing the lease, delete the consumer (`nats
+//!   consumer rm <stream> nats-orders`) so that the next start creates it
+//!   again, or update it to match (an `ack_wait` shorter than the lease
+//!   makes JetStream redeliver messages that idem then answers `retry`).
+//! - **Another `IDEM_NATS_STREAM` over the same subjects fails to start with
+//!   "subjects overlap"**: a subject belongs to one stream. Use the stream
+//!   that already has `orders.>` (it is used as it is), or delete it first.
 //! SIGTERM (or Ctrl-C) stops the consumer: the messages in hand finish and
 //! are acknowledged first.
 //!
@@ -49,6 +77,7 @@
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull};
@@ -77,8 +106,12 @@ const SCHEMA: [&str; 2] = [
         recoveries INTEGER NOT NULL DEFAULT 0,
         applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
     )",
+    // One row per dead-lettered delivery: the same message id can be
+    // dead-lettered more than once (a stored permanent failure replayed, a
+    // second payload under an id that ran), and each payload is kept.
     "CREATE TABLE IF NOT EXISTS dead_letters (
-        message_id TEXT PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        message_id TEXT NOT NULL,
         subject TEXT NOT NULL,
         reason TEXT NOT NULL,
         payload BLOB NOT NULL,
@@ -201,14 +234,26 @@ async fn handle(nats: &NatsConsumer<SqliteStore>, pool: &SqlitePool, msg: &jetst
         }
     };
     let (pool, payload, key) = (pool.clone(), msg.payload.clone(), id.clone());
+    // Set by the work when it found the ledger row of an attempt that died.
+    let reconciled = Arc::new(AtomicBool::new(false));
+    let found = Arc::clone(&reconciled);
     let result: Result<Processed<String, String>, _> = nats
         .handle(msg, move |attempt| {
-            apply(pool, attempt, key, payload.to_vec(), delivered)
+            apply(pool, attempt, key, payload.to_vec(), delivered, found)
         })
         .await;
     match result {
         Ok(p) => match p.disposition {
-            Disposition::Ack => println!("acked {id} attempt {}", p.attempt),
+            Disposition::Ack => {
+                let how = if p.replayed {
+                    "replayed"
+                } else if reconciled.load(Ordering::Relaxed) {
+                    "recovered"
+                } else {
+                    "executed"
+                };
+                println!("acked {id} attempt {} {how}", p.attempt);
+            }
             Disposition::Retry { after } => println!("retry {id} after {}", after.as_millis()),
             Disposition::DeadLetter { reason } => println!("dead-letter {id} {}", reason.as_str()),
             other => println!("{other:?} {id}"),
@@ -227,6 +272,7 @@ async fn apply(
     id: String,
     payload: Vec<u8>,
     delivered: u32,
+    reconciled: Arc<AtomicBool>,
 ) -> Result<String, Failure<String>> {
     let order: Value = serde_json::from_slice(&payload)
         .map_err(|e| Failure::permanent(format!("not JSON: {e}")))?;
@@ -263,6 +309,7 @@ async fn apply(
             .execute(&pool)
             .await
             .map_err(|e| Failure::transient(format!("ledger: {e}")))?;
+        reconciled.store(true, Ordering::Relaxed);
     }
     if kind == "test.slow" {
         // The window in which a crash leaves the effect without an outcome.
@@ -271,12 +318,12 @@ async fn apply(
     Ok(key)
 }
 
-/// The dead-letter hook: keeps the message in the `dead_letters` table (a
-/// failure here naks the message instead, so it is never lost).
+/// The dead-letter hook: keeps the delivery in the `dead_letters` table, a
+/// row per dead-lettered delivery (a failure here naks the message instead,
+/// so it is never lost).
 async fn keep_dead_letter(pool: SqlitePool, d: DeadLetter) -> Result<(), BoxError> {
     sqlx::query(
-        "INSERT INTO dead_letters (message_id, subject, reason, payload) VALUES (?, ?, ?, ?)
-         ON CONFLICT (message_id) DO NOTHING",
+        "INSERT INTO dead_letters (message_id, subject, reason, payload) VALUES (?, ?, ?, ?)",
     )
     .bind(&d.message_id)
     .bind(&d.subject)

@@ -1,6 +1,6 @@
 //! The fixed interface of `examples/nats_orders.rs` (issue 19, point 3),
 //! checked from the outside: the built `nats_orders` binary consuming a
-//! JetStream stream, its printed lines (`acked <id> attempt <n>`, `retry <id>
+//! JetStream stream, its printed lines (`acked <id> attempt <n> <how>`, `retry <id>
 //! after <ms>`, `dead-letter <id> <reason>`, `stopped`), its exit status, and
 //! the `ledger` and `dead_letters` tables it keeps in its SQLite file.
 //!
@@ -255,16 +255,21 @@ impl Db {
             .collect()
     }
 
-    /// The `dead_letters` reason for message `id`.
-    async fn dead_letter(&self, id: &str) -> Option<String> {
+    /// The `dead_letters` rows for message `id`, oldest first: (reason,
+    /// payload).
+    async fn dead_letters(&self, id: &str) -> Vec<(String, String)> {
         let pool = self.pool().await;
-        let reason = sqlx::query_scalar("SELECT reason FROM dead_letters WHERE message_id = ?")
-            .bind(id)
-            .fetch_optional(&pool)
-            .await
-            .unwrap();
+        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
+            "SELECT reason, payload FROM dead_letters WHERE message_id = ? ORDER BY id",
+        )
+        .bind(id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
         pool.close().await;
-        reason
+        rows.into_iter()
+            .map(|(reason, payload)| (reason, String::from_utf8(payload).unwrap()))
+            .collect()
     }
 
     /// Waits (bounded) until message `id` has a ledger row: its effect is
@@ -382,13 +387,17 @@ async fn nats_orders_on_its_own_stream() {
         // A fresh message: one effect, acked on attempt 1.
         let fresh = format!("o-{n}");
         publish(&js, &subject, Some(&fresh), order).await;
-        orders.expect(&format!("acked {fresh} attempt 1")).await;
+        orders
+            .expect(&format!("acked {fresh} attempt 1 executed"))
+            .await;
         assert_eq!(db.ledger(&fresh).await, [(1, 0)]);
 
         // Republished under the same id: a replay, acked (attempt 1, the one
         // that ran), and no second effect.
         publish(&js, &subject, Some(&fresh), order).await;
-        orders.expect(&format!("acked {fresh} attempt 1")).await;
+        orders
+            .expect(&format!("acked {fresh} attempt 1 replayed"))
+            .await;
         assert_eq!(db.ledger(&fresh).await, [(1, 0)]);
 
         // The same id with another payload: dead-lettered, kept, no effect.
@@ -399,14 +408,30 @@ async fn nats_orders_on_its_own_stream() {
             .await;
         assert_eq!(db.ledger(&fresh).await, [(1, 0)]);
         assert_eq!(
-            db.dead_letter(&fresh).await.as_deref(),
-            Some("fingerprint_mismatch")
+            db.dead_letters(&fresh).await,
+            [("fingerprint_mismatch".to_owned(), other.to_owned())]
+        );
+        // A second payload under the same id is dead-lettered again, and
+        // kept beside the first: no dead letter is overwritten.
+        let third = r#"{"type":"order","item":"cup","qty":3}"#;
+        publish(&js, &subject, Some(&fresh), third).await;
+        orders
+            .expect(&format!("dead-letter {fresh} fingerprint_mismatch"))
+            .await;
+        assert_eq!(
+            db.dead_letters(&fresh).await,
+            [
+                ("fingerprint_mismatch".to_owned(), other.to_owned()),
+                ("fingerprint_mismatch".to_owned(), third.to_owned())
+            ]
         );
 
         // No `Nats-Msg-Id`: the id is `STREAM:sequence`.
         let seq = publish(&js, &subject, None, order).await;
         let anonymous = format!("{stream}:{seq}");
-        orders.expect(&format!("acked {anonymous} attempt 1")).await;
+        orders
+            .expect(&format!("acked {anonymous} attempt 1 executed"))
+            .await;
         assert_eq!(db.ledger(&anonymous).await, [(1, 0)]);
 
         // test.transient: fails on its first two deliveries, each nak'd with
@@ -426,7 +451,7 @@ async fn nats_orders_on_its_own_stream() {
         }
         assert_eq!(
             orders.next_about(&transient).await,
-            format!("acked {transient} attempt 3")
+            format!("acked {transient} attempt 3 executed")
         );
         assert_eq!(db.ledger(&transient).await, [(3, 0)]);
 
@@ -447,10 +472,12 @@ async fn nats_orders_on_its_own_stream() {
             );
         }
         assert!(db.ledger(&permanent).await.is_empty());
-        assert_eq!(
-            db.dead_letter(&permanent).await.as_deref(),
-            Some("permanent_failure")
+        // Both dead-lettered deliveries are kept.
+        let kept = (
+            "permanent_failure".to_owned(),
+            r#"{"type":"test.permanent"}"#.to_owned(),
         );
+        assert_eq!(db.dead_letters(&permanent).await, [kept.clone(), kept]);
 
         // Not JSON fails permanently; a duplicate member is invalid.
         let garbage = format!("g-{n}");
@@ -499,18 +526,21 @@ async fn nats_orders_on_its_own_stream() {
         let ms = retry_ms(&line, &slow);
         assert!((1..=LEASE_MS).contains(&ms), "{line}");
         // Both deliveries (the one JetStream redelivers after ack_wait and
-        // the copy) end acked on attempt 2, with `retry` lines meanwhile.
-        let acked = format!("acked {slow} attempt 2");
-        let mut acks = 0;
-        while acks < 2 {
+        // the copy) end acked on attempt 2, with `retry` lines meanwhile:
+        // one ran it as a recovery (it found the dead run's ledger row), the
+        // other replayed that outcome.
+        let mut acks = Vec::new();
+        while acks.len() < 2 {
             let line = orders.next_about(&slow).await;
-            if line == acked {
-                acks += 1;
+            if let Some(how) = line.strip_prefix(&format!("acked {slow} attempt 2 ")) {
+                acks.push(how.to_owned());
             } else {
                 let ms = retry_ms(&line, &slow);
                 assert!((1..=LEASE_MS).contains(&ms), "{line}");
             }
         }
+        acks.sort();
+        assert_eq!(acks, ["recovered", "replayed"]);
         assert_eq!(db.ledger(&slow).await, [(1, 1)], "one effect, one recovery");
         // Nothing that finished ran again in the new process.
         assert!(
@@ -525,7 +555,9 @@ async fn nats_orders_on_its_own_stream() {
         publish(&js, &subject, Some(&last), r#"{"type":"test.slow"}"#).await;
         db.wait_for_ledger_row(&last).await;
         orders.terminate();
-        orders.expect(&format!("acked {last} attempt 1")).await;
+        orders
+            .expect(&format!("acked {last} attempt 1 executed"))
+            .await;
         orders.expect("stopped").await;
         let status = orders.wait_exit(Duration::from_secs(30)).await;
         assert_eq!(status.code(), Some(0), "{status}");
@@ -631,7 +663,9 @@ async fn nats_orders_creates_its_stream() {
 
     let id = format!("o-{}", random_id());
     publish(&js, "orders.eu.new", Some(&id), r#"{"type":"order"}"#).await;
-    orders.expect(&format!("acked {id} attempt 1")).await;
+    orders
+        .expect(&format!("acked {id} attempt 1 executed"))
+        .await;
     assert_eq!(db.ledger(&id).await, [(1, 0)]);
 
     orders.terminate();
