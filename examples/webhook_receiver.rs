@@ -8,14 +8,22 @@
 //! | variable | default | meaning |
 //! |---|---|---|
 //! | `IDEM_HTTP_ADDR` | `127.0.0.1:3001` | where to listen |
-//! | `IDEM_STORE` | `sqlite` | `sqlite`, `memory`, `postgres` (feature `postgres`), `redis` (feature `redis`) |
-//! | `IDEM_SQLITE_PATH` | a file in a temp dir | the SQLite database |
-//! | `IDEM_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` | schema `idem_webhook_receiver` |
-//! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | prefix `idem-webhook-receiver:` |
+//! | `IDEM_STORE` | `sqlite` | `sqlite`, `memory`, `postgres` (feature `postgres`), `mysql` (MySQL or MariaDB, feature `mysql`), `redis` (feature `redis`) |
+//! | `IDEM_SQLITE_PATH` | `idem-webhook-receiver.db` in the working directory | the SQLite database (kept across restarts: a restarted server still replays what it answered) |
+//! | `IDEM_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` | the Postgres server |
+//! | `IDEM_POSTGRES_SCHEMA` | `idem_webhook_receiver` | the schema of its table |
+//! | `IDEM_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` | the MySQL or MariaDB server (`mariadb://` too) |
+//! | `IDEM_MYSQL_TABLE` | `idem_webhook_receiver` | its table |
+//! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | the Redis server |
+//! | `IDEM_REDIS_PREFIX` | `idem-webhook-receiver:` | its key prefix |
 //! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `STANDARD_WEBHOOK_SECRET` | unset | a `whsec_…` secret: mounts `POST /webhooks/standard` |
 //! | `STRIPE_WEBHOOK_SECRET` | unset | Stripe's `whsec_…` signing secret: mounts `POST /webhooks/stripe` |
 //! | `GITHUB_WEBHOOK_SECRET` | unset | the GitHub webhook secret: mounts `POST /webhooks/github` |
+//!
+//! Its first line says which store it opened, and where (`store: sqlite
+//! /abs/path/idem-….db`, `store: postgres, schema …`, `store: mysql, table …`,
+//! `store: redis, prefix …`, or `store: memory`, forgotten at exit).
 //!
 //! A route whose secret is unset is not mounted (the startup output says so).
 //!

@@ -286,6 +286,46 @@ fn order_client_against_http_orders_on_postgres() {
     }
 }
 
+/// MariaDB (or MySQL) through `IDEM_STORE=mysql`, on a table of its own
+/// named by `IDEM_MYSQL_TABLE` in the shared database, dropped after.
+#[cfg(feature = "mysql")]
+#[test]
+fn order_client_against_http_orders_on_mysql() {
+    use idem::mysql::sqlx::{self, Connection, Executor};
+    let url = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let table = format!("idem_orders_{}", random_id());
+    let env = [
+        ("IDEM_STORE", "mysql".to_owned()),
+        ("IDEM_MYSQL_URL", url.clone()),
+        ("IDEM_MYSQL_TABLE", table.clone()),
+    ];
+    let result = std::panic::catch_unwind(|| the_interface_on(&env));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = sqlx::MySqlConnection::connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach MySQL/MariaDB at {url}: {e}; start it or point IDEM_MYSQL_URL \
+                 at a server (this test never skips)"
+                )
+            });
+        c.execute(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS `{table}`"
+        )))
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+    });
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
 /// A throwaway Redis server of its own (`http_orders` uses the fixed prefix
 /// `idem-http-orders:`), shut down after.
 #[cfg(feature = "redis")]

@@ -80,6 +80,20 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The variables that choose the example's store: none is inherited, so a
+/// test's store is the one it sets.
+const STORE_VARS: [&str; 9] = [
+    "IDEM_STORE",
+    "IDEM_SQLITE_PATH",
+    "IDEM_POSTGRES_URL",
+    "IDEM_POSTGRES_SCHEMA",
+    "IDEM_MYSQL_URL",
+    "IDEM_MYSQL_TABLE",
+    "IDEM_REDIS_URL",
+    "IDEM_REDIS_PREFIX",
+    "IDEM_REDIS_INLINE_BODY_LIMIT",
+];
+
 /// `webhook_receiver` with the three secrets and this store, killed when
 /// dropped.
 struct Receiver {
@@ -92,7 +106,19 @@ impl Receiver {
     /// Starts it on `addr` and waits (bounded) for its `listening on
     /// http://ADDR` line.
     fn start(addr: SocketAddr, env: &[(&str, String)]) -> Self {
+        Self::start_in(addr, env, None)
+    }
+
+    /// Like [`Receiver::start`], in working directory `cwd` when given, and
+    /// with no store variable inherited from the test's own environment.
+    fn start_in(addr: SocketAddr, env: &[(&str, String)], cwd: Option<&std::path::Path>) -> Self {
         let mut cmd = Command::new(example("webhook_receiver"));
+        for var in STORE_VARS {
+            cmd.env_remove(var);
+        }
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
         cmd.env("IDEM_HTTP_ADDR", addr.to_string())
             .env("STANDARD_WEBHOOK_SECRET", STANDARD_SECRET)
             .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
@@ -536,4 +562,80 @@ async fn webhook_receiver_on_redis() {
         ("IDEM_REDIS_URL", redis.url()),
     ];
     the_interface_on(&env).await;
+}
+
+/// With no store variable at all, the default store is a file in the working
+/// directory that outlives the process, named on the first line: restarted,
+/// the same event is a duplicate and its handler does not run again (before,
+/// the default was a new file per process, and a restart forgot every event).
+#[tokio::test]
+async fn webhook_receiver_default_store_survives_a_restart() {
+    let dir = std::env::temp_dir().join(format!("idem-webhook-default-{}", random_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let result = tokio::spawn({
+        let dir = dir.clone();
+        async move {
+            let addr = free_addr();
+            let file = std::path::absolute(dir.join("idem-webhook-receiver.db")).unwrap();
+            let first_line = format!("store: sqlite {}", file.display());
+            let id = format!("msg_{}_default", random_id());
+            let body = r#"{"type":"invoice.paid"}"#;
+            let mut receiver = Receiver::start_in(addr, &[], Some(&dir));
+            assert_eq!(
+                receiver.stdout.lock().unwrap().first(),
+                Some(&first_line),
+                "the first line names the store"
+            );
+            let c = Client::new(&receiver);
+            assert_fresh(&c.standard(&id, now(), body, STANDARD_SECRET).await, &id);
+            assert_eq!(c.executions().await, 1);
+            receiver.stop();
+            assert!(file.is_file(), "{} kept", file.display());
+
+            let receiver = Receiver::start_in(addr, &[], Some(&dir));
+            assert_eq!(receiver.stdout.lock().unwrap().first(), Some(&first_line));
+            let c = Client::new(&receiver);
+            assert_duplicate(&c.standard(&id, now(), body, STANDARD_SECRET).await);
+            assert_eq!(c.executions().await, 0, "nothing ran after the restart");
+        }
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// MariaDB (or MySQL) through `IDEM_STORE=mysql`, on a table of its own
+/// (`IDEM_MYSQL_TABLE`), dropped after.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn webhook_receiver_on_mysql() {
+    use idem::mysql::sqlx::{self, Connection, Executor};
+    let url = std::env::var("IDEM_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+    let table = format!("idem_webhook_{}", random_id().replace('-', "_"));
+    let env = [
+        ("IDEM_STORE", "mysql".to_owned()),
+        ("IDEM_MYSQL_URL", url.clone()),
+        ("IDEM_MYSQL_TABLE", table.clone()),
+    ];
+    let result = tokio::spawn(async move { the_interface_on(&env).await }).await;
+    let mut c = sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach MySQL/MariaDB at {url}: {e}; start it or point IDEM_MYSQL_URL \
+                 at a server (this test never skips)"
+            )
+        });
+    c.execute(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{table}`"
+    )))
+    .await
+    .unwrap();
+    c.close().await.unwrap();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }
