@@ -13,6 +13,13 @@
 //! "attempts": N, "key": "…", "code": "…" (for an error), "body": …}` and
 //! exits 0 for fresh, replayed and already processed, 1 otherwise (2 for bad
 //! arguments). Works against `examples/http_orders.rs`.
+//!
+//! `--deadline-ms` bounds the retries: no attempt starts after it. It does
+//! not cut an attempt already running (the middleware never abandons a
+//! request the server may be executing; the answer it waits for is the one
+//! that says what happened). With `--deadline-ms`, the line also carries
+//! `"after_deadline": true|false`: whether the answer (or the error) came
+//! after the deadline had passed.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,7 +29,10 @@ use idem::client::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt,
 use serde_json::{Value, json};
 
 const USAGE: &str =
-    "usage: order_client --url URL --account ACCOUNT [--key KEY] --body JSON [--deadline-ms MS]";
+    "usage: order_client --url URL --account ACCOUNT [--key KEY] --body JSON [--deadline-ms MS]
+  --deadline-ms MS  no new attempt starts after MS ms; an attempt already running is not cut
+                    (it ends when the server answers), and the line then says
+                    \"after_deadline\": true";
 
 struct Args {
     url: String,
@@ -32,12 +42,14 @@ struct Args {
     deadline: Option<Duration>,
 }
 
-fn args() -> Result<Args, String> {
+/// The arguments; `None` for `--help`.
+fn args() -> Result<Option<Args>, String> {
     let (mut url, mut account, mut key, mut body, mut deadline) = (None, None, None, None, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
+            "--help" | "-h" => return Ok(None),
             "--url" => url = Some(value()?),
             "--account" => account = Some(value()?),
             "--key" => key = Some(value()?),
@@ -52,19 +64,23 @@ fn args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    Ok(Args {
+    Ok(Some(Args {
         url: url.ok_or("--url is required")?,
         account: account.ok_or("--account is required")?,
         key,
         body: body.ok_or("--body is required")?,
         deadline,
-    })
+    }))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = match args() {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("{e}\n{USAGE}");
             return ExitCode::from(2);
@@ -99,7 +115,8 @@ async fn main() -> ExitCode {
     if let Some(key) = key {
         request = request.idempotency_key(key);
     }
-    let (line, ok) = match request.send().await {
+    let started = std::time::Instant::now();
+    let (mut line, ok) = match request.send().await {
         Ok(response) => {
             let status = response.status().as_u16();
             let report = response.idem_report().cloned();
@@ -159,6 +176,9 @@ async fn main() -> ExitCode {
             (line, false)
         }
     };
+    if let Some(deadline) = args.deadline {
+        line["after_deadline"] = (started.elapsed() > deadline).into();
+    }
     println!("{line}");
     if ok {
         ExitCode::SUCCESS

@@ -206,6 +206,32 @@ fn the_interface_on(env: &[(&str, String)]) {
     // One run per released 503 attempt, never more.
     assert_eq!(server.executions(), 1 + attempts);
 
+    // `--deadline-ms` does not cut an attempt already running: a POST that
+    // takes longer than the deadline still gets its answer, and the line says
+    // it came after the deadline. Without the flag there is no such field.
+    assert!(fresh.get("after_deadline").is_none(), "{fresh}");
+    let slow = server.url("/orders?delay_ms=1200");
+    let slow_args = [
+        "--url",
+        slow.as_str(),
+        "--account",
+        account.as_str(),
+        "--body",
+        body,
+    ];
+    let (late, code) = order_client(&[&slow_args[..], &["--deadline-ms", "300"]].concat());
+    assert_eq!(code, 0, "{late}");
+    assert_eq!(late["outcome"], "fresh", "{late}");
+    assert_eq!(
+        (late["status"].as_u64(), late["attempts"].as_u64()),
+        (Some(201), Some(1))
+    );
+    assert_eq!(late["after_deadline"], true, "{late}");
+    let (timely, code) = order_client(&[&slow_args[..], &["--deadline-ms", "20000"]].concat());
+    assert_eq!(code, 0, "{timely}");
+    assert_eq!(timely["after_deadline"], false, "{timely}");
+    assert_eq!(server.executions(), 3 + attempts);
+
     server.kill();
     // Nobody listening: retried (connection refused) until the deadline, and
     // the error still names the key, with the attempts made.
