@@ -21,7 +21,7 @@
 
 use idem_core::clock::Timestamp;
 use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
-use idem_core::store::{AdminStore, InFlightQuery, StoreError};
+use idem_core::store::{AdminStore, CursorError, InFlightQuery, StoreError};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -159,12 +159,10 @@ fn summary(r: &Record) -> Result<Option<RecordSummary>, StoreError> {
     }))
 }
 
-/// `<node index>:<scan cursor>`.
+/// `<node index>:<scan cursor>`; any other text is the caller's input
+/// ([`StoreError::InvalidCursor`], as on every store), not a backend error.
 fn parse_cursor(c: &Cursor) -> Result<(usize, u64), StoreError> {
-    let bad = || StoreError::Backend {
-        backend: BACKEND,
-        source: "the cursor is not one this store wrote".into(),
-    };
+    let bad = || StoreError::from(CursorError);
     let (node, scan) = c.as_str().split_once(':').ok_or_else(bad)?;
     Ok((
         node.parse().map_err(|_| bad())?,

@@ -410,3 +410,34 @@ pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
         assert_eq!(total.keys_removed, 5, "{total:?}");
     }
 }
+
+/// A listing cursor the store did not write (garbage, empty, another
+/// backend's shape) is the caller's input: [`StoreError::InvalidCursor`]
+/// (HTTP 400, `invalid_cursor`), never a backend error, on every store.
+///
+/// [`StoreError::InvalidCursor`]: crate::store::StoreError::InvalidCursor
+pub async fn admin_refuses_a_cursor_it_did_not_write<S: AdminStore>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let now = clock.now();
+    for text in [
+        "garbage",
+        "",
+        "0:x",
+        "not-a-node:0",
+        r#"{"not":"a position"}"#,
+    ] {
+        let cursor = Cursor::new(text);
+        let listed = store
+            .list_in_flight(&InFlightQuery {
+                now,
+                lease_before: now,
+                cursor: Some(&cursor),
+                limit: 10,
+            })
+            .await;
+        assert!(
+            matches!(listed, Err(crate::store::StoreError::InvalidCursor)),
+            "cursor {text:?}: {listed:?}"
+        );
+    }
+}

@@ -147,6 +147,7 @@ macro_rules! __idem_for_each_scenario {
             admin_release_makes_the_next_attempt_a_recovery,
             admin_delete_refuses_unfinished_records,
             admin_counts_records_by_state,
+            admin_refuses_a_cursor_it_did_not_write,
             purger_runs_by_itself_and_stops,
         }
     };
