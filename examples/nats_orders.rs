@@ -74,20 +74,22 @@
 //! sqlite3 "$IDEM_SQLITE_PATH" 'SELECT message_id, attempt, recoveries FROM ledger'
 //! ```
 
+#[path = "support/ledger.rs"]
+mod ledger;
+
 use std::error::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull};
 use futures_util::StreamExt;
 use idem::consumer::nats::{DeadLetter, NatsConsumer, message_key};
-use idem::consumer::{Consumer, Disposition, PermanentFailure, Processed};
+use idem::consumer::{Consumer, PermanentFailure, Processed};
 use idem::sqlite::SqliteStore;
-use idem::sqlite::sqlx::{self, SqlitePool};
-use idem::{Attempt, Failure, Idem, Policy};
-use serde_json::Value;
+use idem::sqlite::sqlx::SqlitePool;
+use idem::{Idem, Policy};
+use ledger::{Work, create_tables, stop};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -96,28 +98,6 @@ const GROUP: &str = "nats-orders";
 
 /// At most this many messages are worked on at once.
 const CONCURRENCY: usize = 8;
-
-const SCHEMA: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS ledger (
-        downstream_key TEXT PRIMARY KEY,
-        message_id TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        payload BLOB NOT NULL,
-        recoveries INTEGER NOT NULL DEFAULT 0,
-        applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-    )",
-    // One row per dead-lettered delivery: the same message id can be
-    // dead-lettered more than once (a stored permanent failure replayed, a
-    // second payload under an id that ran), and each payload is kept.
-    "CREATE TABLE IF NOT EXISTS dead_letters (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        message_id TEXT NOT NULL,
-        subject TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        payload BLOB NOT NULL,
-        at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-    )",
-];
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
@@ -140,9 +120,7 @@ async fn main() -> Result<(), BoxError> {
     // idem's records and the ledger share one SQLite file (and one pool).
     let store = SqliteStore::open(&path).await?;
     let pool = store.pool().clone();
-    for ddl in SCHEMA {
-        sqlx::query(ddl).execute(&pool).await?;
-    }
+    create_tables(&pool).await?;
     println!("store: sqlite {}", path.display());
 
     let client = async_nats::connect(&url)
@@ -234,123 +212,27 @@ async fn handle(nats: &NatsConsumer<SqliteStore>, pool: &SqlitePool, msg: &jetst
         }
     };
     let (pool, payload, key) = (pool.clone(), msg.payload.clone(), id.clone());
-    // Set by the work when it found the ledger row of an attempt that died.
-    let reconciled = Arc::new(AtomicBool::new(false));
-    let found = Arc::clone(&reconciled);
+    let work = Work::default();
+    let run = work.clone();
     let result: Result<Processed<String, String>, _> = nats
-        .handle(msg, move |attempt| {
-            apply(pool, attempt, key, payload.to_vec(), delivered, found)
+        .handle(msg, move |attempt| async move {
+            run.apply(pool, attempt, key, payload.to_vec(), delivered)
+                .await
         })
         .await;
     match result {
-        Ok(p) => match p.disposition {
-            Disposition::Ack => {
-                let how = if p.replayed {
-                    "replayed"
-                } else if reconciled.load(Ordering::Relaxed) {
-                    "recovered"
-                } else {
-                    "executed"
-                };
-                println!("acked {id} attempt {} {how}", p.attempt);
-            }
-            Disposition::Retry { after } => println!("retry {id} after {}", after.as_millis()),
-            Disposition::DeadLetter { reason } => println!("dead-letter {id} {}", reason.as_str()),
-            other => println!("{other:?} {id}"),
-        },
+        Ok(p) => println!("{}", work.line(&id, &p)),
         // Processed, but the acknowledgement failed: JetStream redelivers
         // after ack_wait, and the redelivery is a replay.
         Err(e) => eprintln!("{id}: {e}"),
     }
 }
 
-/// The work: the order's one effect, a ledger row under the attempt's
-/// downstream key (the same on every attempt of this message).
-async fn apply(
-    pool: SqlitePool,
-    attempt: Attempt,
-    id: String,
-    payload: Vec<u8>,
-    delivered: u32,
-    reconciled: Arc<AtomicBool>,
-) -> Result<String, Failure<String>> {
-    let order: Value = serde_json::from_slice(&payload)
-        .map_err(|e| Failure::permanent(format!("not JSON: {e}")))?;
-    let kind = order.get("type").and_then(Value::as_str).unwrap_or("");
-    match kind {
-        "test.permanent" => return Err(Failure::permanent("test.permanent".to_owned())),
-        "test.transient" if delivered <= 2 => {
-            return Err(Failure::transient(format!(
-                "test.transient, delivery {delivered}"
-            )));
-        }
-        _ => {}
-    }
-    let key = attempt.downstream_key("ledger", 1);
-    let inserted = sqlx::query(
-        "INSERT INTO ledger (downstream_key, message_id, attempt, payload) VALUES (?, ?, ?, ?)
-         ON CONFLICT (downstream_key) DO NOTHING",
-    )
-    .bind(&key)
-    .bind(&id)
-    .bind(attempt.number())
-    .bind(&payload)
-    .execute(&pool)
-    .await
-    .map_err(|e| Failure::transient(format!("ledger: {e}")))?
-    .rows_affected()
-        == 1;
-    if !inserted {
-        // An earlier attempt wrote the row and died before idem stored its
-        // outcome: this run reconciles (counts the recovery), it does not
-        // apply the order a second time.
-        sqlx::query("UPDATE ledger SET recoveries = recoveries + 1 WHERE downstream_key = ?")
-            .bind(&key)
-            .execute(&pool)
-            .await
-            .map_err(|e| Failure::transient(format!("ledger: {e}")))?;
-        reconciled.store(true, Ordering::Relaxed);
-    }
-    if kind == "test.slow" {
-        // The window in which a crash leaves the effect without an outcome.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    Ok(key)
-}
-
 /// The dead-letter hook: keeps the delivery in the `dead_letters` table, a
 /// row per dead-lettered delivery (a failure here naks the message instead,
 /// so it is never lost).
 async fn keep_dead_letter(pool: SqlitePool, d: DeadLetter) -> Result<(), BoxError> {
-    sqlx::query(
-        "INSERT INTO dead_letters (message_id, subject, reason, payload) VALUES (?, ?, ?, ?)",
-    )
-    .bind(&d.message_id)
-    .bind(&d.subject)
-    .bind(d.reason.as_str())
-    .bind(d.payload.to_vec())
-    .execute(&pool)
-    .await?;
+    let reason = d.reason.as_str();
+    ledger::keep_dead_letter(&pool, &d.message_id, &d.subject, reason, &d.payload).await?;
     Ok(())
-}
-
-/// SIGTERM or Ctrl-C.
-async fn stop() {
-    #[cfg(unix)]
-    {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -23,18 +23,18 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/queue_example.rs"]
+mod queue_example;
+
 use std::{
-    io::{BufRead, BufReader, Read},
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
-    sync::{Arc, Mutex},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use async_nats::jetstream::{self, stream};
-use idem::sqlite::sqlx::{self, Row, SqlitePool, sqlite::SqliteConnectOptions};
-use tokio::sync::mpsc;
+use queue_example::{Db, random_id, retry_ms};
 
 /// The example's lease (and the durable consumer's `ack_wait`): short, so a
 /// killed run's message comes back within seconds, and long enough that the
@@ -44,253 +44,17 @@ use tokio::sync::mpsc;
 /// a restart and its first pull more than 5 s, even on a loaded CI machine.
 const LEASE_MS: u64 = 8000;
 
-/// How long any one printed line may take.
-const LINE: Duration = Duration::from_secs(30);
+/// The example as a process.
+struct Orders;
 
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features nats,sqlite` without a --test \
-         filter (cargo then builds the examples), or build them first with \
-         `cargo build -p idem --examples --features nats,sqlite`",
-        path.display()
-    );
-    path
-}
-
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
+impl Orders {
+    fn start(env: &[(&str, String)]) -> queue_example::Orders {
+        queue_example::Orders::start("nats_orders", "nats,sqlite", env)
+    }
 }
 
 fn nats_url() -> String {
     std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-}
-
-/// A running `nats_orders`: its stdout line by line; SIGKILLed when dropped.
-struct Orders {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-    seen: Vec<String>,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Orders {
-    /// Starts it and waits (bounded) for its `consuming stream` line.
-    fn start(env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(example("nats_orders"));
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn nats_orders");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    return;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-            stderr,
-        }
-    }
-
-    /// The next line `pred` accepts, within [`LINE`]; the lines before it are
-    /// kept in `seen`.
-    async fn wait_for(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = tokio::time::Instant::now() + LINE;
-        loop {
-            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(line)) => {
-                    self.seen.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Ok(None) => panic!(
-                    "nats_orders exited before {what}: stdout {:?}, stderr {}",
-                    self.seen,
-                    self.stderr.lock().unwrap()
-                ),
-                Err(_) => panic!(
-                    "no {what} within {LINE:?}: stdout {:?}, stderr {}",
-                    self.seen,
-                    self.stderr.lock().unwrap()
-                ),
-            }
-        }
-    }
-
-    /// Waits for exactly this line.
-    async fn expect(&mut self, line: &str) {
-        self.wait_for(&format!("`{line}`"), |l| l == line).await;
-    }
-
-    /// The next line about message `id` (any line naming it), which must be
-    /// `expected`; lines about other messages are skipped.
-    async fn next_about(&mut self, id: &str) -> String {
-        self.wait_for(&format!("a line about {id}"), |l| {
-            l.split(' ').nth(1) == Some(id)
-        })
-        .await
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits (bounded) for the process to exit.
-    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats_orders still running after {within:?}: stdout {:?}, stderr {}",
-                self.seen,
-                self.stderr.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGTERM.
-    fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {}: {status}", self.pid());
-    }
-
-    /// A hard stop (SIGKILL): nothing is flushed, nothing acknowledged.
-    /// Returns every line it printed.
-    async fn kill(mut self) -> Vec<String> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // The pipe is closed now: the reader ends, and so does the channel.
-        let deadline = tokio::time::Instant::now() + LINE;
-        while let Some(line) = tokio::time::timeout_at(deadline, self.lines.recv())
-            .await
-            .expect("stdout closes after the kill")
-        {
-            self.seen.push(line);
-        }
-        std::mem::take(&mut self.seen)
-    }
-}
-
-impl Drop for Orders {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The SQLite file the example writes, read here; removed (with its WAL)
-/// when dropped.
-struct Db {
-    path: PathBuf,
-}
-
-impl Db {
-    fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("idem-nats-orders-{}.db", random_id()));
-        Self { path }
-    }
-
-    fn env(&self) -> String {
-        self.path.to_string_lossy().into_owned()
-    }
-
-    async fn pool(&self) -> SqlitePool {
-        let options = SqliteConnectOptions::new().filename(&self.path);
-        SqlitePool::connect_with(options).await.unwrap()
-    }
-
-    /// `(attempt, recoveries)` of each ledger row of message `id`.
-    async fn ledger(&self, id: &str) -> Vec<(i64, i64)> {
-        let pool = self.pool().await;
-        let rows = sqlx::query("SELECT attempt, recoveries FROM ledger WHERE message_id = ?")
-            .bind(id)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        rows.iter()
-            .map(|r| (r.get::<i64, _>(0), r.get::<i64, _>(1)))
-            .collect()
-    }
-
-    /// The `dead_letters` rows for message `id`, oldest first: (reason,
-    /// payload).
-    async fn dead_letters(&self, id: &str) -> Vec<(String, String)> {
-        let pool = self.pool().await;
-        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(
-            "SELECT reason, payload FROM dead_letters WHERE message_id = ? ORDER BY id",
-        )
-        .bind(id)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-        rows.into_iter()
-            .map(|(reason, payload)| (reason, String::from_utf8(payload).unwrap()))
-            .collect()
-    }
-
-    /// Waits (bounded) until message `id` has a ledger row: its effect is
-    /// written, its outcome not necessarily stored.
-    async fn wait_for_ledger_row(&self, id: &str) {
-        let deadline = Instant::now() + LINE;
-        while self.ledger(id).await.is_empty() {
-            assert!(Instant::now() < deadline, "no ledger row for {id}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
 }
 
 /// Publishes and returns the stream sequence. With an id, a publish that
@@ -320,15 +84,6 @@ async fn publish(js: &jetstream::Context, subject: &str, id: Option<&str>, paylo
         assert!(Instant::now() < deadline, "{id:?} stays a duplicate");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// The `<ms>` of a `retry <id> after <ms>` line.
-fn retry_ms(line: &str, id: &str) -> u64 {
-    let prefix = format!("retry {id} after ");
-    line.strip_prefix(&prefix)
-        .unwrap_or_else(|| panic!("not a retry of {id}: {line}"))
-        .parse()
-        .unwrap()
 }
 
 /// The test's own stream, deleted (with the durable consumer on it) at the
@@ -364,7 +119,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_orders_on_its_own_stream() {
     with_own_stream(|js, stream, prefix| async move {
-        let db = Db::new();
+        let db = Db::new("nats-orders");
         let env = [
             ("IDEM_NATS_URL", nats_url()),
             ("IDEM_NATS_STREAM", stream.clone()),
@@ -640,7 +395,7 @@ impl Drop for ThrowawayNats {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_orders_creates_its_stream() {
     let server = ThrowawayNats::start().await;
-    let db = Db::new();
+    let db = Db::new("nats-orders");
     let env = [
         ("IDEM_NATS_URL", server.url()),
         ("IDEM_SQLITE_PATH", db.env()),

@@ -27,6 +27,11 @@
 use std::fmt;
 use std::future::Future;
 
+/// The AMQP client this adapter is built on, re-exported so that an
+/// application names the same version ([`Delivery`], the declare and
+/// consume options, `Connection`) without adding it to its own manifest.
+pub use lapin;
+
 use idem_core::store::Store;
 use idem_core::{Attempt, Outcome, Storable};
 use lapin::message::Delivery;
