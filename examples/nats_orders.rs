@@ -51,6 +51,7 @@
 //! - **Another `IDEM_NATS_STREAM` over the same subjects fails to start with
 //!   "subjects overlap"**: a subject belongs to one stream. Use the stream
 //!   that already has `orders.>` (it is used as it is), or delete it first.
+//!
 //! SIGTERM (or Ctrl-C) stops the consumer: the messages in hand finish and
 //! are acknowledged first.
 //!
