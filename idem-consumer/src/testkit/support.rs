@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::clock::{ManualClock, Timestamp};
-use idem_core::ops::PurgeReport;
+use idem_core::store::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };

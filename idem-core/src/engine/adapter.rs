@@ -14,9 +14,10 @@ use std::sync::Arc;
 use serde::Serialize;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::adapter::{Fingerprint, fingerprint};
 use crate::clock::Timestamp;
-use crate::ops::OutcomeKind;
+use crate::fingerprint::fingerprint;
+use crate::store::Fingerprint;
+use crate::store::OutcomeKind;
 use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use crate::{
     Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
@@ -159,7 +160,9 @@ impl<S: Store> EngineExt for Idem<S> {
                 fingerprint,
             })
         })();
-        prepared.inspect_err(|e| crate::metrics::record_rejection(scope.operation_shared(), e))
+        prepared.inspect_err(|e: &Error| {
+            crate::metrics::record_rejection(scope.operation_shared(), e.code())
+        })
     }
 
     async fn begin_prepared<T: Storable, E: Storable>(

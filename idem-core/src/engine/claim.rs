@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use crate::engine::core::Idem;
 use crate::engine::error::RETRY_SOON;
-use crate::ops::OutcomeKind;
+use crate::store::OutcomeKind;
 use crate::store::{Completion, Store, StoreError};
 use crate::{Attempt, Error, Outcome, Reply, Storable};
 
@@ -283,7 +283,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         let e = Error::LeaseLost {
             retry_after: RETRY_SOON,
         };
-        crate::metrics::record_rejection(self.attempt.record().operation_shared(), &e);
+        crate::metrics::record_rejection(self.attempt.record().operation_shared(), e.code());
         e
     }
 }

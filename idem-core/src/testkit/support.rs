@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{ManualClock, Timestamp};
-use crate::ops::PurgeReport;
+use crate::store::PurgeReport;
 use crate::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
