@@ -19,8 +19,11 @@
 //! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
 //! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Admin::purge_expired`](crate::ops::Admin::purge_expired)), and batches that failed |
 //!
-//! Labels are bounded: `operation` is the caller-chosen operation name of the
-//! [`Scope`](crate::Scope) (e.g. `POST /payments`): keep it a route template,
+//! Labels are bounded: `operation` is the scope's
+//! [`metrics_label`](crate::Scope::metrics_label), which is its operation
+//! name (e.g. `POST /payments`) unless an adapter set a bounded name with
+//! [`Scope::with_metrics_label`](crate::Scope::with_metrics_label) (idem-http
+//! does when the operation is a concrete path): keep it a route template,
 //! never a URL with ids in it. The owner and the key are never labels.
 
 #[cfg(feature = "metrics")]

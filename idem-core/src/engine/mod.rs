@@ -178,7 +178,7 @@ impl<S: Store> Idem<S> {
         &self,
         prepared: Prepared,
     ) -> Result<Begin<S, T, E>, Error> {
-        let op = prepared.id.operation_shared().clone();
+        let op = prepared.id.label_shared().clone();
         record_begin(&op, self.claim_or_wait(prepared).await)
     }
 
