@@ -5,34 +5,34 @@
 use idem_test_support::fixtures as support;
 
 mod memory {
-    idem_http::http_conformance!(super::support::memory());
+    idem_test_support::http_conformance!(super::support::memory());
 }
 
 mod sqlite_memory {
-    idem_http::http_conformance!(super::support::sqlite_memory());
+    idem_test_support::http_conformance!(super::support::sqlite_memory());
 }
 
 mod sqlite_file {
-    idem_http::http_conformance!(super::support::sqlite_file());
+    idem_test_support::http_conformance!(super::support::sqlite_file());
 }
 
 mod postgres {
-    idem_http::http_conformance!(super::support::postgres());
+    idem_test_support::http_conformance!(super::support::postgres());
 }
 
 mod mysql {
-    idem_http::http_conformance!(super::support::mysql());
+    idem_test_support::http_conformance!(super::support::mysql());
 }
 
 mod redis {
-    idem_http::http_conformance!(super::support::redis());
+    idem_test_support::http_conformance!(super::support::redis());
 }
 
 /// A smoke subset on a throwaway three-primary Redis Cluster (ports
 /// 7340-7379): first call, replay, mismatch, in flight, wait-mode timeout,
 /// recovery, transient release, the 64-request races, isolation.
 mod redis_cluster {
-    idem_http::http_conformance!(@each super::support::redis_cluster();
+    idem_test_support::http_conformance!(@each super::support::redis_cluster();
         row_08_first_request_executes,
         row_09_retry_is_a_byte_exact_replay,
         row_11_same_key_other_request_is_422,

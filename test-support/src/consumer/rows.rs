@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::support::{
     BASE, Counter, Fault, FaultStore, LEASE, RESPONSE_TTL, builder, consumer, message_id,
 };
-use crate::{Cause, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_consumer::{Cause, DeadLetterReason, Disposition, PermanentFailure, Processed};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;

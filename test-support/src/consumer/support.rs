@@ -11,7 +11,7 @@ use idem_core::store::{
 };
 use idem_core::{Idem, IdempotencyKey, InFlightMode, Policy, RecordId};
 
-use crate::{Builder, Consumer};
+use idem_consumer::{Builder, Consumer};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
