@@ -27,7 +27,7 @@
 //! store (table, schema, file or key prefix): that is the fixture's job.
 //!
 //! **Not covered by semver.** Like object_store's integration tests, this
-//! module's items (scenarios, [`Charge`], [`Decline`], [`FailingStore`],
+//! module's items (scenarios, [`Charge`], [`Counter`], [`Decline`], [`FailingStore`],
 //! [`run`]) may change in any release: they exist to prove backends, not to be
 //! built upon.
 
@@ -58,7 +58,7 @@ pub use guard::*;
 pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
-pub use support::{Charge, Decline, FailingStore};
+pub use support::{Charge, Counter, Decline, FailingStore};
 
 use crate::store::AdminStore;
 

@@ -1,15 +1,10 @@
 //! Shared pieces of the consumer scenarios.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::clock::{ManualClock, Timestamp};
-use idem_core::store::PurgeReport;
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
-};
-use idem_core::{Idem, IdempotencyKey, InFlightMode, Policy, RecordId};
+use idem_core::clock::ManualClock;
+use idem_core::store::{Store, StoreError};
+use idem_core::{Idem, IdempotencyKey, InFlightMode, Policy};
 
 use idem_consumer::{Builder, Consumer};
 
@@ -54,109 +49,18 @@ pub(crate) fn message_id() -> String {
     format!("msg-{}", IdempotencyKey::random())
 }
 
-/// Counts how many times work really ran.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Counter(Arc<AtomicUsize>);
-
-impl Counter {
-    pub(crate) fn hit(&self) -> usize {
-        self.0.fetch_add(1, Ordering::SeqCst) + 1
-    }
-    pub(crate) fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
+/// A store error a retry cannot fix (a missing table, a permission).
+pub(crate) fn backend_error() -> StoreError {
+    StoreError::Backend {
+        backend: "fault-store",
+        source: "relation \"idem_records\" does not exist".into(),
     }
 }
 
-/// Which fault a [`FaultStore`] injects into `claim`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fault {
-    None,
-    /// A store error a retry cannot fix (a missing table, a permission).
-    Backend,
-    /// A record that does not decode.
-    Corrupt,
-}
-
-/// Wraps a real store and makes its claims fail with a non-retryable error
-/// (C15), forwarding everything else.
-#[derive(Debug, Clone)]
-pub(crate) struct FaultStore<S> {
-    inner: S,
-    backend: Arc<AtomicBool>,
-    corrupt: Arc<AtomicBool>,
-}
-
-impl<S: Store> FaultStore<S> {
-    pub(crate) fn new(inner: S) -> Self {
-        Self {
-            inner,
-            backend: Arc::default(),
-            corrupt: Arc::default(),
-        }
-    }
-    pub(crate) fn inject(&self, fault: Fault) {
-        self.backend
-            .store(fault == Fault::Backend, Ordering::SeqCst);
-        self.corrupt
-            .store(fault == Fault::Corrupt, Ordering::SeqCst);
-    }
-}
-
-#[deny(clippy::missing_trait_methods)]
-impl<S: Store> Store for FaultStore<S> {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        if self.backend.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend {
-                backend: "fault-store",
-                source: "relation \"idem_records\" does not exist".into(),
-            });
-        }
-        if self.corrupt.load(Ordering::SeqCst) {
-            return Err(StoreError::Corrupt {
-                backend: "fault-store",
-                detail: "unknown state `bogus`".to_owned(),
-            });
-        }
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(id, token, c).await
-    }
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.inner.release(id, token, now).await
-    }
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.save_resource_id(id, token, resource_id).await
-    }
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        until: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.inner.extend_lease(id, token, until).await
-    }
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        self.inner.fetch(id, now).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.inner.purge_expired(now, limit).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+/// A record that does not decode.
+pub(crate) fn corrupt_error() -> StoreError {
+    StoreError::Corrupt {
+        backend: "fault-store",
+        detail: "unknown state `bogus`".to_owned(),
     }
 }
