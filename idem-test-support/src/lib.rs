@@ -9,3 +9,4 @@ pub mod fixtures;
 pub mod http;
 pub mod redis_cluster;
 pub mod redis_server;
+mod scenarios;

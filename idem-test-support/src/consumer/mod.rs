@@ -55,11 +55,6 @@ macro_rules! consumer_conformance {
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
-        $(
-            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                ::idem_core::testkit::run($setup, |store| $crate::consumer::$name(store)).await;
-            }
-        )+
+        $crate::__scenario_tests!(consumer, 4, $setup; $($name),+);
     };
 }

@@ -97,11 +97,6 @@ macro_rules! http_conformance {
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
-        $(
-            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                ::idem_core::testkit::run($setup, |store| $crate::http::$name(store)).await;
-            }
-        )+
+        $crate::__scenario_tests!(http, 2, $setup; $($name),+);
     };
 }
