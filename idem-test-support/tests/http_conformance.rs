@@ -1,6 +1,12 @@
-//! The HTTP conformance suite on every backend: a real axum server and a
+//! idem-http's conformance suite on every backend: a real axum server and a
 //! real HTTP client per test, one isolated store each; a smoke subset on a
 //! throwaway Redis Cluster.
+//!
+//! It runs here, not in idem-http's tests: the kit needs idem-http's `axum`
+//! feature, and a dev-dependency of idem-http on this crate's `http` feature
+//! would turn that feature on in every test build of idem-http, including
+//! the one CI runs without features to prove that record identity does not
+//! depend on them (`idem-http/tests/record_identity.rs`).
 
 use idem_test_support::fixtures as support;
 
