@@ -21,7 +21,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use http_body_util::BodyExt;
 use idem::clock::Timestamp;
 use idem::http::{FixedOwner, IdempotencyLayer};
-use idem::ops::PurgeReport;
+use idem::store::PurgeReport;
 use idem::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem::clock::Timestamp;
-use idem::ops::PurgeReport;
+use idem::store::PurgeReport;
 use idem::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Store, StoreError, StoredRecord,
     Token,

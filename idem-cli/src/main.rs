@@ -11,8 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use idem::ops::{AdminOutcome, Cursor, Page};
+use idem::ops::AdminOutcome;
 use idem::store::Store;
+use idem::store::{Cursor, Page};
 use idem::{AnyStore, ConnectError, ConnectOptions, Idem, Scope};
 use serde_json::{Value, json};
 

@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use idem::clock::Timestamp;
-use idem::ops::{RecordState, RecordSummary, RecordView};
+use idem::ops::RecordView;
+use idem::store::{RecordState, RecordSummary};
 use idem::{HttpResponse, Storable};
 use serde_json::{Value, json};
 

@@ -20,10 +20,6 @@ pub mod rabbitmq;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs-lambda")))]
 pub mod sqs;
 
-#[cfg(feature = "testkit")]
-#[doc(hidden)]
-pub mod testkit;
-
 pub use config::{Builder, ConfigError, Consumer, FingerprintMode, PermanentFailure};
 pub use disposition::{Cause, DeadLetterReason, Disposition, Processed};
 pub use process::Delivered;

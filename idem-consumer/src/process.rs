@@ -6,8 +6,9 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use idem_core::adapter::{EngineExt, Fingerprint, Prepared};
+use idem_core::adapter::{EngineExt, Prepared};
 use idem_core::error::RequestError;
+use idem_core::store::Fingerprint;
 use idem_core::store::Store;
 use idem_core::{
     Attempt, Begin, Error, IdempotencyKey, Outcome, RawJson, RecordId, Reply, Storable,

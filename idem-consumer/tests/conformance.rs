@@ -4,25 +4,25 @@
 use idem_test_support::fixtures as support;
 
 mod memory {
-    idem_consumer::consumer_conformance!(super::support::memory());
+    idem_test_support::consumer_conformance!(super::support::memory());
 }
 
 mod sqlite_memory {
-    idem_consumer::consumer_conformance!(super::support::sqlite_memory());
+    idem_test_support::consumer_conformance!(super::support::sqlite_memory());
 }
 
 mod sqlite_file {
-    idem_consumer::consumer_conformance!(super::support::sqlite_file());
+    idem_test_support::consumer_conformance!(super::support::sqlite_file());
 }
 
 mod postgres {
-    idem_consumer::consumer_conformance!(super::support::postgres());
+    idem_test_support::consumer_conformance!(super::support::postgres());
 }
 
 mod mysql {
-    idem_consumer::consumer_conformance!(super::support::mysql());
+    idem_test_support::consumer_conformance!(super::support::mysql());
 }
 
 mod redis {
-    idem_consumer::consumer_conformance!(super::support::redis());
+    idem_test_support::consumer_conformance!(super::support::redis());
 }

@@ -6,7 +6,7 @@
 //! adapter does, in two cases:
 //!
 //! * **Its own fingerprint.** An HTTP layer hashes the method, route, query
-//!   and body itself: it builds a [`Prepared`] from its [`Fingerprint`] and
+//!   and body itself: it builds a [`Prepared`] from its [`Fingerprint`](crate::store::Fingerprint) and
 //!   calls [`EngineExt::begin_prepared`].
 //! * **Its own connection.** A transactional mode claims and completes
 //!   inside the caller's database transaction: [`EngineExt::ticket`] gives
@@ -21,4 +21,4 @@
 
 pub use crate::engine::adapter::{ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared};
 pub use crate::fingerprint::value::canonical_json;
-pub use crate::fingerprint::{Fingerprint, MAX_REQUEST_DEPTH, fingerprint};
+pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint};

@@ -40,7 +40,7 @@ pub mod __private {
 }
 
 pub use engine::Idem;
-pub use engine::attempt::{Attempt, TakeoverReason};
+pub use engine::attempt::Attempt;
 pub use engine::claim::{Begin, Claim};
 pub use engine::codec::{HttpResponse, Json, Storable};
 pub use engine::error::Error;
@@ -51,6 +51,7 @@ pub use id::scope::{RecordId, Scope};
 pub use policy::{InFlightMode, Policy, PolicyBuilder};
 pub use store::any::AnyStore;
 pub use store::memory::MemoryStore;
+pub use store::record::TakeoverReason;
 
 #[cfg(all(test, feature = "testkit"))]
 mod memory_conformance {

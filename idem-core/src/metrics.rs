@@ -19,8 +19,11 @@
 //! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
 //! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Admin::purge_expired`](crate::ops::Admin::purge_expired)), and batches that failed |
 //!
-//! Labels are bounded: `operation` is the caller-chosen operation name of the
-//! [`Scope`](crate::Scope) (e.g. `POST /payments`): keep it a route template,
+//! Labels are bounded: `operation` is the scope's
+//! [`metrics_label`](crate::Scope::metrics_label), which is its operation
+//! name (e.g. `POST /payments`) unless an adapter set a bounded name with
+//! [`Scope::with_metrics_label`](crate::Scope::with_metrics_label) (idem-http
+//! does when the operation is a concrete path): keep it a route template,
 //! never a URL with ids in it. The owner and the key are never labels.
 
 #[cfg(feature = "metrics")]
@@ -31,9 +34,8 @@ mod on {
 
     use metrics::SharedString;
 
-    use crate::ops::PurgeReport;
-    use crate::store::StoreError;
-    use crate::{Error, TakeoverReason};
+    use crate::store::record::TakeoverReason;
+    use crate::store::{PurgeReport, StoreError};
 
     // Labels cost no allocation of their own: the `operation` label shares
     // the scope's string (a reference count, not a copy), and the store
@@ -44,11 +46,12 @@ mod on {
         SharedString::from_shared(Arc::clone(op))
     }
 
-    pub(crate) fn record_rejection(op: &Arc<str>, e: &Error) {
+    /// A call was refused; `code` is the error's [`Error::code`](crate::Error::code).
+    pub(crate) fn record_rejection(op: &Arc<str>, code: &'static str) {
         metrics::counter!(
             "idem_rejections_total",
             "operation" => operation(op),
-            "code" => e.code()
+            "code" => code
         )
         .increment(1);
     }
@@ -165,14 +168,15 @@ mod on {
             .record(d.as_secs_f64());
     }
 
-    pub(crate) fn record_purge(result: &Result<PurgeReport, Error>) {
+    /// One purge batch: what it removed, or `None` when it failed.
+    pub(crate) fn record_purge(report: Option<&PurgeReport>) {
         metrics::counter!("idem_purge_runs_total").increment(1);
-        match result {
-            Ok(r) => {
+        match report {
+            Some(r) => {
                 metrics::counter!("idem_purge_keys_removed_total").increment(r.keys_removed);
                 metrics::counter!("idem_purge_bodies_dropped_total").increment(r.bodies_dropped);
             }
-            Err(_) => metrics::counter!("idem_purge_errors_total").increment(1),
+            None => metrics::counter!("idem_purge_errors_total").increment(1),
         }
     }
 }
@@ -183,12 +187,11 @@ mod on {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::ops::PurgeReport;
-    use crate::store::StoreError;
-    use crate::{Error, TakeoverReason};
+    use crate::store::record::TakeoverReason;
+    use crate::store::{PurgeReport, StoreError};
 
     #[inline(always)]
-    pub(crate) fn record_rejection(_op: &Arc<str>, _e: &Error) {}
+    pub(crate) fn record_rejection(_op: &Arc<str>, _code: &'static str) {}
 
     #[inline(always)]
     pub(crate) fn record_run(_op: &Arc<str>) {}
@@ -231,7 +234,7 @@ mod on {
     pub(crate) fn record_work(_op: &Arc<str>, _d: Duration) {}
 
     #[inline(always)]
-    pub(crate) fn record_purge(_result: &Result<PurgeReport, Error>) {}
+    pub(crate) fn record_purge(_report: Option<&PurgeReport>) {}
 }
 
 pub(crate) use on::*;

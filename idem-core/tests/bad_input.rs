@@ -10,10 +10,10 @@ use std::time::Duration;
 use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock, Timestamp};
 use idem_core::error::{KeyError, PolicyError, RequestError, ScopeError};
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
+use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
 use idem_core::{
     Error, FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, MemoryStore,
     Outcome, Policy, RawJson, RecordId, Scope,

@@ -41,7 +41,7 @@ enum Kind {
 }
 
 fn cases() -> Vec<(&'static str, String)> {
-    let hex = |r: Result<idem_core::adapter::Fingerprint, idem_core::error::RequestError>| {
+    let hex = |r: Result<idem_core::store::Fingerprint, idem_core::error::RequestError>| {
         r.expect("fingerprint").to_hex()
     };
     let charge = Charge {

@@ -255,3 +255,32 @@ fn the_claim_guard_counts_exactly() {
     ];
     assert_exactly(&m, &want);
 }
+
+/// A scope's metrics label replaces its operation in every `operation`
+/// label, and only there: scopes that differ in the operation stay distinct
+/// records (each id runs once, then replays) while the label stays one value.
+#[test]
+fn the_metrics_label_is_not_the_identity() {
+    let m = recorded(async {
+        let idem = Idem::new(MemoryStore::new());
+        let work = |_| async { Out::Success("done".to_owned()) };
+        for id in 0..3 {
+            let scope = Scope::new("acct_1", format!("POST /orders/{id}"))
+                .expect("scope")
+                .with_metrics_label("POST /orders/{id}");
+            let first = idem.execute(&scope, "k", &id, work).await.expect("first");
+            assert!(!first.is_replay(), "order {id} is its own record");
+            let again = idem.execute(&scope, "k", &id, work).await.expect("again");
+            assert!(again.is_replay());
+        }
+    });
+    let op = "operation=POST /orders/{id}";
+    let want = [
+        (format!("idem_executions_total{{{op}}}"), 3),
+        (format!("idem_replays_total{{{op}}}"), 3),
+        (format!("idem_work_seconds{{{op}}}"), 3),
+        ("idem_store_call_seconds{call=claim}".to_owned(), 6),
+        ("idem_store_call_seconds{call=complete}".to_owned(), 3),
+    ];
+    assert_exactly(&m, &want);
+}

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use idem_core::adapter::{EngineExt, Fingerprint, canonical_json, fingerprint};
+use idem_core::adapter::{EngineExt, canonical_json, fingerprint};
 use idem_core::clock::{ManualClock, Timestamp};
-use idem_core::ops::{OutcomeKind, RecordState};
+use idem_core::store::Fingerprint;
 use idem_core::store::{ClaimOutcome, StoredRecord};
+use idem_core::store::{OutcomeKind, RecordState};
 use idem_core::{
     FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, MemoryStore, Outcome,
     Policy, RawJson, Scope, Storable,

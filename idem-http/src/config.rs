@@ -56,9 +56,11 @@ pub enum OperationSource {
     /// `"{METHOD} {path}"` with the path of the request's URI as the layer
     /// receives it, e.g. `POST /accounts/42/charges` (the default).
     ///
-    /// Every concrete path is then its own key space and its own value of
-    /// the `operation` metrics label, and inside axum's `Router::nest` the
-    /// URI the layer sees has lost the prefix. A method and path longer than
+    /// Every concrete path is then its own key space, and inside axum's
+    /// `Router::nest` the URI the layer sees has lost the prefix. The
+    /// `operation` metrics label is not the path (it would take one value
+    /// per id): it is `"{METHOD} {template}"` when axum's `MatchedPath` is
+    /// on the request, else the method alone, so it stays bounded. A method and path longer than
     /// a scope allows (1,024 bytes) is answered 414 `path_too_long`.
     #[default]
     Path,

@@ -2,8 +2,9 @@
 //! makes two HTTP requests "the same request", as JSON arrays and strings so
 //! the framing is injective.
 
-use idem_core::adapter::{Fingerprint, fingerprint};
+use idem_core::adapter::fingerprint;
 use idem_core::error::RequestError;
+use idem_core::store::Fingerprint;
 use idem_core::{FieldFilter, RawJson};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

@@ -41,9 +41,6 @@ pub mod openapi;
 
 // The webhook receiver: its own layer on the same body limit, executor,
 // classification and problem renderer.
-#[cfg(feature = "testkit")]
-#[doc(hidden)]
-pub mod testkit;
 #[cfg(feature = "webhook")]
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;

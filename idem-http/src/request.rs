@@ -88,6 +88,7 @@ where
         return Step::Reject(Rejection::OwnerUnavailable, key_text());
     };
     let scope = match Scope::new(owner, named.operation.as_str()) {
+        Ok(s) if named.from_path => s.with_metrics_label(path_label(&parts)),
         Ok(s) => s,
         Err(e) => return Step::Reject(scope_refused(&e, named.from_path), key_text()),
     };
@@ -238,6 +239,19 @@ fn name_operation(cfg: &Config, parts: &Parts) -> Result<Named, Rejection> {
         named.from_path = false;
     }
     Ok(named)
+}
+
+/// The `operation` metrics label of an operation named by the client's path:
+/// a bounded value whatever the paths. The record keeps the concrete path;
+/// the label is the matched route template where the framework knows it
+/// (axum's `MatchedPath`, `"{METHOD} {template}"`), else the method alone.
+/// Neither changes the record a request maps to.
+fn path_label(parts: &Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(m) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return format!("{} {}", parts.method, m.as_str());
+    }
+    parts.method.as_str().to_owned()
 }
 
 /// A scope refused: the owner source's fault (500 `owner_unavailable`),

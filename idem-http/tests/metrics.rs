@@ -67,7 +67,9 @@ fn the_http_layer_counts_exactly() {
         assert_eq!(send("k3", "{}", 201, 1000).await, (201, false));
         layer.shutdown().await;
     });
-    let op = "operation=POST /orders";
+    // The default operation source names the record by its path; the
+    // metrics label is the method alone (no route template outside axum).
+    let op = "operation=POST";
     let want = [
         (format!("idem_executions_total{{{op}}}"), 3),
         (format!("idem_replays_total{{{op}}}"), 1),
@@ -84,4 +86,87 @@ fn the_http_layer_counts_exactly() {
         ("idem_store_call_seconds{call=release}".to_owned(), 1),
     ];
     assert_exactly(&m, &want);
+}
+
+/// The `operation` label stays bounded under the default
+/// `OperationSource::Path`: 10,000 distinct paths (one record each, the
+/// identity keeps the concrete path) give one label value, and with axum's
+/// matched route, the route template.
+#[test]
+fn ten_thousand_paths_give_a_bounded_label() {
+    const PATHS: usize = 10_000;
+    let m = recorded(async {
+        let idem = Idem::new(MemoryStore::new());
+        let layer = IdempotencyLayer::builder(idem.clone())
+            .owner(FixedOwner::new("acct_1"))
+            .build()
+            .expect("layer");
+        for i in 0..PATHS {
+            let svc = layer.layer(service_fn(handler));
+            let req = Request::post(format!("/orders/{i}/refund"))
+                .header("idempotency-key", "k")
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            let res = svc.oneshot(req).await.expect("infallible");
+            assert_eq!(res.status(), StatusCode::CREATED, "path {i} ran");
+        }
+        // The identity keeps the concrete path: each path is its own record.
+        let admin = idem.admin();
+        for i in [0, PATHS - 1] {
+            let scope =
+                idem_core::Scope::new("acct_1", format!("POST /orders/{i}/refund")).expect("scope");
+            let found = admin.inspect(&scope, "k", false).await.expect("inspect");
+            assert!(found.is_some(), "the record of path {i}");
+        }
+        layer.shutdown().await;
+    });
+    let labels: std::collections::BTreeSet<&str> = m
+        .keys()
+        .filter_map(|k| k.split("operation=").nth(1))
+        .map(|rest| rest.trim_end_matches('}').split(',').next().unwrap_or(rest))
+        .collect();
+    assert_eq!(labels.into_iter().collect::<Vec<_>>(), ["POST"]);
+    assert_eq!(
+        m.get("idem_executions_total{operation=POST}"),
+        Some(&(PATHS as u64))
+    );
+}
+
+/// Inside axum's router the label is the matched route template: bounded,
+/// and it names the route.
+#[cfg(feature = "axum")]
+#[test]
+fn the_matched_route_is_the_label_inside_axum() {
+    let m = recorded(async {
+        let idem = Idem::new(MemoryStore::new());
+        let layer = IdempotencyLayer::builder(idem)
+            .owner(FixedOwner::new("acct_1"))
+            .build()
+            .expect("layer");
+        let app = axum::Router::new()
+            .route(
+                "/orders/{id}/refund",
+                axum::routing::post(|| async { StatusCode::CREATED }),
+            )
+            .route_layer(layer.clone());
+        for i in 0..100 {
+            let req = Request::post(format!("/orders/{i}/refund"))
+                .header("idempotency-key", "k")
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let res = app.clone().oneshot(req).await.expect("infallible");
+            assert_eq!(res.status(), StatusCode::CREATED, "path {i} ran");
+        }
+        layer.shutdown().await;
+    });
+    assert_eq!(
+        m.get("idem_executions_total{operation=POST /orders/{id}/refund}"),
+        Some(&100)
+    );
+    assert!(
+        m.keys()
+            .filter(|k| k.contains("operation="))
+            .all(|k| k.contains("operation=POST /orders/{id}/refund")),
+        "{m:#?}"
+    );
 }

@@ -23,8 +23,8 @@ use idem_core::IdempotencyKey;
 use idem_core::InFlightMode;
 use idem_core::Policy;
 use idem_core::clock::ManualClock;
-use idem_core::ops::{OutcomeKind, RecordState};
 use idem_core::store::Store;
+use idem_core::store::{OutcomeKind, RecordState};
 use idem_core::testkit::FailingStore;
 use idem_http::IdemAttempt;
 use idem_http::webhook::{

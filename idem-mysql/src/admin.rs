@@ -2,8 +2,8 @@
 //! keyset pagination, release, delete and counts, one statement each.
 
 use idem_core::clock::Timestamp;
-use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
+use idem_core::store::{Cursor, Page, RecordState, RecordSummary, StateCounts};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;

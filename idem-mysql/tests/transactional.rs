@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::clock::ManualClock;
-use idem_core::ops::RecordState;
+use idem_core::store::RecordState;
 use idem_mysql::sqlx;
 use idem_mysql::{MySqlIdemExt, Server};
 use support::MyFixture;

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::RecordId;
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::store::Fingerprint;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
+use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
 use idem_sqlx::{ConnectionError, PoolConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 use idem_postgres::sqlx::PgPool;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::clock::ManualClock;
-use idem_core::ops::RecordState;
+use idem_core::store::RecordState;
 use idem_core::store::StoreError;
 use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock};
-use idem_core::ops::RecordState;
+use idem_core::store::RecordState;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
 use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, RecordId};
 use idem_postgres::{PgStore, sqlx};

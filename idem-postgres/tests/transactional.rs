@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use idem_core::Error;
 use idem_core::clock::ManualClock;
-use idem_core::ops::RecordState;
+use idem_core::store::RecordState;
 use idem_postgres::PgIdemExt;
 use support::PgFixture;
 use support::scenario::{

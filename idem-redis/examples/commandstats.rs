@@ -35,9 +35,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::{Clock, SystemClock};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::Fingerprint;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;

@@ -16,9 +16,9 @@
 //! IDEM_REDIS_URL=redis://127.0.0.1:7103/ cargo run --release -p idem-redis --example inline_memory
 //! ```
 
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::{Clock, SystemClock};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::Fingerprint;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;

@@ -20,8 +20,8 @@
 //! A record still in the hash layout is rewritten in layout 1 when read.
 
 use idem_core::clock::Timestamp;
-use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, CursorError, InFlightQuery, StoreError};
+use idem_core::store::{Cursor, Page, RecordState, RecordSummary, StateCounts};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};

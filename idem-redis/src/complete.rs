@@ -2,7 +2,7 @@
 //! staging a large body kept in the body key), built as commands written
 //! straight into their buffers.
 
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{Completion, StoreError, Token};
 use std::io::Write;
 

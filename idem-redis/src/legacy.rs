@@ -2,8 +2,8 @@
 //! rewritten in layout 1 by `migrate.lua` the first time a call meets one
 //! (its `WRONGTYPE` reply).
 
-use idem_core::ops::{OutcomeKind, RecordState};
 use idem_core::store::StoreError;
+use idem_core::store::{OutcomeKind, RecordState};
 use redis::Value;
 
 use crate::conn::evalsha;

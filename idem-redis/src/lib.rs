@@ -26,7 +26,7 @@ pub use store::RedisStore;
 /// side builds its calls here, so it cannot drift from the store).
 #[doc(hidden)]
 pub mod statements {
-    use idem_core::ops::{OutcomeKind, RecordState};
+    use idem_core::store::{OutcomeKind, RecordState};
     use redis::{Cmd, Pipeline};
 
     pub use crate::scripts::sources::*;

@@ -41,8 +41,8 @@
 
 use std::io::Write;
 
-use idem_core::adapter::Fingerprint;
-use idem_core::ops::{OutcomeKind, RecordState};
+use idem_core::store::Fingerprint;
+use idem_core::store::{OutcomeKind, RecordState};
 use idem_core::store::{StoreError, StoredRecord};
 use redis::{RedisWrite, ToRedisArgs};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::ops::PurgeReport;
+use idem_core::store::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::clock::ManualClock;
-use idem_core::ops::RecordState;
+use idem_core::store::RecordState;
 use idem_core::store::StoreError;
 use idem_core::{Error, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, Scope};
 use idem_redis::{NotAcknowledged, RedisStore};
@@ -385,7 +385,7 @@ async fn acknowledged_only_while_a_replica_confirms(inline_limit: usize) {
     let now = idem_core::clock::Clock::now(&clock);
     let held = idem_core::store::ClaimRequest::new(
         &operator_id,
-        idem_core::adapter::Fingerprint::from_slice(&[1; 32]).expect("fingerprint"),
+        idem_core::store::Fingerprint::from_slice(&[1; 32]).expect("fingerprint"),
         idem_core::store::Token::random(),
         now,
         now.plus(Duration::from_secs(60)),

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimOutcome, Completion, Store, StoreError};
 use idem_core::{Error, IdempotencyKey, RecordId};
 use idem_redis::RedisStore;

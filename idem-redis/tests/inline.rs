@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock, Timestamp};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimOutcome, Completion, Store, StoreError, StoredRecord, Token};
 use idem_core::{Error, RecordId};
 use idem_redis::RedisStore;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{Completion, Store, StoreError, Token};
 use idem_core::{Error, IdempotencyKey, Scope};
 use idem_redis::RedisStore;
@@ -408,7 +408,7 @@ async fn counts_leave_out_records_expired_on_the_engine_clock_before_redis_drops
         );
     }
     let c = store.count_states(clock.now()).await.expect("count");
-    assert_eq!(c, idem_core::ops::StateCounts::default(), "{c:?}");
+    assert_eq!(c, idem_core::store::StateCounts::default(), "{c:?}");
     fixture.teardown_checked().await;
 }
 
@@ -660,7 +660,7 @@ async fn write_hash_layout(
 /// carried over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
-    use idem_core::ops::RecordState;
+    use idem_core::store::RecordState;
     use idem_core::store::{AdminStore, ClaimOutcome, InFlightQuery};
 
     let fixture = support::standalone().await;

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::store::Fingerprint;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
+use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
 use idem_core::{RecordId, TakeoverReason};
 use idem_sqlx::{ConnectionError, PoolConfig};
 use sqlx::sqlite::{

@@ -232,7 +232,7 @@ async fn purges_and_the_stuck_list_walk_the_sweep_index() {
 async fn a_completion_writes_the_table_and_no_index() {
     use idem_core::adapter::fingerprint;
     use idem_core::clock::Timestamp;
-    use idem_core::ops::OutcomeKind;
+    use idem_core::store::OutcomeKind;
     use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
     use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use serde::Serialize;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::adapter::{Fingerprint, fingerprint};
 use crate::clock::Timestamp;
-use crate::ops::OutcomeKind;
+use crate::fingerprint::fingerprint;
+use crate::store::Fingerprint;
+use crate::store::OutcomeKind;
 use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use crate::{
     Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
@@ -159,7 +160,9 @@ impl<S: Store> EngineExt for Idem<S> {
                 fingerprint,
             })
         })();
-        prepared.inspect_err(|e| crate::metrics::record_rejection(scope.operation_shared(), e))
+        prepared.inspect_err(|e: &Error| {
+            crate::metrics::record_rejection(scope.label_shared(), e.code())
+        })
     }
 
     async fn begin_prepared<T: Storable, E: Storable>(
@@ -191,7 +194,7 @@ impl<S: Store> EngineExt for Idem<S> {
         ticket: ClaimTicket,
         answer: ClaimOutcome,
     ) -> Result<Begin<S, T, E>, Error> {
-        let op = ticket.prepared.id.operation_shared().clone();
+        let op = ticket.prepared.id.label_shared().clone();
         crate::engine::record_begin(&op, self.settle_ref(&ticket, answer))
     }
 }
@@ -213,7 +216,7 @@ impl<S: Store> Idem<S> {
         let number = claimed.attempt;
         match &claimed.previous {
             Some(p) => {
-                crate::metrics::record_recovery(ticket.prepared.id.operation_shared(), p.reason);
+                crate::metrics::record_recovery(ticket.prepared.id.label_shared(), p.reason);
                 info!(attempt = number, reason = ?p.reason, "claimed: recovery");
             }
             None => tracing::debug!(attempt = number, "claimed"),
@@ -402,7 +405,7 @@ impl<T, E> PendingCompletion<T, E> {
     pub fn written(self) -> Reply<T, E> {
         let stored = self.kind != OutcomeKind::NotStored && !self.is_transient();
         if !stored && !self.is_transient() {
-            crate::metrics::record_not_stored(self.attempt.record().operation_shared());
+            crate::metrics::record_not_stored(self.attempt.record().label_shared());
         }
         self.reply(stored)
     }
@@ -410,7 +413,7 @@ impl<T, E> PendingCompletion<T, E> {
     /// The completion was not written (a transient outcome rolled back, or a
     /// store that failed): the executed reply, not stored.
     pub fn not_written(self) -> Reply<T, E> {
-        let op = self.attempt.record().operation_shared();
+        let op = self.attempt.record().label_shared();
         if self.is_transient() {
             crate::metrics::record_transient_release(op);
         } else {

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::Clock;
 use crate::store::any::DynStore;
 use crate::store::{Previous, Token};
-use crate::{Error, RecordId};
+use crate::{Error, RecordId, TakeoverReason};
 
 /// The work's view of its own attempt. Cheap to clone.
 ///
@@ -208,39 +208,6 @@ fn downstream_key_of(id: &RecordId, name: &str, version: u32) -> String {
     hasher.update(name.as_bytes());
     hasher.update(version.to_be_bytes());
     hex::encode(hasher.finalize())
-}
-
-/// Why an attempt took a record over ([`Attempt::recovery_reason`]).
-/// Exhaustive, like [`RecordState`](crate::ops::RecordState).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TakeoverReason {
-    /// The previous attempt's lease ended without an outcome: its fate is
-    /// *unknown*, so the work must reconcile before acting.
-    LeaseExpired,
-    /// The previous attempt failed transiently and released the key.
-    Released,
-}
-
-impl TakeoverReason {
-    /// The stable text a backend may store or return (`lease_expired`,
-    /// `released`).
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::LeaseExpired => "lease_expired",
-            Self::Released => "released",
-        }
-    }
-
-    /// Parses [`TakeoverReason::as_str`]; `None` for anything else.
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "lease_expired" => Some(Self::LeaseExpired),
-            "released" => Some(Self::Released),
-            _ => None,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use crate::engine::core::Idem;
 use crate::engine::error::RETRY_SOON;
-use crate::ops::OutcomeKind;
+use crate::store::OutcomeKind;
 use crate::store::{Completion, Store, StoreError};
 use crate::{Attempt, Error, Outcome, Reply, Storable};
 
@@ -109,10 +109,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
     /// Marks the claim finished and records how long the work ran.
     pub(crate) fn finish(&mut self) {
         self.finished = true;
-        crate::metrics::record_work(
-            self.attempt.record().operation_shared(),
-            self.started.elapsed(),
-        );
+        crate::metrics::record_work(self.attempt.record().label_shared(), self.started.elapsed());
     }
 
     /// Stores the outcome and returns it as an executed [`Reply`].
@@ -142,7 +139,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         self.finish();
         let outcome = outcome.into();
         let number = self.attempt.number();
-        let op = self.attempt.record().operation_shared();
+        let op = self.attempt.record().label_shared();
         if let Outcome::Transient(_) = outcome {
             match self.release_inner().await {
                 Ok(()) => {
@@ -208,7 +205,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             response_expires_at: now,
             key_expires_at: now.plus(self.idem.policy().key_ttl()),
         };
-        let op = self.attempt.record().operation_shared();
+        let op = self.attempt.record().label_shared();
         match self.write_completion(&completion).await {
             Ok(()) => {
                 crate::metrics::record_not_stored(op);
@@ -235,7 +232,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         self.finish();
         match self.release_inner().await {
             Ok(()) => {
-                crate::metrics::record_transient_release(self.attempt.record().operation_shared());
+                crate::metrics::record_transient_release(self.attempt.record().label_shared());
                 Ok(())
             }
             Err(StoreError::LeaseLost) => Err(self.lease_lost()),
@@ -283,7 +280,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
         let e = Error::LeaseLost {
             retry_after: RETRY_SOON,
         };
-        crate::metrics::record_rejection(self.attempt.record().operation_shared(), &e);
+        crate::metrics::record_rejection(self.attempt.record().label_shared(), e.code());
         e
     }
 }

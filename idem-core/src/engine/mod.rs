@@ -20,11 +20,12 @@ use std::time::Duration;
 use serde::Serialize;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use self::adapter::{EngineExt, Prepared};
 pub use self::core::Idem;
-use crate::adapter::{EngineExt, Fingerprint, Prepared};
 use crate::clock::Timestamp;
 use crate::engine::error::retry_after_secs;
-use crate::ops::{OutcomeKind, RecordState};
+use crate::store::Fingerprint;
+use crate::store::{OutcomeKind, RecordState};
 use crate::store::{Store, StoredRecord};
 use crate::{
     Attempt, Begin, Error, InFlightMode, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
@@ -38,7 +39,7 @@ pub(crate) fn record_begin<S: Store, T, E>(
     match &result {
         Ok(Begin::Run(_)) => crate::metrics::record_run(op),
         Ok(Begin::Replay(_)) => crate::metrics::record_replay(op),
-        Err(e) => crate::metrics::record_rejection(op, e),
+        Err(e) => crate::metrics::record_rejection(op, e.code()),
     }
     result
 }
@@ -177,7 +178,7 @@ impl<S: Store> Idem<S> {
         &self,
         prepared: Prepared,
     ) -> Result<Begin<S, T, E>, Error> {
-        let op = prepared.id.operation_shared().clone();
+        let op = prepared.id.label_shared().clone();
         record_begin(&op, self.claim_or_wait(prepared).await)
     }
 

@@ -27,12 +27,31 @@ pub(crate) const MAX_SCOPE_PART_LEN: usize = Scope::MAX_PART_LEN;
 /// assert_eq!(scope.owner(), "acct_42");
 /// assert!(Scope::new("", "POST /payments").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct Scope {
     // Shared, so cloning a scope (into every record id the engine makes)
     // allocates nothing.
     owner: Arc<str>,
     operation: Arc<str>,
+    /// The `operation` metrics label when it is not the operation itself
+    /// ([`Scope::with_metrics_label`]); never part of the identity.
+    label: Option<Arc<str>>,
+}
+
+// The identity is `(owner, operation)`: the metrics label is not part of it.
+impl PartialEq for Scope {
+    fn eq(&self, other: &Self) -> bool {
+        self.owner == other.owner && self.operation == other.operation
+    }
+}
+
+impl Eq for Scope {}
+
+impl std::hash::Hash for Scope {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.owner.hash(state);
+        self.operation.hash(state);
+    }
 }
 
 /// Why an owner or operation was rejected (HTTP 400).
@@ -99,7 +118,39 @@ impl Scope {
         Ok(Self {
             owner: owner.into(),
             operation: operation.into(),
+            label: None,
         })
+    }
+
+    /// The same scope, counted in metrics under `label` instead of its
+    /// operation (the `operation` label of every `idem_*` metric).
+    ///
+    /// The label is not part of the record's identity: two scopes that
+    /// differ only in it are the same scope. Use it when the operation holds
+    /// values without bound (a concrete path such as `POST /orders/123`) and
+    /// a bounded name exists for the metrics (the route template, or the
+    /// method alone).
+    ///
+    /// ```
+    /// use idem_core::Scope;
+    ///
+    /// let a = Scope::new("acct", "POST /orders/123").unwrap();
+    /// let b = a.clone().with_metrics_label("POST /orders/{id}");
+    /// assert_eq!(a, b);
+    /// assert_eq!(b.metrics_label(), "POST /orders/{id}");
+    /// assert_eq!(a.metrics_label(), "POST /orders/123");
+    /// ```
+    #[must_use]
+    pub fn with_metrics_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into().into());
+        self
+    }
+
+    /// The value of the `operation` metrics label: the name given to
+    /// [`Scope::with_metrics_label`], else the operation.
+    #[must_use]
+    pub fn metrics_label(&self) -> &str {
+        self.label_shared()
     }
 
     /// The tenant, account or user.
@@ -114,9 +165,9 @@ impl Scope {
         &self.operation
     }
 
-    /// The operation's shared string: a metrics label without a copy.
-    pub(crate) fn operation_shared(&self) -> &Arc<str> {
-        &self.operation
+    /// The metrics label's shared string: a label without a copy.
+    pub(crate) fn label_shared(&self) -> &Arc<str> {
+        self.label.as_ref().unwrap_or(&self.operation)
     }
 }
 
@@ -159,9 +210,9 @@ impl RecordId {
         &self.scope.operation
     }
 
-    /// The operation's shared string: a metrics label without a copy.
-    pub(crate) fn operation_shared(&self) -> &Arc<str> {
-        &self.scope.operation
+    /// The scope's metrics label, shared: a label without a copy.
+    pub(crate) fn label_shared(&self) -> &Arc<str> {
+        self.scope.label_shared()
     }
 
     /// The key.

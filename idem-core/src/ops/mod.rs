@@ -8,20 +8,18 @@
 //! [`AdminTimeout`] instead of a command that hangs.
 
 mod purger;
-mod record;
 
 pub use self::purger::{PurgerConfig, PurgerHandle};
-pub use self::record::{
-    Cursor, OutcomeKind, Page, PurgeReport, RecordState, RecordSummary, StateCounts,
-};
 
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::adapter::Fingerprint;
 use crate::clock::Timestamp;
-use crate::store::{AdminStore, InFlightQuery, Store, StoreError};
+use crate::store::{
+    AdminStore, Cursor, Fingerprint, InFlightQuery, OutcomeKind, Page, PurgeReport, RecordState,
+    StateCounts, Store, StoreError,
+};
 use crate::{Error, Idem, IntoKey, RecordId, Scope};
 
 /// How long one operator store call may take by default (per call: a
@@ -251,7 +249,7 @@ impl<S: Store> Admin<'_, S> {
         )
         .await
         .map_err(Error::from);
-        crate::metrics::record_purge(&result);
+        crate::metrics::record_purge(result.as_ref().ok());
         result
     }
 

@@ -6,7 +6,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::Idem;
-use crate::ops::{DEFAULT_TIMEOUT, PurgeReport};
+use crate::ops::DEFAULT_TIMEOUT;
+use crate::store::PurgeReport;
 use crate::store::{Store, Token};
 
 /// How a background purger runs.

@@ -28,11 +28,9 @@
 
 use std::future::Future;
 
-use crate::ops::{Cursor, Page, StateCounts};
-
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::store::{Store, StoreError};
+use crate::store::{Cursor, Page, StateCounts, Store, StoreError};
 
 /// A position in a keyset listing: the last record of the previous page.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -7,10 +7,9 @@ use std::sync::Arc;
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::ops::{Page, PurgeReport, StateCounts};
 use crate::store::{
-    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Store,
-    StoreError, StoredRecord, Token,
+    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Page,
+    PurgeReport, StateCounts, Store, StoreError, StoredRecord, Token,
 };
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::ops::{Cursor, Page, PurgeReport, RecordState, RecordSummary, StateCounts};
 use crate::store::{
-    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery,
-    Previous, Store, StoreError, StoredRecord, Token,
+    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Cursor,
+    InFlightQuery, Page, Previous, PurgeReport, RecordState, RecordSummary, StateCounts, Store,
+    StoreError, StoredRecord, Token,
 };
 
 /// An in-process store: one map behind one mutex.

@@ -66,7 +66,7 @@
 //! use idem_core::store::*;
 //! use idem_core::{Idem, MemoryStore, Outcome, RecordId, Scope};
 //! use idem_core::clock::Timestamp;
-//! use idem_core::ops::PurgeReport;
+//! use idem_core::store::PurgeReport;
 //!
 //! #[derive(Debug, Default)]
 //! struct Counted { inner: MemoryStore, claims: AtomicU64 }
@@ -116,18 +116,22 @@ mod admin;
 pub(crate) mod any;
 pub(crate) mod memory;
 mod race;
+pub(crate) mod record;
 
 pub use self::admin::{AdminStore, CursorError, InFlightQuery, KeysetPosition};
 pub use self::race::{CLAIM_RACE_TRIES, retry_claim_race};
+pub use self::record::{
+    Cursor, OutcomeKind, Page, PurgeReport, RecordState, RecordSummary, StateCounts,
+};
+pub use crate::fingerprint::Fingerprint;
 pub use crate::util::BoxDynError;
 
 use std::fmt;
 use std::future::Future;
 
-use crate::adapter::Fingerprint;
+use self::record::TakeoverReason;
+use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::ops::{OutcomeKind, PurgeReport, RecordState};
-use crate::{RecordId, TakeoverReason};
 
 /// A fencing token: whoever holds the record's current token may complete,
 /// release or extend it or save its resource id; anybody else is refused.

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock, Timestamp};
-use crate::ops::{AdminOutcome, Cursor, OutcomeKind, RecordState};
+use crate::ops::AdminOutcome;
 use crate::store::{AdminStore, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Token};
+use crate::store::{Cursor, OutcomeKind, RecordState};
 use crate::{Error, FieldFilter, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
@@ -405,7 +406,7 @@ pub async fn purger_runs_by_itself_and_stops<S: AdminStore>(store: Arc<S>) {
     }
     let total = purger.stop().await;
     if native {
-        assert_eq!(total, crate::ops::PurgeReport::default());
+        assert_eq!(total, crate::store::PurgeReport::default());
     } else {
         assert_eq!(total.keys_removed, 5, "{total:?}");
     }

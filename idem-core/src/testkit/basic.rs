@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use crate::clock::ManualClock;
 use crate::id::key::MAX_KEY_LEN;
-use crate::ops::{OutcomeKind, RecordState};
 use crate::store::Store;
+use crate::store::{OutcomeKind, RecordState};
 use crate::{Error, HttpResponse, Outcome, RawJson, Scope};
 
 use super::support::{Charge, Counter, Decline, Out, charge_request, engine, key, scope};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::clock::{Clock, ManualClock};
-use crate::ops::RecordState;
+use crate::store::RecordState;
 use crate::store::Store;
 
 use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::clock::{Clock, ManualClock};
-use crate::ops::{OutcomeKind, RecordState};
 use crate::store::Store;
+use crate::store::{OutcomeKind, RecordState};
 
 use super::support::{
     Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge_request, engine, key, scope,

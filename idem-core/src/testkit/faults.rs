@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, ManualClock};
-use crate::ops::RecordState;
+use crate::store::RecordState;
 use crate::store::Store;
 use crate::{Error, Idem};
 

@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock};
-use crate::ops::RecordState;
+use crate::store::RecordState;
 use crate::store::{ClaimOutcome, ClaimRequest, Store, Token};
 use crate::{Attempt, Error, FieldFilter, Idem, IdempotencyKey, Policy, Reply, Scope};
 

@@ -27,7 +27,7 @@
 //! store (table, schema, file or key prefix): that is the fixture's job.
 //!
 //! **Not covered by semver.** Like object_store's integration tests, this
-//! module's items (scenarios, [`Charge`], [`Decline`], [`FailingStore`],
+//! module's items (scenarios, [`Charge`], [`Counter`], [`Decline`], [`FailingStore`],
 //! [`run`]) may change in any release: they exist to prove backends, not to be
 //! built upon.
 
@@ -58,7 +58,7 @@ pub use guard::*;
 pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
-pub use support::{Charge, Decline, FailingStore};
+pub use support::{Charge, Counter, Decline, FailingStore};
 
 use crate::store::AdminStore;
 
@@ -96,15 +96,22 @@ where
     }
 }
 
-/// The scenario list, in one place: every `pub async fn` scenario of this
-/// module is named here (a unit test reads the sources and fails on one that
-/// is not), and both [`store_conformance!`](crate::store_conformance) and
-/// [`SCENARIOS`] expand from it.
-#[doc(hidden)]
+/// Expands one `#[tokio::test]` per conformance scenario, each calling
+/// `$setup` (an expression giving a future of a [`Fixture`]) for a fresh,
+/// isolated store.
+///
+/// `store_conformance!(setup())` runs every scenario, in the order listed
+/// here (this list is the one registry of the suite: a scenario is a
+/// `pub async fn` of this module named in it);
+/// `store_conformance!(@each setup(); name, …)` runs the named ones (a smoke
+/// subset on a slow fixture).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a
+/// dev-dependency.
 #[macro_export]
-macro_rules! __idem_for_each_scenario {
-    ($callback:ident { $($prefix:tt)* }) => {
-        $crate::$callback! { $($prefix)* ;
+macro_rules! store_conformance {
+    ($setup:expr) => {
+        $crate::store_conformance!(@each $setup;
             first_call_executes_and_stores,
             replay_is_byte_for_byte,
             typed_replay_round_trips,
@@ -149,31 +156,7 @@ macro_rules! __idem_for_each_scenario {
             admin_counts_records_by_state,
             admin_refuses_a_cursor_it_did_not_write,
             purger_runs_by_itself_and_stops,
-        }
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __idem_scenario_names {
-    (; $($name:ident),+ $(,)?) => {
-        /// The names of every conformance scenario, in the order they run.
-        pub const SCENARIOS: &[&str] = &[$(stringify!($name)),+];
-    };
-}
-
-crate::__idem_for_each_scenario!(__idem_scenario_names {});
-
-/// Expands one `#[tokio::test]` per conformance scenario, each calling
-/// `$setup` (an expression giving a future of a [`Fixture`]) for a fresh,
-/// isolated store.
-///
-/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`) as a
-/// dev-dependency.
-#[macro_export]
-macro_rules! store_conformance {
-    ($setup:expr) => {
-        $crate::__idem_for_each_scenario!(store_conformance { @each $setup });
+        );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
         $(
@@ -183,45 +166,4 @@ macro_rules! store_conformance {
             }
         )+
     };
-}
-
-#[cfg(test)]
-mod tests {
-    /// A scenario written but not listed would never run on any backend.
-    #[test]
-    fn every_scenario_is_listed() {
-        let sources = [
-            include_str!("admin.rs"),
-            include_str!("basic.rs"),
-            include_str!("concurrency.rs"),
-            include_str!("expiry.rs"),
-            include_str!("faults.rs"),
-            include_str!("guard.rs"),
-            include_str!("lease_vs_key.rs"),
-            include_str!("recovery.rs"),
-            include_str!("store_level.rs"),
-        ];
-        let mut found = 0;
-        for src in sources {
-            for line in src.lines() {
-                let Some(rest) = line.strip_prefix("pub async fn ") else {
-                    continue;
-                };
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                found += 1;
-                assert!(
-                    super::SCENARIOS.contains(&name.as_str()),
-                    "scenario `{name}` is not in __idem_for_each_scenario!"
-                );
-            }
-        }
-        assert_eq!(
-            found,
-            super::SCENARIOS.len(),
-            "a listed scenario has no source"
-        );
-    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::clock::ManualClock;
-use crate::ops::RecordState;
+use crate::store::RecordState;
 use crate::store::Store;
 use crate::{
     Attempt, Error, Idem, IdempotencyKey, InFlightMode, Outcome, Reply, Scope, TakeoverReason,

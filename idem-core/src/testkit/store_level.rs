@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock};
-use crate::ops::{OutcomeKind, RecordState};
 use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, StoreError, Token};
+use crate::store::{OutcomeKind, RecordState};
 use crate::{FieldFilter, RecordId, TakeoverReason};
 
 use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};

@@ -1,13 +1,13 @@
 //! Shared pieces of the scenarios.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{ManualClock, Timestamp};
-use crate::ops::PurgeReport;
+use crate::store::PurgeReport;
 use crate::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
@@ -69,15 +69,18 @@ pub(crate) fn charge_request(amount: u64) -> serde_json::Value {
     serde_json::json!({"amount": amount, "currency": "eur", "customer": "cus_1"})
 }
 
-/// Counts how many times work really ran.
+/// Counts how many times work really ran (clones share the count).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Counter(Arc<AtomicUsize>);
+pub struct Counter(Arc<AtomicUsize>);
 
 impl Counter {
-    pub(crate) fn hit(&self) -> usize {
+    /// Counts one run and returns the count after it (1 for the first).
+    pub fn hit(&self) -> usize {
         self.0.fetch_add(1, Ordering::SeqCst) + 1
     }
-    pub(crate) fn get(&self) -> usize {
+    /// The runs counted so far.
+    #[must_use]
+    pub fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
 }
@@ -85,6 +88,9 @@ impl Counter {
 pub(crate) fn record_id(scope: &Scope, key: &IdempotencyKey) -> RecordId {
     RecordId::new(scope.clone(), key.clone())
 }
+
+/// Builds the error an injected fault returns.
+type MakeError = fn() -> StoreError;
 
 /// Wraps a store and makes `complete` (and optionally every call) fail with
 /// [`StoreError::Unavailable`], to show what the engine does when the store
@@ -95,6 +101,7 @@ pub struct FailingStore<S> {
     fail_complete: Arc<AtomicBool>,
     fail_all: Arc<AtomicBool>,
     lose_complete_replies: Arc<AtomicUsize>,
+    claim_error: Arc<Mutex<Option<MakeError>>>,
 }
 
 impl<S> Clone for FailingStore<S> {
@@ -104,6 +111,7 @@ impl<S> Clone for FailingStore<S> {
             fail_complete: Arc::clone(&self.fail_complete),
             fail_all: Arc::clone(&self.fail_all),
             lose_complete_replies: Arc::clone(&self.lose_complete_replies),
+            claim_error: Arc::clone(&self.claim_error),
         }
     }
 }
@@ -116,7 +124,17 @@ impl<S: Store> FailingStore<S> {
             fail_complete: Arc::new(AtomicBool::new(false)),
             fail_all: Arc::new(AtomicBool::new(false)),
             lose_complete_replies: Arc::new(AtomicUsize::new(0)),
+            claim_error: Arc::new(Mutex::new(None)),
         }
+    }
+    /// Makes every `claim` fail with the error `make` builds (a store error
+    /// a retry cannot fix, a record that does not decode), or pass through
+    /// again with `None`.
+    pub fn fail_claims_with(&self, make: Option<fn() -> StoreError>) {
+        *self
+            .claim_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = make;
     }
     /// Makes the next `n` completions reach the store and then fail as if
     /// their reply was lost (a timeout after the write).
@@ -146,6 +164,13 @@ impl<S: Store> FailingStore<S> {
 impl<S: Store> Store for FailingStore<S> {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.check()?;
+        let make = *self
+            .claim_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(make) = make {
+            return Err(make());
+        }
         self.inner.claim(req).await
     }
     async fn complete(

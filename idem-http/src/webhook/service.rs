@@ -366,7 +366,7 @@ fn fingerprint(
     hook: &Hook,
     parts: &http::request::Parts,
     body: &[u8],
-) -> Result<idem_core::adapter::Fingerprint, RequestError> {
+) -> Result<idem_core::store::Fingerprint, RequestError> {
     let op = hook.scope.operation();
     let spec = FingerprintSpec::default()
         .include_query(false)

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::Clock;
-use idem_core::ops::OutcomeKind;
+use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use reqwest::Method;
@@ -13,8 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL};
 use super::check::Got;
-use crate::envelope::{RequestView, fingerprint_request};
-use crate::{FingerprintSpec, KeyNamespace};
+use idem_http::KeyNamespace;
 
 fn key() -> String {
     IdempotencyKey::random().as_str().to_owned()
@@ -659,20 +658,8 @@ pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     let k = key();
     let body = b"{}";
-    let view = RequestView {
-        method: "POST",
-        route: "/orders",
-        path: "/orders",
-        query: None,
-        headers: &[],
-        content_type: Some(b"application/json"),
-        body,
-    };
-    let spec = FingerprintSpec::default()
-        .ignore_fields(["/client_ts"])
-        .include_headers(["x-fp"]);
+    let fp = app.fingerprint_of("/orders", "/orders", body).await;
     let scope = Scope::new("alice", "POST /orders").expect("scope");
-    let fp = fingerprint_request(scope.operation(), &view, &spec).expect("fingerprint");
     let id = RecordId::new(scope, IdempotencyKey::parse(&k).expect("key"));
     let now = app.clock.now();
     let token = Token::random();
@@ -763,7 +750,7 @@ pub async fn row_24_dropped_when_not_detached_is_recovered<S: Store>(store: Arc<
         .body(axum::body::Body::from("{}"))
         .expect("request");
     let mut router = app.router.clone();
-    let fut = tower_service::Service::call(&mut router, req);
+    let fut = tower::Service::call(&mut router, req);
     tokio::select! {
         _ = fut => panic!("the held handler answered"),
         () = app.counts.entered() => {}

@@ -1,8 +1,8 @@
-//! The HTTP conformance suite (feature `testkit`): one scenario per row of
+//! idem-http's conformance suite (feature `http`): one scenario per row of
 //! the behaviour table and per cross-cutting promise, each driving a real
 //! axum server on `127.0.0.1:0` with a real HTTP client, over any store.
 //!
-//! A backend reuses its core [`Fixture`](idem_core::testkit::Fixture) and
+//! A test reuses a core [`Fixture`](idem_core::testkit::Fixture) and
 //! expands [`http_conformance!`](crate::http_conformance):
 //!
 //! ```
@@ -18,17 +18,17 @@
 //! async fn setup() -> Memory { Memory(MemoryStore::new()) }
 //!
 //! // In a test file (needs `tokio` with `macros` and `rt-multi-thread`):
-//! // idem_http::http_conformance!(setup());
+//! // idem_test_support::http_conformance!(setup());
 //! ```
 //!
 //! Time moves through the engine's [`ManualClock`](idem_core::clock::ManualClock);
 //! a handler is held in flight with a gate, not a sleep.
 //!
-//! **Not covered by semver.** Like idem-core's store testkit (and
-//! object_store's integration tests), this module's items (the scenarios,
-//! [`App`], [`Options`], [`Got`], the constants and
-//! [`http_conformance!`](crate::http_conformance)'s list) may change in any
-//! release: they exist to prove backends and adapters, not to be built upon.
+//! The kit lives in this unpublished crate, not in idem-http: only the
+//! workspace's own tests run it. It drives idem-http through its public API
+//! only, so the idem-http its scenarios build layers with is the one the
+//! calling test links (an integration test of idem-http links the library
+//! once, and this crate builds on that same library).
 
 mod app;
 mod check;
@@ -44,9 +44,12 @@ pub use extra::*;
 pub use rows::*;
 
 /// Expands one `#[tokio::test]` per HTTP scenario, each calling `$setup` (a
-/// future of an [`idem_core::testkit::Fixture`]) for a fresh, isolated store.
+/// future of an [`idem_core::testkit::Fixture`]) for a fresh, isolated store:
+/// the same shape as `idem_core::store_conformance!` (this list is the
+/// kit's one registry; `@each setup(); name, …` runs a subset).
+///
+/// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`).
 #[macro_export]
-#[doc(hidden)]
 macro_rules! http_conformance {
     ($setup:expr) => {
         $crate::http_conformance!(@each $setup;
@@ -94,62 +97,6 @@ macro_rules! http_conformance {
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {
-        $(
-            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                ::idem_core::testkit::run($setup, |store| $crate::testkit::$name(store)).await;
-            }
-        )+
+        $crate::__scenario_tests!(http, 2, $setup; $($name),+);
     };
-}
-
-#[cfg(test)]
-mod tests {
-    /// The scenario names `http_conformance!` expands, read from this file.
-    fn listed() -> Vec<&'static str> {
-        let src = include_str!("mod.rs");
-        let start = src
-            .find("http_conformance!(@each $setup;")
-            .expect("the macro's scenario list");
-        let list = &src[start..];
-        let end = list.find(");").expect("the end of the list");
-        list[..end]
-            .lines()
-            .skip(1)
-            .map(|l| l.trim().trim_end_matches(','))
-            .filter(|l| !l.is_empty())
-            .collect()
-    }
-
-    /// A scenario written but not listed would never run on any backend.
-    #[test]
-    fn every_scenario_is_listed() {
-        let listed = listed();
-        let mut found = Vec::new();
-        for src in [include_str!("rows.rs"), include_str!("extra.rs")] {
-            for line in src.lines() {
-                let Some(rest) = line.strip_prefix("pub async fn ") else {
-                    continue;
-                };
-                // Scenarios take the store; helpers such as `raw` do not.
-                if !rest.contains("(store: Arc<S>)") {
-                    continue;
-                }
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                assert!(
-                    listed.contains(&name.as_str()),
-                    "scenario `{name}` is not in http_conformance!"
-                );
-                found.push(name);
-            }
-        }
-        let mut unique = listed.clone();
-        unique.sort_unstable();
-        unique.dedup();
-        assert_eq!(unique.len(), listed.len(), "a scenario is listed twice");
-        assert_eq!(found.len(), listed.len(), "a listed scenario has no source");
-    }
 }

@@ -1,7 +1,12 @@
 //! Test harnesses shared by the workspace's test suites and benches (not
 //! published): one copy of each, instead of one per crate.
 
+#[cfg(feature = "consumer")]
+pub mod consumer;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod redis_cluster;
 pub mod redis_server;
+mod scenarios;

@@ -5,15 +5,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::clock::ManualClock;
-use idem_core::store::Store;
-use idem_core::testkit::{Charge, Decline, FailingStore};
+use idem_core::store::{Store, StoreError};
+use idem_core::testkit::{Charge, Counter, Decline, FailingStore};
 use idem_core::{Attempt, Failure, Outcome, TakeoverReason};
 use tokio::sync::oneshot;
 
 use super::support::{
-    BASE, Counter, Fault, FaultStore, LEASE, RESPONSE_TTL, builder, consumer, message_id,
+    BASE, LEASE, RESPONSE_TTL, backend_error, builder, consumer, corrupt_error, message_id,
 };
-use crate::{Cause, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_consumer::{Cause, DeadLetterReason, Disposition, PermanentFailure, Processed};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;
@@ -556,11 +556,12 @@ pub async fn c14_consumer_killed_mid_work_is_in_flight_then_recovered<S: Store>(
 /// dead letter as `Internal`, without running the work.
 pub async fn c15_corrupt_record_or_fatal_store_error_is_dead_lettered<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
-    let faulty = FaultStore::new(store);
+    let faulty = FailingStore::new(store);
     let consumer = consumer(faulty.clone(), &clock);
     let runs = Counter::default();
-    for fault in [Fault::Backend, Fault::Corrupt] {
-        faulty.inject(fault);
+    for make in [backend_error as fn() -> StoreError, corrupt_error] {
+        let fault = make();
+        faulty.fail_claims_with(Some(make));
         let p: P = consumer
             .process(&message_id(), PAYLOAD, succeed(&runs))
             .await;
@@ -568,7 +569,7 @@ pub async fn c15_corrupt_record_or_fatal_store_error_is_dead_lettered<S: Store>(
         assert_eq!(p.cause, Cause::Internal);
     }
     assert_eq!(runs.get(), 0);
-    faulty.inject(Fault::None);
+    faulty.fail_claims_with(None);
     let p: P = consumer
         .process(&message_id(), PAYLOAD, succeed(&runs))
         .await;

@@ -1,12 +1,15 @@
-//! What operators read: record states and outcomes, listings, counts and
-//! purge reports. The operator API ([`Admin`](super::Admin)) returns these;
-//! the store SPI ([`AdminStore`](crate::store::AdminStore)) builds them.
+//! The store's own vocabulary: record states and outcomes, why a record was
+//! taken over, listings, counts and purge reports. The store SPI
+//! ([`Store`](super::Store), [`AdminStore`](super::AdminStore)) builds them;
+//! the engine and the operator API ([`Admin`](crate::ops::Admin)) read them.
+//! They live here, below both, so that neither `engine` nor `ops` is needed
+//! to implement a store.
 
 use std::fmt;
 
+use super::admin::{CursorError, KeysetPosition};
 use crate::RecordId;
 use crate::clock::Timestamp;
-use crate::store::{CursorError, KeysetPosition};
 
 /// Where a record stands.
 ///
@@ -75,6 +78,39 @@ impl OutcomeKind {
             "success" => Some(Self::Success),
             "failure" => Some(Self::Failure),
             "not_stored" => Some(Self::NotStored),
+            _ => None,
+        }
+    }
+}
+
+/// Why an attempt took a record over ([`Attempt::recovery_reason`](crate::Attempt::recovery_reason)).
+/// Exhaustive, like [`RecordState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TakeoverReason {
+    /// The previous attempt's lease ended without an outcome: its fate is
+    /// *unknown*, so the work must reconcile before acting.
+    LeaseExpired,
+    /// The previous attempt failed transiently and released the key.
+    Released,
+}
+
+impl TakeoverReason {
+    /// The stable text a backend may store or return (`lease_expired`,
+    /// `released`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::LeaseExpired => "lease_expired",
+            Self::Released => "released",
+        }
+    }
+
+    /// Parses [`TakeoverReason::as_str`]; `None` for anything else.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "lease_expired" => Some(Self::LeaseExpired),
+            "released" => Some(Self::Released),
             _ => None,
         }
     }

@@ -1,38 +1,44 @@
-//! The HTTP conformance suite on every backend: a real axum server and a
+//! idem-http's conformance suite on every backend: a real axum server and a
 //! real HTTP client per test, one isolated store each; a smoke subset on a
 //! throwaway Redis Cluster.
+//!
+//! It runs here, not in idem-http's tests: the kit needs idem-http's `axum`
+//! feature, and a dev-dependency of idem-http on this crate's `http` feature
+//! would turn that feature on in every test build of idem-http, including
+//! the one CI runs without features to prove that record identity does not
+//! depend on them (`idem-http/tests/record_identity.rs`).
 
 use idem_test_support::fixtures as support;
 
 mod memory {
-    idem_http::http_conformance!(super::support::memory());
+    idem_test_support::http_conformance!(super::support::memory());
 }
 
 mod sqlite_memory {
-    idem_http::http_conformance!(super::support::sqlite_memory());
+    idem_test_support::http_conformance!(super::support::sqlite_memory());
 }
 
 mod sqlite_file {
-    idem_http::http_conformance!(super::support::sqlite_file());
+    idem_test_support::http_conformance!(super::support::sqlite_file());
 }
 
 mod postgres {
-    idem_http::http_conformance!(super::support::postgres());
+    idem_test_support::http_conformance!(super::support::postgres());
 }
 
 mod mysql {
-    idem_http::http_conformance!(super::support::mysql());
+    idem_test_support::http_conformance!(super::support::mysql());
 }
 
 mod redis {
-    idem_http::http_conformance!(super::support::redis());
+    idem_test_support::http_conformance!(super::support::redis());
 }
 
 /// A smoke subset on a throwaway three-primary Redis Cluster (ports
 /// 7340-7379): first call, replay, mismatch, in flight, wait-mode timeout,
 /// recovery, transient release, the 64-request races, isolation.
 mod redis_cluster {
-    idem_http::http_conformance!(@each super::support::redis_cluster();
+    idem_test_support::http_conformance!(@each super::support::redis_cluster();
         row_08_first_request_executes,
         row_09_retry_is_a_byte_exact_replay,
         row_11_same_key_other_request_is_422,

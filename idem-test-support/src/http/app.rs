@@ -23,7 +23,7 @@ use idem_core::testkit::FailingStore;
 use idem_core::{Idem, InFlightMode, Policy};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::{
+use idem_http::{
     Class, ExtensionOwner, FingerprintSpec, IdemAttempt, IdempotencyLayer, KeyNamespace,
     KeyRequirement, OperationSource, OwnerId, PathSource,
 };
@@ -355,6 +355,49 @@ impl<S: Store> App<S> {
             r = r.header("idempotency-key", k);
         }
         r
+    }
+
+    /// The fingerprint a layer with the app's fingerprint settings stores
+    /// for a JSON `POST` of `body` to `path`, with the operation named
+    /// `POST {route}`: read back from the record a probe layer makes on the
+    /// app's store (owner `probe`, a random key), so the scenarios compare
+    /// with what idem-http computes, through its public API.
+    pub async fn fingerprint_of(
+        &self,
+        route: &str,
+        path: &str,
+        body: &'static [u8],
+    ) -> idem_core::store::Fingerprint {
+        use tower::ServiceExt as _;
+        let idem = engine(self.store.clone(), &self.clock, false);
+        let layer = IdempotencyLayer::builder(idem.clone())
+            .owner(idem_http::FixedOwner::new("probe"))
+            .operation(OperationSource::Route(route.to_owned().into()))
+            .fingerprint(
+                FingerprintSpec::default()
+                    .ignore_fields(["/client_ts"])
+                    .include_headers(["x-fp"]),
+            )
+            .build()
+            .expect("probe layer");
+        let probe = Router::new()
+            .fallback(|| async { StatusCode::CREATED })
+            .layer(layer);
+        let key = idem_core::IdempotencyKey::random();
+        let req = Request::post(path)
+            .header("idempotency-key", key.as_str())
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .expect("probe request");
+        let res = probe.oneshot(req).await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::CREATED, "the probe ran");
+        let scope = idem_core::Scope::new("probe", format!("POST {route}")).expect("scope");
+        idem.admin()
+            .inspect(&scope, key.as_str(), false)
+            .await
+            .expect("inspect")
+            .expect("the probe's record")
+            .fingerprint
     }
 
     /// Moves the engine's clock past the lease.

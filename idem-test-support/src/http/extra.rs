@@ -8,8 +8,7 @@ use idem_core::{IdempotencyKey, Scope};
 
 use super::app::{App, Options, engine};
 use super::check::Got;
-use crate::envelope::{RequestView, fingerprint_request};
-use crate::{ConfigError, FingerprintSpec};
+use idem_http::ConfigError;
 
 const RACERS: usize = 64;
 
@@ -262,28 +261,17 @@ pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
         assert_eq!(found.is_some(), stored, "{operation}");
         let Some(record) = found else { continue };
         let route = operation.trim_start_matches("POST ");
-        let spec = FingerprintSpec::default()
-            .ignore_fields(["/client_ts"])
-            .include_headers(["x-fp"]);
-        let fp = |path: &str| {
-            let view = RequestView {
-                method: "POST",
-                route,
-                path,
-                query: None,
-                headers: &[],
-                content_type: Some(b"application/json"),
-                body: b"{}",
-            };
-            fingerprint_request(operation, &view, &spec).expect("fingerprint")
-        };
         let received = route.replace("{id}", "1");
         assert_eq!(
             record.fingerprint,
-            fp(&received),
+            app.fingerprint_of(route, &received, b"{}").await,
             "{operation}: the received path"
         );
-        assert_ne!(record.fingerprint, fp("/accounts/1/charges"));
+        assert_ne!(
+            record.fingerprint,
+            app.fingerprint_of(route, "/accounts/1/charges", b"{}")
+                .await
+        );
     }
 }
 
@@ -324,7 +312,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
         .assert_executed(201);
     assert_eq!(app.counts.executions(), 4);
     // A derived layer is validated like the first one.
-    let refused = |b: crate::Builder<_, _>| b.build().err();
+    let refused = |b: idem_http::Builder<_, _>| b.build().err();
     assert_eq!(
         refused(app.layer.to_builder().max_request_body(0)),
         Some(ConfigError::ZeroRequestBodyLimit)
@@ -351,7 +339,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
         refused(
             app.layer
                 .to_builder()
-                .operation(crate::OperationSource::Route("/a\nb".into()))
+                .operation(idem_http::OperationSource::Route("/a\nb".into()))
         ),
         Some(ConfigError::InvalidOperation { .. })
     ));
