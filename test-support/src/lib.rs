@@ -3,5 +3,6 @@
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
+pub mod mariadb_server;
 pub mod redis_cluster;
 pub mod redis_server;
