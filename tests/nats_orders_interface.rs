@@ -23,6 +23,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     io::{BufRead, BufReader, Read},
     net::TcpListener,
@@ -34,6 +36,7 @@ use std::{
 
 use async_nats::jetstream::{self, stream};
 use idem::sqlite::sqlx::{self, Row, SqlitePool, sqlite::SqliteConnectOptions};
+use support::{TempSqlite, random_id};
 use tokio::sync::mpsc;
 
 /// The example's lease (and the durable consumer's `ack_wait`): short, so a
@@ -47,29 +50,8 @@ const LEASE_MS: u64 = 8000;
 /// How long any one printed line may take.
 const LINE: Duration = Duration::from_secs(30);
 
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features nats,sqlite` without a --test \
-         filter (cargo then builds the examples), or build them first with \
-         `cargo build -p idem --examples --features nats,sqlite`",
-        path.display()
-    );
-    path
-}
-
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
+/// The example binary's features, for the message when it is not built.
+const FEATURES: &str = "nats,sqlite";
 
 fn nats_url() -> String {
     std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
@@ -86,14 +68,9 @@ struct Orders {
 impl Orders {
     /// Starts it and waits (bounded) for its `consuming stream` line.
     fn start(env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(example("nats_orders"));
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn nats_orders");
+        let mut child = support::spawn("nats_orders", FEATURES, env, |cmd| {
+            cmd.stdin(Stdio::null());
+        });
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
@@ -222,22 +199,19 @@ impl Drop for Orders {
 
 /// The SQLite file the example writes, read here; removed (with its WAL)
 /// when dropped.
-struct Db {
-    path: PathBuf,
-}
+struct Db(TempSqlite);
 
 impl Db {
     fn new() -> Self {
-        let path = std::env::temp_dir().join(format!("idem-nats-orders-{}.db", random_id()));
-        Self { path }
+        Self(TempSqlite::new("nats-orders"))
     }
 
     fn env(&self) -> String {
-        self.path.to_string_lossy().into_owned()
+        self.0.env()
     }
 
     async fn pool(&self) -> SqlitePool {
-        let options = SqliteConnectOptions::new().filename(&self.path);
+        let options = SqliteConnectOptions::new().filename(&self.0.0);
         SqlitePool::connect_with(options).await.unwrap()
     }
 
@@ -274,16 +248,6 @@ impl Db {
         while self.ledger(id).await.is_empty() {
             assert!(Instant::now() < deadline, "no ledger row for {id}");
             tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
         }
     }
 }
