@@ -334,6 +334,7 @@ fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
     }
 }
 
+/// The step a backend's error happened at, as the variant that says so.
 #[cfg_attr(
     not(any(
         feature = "sqlite",
@@ -343,37 +344,30 @@ fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
     )),
     allow(dead_code, reason = "no backend in this build")
 )]
-fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Invalid {
-        backend,
-        source: e.into(),
+impl ConnectError {
+    fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Invalid {
+            backend,
+            source: e.into(),
+        }
     }
-}
 
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code, reason = "no backend in this build")
-)]
-fn unreachable_store(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Connect {
-        backend,
-        source: e.into(),
+    fn unreachable(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Connect {
+            backend,
+            source: e.into(),
+        }
     }
-}
 
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-    allow(dead_code, reason = "no SQL backend in this build")
-)]
-fn migrate_failed(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Migrate {
-        backend,
-        source: e.into(),
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "no SQL backend in this build")
+    )]
+    fn migrate(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Migrate {
+            backend,
+            source: e.into(),
+        }
     }
 }
 
@@ -402,13 +396,13 @@ impl ConnectOptions {
         if let Some(table) = &self.table_name {
             store = store
                 .with_table(table)
-                .map_err(|e| invalid(S::BACKEND, e))?;
+                .map_err(|e| ConnectError::invalid(S::BACKEND, e))?;
         }
         if migrate {
             store
                 .migrate_schema()
                 .await
-                .map_err(|e| migrate_failed(S::BACKEND, e))?;
+                .map_err(|e| ConnectError::migrate(S::BACKEND, e))?;
         }
         Ok(AnyStore::new(store))
     }
@@ -427,7 +421,7 @@ impl ConnectOptions {
             SqliteConnectOptions::new().filename(url)
         } else {
             url.parse::<SqliteConnectOptions>()
-                .map_err(|e| invalid(BACKEND, Error::from(e)))?
+                .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?
         };
         // No ping before a checkout, as `SqliteStore::open`: a handle on a
         // local file has no peer to lose.
@@ -456,7 +450,7 @@ impl ConnectOptions {
         let store = SqliteStore::new(
             pool.connect_with(options)
                 .await
-                .map_err(|e| unreachable_store(BACKEND, Error::from(e)))?,
+                .map_err(|e| ConnectError::unreachable(BACKEND, Error::from(e)))?,
         );
         self.finish(store, self.migrate || in_memory).await
     }
@@ -493,7 +487,7 @@ impl ConnectOptions {
         const BACKEND: &str = <PgStore as SqlStore>::BACKEND;
         let mut options = url
             .parse::<PgConnectOptions>()
-            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+            .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?;
         let mut pool = PgPoolOptions::new();
         if let Some(t) = self.timeout {
             let ms = t.as_millis().to_string();
@@ -502,14 +496,14 @@ impl ConnectOptions {
         }
         let mut store = PgStore::connect_with(pool, options)
             .await
-            .map_err(|e| unreachable_store(BACKEND, e))?;
+            .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         if let Some(t) = self.timeout {
             store = store.with_call_timeout(t);
         }
         if let Some(schema) = &self.schema_name {
             store = store
                 .with_schema_name(schema)
-                .map_err(|e| invalid(BACKEND, e))?;
+                .map_err(|e| ConnectError::invalid(BACKEND, e))?;
         }
         self.finish(store, self.migrate).await
     }
@@ -537,7 +531,7 @@ impl ConnectOptions {
         const BACKEND: &str = <MySqlStore as SqlStore>::BACKEND;
         let options = url
             .parse::<MySqlConnectOptions>()
-            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+            .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?;
         let mut pool = MySqlPoolOptions::new();
         if let Some(t) = self.timeout {
             // Whole seconds: the server has no finer unit.
@@ -554,7 +548,7 @@ impl ConnectOptions {
         }
         let store = MySqlStore::connect_with(pool, options)
             .await
-            .map_err(|e| unreachable_store(BACKEND, e))?;
+            .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         self.finish(store, self.migrate).await
     }
 }
@@ -579,7 +573,7 @@ impl ConnectOptions {
             .as_deref()
             .map(idem_redis::KeyPrefix::new)
             .transpose()
-            .map_err(|e| invalid(REDIS, idem_redis::Error::from(e)))
+            .map_err(|e| ConnectError::invalid(REDIS, idem_redis::Error::from(e)))
     }
 
     /// The options every Redis store takes once connected: the prefix
@@ -600,11 +594,11 @@ impl ConnectOptions {
         use idem_redis::redis::aio::ConnectionManagerConfig;
         use idem_redis::{Error, RedisStore};
 
-        let client = Client::open(url).map_err(|e| invalid(REDIS, Error::from(e)))?;
+        let client = Client::open(url).map_err(|e| ConnectError::invalid(REDIS, Error::from(e)))?;
         let prefix = self.redis_prefix()?;
         let store = RedisStore::connect_with(ConnectionManagerConfig::new(), client)
             .await
-            .map_err(|e| unreachable_store(REDIS, e))?;
+            .map_err(|e| ConnectError::unreachable(REDIS, e))?;
         Ok(self.redis_finish(store, prefix))
     }
 
@@ -613,14 +607,18 @@ impl ConnectOptions {
         use idem_redis::{Error, RedisStore};
 
         if nodes.is_empty() {
-            return Err(invalid(REDIS, "redis+cluster:// names no node"));
+            return Err(ConnectError::invalid(
+                REDIS,
+                "redis+cluster:// names no node",
+            ));
         }
-        let client = ClusterClient::new(nodes).map_err(|e| invalid(REDIS, Error::from(e)))?;
+        let client =
+            ClusterClient::new(nodes).map_err(|e| ConnectError::invalid(REDIS, Error::from(e)))?;
         let prefix = self.redis_prefix()?;
         let conn = client
             .get_async_connection()
             .await
-            .map_err(|e| unreachable_store(REDIS, Error::from(e)))?;
+            .map_err(|e| ConnectError::unreachable(REDIS, Error::from(e)))?;
         Ok(self.redis_finish(RedisStore::new_cluster(conn), prefix))
     }
 }
