@@ -43,9 +43,7 @@ use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::aio::MultiplexedConnection;
 use idem_redis::redis::{self};
-
-#[path = "../tests/support/server_info.rs"]
-mod server_info;
+use idem_test_support::redis_admin;
 
 const TASKS: usize = 16;
 
@@ -58,7 +56,7 @@ fn env(name: &str, default: usize) -> usize {
 
 /// `name → (calls, usec)` of every command.
 async fn stats(admin: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
-    server_info::info(admin, "commandstats")
+    redis_admin::info(admin, "commandstats")
         .await
         .lines()
         .filter_map(|l| {
@@ -85,7 +83,7 @@ async fn reset(admin: &mut MultiplexedConnection) {
 
 /// Redis's own CPU time so far (`used_cpu_sys + used_cpu_user`), in µs.
 async fn cpu(admin: &mut MultiplexedConnection) -> f64 {
-    server_info::info(admin, "cpu")
+    redis_admin::info(admin, "cpu")
         .await
         .lines()
         .filter_map(|l| {
@@ -232,5 +230,5 @@ async fn main() {
     reset(&mut admin).await;
 
     // Clean up our keys (never a flush).
-    server_info::unlink_all(&mut admin, &prefix).await;
+    redis_admin::unlink_all(&mut admin, &prefix).await;
 }

@@ -23,13 +23,11 @@ use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, aio::MultiplexedConnection};
+use idem_test_support::redis_admin;
 use std::time::Duration;
 
-#[path = "../tests/support/server_info.rs"]
-mod server_info;
-
 async fn used_memory(admin: &mut MultiplexedConnection) -> i64 {
-    server_info::info(admin, "memory")
+    redis_admin::info(admin, "memory")
         .await
         .lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
@@ -121,7 +119,7 @@ async fn main() {
         for (where_, limit) in [("body key", 0), ("inside the record", 8192)] {
             let store = base.clone().with_inline_body_limit(limit);
             let [record, body_key, per_key] = run(&store, &mut admin, &body, n).await;
-            server_info::unlink_all(&mut admin, &prefix).await;
+            redis_admin::unlink_all(&mut admin, &prefix).await;
             println!("| {len} B | {where_} | {record} | {body_key} | {per_key} |");
         }
     }

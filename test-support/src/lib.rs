@@ -4,5 +4,7 @@
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod mariadb_server;
+#[cfg(feature = "redis")]
+pub mod redis_admin;
 pub mod redis_cluster;
 pub mod redis_server;

@@ -5,7 +5,6 @@ pub(crate) mod cluster;
 pub(crate) mod replicated;
 pub(crate) mod scenario;
 pub(crate) mod server;
-pub(crate) mod server_info;
 pub(crate) mod stats;
 
 use idem_core::IdempotencyKey;
@@ -146,7 +145,7 @@ pub(crate) async fn cluster() -> RedisFixture {
 pub(crate) async fn scan_keys(nodes: &[String], prefix: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for url in nodes {
-        let keys = server_info::scan(&mut admin(url).await, prefix).await;
+        let keys = idem_test_support::redis_admin::scan(&mut admin(url).await, prefix).await;
         found.extend(keys.into_iter().map(|k| (url.clone(), k)));
     }
     found

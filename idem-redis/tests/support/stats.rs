@@ -7,7 +7,7 @@ use idem_redis::redis::{self, aio::MultiplexedConnection};
 
 /// Counts of every command Redis ran (from `INFO commandstats`).
 pub(crate) async fn commandstats(admin: &mut MultiplexedConnection) -> HashMap<String, u64> {
-    super::server_info::info(admin, "commandstats")
+    idem_test_support::redis_admin::info(admin, "commandstats")
         .await
         .lines()
         .filter_map(|l| {

@@ -1,11 +1,14 @@
 //! What a Redis server says of itself (`INFO`) and which keys it holds under
-//! a prefix: for the tests, and for the examples, which include this file by
-//! its path.
+//! a prefix, over any async connection: for the tests, the examples that
+//! measure a server and the benches that clean up after themselves.
+//!
+//! Every function panics when the server does not answer: that is the test
+//! (or the measurement) failing.
 
-use idem_redis::redis::{self, aio::ConnectionLike};
+use redis::aio::ConnectionLike;
 
 /// The text of `INFO <section>`.
-pub(crate) async fn info(conn: &mut impl ConnectionLike, section: &str) -> String {
+pub async fn info(conn: &mut impl ConnectionLike, section: &str) -> String {
     redis::cmd("INFO")
         .arg(section)
         .query_async(conn)
@@ -14,7 +17,7 @@ pub(crate) async fn info(conn: &mut impl ConnectionLike, section: &str) -> Strin
 }
 
 /// Every key matching `prefix*` on this server (`SCAN MATCH`, 1,000 a page).
-pub(crate) async fn scan(conn: &mut impl ConnectionLike, prefix: &str) -> Vec<String> {
+pub async fn scan(conn: &mut impl ConnectionLike, prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut cursor: u64 = 0;
     loop {
@@ -37,7 +40,7 @@ pub(crate) async fn scan(conn: &mut impl ConnectionLike, prefix: &str) -> Vec<St
 
 /// Deletes every key under `prefix` on this server (`UNLINK`, 1,000 at a
 /// time; never a flush).
-pub(crate) async fn unlink_all(conn: &mut impl ConnectionLike, prefix: &str) {
+pub async fn unlink_all(conn: &mut impl ConnectionLike, prefix: &str) {
     for keys in scan(conn, prefix).await.chunks(1000) {
         let _: i64 = redis::cmd("UNLINK")
             .arg(keys)
