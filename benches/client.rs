@@ -30,6 +30,7 @@ use std::process::{Child, Command, Stdio};
 
 use axum::Router;
 use axum::routing::post;
+use common::http::{body_256, handler};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::client::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, ReportKind};
 use idem::http::{FixedOwner, IdempotencyLayer};
@@ -37,27 +38,6 @@ use idem::{Idem, IdempotencyKey, MemoryStore};
 use tokio::runtime::Runtime;
 
 const SERVE: &str = "IDEM_CLIENT_BENCH_SERVE";
-
-fn body_256() -> String {
-    let pad = "x".repeat(256 - r#"{"item":"book","qty":1,"note":""}"#.len());
-    let s = format!(r#"{{"item":"book","qty":1,"note":"{pad}"}}"#);
-    assert_eq!(s.len(), 256);
-    s
-}
-
-async fn handler(
-    body: axum::body::Bytes,
-) -> (
-    axum::http::StatusCode,
-    [(&'static str, &'static str); 1],
-    axum::body::Bytes,
-) {
-    (
-        axum::http::StatusCode::CREATED,
-        [("content-type", "application/json")],
-        body,
-    )
-}
 
 /// The child: serve until killed, after printing the address.
 fn serve() {
@@ -145,7 +125,8 @@ async fn through(
     (resp.bytes().await.expect("body").len(), kind)
 }
 
-fn bench(c: &mut Criterion, rt: &Runtime, url: &str) {
+/// A bare client, and the same behind the idempotency middleware.
+fn clients() -> (reqwest::Client, reqwest_middleware::ClientWithMiddleware) {
     let inner = reqwest::Client::new();
     let with = reqwest_middleware::ClientBuilder::new(inner.clone())
         .with(
@@ -154,6 +135,11 @@ fn bench(c: &mut Criterion, rt: &Runtime, url: &str) {
                 .expect("middleware"),
         )
         .build();
+    (inner, with)
+}
+
+fn bench(c: &mut Criterion, rt: &Runtime, url: &str) {
+    let (inner, with) = clients();
     let body = body_256();
 
     // What each path gets, checked before timing.
@@ -224,14 +210,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn paired(rt: &Runtime, url: &str, rounds: usize) {
     const N: u32 = 300;
-    let inner = reqwest::Client::new();
-    let with = reqwest_middleware::ClientBuilder::new(inner.clone())
-        .with(
-            IdempotencyMiddleware::builder()
-                .build()
-                .expect("middleware"),
-        )
-        .build();
+    let (inner, with) = clients();
     let body = body_256();
     let (bare_key, mw_key) = (IdempotencyKey::random(), IdempotencyKey::random());
     rt.block_on(bare(&inner, url, bare_key.as_str(), &body));

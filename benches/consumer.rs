@@ -27,13 +27,12 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
-use common::dedup::Dedup;
+use common::dedup::{Dedup, sample};
 use criterion::Criterion;
 use idem::consumer::{Cause, Consumer};
 use idem::store::Store;
-use idem::{Failure, Idem, Policy};
+use idem::{Failure, Idem};
 use tokio::runtime::Runtime;
 
 /// The consumer group, and the provider column of the hand-written table.
@@ -63,12 +62,7 @@ struct Sides<S: Store> {
 
 impl<S: Store> Sides<S> {
     fn new(store: S, dedup: Dedup) -> Self {
-        let policy = Policy::builder()
-            .lease(common::stores::LEASE)
-            .response_ttl(common::stores::TTL)
-            .key_ttl(common::stores::TTL)
-            .build()
-            .expect("policy");
+        let policy = common::stores::policy();
         let consumer = Consumer::builder(Idem::new(store).with_policy(policy))
             .owner(GROUP)
             .operation("charge")
@@ -132,16 +126,11 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, sides
         let run = format!("{tag}{}f", if hand { "h" } else { "i" });
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let before = sides.runs.load(Ordering::Relaxed);
-                    let start = Instant::now();
+                sample(rt, &sides.runs, iters, async {
                     for _ in 0..iters {
                         let n = sides.next.fetch_add(1, Ordering::Relaxed);
                         assert!(sides.side(hand, &id(&run, n)).await, "not run");
                     }
-                    let took = start.elapsed();
-                    assert_eq!(sides.runs.load(Ordering::Relaxed) - before, iters);
-                    took
                 })
             });
         });
@@ -152,15 +141,10 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, sides
         let run = format!("{tag}{}", if hand { "h" } else { "i" });
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let before = sides.runs.load(Ordering::Relaxed);
-                    let start = Instant::now();
+                sample(rt, &sides.runs, 0, async {
                     for i in 0..iters {
                         assert!(!sides.side(hand, &id(&run, i % STORED)).await, "ran");
                     }
-                    let took = start.elapsed();
-                    assert_eq!(sides.runs.load(Ordering::Relaxed), before);
-                    took
                 })
             });
         });
@@ -168,29 +152,15 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, sides
     g.finish();
 }
 
-/// Runs [`bench_backend`] on each backend.
-struct Run<'a> {
-    c: &'a mut Criterion,
-    rt: &'a Runtime,
-}
+/// [`bench_backend`] on each backend.
+struct Bench;
 
-impl common::dedup::OnBackend for Run<'_> {
-    fn on<S: Store>(&mut self, backend: &str, store: S, dedup: Dedup) {
-        bench_backend(self.c, self.rt, backend, &Sides::new(store, dedup));
+impl common::dedup::OnBackend for Bench {
+    fn on<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store: S, dedup: Dedup) {
+        bench_backend(c, rt, backend, &Sides::new(store, dedup));
     }
 }
 
 fn main() {
-    // One thread drives the calls, the drivers of the Redis connection and
-    // (webhook) the detached handler: one delivery at a time, no hand-off
-    // between runtime threads (on a loaded machine each hand-off can cost a
-    // scheduler slice, which would tax the side with more round trips
-    // twice). sqlx's SQLite connections keep their own threads.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let mut c = common::criterion();
-    common::dedup::each_backend(&rt, "consumer", &mut Run { c: &mut c, rt: &rt });
-    c.final_summary();
+    common::dedup::main::<Bench>("consumer");
 }

@@ -17,6 +17,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
 use axum::routing::post;
+use common::http::{body_256, handler};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use http_body_util::BodyExt;
 use idem::clock::Timestamp;
@@ -83,27 +84,6 @@ impl<S: Store> Store for Counted<S> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-}
-
-fn body_256() -> String {
-    let pad = "x".repeat(256 - r#"{"item":"book","qty":1,"note":""}"#.len());
-    let s = format!(r#"{{"item":"book","qty":1,"note":"{pad}"}}"#);
-    assert_eq!(s.len(), 256);
-    s
-}
-
-async fn handler(
-    body: axum::body::Bytes,
-) -> (
-    axum::http::StatusCode,
-    [(&'static str, &'static str); 1],
-    axum::body::Bytes,
-) {
-    (
-        axum::http::StatusCode::CREATED,
-        [("content-type", "application/json")],
-        body,
-    )
 }
 
 fn request(key: Option<&str>, body: &str) -> Request<Body> {

@@ -35,7 +35,8 @@ use std::time::Duration;
 use common::stores::memory::RawMemory;
 use common::stores::min::MinMemory;
 use common::stores::workload::{Lib, Plan, Scenario, Target, run, run_id};
-use criterion::{Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 use idem_core::MemoryStore;
 use tokio::runtime::Runtime;
 
@@ -245,6 +246,42 @@ impl Target for NoPeer {
     }
 }
 
+/// Where a side is measured: one group's scenario and concurrency.
+struct At<'a> {
+    rt: &'a Runtime,
+    summary: &'a Summary,
+    group: &'a str,
+    scenario: Scenario,
+    tasks: usize,
+}
+
+impl At<'_> {
+    /// How long `calls` calls of the scenario take on `plan`.
+    fn time<T: Target>(&self, plan: &Arc<Plan<T>>, calls: u64) -> Duration {
+        self.rt
+            .block_on(run(plan, self.scenario, self.tasks, calls, false))
+            .elapsed
+    }
+
+    /// `plan` as the function `name` of criterion's group `g`, each timing
+    /// also added to the summary as `side`.
+    fn bench<T: Target>(
+        &self,
+        g: &mut BenchmarkGroup<'_, WallTime>,
+        name: &str,
+        side: Side,
+        plan: &Arc<Plan<T>>,
+    ) {
+        g.bench_function(name, |b| {
+            b.iter_custom(|calls| {
+                let took = self.time(plan, calls);
+                self.summary.add(self.group, side, calls, took);
+                took
+            });
+        });
+    }
+}
+
 fn paired<L: Target, R: Target, M: Target, P: Target>(
     rt: &Runtime,
     summary: &Summary,
@@ -253,10 +290,15 @@ fn paired<L: Target, R: Target, M: Target, P: Target>(
     scenario: Scenario,
     tasks: usize,
 ) {
+    let at = At {
+        rt,
+        summary,
+        group,
+        scenario,
+        tasks,
+    };
     // Calibrate on the library: enough calls for about 0.3 s per side.
-    let probe = rt
-        .block_on(run(&sides.lib, scenario, tasks, 64, false))
-        .elapsed;
+    let probe = at.time(&sides.lib, 64);
     let per_call = probe.as_secs_f64() / 64.0;
     let calls = ((0.3 / per_call.max(1e-9)) as u64).clamp(64, 500_000);
     eprint!("{group}: {} rounds of {calls} calls", paired_rounds());
@@ -272,19 +314,18 @@ fn paired<L: Target, R: Target, M: Target, P: Target>(
         let mut took = [Duration::ZERO; 5];
         for side in order {
             let t = match side {
-                Side::Lib => rt.block_on(run(&sides.lib, scenario, tasks, calls, false)),
-                Side::Store => rt.block_on(run(&sides.raw, scenario, tasks, calls, false)),
-                Side::Min => rt.block_on(run(&sides.min, scenario, tasks, calls, false)),
+                Side::Lib => at.time(&sides.lib, calls),
+                Side::Store => at.time(&sides.raw, calls),
+                Side::Min => at.time(&sides.min, calls),
                 Side::Min2 => match &sides.min2 {
-                    Some(min2) => rt.block_on(run(min2, scenario, tasks, calls, false)),
+                    Some(min2) => at.time(min2, calls),
                     None => continue,
                 },
                 Side::Peer => match &sides.peer {
-                    Some(peer) => rt.block_on(run(peer, scenario, tasks, calls, false)),
+                    Some(peer) => at.time(peer, calls),
                     None => continue,
                 },
-            }
-            .elapsed;
+            };
             summary.add(group, side, calls, t);
             took[side as usize] = t;
         }
@@ -355,56 +396,23 @@ fn bench_backend<L, R, M, P, F>(
                 paired(rt, summary, &group, &sides, scenario, tasks);
                 continue;
             }
+            let at = At {
+                rt,
+                summary,
+                group: &group,
+                scenario,
+                tasks,
+            };
             let mut g = c.benchmark_group(&group);
             g.throughput(Throughput::Elements(1));
-            g.bench_function("idem", |b| {
-                b.iter_custom(|calls| {
-                    let took = rt
-                        .block_on(run(&sides.lib, scenario, tasks, calls, false))
-                        .elapsed;
-                    summary.add(&group, Side::Lib, calls, took);
-                    took
-                });
-            });
-            g.bench_function("store-stmts", |b| {
-                b.iter_custom(|calls| {
-                    let took = rt
-                        .block_on(run(&sides.raw, scenario, tasks, calls, false))
-                        .elapsed;
-                    summary.add(&group, Side::Store, calls, took);
-                    took
-                });
-            });
-            g.bench_function("minimal", |b| {
-                b.iter_custom(|calls| {
-                    let took = rt
-                        .block_on(run(&sides.min, scenario, tasks, calls, false))
-                        .elapsed;
-                    summary.add(&group, Side::Min, calls, took);
-                    took
-                });
-            });
+            at.bench(&mut g, "idem", Side::Lib, &sides.lib);
+            at.bench(&mut g, "store-stmts", Side::Store, &sides.raw);
+            at.bench(&mut g, "minimal", Side::Min, &sides.min);
             if let Some(min2) = &sides.min2 {
-                g.bench_function("minimal-2co", |b| {
-                    b.iter_custom(|calls| {
-                        let took = rt
-                            .block_on(run(min2, scenario, tasks, calls, false))
-                            .elapsed;
-                        summary.add(&group, Side::Min2, calls, took);
-                        took
-                    });
-                });
+                at.bench(&mut g, "minimal-2co", Side::Min2, min2);
             }
             if let Some(peer) = &sides.peer {
-                g.bench_function("idempotent", |b| {
-                    b.iter_custom(|calls| {
-                        let took = rt
-                            .block_on(run(peer, scenario, tasks, calls, false))
-                            .elapsed;
-                        summary.add(&group, Side::Peer, calls, took);
-                        took
-                    });
-                });
+                at.bench(&mut g, "idempotent", Side::Peer, peer);
             }
             g.finish();
         }

@@ -26,7 +26,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -34,12 +34,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::post;
 use base64::Engine as _;
-use common::dedup::Dedup;
+use common::dedup::{Dedup, sample};
 use criterion::Criterion;
 use hmac::{Hmac, KeyInit, Mac};
+use idem::Idem;
 use idem::http::webhook::{Provider, Secret, WebhookDelivery, WebhookLayer};
 use idem::store::Store;
-use idem::{Idem, Policy};
 use sha2::Sha256;
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
@@ -151,12 +151,7 @@ async fn send(app: &Router, req: Request<Body>) {
 fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store: S, dedup: Dedup) {
     let key = secret_key();
     let runs = Arc::new(AtomicU64::new(0));
-    let policy = Policy::builder()
-        .lease(common::stores::LEASE)
-        .response_ttl(common::stores::TTL)
-        .key_ttl(common::stores::TTL)
-        .build()
-        .expect("policy");
+    let policy = common::stores::policy();
     let layer = WebhookLayer::builder(Idem::new(store).with_policy(policy))
         .provider(Provider::standard_webhooks([
             Secret::whsec(SECRET).expect("whsec")
@@ -200,15 +195,10 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store
                 let reqs: Vec<_> = (0..iters)
                     .map(|_| signed(&key, &event(&run, next.fetch_add(1, Ordering::Relaxed))))
                     .collect();
-                rt.block_on(async {
-                    let before = runs.load(Ordering::Relaxed);
-                    let start = Instant::now();
+                sample(rt, &runs, iters, async {
                     for req in reqs {
                         send(app, req).await;
                     }
-                    let took = start.elapsed();
-                    assert_eq!(runs.load(Ordering::Relaxed) - before, iters);
-                    took
                 })
             });
         });
@@ -222,15 +212,10 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store
                 let reqs: Vec<_> = (0..iters)
                     .map(|i| signed(&key, &event(&run, i % STORED)))
                     .collect();
-                rt.block_on(async {
-                    let before = runs.load(Ordering::Relaxed);
-                    let start = Instant::now();
+                sample(rt, &runs, 0, async {
                     for req in reqs {
                         send(app, req).await;
                     }
-                    let took = start.elapsed();
-                    assert_eq!(runs.load(Ordering::Relaxed), before, "ran again");
-                    took
                 })
             });
         });
@@ -238,29 +223,15 @@ fn bench_backend<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store
     g.finish();
 }
 
-/// Runs [`bench_backend`] on each backend.
-struct Run<'a> {
-    c: &'a mut Criterion,
-    rt: &'a Runtime,
-}
+/// [`bench_backend`] on each backend.
+struct Bench;
 
-impl common::dedup::OnBackend for Run<'_> {
-    fn on<S: Store>(&mut self, backend: &str, store: S, dedup: Dedup) {
-        bench_backend(self.c, self.rt, backend, store, dedup);
+impl common::dedup::OnBackend for Bench {
+    fn on<S: Store>(c: &mut Criterion, rt: &Runtime, backend: &str, store: S, dedup: Dedup) {
+        bench_backend(c, rt, backend, store, dedup);
     }
 }
 
 fn main() {
-    // One thread drives the calls, the drivers of the Redis connection and
-    // (webhook) the detached handler: one delivery at a time, no hand-off
-    // between runtime threads (on a loaded machine each hand-off can cost a
-    // scheduler slice, which would tax the side with more round trips
-    // twice). sqlx's SQLite connections keep their own threads.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let mut c = common::criterion();
-    common::dedup::each_backend(&rt, "webhook", &mut Run { c: &mut c, rt: &rt });
-    c.final_summary();
+    common::dedup::main::<Bench>("webhook");
 }

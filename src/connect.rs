@@ -334,6 +334,7 @@ fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
     }
 }
 
+/// The step a backend's error happened at, as the variant that says so.
 #[cfg_attr(
     not(any(
         feature = "sqlite",
@@ -343,37 +344,67 @@ fn disabled(scheme: &str, feature: &'static str) -> ConnectError {
     )),
     allow(dead_code, reason = "no backend in this build")
 )]
-fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Invalid {
-        backend,
-        source: e.into(),
+impl ConnectError {
+    fn invalid(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Invalid {
+            backend,
+            source: e.into(),
+        }
+    }
+
+    fn unreachable(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Connect {
+            backend,
+            source: e.into(),
+        }
+    }
+
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code, reason = "no SQL backend in this build")
+    )]
+    fn migrate(backend: &'static str, e: impl Into<BoxDynError>) -> Self {
+        Self::Migrate {
+            backend,
+            source: e.into(),
+        }
     }
 }
 
-#[cfg_attr(
-    not(any(
-        feature = "sqlite",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "redis"
-    )),
-    allow(dead_code, reason = "no backend in this build")
-)]
-fn unreachable_store(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Connect {
-        backend,
-        source: e.into(),
-    }
+/// A SQL store as [`ConnectOptions`] finishes it once its pool is open:
+/// the table named, then the schema migrated. Each backend names its own
+/// methods here once, so a change of their signatures is one line.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+trait SqlStore: idem_core::store::AdminStore + Sized {
+    /// The backend's name in [`ConnectError`].
+    const BACKEND: &'static str;
+    /// The store's `with_table_name`.
+    fn with_table(self, table: &str) -> Result<Self, BoxDynError>;
+    /// The store's `migrate`.
+    fn migrate_schema(&self) -> impl Future<Output = Result<(), BoxDynError>> + Send;
 }
 
-#[cfg_attr(
-    not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
-    allow(dead_code, reason = "no SQL backend in this build")
-)]
-fn migrate_failed(backend: &'static str, e: impl Into<BoxDynError>) -> ConnectError {
-    ConnectError::Migrate {
-        backend,
-        source: e.into(),
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+impl ConnectOptions {
+    /// The steps every SQL backend shares after connecting: the table
+    /// option, then the migration when `migrate`.
+    async fn finish<S: SqlStore>(
+        &self,
+        mut store: S,
+        migrate: bool,
+    ) -> Result<AnyStore, ConnectError> {
+        if let Some(table) = &self.table_name {
+            store = store
+                .with_table(table)
+                .map_err(|e| ConnectError::invalid(S::BACKEND, e))?;
+        }
+        if migrate {
+            store
+                .migrate_schema()
+                .await
+                .map_err(|e| ConnectError::migrate(S::BACKEND, e))?;
+        }
+        Ok(AnyStore::new(store))
     }
 }
 
@@ -385,12 +416,12 @@ impl ConnectOptions {
         };
         use idem_sqlite::{Error, SqliteStore};
 
-        const BACKEND: &str = "sqlite";
+        const BACKEND: &str = <SqliteStore as SqlStore>::BACKEND;
         let mut options = if bare {
             SqliteConnectOptions::new().filename(url)
         } else {
             url.parse::<SqliteConnectOptions>()
-                .map_err(|e| invalid(BACKEND, Error::from(e)))?
+                .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?
         };
         // No ping before a checkout, as `SqliteStore::open`: a handle on a
         // local file has no peer to lose.
@@ -416,23 +447,23 @@ impl ConnectOptions {
                     .synchronous(SqliteSynchronous::Normal);
             }
         }
-        let mut store = SqliteStore::new(
+        let store = SqliteStore::new(
             pool.connect_with(options)
                 .await
-                .map_err(|e| unreachable_store(BACKEND, Error::from(e)))?,
+                .map_err(|e| ConnectError::unreachable(BACKEND, Error::from(e)))?,
         );
-        if let Some(table) = &self.table_name {
-            store = store
-                .with_table_name(table)
-                .map_err(|e| invalid(BACKEND, e))?;
-        }
-        if self.migrate || in_memory {
-            store
-                .migrate()
-                .await
-                .map_err(|e| migrate_failed(BACKEND, e))?;
-        }
-        Ok(AnyStore::new(store))
+        self.finish(store, self.migrate || in_memory).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl SqlStore for idem_sqlite::SqliteStore {
+    const BACKEND: &'static str = "sqlite";
+    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
+        Ok(self.with_table_name(table)?)
+    }
+    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
+        Ok(self.migrate().await?)
     }
 }
 
@@ -453,10 +484,10 @@ impl ConnectOptions {
         use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
         use idem_postgres::{Error, PgStore};
 
-        const BACKEND: &str = "postgres";
+        const BACKEND: &str = <PgStore as SqlStore>::BACKEND;
         let mut options = url
             .parse::<PgConnectOptions>()
-            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+            .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?;
         let mut pool = PgPoolOptions::new();
         if let Some(t) = self.timeout {
             let ms = t.as_millis().to_string();
@@ -465,27 +496,28 @@ impl ConnectOptions {
         }
         let mut store = PgStore::connect_with(pool, options)
             .await
-            .map_err(|e| unreachable_store(BACKEND, e))?;
+            .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         if let Some(t) = self.timeout {
             store = store.with_call_timeout(t);
         }
         if let Some(schema) = &self.schema_name {
             store = store
                 .with_schema_name(schema)
-                .map_err(|e| invalid(BACKEND, e))?;
+                .map_err(|e| ConnectError::invalid(BACKEND, e))?;
         }
-        if let Some(table) = &self.table_name {
-            store = store
-                .with_table_name(table)
-                .map_err(|e| invalid(BACKEND, e))?;
-        }
-        if self.migrate {
-            store
-                .migrate()
-                .await
-                .map_err(|e| migrate_failed(BACKEND, e))?;
-        }
-        Ok(AnyStore::new(store))
+        self.finish(store, self.migrate).await
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl SqlStore for idem_postgres::PgStore {
+    const BACKEND: &'static str = "postgres";
+    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
+        Ok(self.with_table_name(table)?)
+    }
+    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
+        self.migrate().await?;
+        Ok(())
     }
 }
 
@@ -496,10 +528,10 @@ impl ConnectOptions {
         use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
         use idem_mysql::{Error, MySqlStore};
 
-        const BACKEND: &str = "mysql";
+        const BACKEND: &str = <MySqlStore as SqlStore>::BACKEND;
         let options = url
             .parse::<MySqlConnectOptions>()
-            .map_err(|e| invalid(BACKEND, Error::from(e)))?;
+            .map_err(|e| ConnectError::invalid(BACKEND, Error::from(e)))?;
         let mut pool = MySqlPoolOptions::new();
         if let Some(t) = self.timeout {
             // Whole seconds: the server has no finer unit.
@@ -514,21 +546,21 @@ impl ConnectOptions {
                 })
             });
         }
-        let mut store = MySqlStore::connect_with(pool, options)
+        let store = MySqlStore::connect_with(pool, options)
             .await
-            .map_err(|e| unreachable_store(BACKEND, e))?;
-        if let Some(table) = &self.table_name {
-            store = store
-                .with_table_name(table)
-                .map_err(|e| invalid(BACKEND, e))?;
-        }
-        if self.migrate {
-            store
-                .migrate()
-                .await
-                .map_err(|e| migrate_failed(BACKEND, e))?;
-        }
-        Ok(AnyStore::new(store))
+            .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
+        self.finish(store, self.migrate).await
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl SqlStore for idem_mysql::MySqlStore {
+    const BACKEND: &'static str = "mysql";
+    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
+        Ok(self.with_table_name(table)?)
+    }
+    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
+        Ok(self.migrate().await?)
     }
 }
 
@@ -541,7 +573,20 @@ impl ConnectOptions {
             .as_deref()
             .map(idem_redis::KeyPrefix::new)
             .transpose()
-            .map_err(|e| invalid("redis", idem_redis::Error::from(e)))
+            .map_err(|e| ConnectError::invalid(REDIS, idem_redis::Error::from(e)))
+    }
+
+    /// The options every Redis store takes once connected: the prefix
+    /// checked by [`Self::redis_prefix`], and the inline body limit.
+    fn redis_finish(
+        &self,
+        mut store: idem_redis::RedisStore,
+        prefix: Option<idem_redis::KeyPrefix>,
+    ) -> AnyStore {
+        if let Some(prefix) = prefix {
+            store = store.with_key_prefix(prefix);
+        }
+        AnyStore::new(store.with_inline_body_limit(self.inline_body_limit))
     }
 
     async fn redis(&self, url: &str) -> Result<AnyStore, ConnectError> {
@@ -549,47 +594,93 @@ impl ConnectOptions {
         use idem_redis::redis::aio::ConnectionManagerConfig;
         use idem_redis::{Error, RedisStore};
 
-        const BACKEND: &str = "redis";
-        let client = Client::open(url).map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let client = Client::open(url).map_err(|e| ConnectError::invalid(REDIS, Error::from(e)))?;
         let prefix = self.redis_prefix()?;
-        let mut store = RedisStore::connect_with(ConnectionManagerConfig::new(), client)
+        let store = RedisStore::connect_with(ConnectionManagerConfig::new(), client)
             .await
-            .map_err(|e| unreachable_store(BACKEND, e))?;
-        if let Some(prefix) = prefix {
-            store = store.with_key_prefix(prefix);
-        }
-        Ok(AnyStore::new(
-            store.with_inline_body_limit(self.inline_body_limit),
-        ))
+            .map_err(|e| ConnectError::unreachable(REDIS, e))?;
+        Ok(self.redis_finish(store, prefix))
     }
 
     async fn redis_cluster(&self, nodes: Vec<String>) -> Result<AnyStore, ConnectError> {
         use idem_redis::redis::cluster::ClusterClient;
         use idem_redis::{Error, RedisStore};
 
-        const BACKEND: &str = "redis";
         if nodes.is_empty() {
-            return Err(invalid(BACKEND, "redis+cluster:// names no node"));
+            return Err(ConnectError::invalid(
+                REDIS,
+                "redis+cluster:// names no node",
+            ));
         }
-        let client = ClusterClient::new(nodes).map_err(|e| invalid(BACKEND, Error::from(e)))?;
+        let client =
+            ClusterClient::new(nodes).map_err(|e| ConnectError::invalid(REDIS, Error::from(e)))?;
         let prefix = self.redis_prefix()?;
         let conn = client
             .get_async_connection()
             .await
-            .map_err(|e| unreachable_store(BACKEND, Error::from(e)))?;
-        let mut store = RedisStore::new_cluster(conn);
-        if let Some(prefix) = prefix {
-            store = store.with_key_prefix(prefix);
-        }
-        Ok(AnyStore::new(
-            store.with_inline_body_limit(self.inline_body_limit),
-        ))
+            .map_err(|e| ConnectError::unreachable(REDIS, Error::from(e)))?;
+        Ok(self.redis_finish(RedisStore::new_cluster(conn), prefix))
     }
 }
+
+/// The Redis backend's name in [`ConnectError`].
+#[cfg(feature = "redis")]
+const REDIS: &str = "redis";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    ))]
+    use run::*;
+
+    /// What every backend's test does with the store it opened.
+    #[cfg(any(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "redis"
+    ))]
+    mod run {
+        use super::*;
+        pub(super) use idem_core::Idem;
+        use idem_core::{Outcome, Reply, Scope};
+
+        /// Runs `key` on `idem` (scope `acct`, `POST /x`), the work answering
+        /// `body`.
+        pub(super) async fn answer(
+            idem: &Idem<AnyStore>,
+            key: &str,
+            body: String,
+        ) -> Reply<String, String> {
+            let scope = Scope::new("acct", "POST /x").expect("scope");
+            idem.execute(&scope, key, &1, |_| async {
+                Outcome::<String, String>::Success(body)
+            })
+            .await
+            .expect("execute")
+        }
+
+        /// Key `k1` runs once on a fresh `store` and is stored.
+        pub(super) async fn runs(store: AnyStore) -> Reply<String, String> {
+            let reply = answer(&Idem::new(store), "k1", "ok".to_owned()).await;
+            assert!(reply.is_stored());
+            reply
+        }
+
+        /// `e` is [`ConnectError::Invalid`] for `backend`.
+        #[track_caller]
+        pub(super) fn assert_invalid(e: &ConnectError, backend: &str) {
+            assert!(
+                matches!(e, ConnectError::Invalid { backend: b, .. } if *b == backend),
+                "{e:?}"
+            );
+        }
+    }
 
     #[test]
     fn schemes_and_paths() {
@@ -642,18 +733,6 @@ mod tests {
     #[cfg(feature = "sqlite")]
     mod sqlite {
         use super::*;
-        use idem_core::{Idem, Outcome, Scope};
-
-        async fn runs(store: AnyStore) {
-            let scope = Scope::new("acct", "POST /x").expect("scope");
-            let reply = Idem::new(store)
-                .execute(&scope, "k1", &1, |_| async {
-                    Outcome::<String, String>::Success("ok".to_owned())
-                })
-                .await
-                .expect("execute");
-            assert!(reply.is_stored());
-        }
 
         #[tokio::test]
         async fn memory_and_files() {
@@ -696,16 +775,7 @@ mod tests {
             let e = connect("sqlite://x.db?colour=blue")
                 .await
                 .expect_err("bad URL");
-            assert!(
-                matches!(
-                    e,
-                    ConnectError::Invalid {
-                        backend: "sqlite",
-                        ..
-                    }
-                ),
-                "{e:?}"
-            );
+            assert_invalid(&e, "sqlite");
         }
     }
 
@@ -717,7 +787,6 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_with_a_schema() {
-        use idem_core::{Idem, Outcome, Scope};
         let url = std::env::var("IDEM_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         let schema = format!("idem_connect_{}", random());
@@ -725,29 +794,13 @@ mod tests {
         let store = options.connect(&url).await.unwrap_or_else(|e| {
             panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
         });
-        let scope = Scope::new("acct", "POST /x").expect("scope");
-        let reply = Idem::new(store)
-            .execute(&scope, "k1", &1, |_| async {
-                Outcome::<String, String>::Success("ok".to_owned())
-            })
-            .await
-            .expect("execute in the migrated schema");
-        assert!(reply.is_stored());
+        runs(store).await;
         let e = ConnectOptions::new()
             .schema_name("no such schema")
             .connect(&url)
             .await
             .expect_err("bad schema name");
-        assert!(
-            matches!(
-                e,
-                ConnectError::Invalid {
-                    backend: "postgres",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert_invalid(&e, "postgres");
         let pg = idem_postgres::PgStore::connect(&url)
             .await
             .expect("connect");
@@ -762,14 +815,12 @@ mod tests {
     #[cfg(feature = "mysql")]
     #[tokio::test]
     async fn mysql_and_mariadb_urls_with_a_table() {
-        use idem_core::{Idem, Outcome, Scope};
         let url = std::env::var("IDEM_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
         let table = format!("idem_connect_{}", random());
         let options = ConnectOptions::new()
             .table_name(&table)
             .timeout(std::time::Duration::from_secs(3));
-        let scope = Scope::new("acct", "POST /x").expect("scope");
         for (i, url) in [url.clone(), url.replacen("mysql://", "mariadb://", 1)]
             .iter()
             .enumerate()
@@ -777,13 +828,7 @@ mod tests {
             let store = options.connect(url).await.unwrap_or_else(|e| {
                 panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
             });
-            let reply = Idem::new(store)
-                .execute(&scope, "k1", &1, |_| async {
-                    Outcome::<String, String>::Success("ok".to_owned())
-                })
-                .await
-                .expect("execute in the migrated table");
-            assert!(reply.is_stored());
+            let reply = runs(store).await;
             assert_eq!(reply.is_replay(), i == 1, "both URL forms reach one table");
         }
         let e = ConnectOptions::new()
@@ -791,16 +836,7 @@ mod tests {
             .connect(&url)
             .await
             .expect_err("bad table name");
-        assert!(
-            matches!(
-                e,
-                ConnectError::Invalid {
-                    backend: "mysql",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert_invalid(&e, "mysql");
         let my = idem_mysql::MySqlStore::connect(&url)
             .await
             .expect("connect");
@@ -855,7 +891,6 @@ mod tests {
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn redis_with_a_prefix() {
-        use idem_core::{Idem, Outcome, Scope};
         use idem_redis::redis::AsyncCommands;
         // A bad prefix is found before connecting (nothing listens on port 1).
         let e = ConnectOptions::new()
@@ -863,26 +898,10 @@ mod tests {
             .connect("redis://127.0.0.1:1/")
             .await
             .expect_err("bad prefix");
-        assert!(
-            matches!(
-                e,
-                ConnectError::Invalid {
-                    backend: "redis",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert_invalid(&e, "redis");
         let prefix = format!("idem-connect:{}:", random());
         let (store, mut conn) = open_redis(ConnectOptions::new().key_prefix(&prefix)).await;
-        let scope = Scope::new("acct", "POST /x").expect("scope");
-        let reply = Idem::new(store)
-            .execute(&scope, "k1", &1, |_| async {
-                Outcome::<String, String>::Success("ok".to_owned())
-            })
-            .await
-            .expect("execute");
-        assert!(reply.is_stored());
+        runs(store).await;
         let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 2, "the record and its body key: {keys:?}");
         let _: i64 = conn.del(keys).await.expect("DEL");
@@ -891,7 +910,6 @@ mod tests {
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn redis_with_bodies_inside_their_record() {
-        use idem_core::{Idem, Outcome, Scope};
         use idem_redis::redis::AsyncCommands;
         let prefix = format!("idem-connect-inline:{}:", random());
         let options = ConnectOptions::new()
@@ -899,33 +917,17 @@ mod tests {
             .redis_inline_body_limit(64);
         let (store, mut conn) = open_redis(options).await;
         let idem = Idem::new(store);
-        let scope = Scope::new("acct", "POST /x").expect("scope");
         // A body within the limit stays inside its record: one key, and the
         // replay is the same bytes.
-        let small = idem
-            .execute(&scope, "small", &1, |_| async {
-                Outcome::<String, String>::Success("ok".to_owned())
-            })
-            .await
-            .expect("execute");
+        let small = answer(&idem, "small", "ok".to_owned()).await;
         assert!(small.is_stored());
         let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 1, "the record alone: {keys:?}");
-        let replay = idem
-            .execute(&scope, "small", &1, |_| async {
-                Outcome::<String, String>::Success("run again".to_owned())
-            })
-            .await
-            .expect("replay");
+        let replay = answer(&idem, "small", "run again".to_owned()).await;
         assert!(replay.is_replay());
         assert_eq!(replay.into_result(), Ok("ok".to_owned()));
         // One over it goes to a body key of its own.
-        let large = idem
-            .execute(&scope, "large", &1, |_| async {
-                Outcome::<String, String>::Success("x".repeat(100))
-            })
-            .await
-            .expect("execute");
+        let large = answer(&idem, "large", "x".repeat(100)).await;
         assert!(large.is_stored());
         let keys = redis_keys(&mut conn, &prefix).await;
         assert_eq!(keys.len(), 3, "two records and one body key: {keys:?}");

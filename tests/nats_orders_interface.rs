@@ -23,8 +23,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/queue_example.rs"]
-mod queue_example;
+mod support;
 
 use std::{
     net::TcpListener,
@@ -34,7 +33,8 @@ use std::{
 };
 
 use async_nats::jetstream::{self, stream};
-use queue_example::{Db, random_id, retry_ms};
+use support::queue_example::{self, Db, retry_ms};
+use support::random_id;
 
 /// The example's lease (and the durable consumer's `ack_wait`): short, so a
 /// killed run's message comes back within seconds, and long enough that the

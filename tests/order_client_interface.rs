@@ -11,46 +11,20 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
+    net::{SocketAddr, TcpStream},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
+use support::{TempSqlite, example, free_addr, random_id};
 
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features client,axum,postgres,redis` \
-         without a --test filter (cargo then builds the examples), or build them first with \
-         `cargo build -p idem --examples --features client,axum,postgres,redis`",
-        path.display()
-    );
-    path
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
+/// The example binaries' features, for the message when they are not built.
+const FEATURES: &str = "client,axum,postgres,redis";
 
 /// `http_orders` with this environment, killed when dropped.
 struct OrdersServer {
@@ -61,14 +35,9 @@ struct OrdersServer {
 impl OrdersServer {
     /// Starts it on `addr` and waits (bounded) for its "listening" line.
     fn start(addr: SocketAddr, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(example("http_orders"));
-        cmd.env("IDEM_HTTP_ADDR", addr.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn http_orders");
+        let mut child = support::spawn("http_orders", FEATURES, env, |cmd| {
+            cmd.env("IDEM_HTTP_ADDR", addr.to_string());
+        });
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -128,7 +97,7 @@ impl Drop for OrdersServer {
 /// Runs `order_client`: the parsed JSON line and whether it exited 0.
 fn order_client(args: &[&str]) -> (Value, i32) {
     let t0 = Instant::now();
-    let out = Command::new(example("order_client"))
+    let out = Command::new(example("order_client", FEATURES))
         .args(args)
         .output()
         .expect("run order_client");
@@ -255,20 +224,12 @@ fn the_interface_on(env: &[(&str, String)]) {
 
 #[test]
 fn order_client_against_http_orders_on_sqlite() {
-    let path = std::env::temp_dir().join(format!("idem-order-client-{}.db", random_id()));
+    let db = TempSqlite::new("order-client");
     let env = [
         ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", path.to_string_lossy().into_owned()),
+        ("IDEM_SQLITE_PATH", db.env()),
     ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env));
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    the_interface_on(&env);
 }
 
 /// A database of its own (`http_orders` uses the fixed schema
@@ -276,40 +237,12 @@ fn order_client_against_http_orders_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[test]
 fn order_client_against_http_orders_on_postgres() {
-    use idem::postgres::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let db = format!("idem_order_client_{}", random_id());
-    let url = match admin.rsplit_once('/') {
-        Some((server, _)) => format!("{server}/{db}"),
-        None => panic!("IDEM_POSTGRES_URL has no database: {admin}"),
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sql = |stmt: String| {
-        rt.block_on(async {
-            let mut c = sqlx::PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-                panic!(
-                    "cannot reach PostgreSQL at {admin}: {e}; start it or point IDEM_POSTGRES_URL \
-                     at a server (this test never skips)"
-                )
-            });
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        });
-    };
-    sql(format!("CREATE DATABASE \"{db}\""));
+    let db = support::TempPgDatabase::create("order_client");
     let env = [
         ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", url),
+        ("IDEM_POSTGRES_URL", db.url.clone()),
     ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env));
-    sql(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"));
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    the_interface_on(&env);
 }
 
 /// MariaDB (or MySQL) through `IDEM_STORE=mysql`, on a table of its own

@@ -12,8 +12,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/queue_example.rs"]
-mod queue_example;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,8 @@ use idem::consumer::rabbitmq::lapin::options::{
 };
 use idem::consumer::rabbitmq::lapin::types::FieldTable;
 use idem::consumer::rabbitmq::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use queue_example::{Db, Orders, random_id, retry_ms};
+use support::queue_example::{Db, Orders, retry_ms};
+use support::random_id;
 
 /// The example's lease: a killed run's message is redelivered at once (the
 /// connection closed), found in flight until the lease ends, then recovered.

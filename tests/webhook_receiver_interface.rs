@@ -12,11 +12,12 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::{
     io::{BufRead, BufReader, Read},
-    net::{SocketAddr, TcpListener},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
+    net::SocketAddr,
+    process::{Child, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -25,41 +26,14 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::Value;
 use sha2::Sha256;
+use support::{TempSqlite, free_addr, random_id};
 
 const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const STRIPE_SECRET: &str = "whsec_stripe_interface_test";
 const GITHUB_SECRET: &str = "github interface test secret";
 
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features axum,webhook,postgres,redis` \
-         without a --test filter (cargo then builds the examples), or build them first with \
-         `cargo build -p idem --examples --features axum,webhook,postgres,redis`",
-        path.display()
-    );
-    path
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
+/// The example binary's features, for the message when it is not built.
+const FEATURES: &str = "axum,webhook,postgres,mysql,redis";
 
 fn now() -> u64 {
     SystemTime::now()
@@ -112,24 +86,19 @@ impl Receiver {
     /// Like [`Receiver::start`], in working directory `cwd` when given, and
     /// with no store variable inherited from the test's own environment.
     fn start_in(addr: SocketAddr, env: &[(&str, String)], cwd: Option<&std::path::Path>) -> Self {
-        let mut cmd = Command::new(example("webhook_receiver"));
-        for var in STORE_VARS {
-            cmd.env_remove(var);
-        }
-        if let Some(dir) = cwd {
-            cmd.current_dir(dir);
-        }
-        cmd.env("IDEM_HTTP_ADDR", addr.to_string())
-            .env("STANDARD_WEBHOOK_SECRET", STANDARD_SECRET)
-            .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
-            .env("GITHUB_WEBHOOK_SECRET", GITHUB_SECRET)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn webhook_receiver");
+        let mut child = support::spawn("webhook_receiver", FEATURES, env, |cmd| {
+            for var in STORE_VARS {
+                cmd.env_remove(var);
+            }
+            if let Some(dir) = cwd {
+                cmd.current_dir(dir);
+            }
+            cmd.env("IDEM_HTTP_ADDR", addr.to_string())
+                .env("STANDARD_WEBHOOK_SECRET", STANDARD_SECRET)
+                .env("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET)
+                .env("GITHUB_WEBHOOK_SECRET", GITHUB_SECRET)
+                .stdin(Stdio::null());
+        });
         let out = child.stdout.take().unwrap();
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -495,20 +464,12 @@ async fn the_interface_on(env: &[(&str, String)]) {
 
 #[tokio::test]
 async fn webhook_receiver_on_sqlite() {
-    let path = std::env::temp_dir().join(format!("idem-webhook-receiver-{}.db", random_id()));
+    let db = TempSqlite::new("webhook-receiver");
     let env = [
         ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", path.to_string_lossy().into_owned()),
+        ("IDEM_SQLITE_PATH", db.env()),
     ];
-    let result = tokio::spawn(async move { the_interface_on(&env).await }).await;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    the_interface_on(&env).await;
 }
 
 /// A database of its own (`webhook_receiver` uses the fixed schema
@@ -516,39 +477,12 @@ async fn webhook_receiver_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn webhook_receiver_on_postgres() {
-    use idem::postgres::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let db = format!("idem_webhook_receiver_{}", random_id());
-    let url = match admin.rsplit_once('/') {
-        Some((server, _)) => format!("{server}/{db}"),
-        None => panic!("IDEM_POSTGRES_URL has no database: {admin}"),
-    };
-    let sql = |stmt: String| {
-        let admin = admin.clone();
-        async move {
-            let mut c = sqlx::PgConnection::connect(&admin)
-                .await
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot reach PostgreSQL at {admin}: {e}; start it or point \
-                         IDEM_POSTGRES_URL at a server (this test never skips)"
-                    )
-                });
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        }
-    };
-    sql(format!("CREATE DATABASE \"{db}\"")).await;
+    let db = support::TempPgDatabase::create("webhook_receiver");
     let env = [
         ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", url),
+        ("IDEM_POSTGRES_URL", db.url.clone()),
     ];
-    let result = tokio::spawn(async move { the_interface_on(&env).await }).await;
-    sql(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)")).await;
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    the_interface_on(&env).await;
 }
 
 /// A throwaway Redis server of its own (`webhook_receiver` uses the fixed

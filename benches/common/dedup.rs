@@ -128,16 +128,65 @@ impl Dedup {
 /// A bench run once per backend by [`each_backend`]: the idem store and the
 /// hand-written dedup on the same database, pool or connection.
 pub(crate) trait OnBackend {
-    fn on<S: idem::store::Store>(&mut self, backend: &str, store: S, dedup: Dedup);
+    fn on<S: idem::store::Store>(
+        c: &mut criterion::Criterion,
+        rt: &tokio::runtime::Runtime,
+        backend: &str,
+        store: S,
+        dedup: Dedup,
+    );
 }
 
-/// Runs `bench` on each backend the features enable, each in a namespace of
+/// The `main` of a bench of [`OnBackend`]: `B` on each backend, under `tag`.
+pub(crate) fn main<B: OnBackend>(tag: &str) {
+    // One thread drives the calls, the drivers of the Redis connection and
+    // (webhook) the detached handler: one delivery at a time, no hand-off
+    // between runtime threads (on a loaded machine each hand-off can cost a
+    // scheduler slice, which would tax the side with more round trips
+    // twice). sqlx's SQLite connections keep their own threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let mut c = super::criterion();
+    each_backend::<B>(&mut c, &rt, tag);
+    c.final_summary();
+}
+
+/// One sample: the time `deliver` takes (every delivery of the sample), the
+/// work having run `ran` more times by `runs`' count when it is done.
+pub(crate) fn sample(
+    rt: &tokio::runtime::Runtime,
+    runs: &std::sync::atomic::AtomicU64,
+    ran: u64,
+    deliver: impl std::future::Future<Output = ()>,
+) -> std::time::Duration {
+    use std::sync::atomic::Ordering;
+    rt.block_on(async {
+        let before = runs.load(Ordering::Relaxed);
+        let start = std::time::Instant::now();
+        deliver.await;
+        let took = start.elapsed();
+        assert_eq!(
+            runs.load(Ordering::Relaxed) - before,
+            ran,
+            "runs of the work"
+        );
+        took
+    })
+}
+
+/// Runs `B` on each backend the features enable, each in a namespace of
 /// its own removed afterwards: a SQLite file (`SqliteStore::open`, deleted),
 /// Postgres (`IDEM_POSTGRES_URL`, schema `idem_bench_<tag>_<pid>`, dropped)
 /// and Redis (`IDEM_REDIS_URL`, prefix `idem-bench-<tag>-<pid>:`, its keys
 /// deleted). An unreachable server is reported and skipped.
-pub(crate) fn each_backend(rt: &tokio::runtime::Runtime, tag: &str, bench: &mut impl OnBackend) {
-    let _ = (rt, tag, &bench);
+fn each_backend<B: OnBackend>(
+    c: &mut criterion::Criterion,
+    rt: &tokio::runtime::Runtime,
+    tag: &str,
+) {
+    let _ = (&c, rt, tag);
     #[cfg(feature = "sqlite")]
     {
         let db = super::stores::TempDb::new(tag);
@@ -146,7 +195,7 @@ pub(crate) fn each_backend(rt: &tokio::runtime::Runtime, tag: &str, bench: &mut 
             let dedup = Dedup::sqlite(&store).await;
             (store, dedup)
         });
-        bench.on("sqlite-file", store, dedup);
+        B::on(c, rt, "sqlite-file", store, dedup);
     }
     #[cfg(feature = "postgres")]
     {
@@ -161,7 +210,7 @@ pub(crate) fn each_backend(rt: &tokio::runtime::Runtime, tag: &str, bench: &mut 
                     store.migrate().await.expect("migrate the bench schema");
                     Dedup::postgres(&store).await
                 });
-                bench.on("postgres", store.clone(), dedup);
+                B::on(c, rt, "postgres", store.clone(), dedup);
                 rt.block_on(
                     sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
                         .execute(store.pool()),
@@ -187,7 +236,7 @@ pub(crate) fn each_backend(rt: &tokio::runtime::Runtime, tag: &str, bench: &mut 
                 let store = idem_redis::RedisStore::new(conn.clone())
                     .with_prefix(&prefix)
                     .expect("valid prefix");
-                bench.on("redis", store, Dedup::redis(conn.clone(), &prefix));
+                B::on(c, rt, "redis", store, Dedup::redis(conn.clone(), &prefix));
                 rt.block_on(super::stores::redis::clean(&conn, &prefix));
             }
             Err(e) => eprintln!("NOTE: Redis at {url} unreachable ({e}): redis NOT run"),

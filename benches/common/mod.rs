@@ -3,6 +3,8 @@
 #[cfg(any(feature = "consumer", feature = "webhook"))]
 pub(crate) mod dedup;
 pub(crate) mod doc;
+#[cfg(feature = "axum")]
+pub(crate) mod http;
 pub(crate) mod stores;
 
 use std::time::Duration;

@@ -23,6 +23,7 @@
 //! the children `crash-consumer` and `crash-webhook` and the [`inbound`]
 //! module.
 
+pub mod backend;
 pub mod inbound;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,8 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The settings a worker reads from its environment.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// `IDEM_CRASH_BACKEND`: `sqlite:<file>`, `postgres:<url>#<schema>` or
-    /// `redis:<url>`.
+    /// `IDEM_CRASH_BACKEND`: a store as [`backend::open`] reads it.
     pub backend: String,
     /// `IDEM_CRASH_WORKER`: this worker's number.
     pub worker: u32,
@@ -56,12 +56,6 @@ impl WorkerConfig {
     ///
     /// A variable that is missing or does not parse.
     pub fn from_env() -> Result<Self, String> {
-        let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
-        let num = |name: &str| -> Result<u64, String> {
-            var(name)?
-                .parse()
-                .map_err(|_| format!("{name} is not a number"))
-        };
         Ok(Self {
             backend: var("IDEM_CRASH_BACKEND")?,
             worker: u32::try_from(num("IDEM_CRASH_WORKER")?).map_err(|e| e.to_string())?,
@@ -71,6 +65,26 @@ impl WorkerConfig {
             lease: Duration::from_millis(num("IDEM_CRASH_LEASE_MS")?),
         })
     }
+}
+
+/// The environment variable `name`, which must be set.
+///
+/// # Errors
+///
+/// `"<name> is not set"`.
+pub fn var(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set"))
+}
+
+/// The environment variable `name` as a whole number.
+///
+/// # Errors
+///
+/// It is not set, or `"<name> is not a number"`.
+pub fn num(name: &str) -> Result<u64, String> {
+    var(name)?
+        .parse()
+        .map_err(|_| format!("{name} is not a number"))
 }
 
 /// An append-only log, each line written whole and fsynced before the call

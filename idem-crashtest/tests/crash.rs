@@ -23,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_crashtest::{Report, check};
+use idem_test_support::{mariadb_server, redis_server};
 
 const WORKERS: u32 = 3;
 const KEYS: u32 = 30;
@@ -189,120 +190,11 @@ fn postgres_survives_crashed_workers() {
     both_variants(&format!("postgres:{url}#{schema}"), &mut || {});
 }
 
-/// A `mariadbd` in a directory of its own on a free loopback port, with
-/// InnoDB's defaults (`innodb_flush_log_at_trx_commit = 1`: a commit is on
-/// disk before it is acknowledged); SIGKILLed on drop.
-struct CrashMariaDb {
-    port: u16,
-    dir: TempDir,
-    child: Option<Child>,
-}
-
-impl CrashMariaDb {
-    fn start() -> Self {
-        let dir = TempDir::new("mariadb");
-        // Its own tmpdir: bootstraps side by side in one /tmp collide on
-        // their temporary tables' names and abort.
-        std::fs::create_dir_all(dir.0.join("tmp")).expect("tmpdir");
-        let out = Command::new("mariadb-install-db")
-            .args(["--no-defaults", "--user=root", "--skip-test-db"])
-            .arg("--auth-root-authentication-method=normal")
-            .arg(format!("--datadir={}", dir.0.join("data").display()))
-            .arg(format!("--tmpdir={}", dir.0.join("tmp").display()))
-            .output()
-            .expect("run mariadb-install-db (is MariaDB installed?)");
-        assert!(
-            out.status.success(),
-            "mariadb-install-db: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut db = Self {
-            port,
-            dir,
-            child: None,
-        };
-        db.restart();
-        let created = Command::new("mariadb")
-            .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
-            .args(["-e", "CREATE DATABASE IF NOT EXISTS test"])
-            .status()
-            .expect("run the mariadb client");
-        assert!(created.success(), "CREATE DATABASE test");
-        db
-    }
-
-    /// SIGKILLs the server (if running) and starts it again on its data
-    /// directory (InnoDB's crash recovery replays its redo log).
-    fn restart(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let d = &self.dir.0;
-        let child = Command::new("mariadbd")
-            .args(["--no-defaults", "--user=root", "--bind-address=127.0.0.1"])
-            .arg(format!("--port={}", self.port))
-            .arg(format!("--datadir={}", d.join("data").display()))
-            .arg(format!("--socket={}", d.join("sock").display()))
-            .arg(format!("--tmpdir={}", d.join("tmp").display()))
-            .arg(format!("--pid-file={}", d.join("pid").display()))
-            .arg(format!("--log-error={}", d.join("err.log").display()))
-            .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run mariadbd (is MariaDB installed?)");
-        self.child = Some(child);
-        let until = Instant::now() + Duration::from_secs(30);
-        while !Command::new("mariadb-admin")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-P",
-                &self.port.to_string(),
-                "-u",
-                "root",
-                "ping",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            assert!(
-                Instant::now() < until,
-                "mariadbd on {} does not answer",
-                self.port
-            );
-            std::thread::park_timeout(Duration::from_millis(50));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/test", self.port)
-    }
-}
-
-impl Drop for CrashMariaDb {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// MariaDB (the MariaDB claim statement, detected at connect), with the
 /// server itself SIGKILLed and restarted once mid-run.
 #[test]
 fn mariadb_survives_crashed_workers_and_a_crashed_server() {
-    let mut db = CrashMariaDb::start();
+    let mut db = mariadb_server::Throwaway::start();
     let url = db.url();
     both_variants(&format!("mysql:{url}#idem_crash"), &mut || db.restart());
 }
@@ -335,12 +227,17 @@ impl AofRedis {
         redis
     }
 
-    /// SIGKILLs the server (if running) and starts it again on its AOF.
-    fn restart(&mut self) {
+    /// SIGKILLs the server, if running, and reaps it.
+    fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// SIGKILLs the server (if running) and starts it again on its AOF.
+    fn restart(&mut self) {
+        self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendfsync", "always", "--appendonly"])
@@ -354,7 +251,7 @@ impl AofRedis {
             .expect("run redis-server (is Redis installed?)");
         self.child = Some(child);
         let until = Instant::now() + Duration::from_secs(10);
-        while !ping(self.port) {
+        while !self.answers() {
             assert!(
                 Instant::now() < until,
                 "redis-server on {} does not answer",
@@ -367,23 +264,16 @@ impl AofRedis {
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
-}
 
-fn ping(port: u16) -> bool {
-    Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "ping"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+    /// Whether the server answers `PING`.
+    fn answers(&self) -> bool {
+        redis_server::cli(self.port, &["ping"]).is_some_and(|out| out.trim() == "PONG")
+    }
 }
 
 impl Drop for AofRedis {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill();
     }
 }
 

@@ -35,14 +35,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::clock::{Clock, SystemClock};
-use idem_core::store::Fingerprint;
-use idem_core::store::OutcomeKind;
+use idem_core::clock::{Clock, SystemClock, Timestamp};
+use idem_core::store::{Fingerprint, OutcomeKind};
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::aio::MultiplexedConnection;
 use idem_redis::redis::{self};
+use idem_test_support::redis_admin;
 
 const TASKS: usize = 16;
 
@@ -55,12 +55,9 @@ fn env(name: &str, default: usize) -> usize {
 
 /// `name → (calls, usec)` of every command.
 async fn stats(admin: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
+    redis_admin::info(admin, "commandstats")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
             let field = |f: &str| -> Option<u64> {
@@ -85,12 +82,9 @@ async fn reset(admin: &mut MultiplexedConnection) {
 
 /// Redis's own CPU time so far (`used_cpu_sys + used_cpu_user`), in µs.
 async fn cpu(admin: &mut MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(admin)
+    redis_admin::info(admin, "cpu")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(':')?;
             (k == "used_cpu_sys" || k == "used_cpu_user")
@@ -99,6 +93,18 @@ async fn cpu(admin: &mut MultiplexedConnection) -> f64 {
         })
         .sum::<f64>()
         * 1e6
+}
+
+/// A success at `now` with `body`, kept `ttl` (response and key alike).
+fn success(now: Timestamp, body: &[u8], ttl: Duration) -> Completion<'_> {
+    Completion::new(
+        OutcomeKind::Success,
+        Some(body),
+        None,
+        now,
+        now.plus(ttl),
+        now.plus(ttl),
+    )
 }
 
 fn report(what: &str, ops: usize, s: &BTreeMap<String, (u64, u64)>, cpu_us: f64) {
@@ -170,15 +176,10 @@ async fn main() {
         now.plus(ttl),
     );
     store.claim(&req).await.expect("warm");
-    let c = Completion::new(
-        OutcomeKind::Success,
-        Some(&body),
-        None,
-        now,
-        now.plus(ttl),
-        now.plus(ttl),
-    );
-    store.complete(&warm, req.token, &c).await.expect("warm");
+    store
+        .complete(&warm, req.token, &success(now, &body, ttl))
+        .await
+        .expect("warm");
     store.claim(&req).await.expect("warm");
 
     let tokens: Arc<Vec<Token>> = Arc::new((0..ops).map(|_| Token::random()).collect());
@@ -198,14 +199,7 @@ async fn main() {
                         let (id, token) = (&ids[i], tokens[i]);
                         let now = SystemClock.now();
                         if phase == "complete" {
-                            let c = Completion::new(
-                                OutcomeKind::Success,
-                                Some(&body),
-                                None,
-                                now,
-                                now.plus(ttl),
-                                now.plus(ttl),
-                            );
+                            let c = success(now, &body, ttl);
                             store.complete(id, token, &c).await.expect("complete");
                             continue;
                         }
@@ -235,27 +229,5 @@ async fn main() {
     reset(&mut admin).await;
 
     // Clean up our keys (never a flush).
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut admin)
-            .await
-            .expect("SCAN");
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(&mut admin)
-                .await
-                .expect("UNLINK");
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    redis_admin::unlink_all(&mut admin, &prefix).await;
 }

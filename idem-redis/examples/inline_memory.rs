@@ -23,15 +23,13 @@ use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, aio::MultiplexedConnection};
+use idem_test_support::redis_admin;
 use std::time::Duration;
 
 async fn used_memory(admin: &mut MultiplexedConnection) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(admin)
+    redis_admin::info(admin, "memory")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
         .expect("used_memory")
@@ -47,32 +45,6 @@ async fn usage(admin: &mut MultiplexedConnection, key: &str) -> i64 {
         .await
         .expect("MEMORY USAGE");
     v.unwrap_or(0)
-}
-
-async fn delete(admin: &mut MultiplexedConnection, prefix: &str) {
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(admin)
-            .await
-            .expect("SCAN");
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(admin)
-                .await
-                .expect("UNLINK");
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
 }
 
 /// Completes `n` keys with `body` on `store`; returns (record, body key,
@@ -147,7 +119,7 @@ async fn main() {
         for (where_, limit) in [("body key", 0), ("inside the record", 8192)] {
             let store = base.clone().with_inline_body_limit(limit);
             let [record, body_key, per_key] = run(&store, &mut admin, &body, n).await;
-            delete(&mut admin, &prefix).await;
+            redis_admin::unlink_all(&mut admin, &prefix).await;
             println!("| {len} B | {where_} | {record} | {body_key} | {per_key} |");
         }
     }

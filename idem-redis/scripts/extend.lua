@@ -1,17 +1,10 @@
 -- extend: move the lease's end, if in flight under the token.
--- Layout 1 (src/record.rs); a record of layout 2 is completed. KEYS[1] record
+-- Runs after held.lua (the record in flight under the token, as `v`).
+-- Layout 1 (src/record.rs). KEYS[1] record
 -- ARGV[1] token (8 bytes)   ARGV[2] lease end (8 bytes)   ARGV[3] lease end (ms)
 -- Reply: 1 done, 0 lease lost.
 -- A lease is never outlived by its key: a lease ending after the key's expiry
 -- moves the expiry (and the native TTL, by the same amount) to the lease's end.
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
--- Layout 2 holds only completed records: never in flight.
-if string.byte(v, 1) == 2 then return 0 end
-if string.byte(v, 1) ~= 1 or #v < 78 then
-  return redis.error_reply('IDEMCORRUPT the record has an unknown layout')
-end
-if string.sub(v, 2, 2) ~= 'f' or string.sub(v, 3, 10) ~= ARGV[1] then return 0 end
 local k = 0
 for i = 23, 30 do k = k * 256 + string.byte(v, i) end
 if string.byte(v, 23) >= 128 then k = k - 18446744073709551616 end

@@ -9,7 +9,6 @@ use std::io::Write;
 use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
 
 use crate::conn::evalsha;
-use crate::error::{corrupt, store_error};
 use crate::keys::RecordKeys;
 use crate::record::{BodyValue, outcome_byte};
 use crate::scripts;
@@ -146,16 +145,9 @@ impl RedisStore {
             inline_limit: self.inline_limit,
         };
         let (pre, call) = commands(keys, &args);
-        let (reply, waited) = self
-            .conn
-            .eval(&scripts::COMPLETE, pre, call, keys.record(), self.ack)
-            .await
-            .map_err(store_error)?;
-        let acked = match (self.ack, waited) {
-            (None, _) => Ok(()),
-            (Some(ack), Some(Value::Int(n))) => ack.check(n),
-            (Some(_), other) => Err(corrupt(format!("unexpected WAIT reply {other:?}"))),
-        };
+        let (reply, acked) = self
+            .write_after(&scripts::COMPLETE, pre, call, keys.record())
+            .await?;
         match reply {
             // 2: already completed under this token, a retry after a lost
             // reply or a missing acknowledgement: done, not a lost lease. The

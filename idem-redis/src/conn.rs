@@ -96,6 +96,18 @@ impl Connection {
         Ok(())
     }
 
+    /// After a `NOSCRIPT` answer to try number `tries`: loads `script` for
+    /// the next try.
+    async fn reload(&self, script: &Script, tries: &mut u32) -> RedisResult<()> {
+        debug!(
+            tries = *tries,
+            "script not loaded on the server (NOSCRIPT): loading it"
+        );
+        self.load(script).await?;
+        *tries += 1;
+        Ok(())
+    }
+
     /// Runs `call` (an [`evalsha`] of `script`) after the command `pre`, if
     /// any, and with `ack`, `WAIT` after it, in one pipeline routed like
     /// [`Self::packed`] (a lone call is sent as one command). Returns the
@@ -122,12 +134,7 @@ impl Connection {
             loop {
                 match self.command(&call).await {
                     Err(e) if tries < NOSCRIPT_TRIES && is_noscript(&e) => {
-                        debug!(
-                            tries,
-                            "script not loaded on the server (NOSCRIPT): loading it"
-                        );
-                        self.load(script).await?;
-                        tries += 1;
+                        self.reload(script, &mut tries).await?;
                     }
                     other => return other.map(|v| (v, None)),
                 }
@@ -153,12 +160,7 @@ impl Connection {
             let reply = replies.next().unwrap_or(Value::Nil);
             match reply.extract_error() {
                 Err(e) if tries < NOSCRIPT_TRIES && is_noscript(&e) => {
-                    debug!(
-                        tries,
-                        "script not loaded on the server (NOSCRIPT): loading it"
-                    );
-                    self.load(script).await?;
-                    tries += 1;
+                    self.reload(script, &mut tries).await?;
                 }
                 Err(e) => return Err(e),
                 Ok(reply) => {

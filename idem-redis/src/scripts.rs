@@ -14,14 +14,23 @@ use redis::Script;
 /// raw-driver baseline such as the benches' "store scripts without the
 /// engine" side).
 pub(crate) mod sources {
+    /// A script that acts only on a record in flight under the caller's
+    /// token: `scripts/held.lua` (that check, the one copy of it), then the
+    /// script itself.
+    macro_rules! held {
+        ($script:literal) => {
+            concat!(include_str!("../scripts/held.lua"), include_str!($script))
+        };
+    }
+
     /// Store the outcome under the token.
     pub const COMPLETE: &str = include_str!("../scripts/complete.lua");
     /// Release the key under the token.
-    pub const RELEASE: &str = include_str!("../scripts/release.lua");
+    pub const RELEASE: &str = held!("../scripts/release.lua");
     /// Set the resource id under the token.
-    pub const SAVE_RESOURCE_ID: &str = include_str!("../scripts/save_resource_id.lua");
+    pub const SAVE_RESOURCE_ID: &str = held!("../scripts/save_resource_id.lua");
     /// Move the lease's end under the token.
-    pub const EXTEND: &str = include_str!("../scripts/extend.lua");
+    pub const EXTEND: &str = held!("../scripts/extend.lua");
     /// Replace a record if it still holds what the client read.
     pub const SWAP: &str = include_str!("../scripts/swap.lua");
     /// Rewrite a record of the hash layout in layout 1.

@@ -369,9 +369,21 @@ impl RedisStore {
         call: Cmd,
         record_key: &[u8],
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        self.write_after(script, None, call, record_key).await
+    }
+
+    /// [`Self::write`] after the command `pre`, if any, in the same pipeline
+    /// (see [`Conn::eval`](crate::conn::Conn::eval)).
+    pub(crate) async fn write_after(
+        &self,
+        script: &Script,
+        pre: Option<Cmd>,
+        call: Cmd,
+        record_key: &[u8],
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
         let (reply, waited) = self
             .conn
-            .eval(script, None, call, record_key, self.ack)
+            .eval(script, pre, call, record_key, self.ack)
             .await
             .map_err(store_error)?;
         let acked = match (self.ack, waited) {

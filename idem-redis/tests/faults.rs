@@ -7,14 +7,13 @@ mod support;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
-use idem_core::store::OutcomeKind;
-use idem_core::store::{ClaimOutcome, Completion, Store, StoreError};
+use idem_core::store::{ClaimOutcome, Store, StoreError};
 use idem_core::{Error, IdempotencyKey, RecordId};
 use idem_redis::RedisStore;
 use idem_redis::redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use idem_redis::redis::{self, Client};
 use support::scenario::{
-    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+    Counter, LEASE, Out, claim_req, complete, engine, record_id, request, scope, success,
 };
 use support::server::Throwaway;
 use support::stats::{counts, delta};
@@ -268,27 +267,13 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("warm");
     let now = clock.now();
-    let warm = Completion::new(
-        OutcomeKind::Success,
-        Some(b"warm"),
-        None,
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    );
+    let warm = success(now, b"warm", None);
     store.complete(&id, req.token, &warm).await.expect("warm");
     store.fetch(&id, clock.now()).await.expect("warm");
     let id = record_id(&scope());
     let req = claim_req(&id, &clock);
     let now = clock.now();
-    let done = Completion::new(
-        OutcomeKind::Success,
-        Some(&[7u8; 4096]),
-        Some("ch_1"),
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    );
+    let done = success(now, &[7u8; 4096], Some("ch_1"));
     for (name, got, want) in [
         (
             "claim (new)",
@@ -413,14 +398,7 @@ async fn claims_and_replays_are_native_and_scripts_run_only_token_checked_writes
     // A small body (up to 1 KiB) goes to the script as an argument; a larger
     // one (the 4 KiB above) is staged natively and renamed into place.
     let now = clock.now();
-    let small = Completion::new(
-        OutcomeKind::Success,
-        Some(&[1u8; 100]),
-        None,
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    );
+    let small = success(now, &[1u8; 100], None);
     let got = delta(&mut admin, async {
         store
             .complete(&id2, req3.token, &small)
@@ -481,19 +459,7 @@ async fn operator_writes_wait_for_replicas_like_the_data_path() {
     );
 
     // Delete.
-    let now = clock.now();
-    let done = Completion::new(
-        OutcomeKind::Success,
-        Some(b"ok"),
-        None,
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    );
-    store
-        .complete(&id, req.token, &done)
-        .await
-        .expect("complete");
+    complete(&store, &req, &clock, b"ok", None).await;
     not_acknowledged(acked.delete_completed(&id, clock.now()).await);
     assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
     assert!(

@@ -7,14 +7,15 @@ mod support;
 
 use std::time::Duration;
 
-use idem_core::clock::{Clock, ManualClock, Timestamp};
+use idem_core::clock::{Clock, ManualClock};
 use idem_core::store::OutcomeKind;
-use idem_core::store::{ClaimOutcome, Completion, Store, StoreError, StoredRecord, Token};
+use idem_core::store::{ClaimOutcome, Store, StoreError, StoredRecord, Token};
 use idem_core::{Error, RecordId};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
     Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+    success,
 };
 use support::server::Throwaway;
 use support::stats::{counts, delta};
@@ -28,17 +29,6 @@ async fn store(server: &Throwaway, limit: usize) -> RedisStore {
         .with_prefix(&support::unique_prefix())
         .expect("prefix")
         .with_inline_body_limit(limit)
-}
-
-fn done<'a>(now: Timestamp, body: &'a [u8], resource_id: Option<&'a str>) -> Completion<'a> {
-    Completion::new(
-        OutcomeKind::Success,
-        Some(body),
-        resource_id,
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    )
 }
 
 /// Every byte value, twice: a body that is not UTF-8 and not JSON.
@@ -70,7 +60,7 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
     store.claim(&req).await.expect("warm");
     let body = b"warm".as_slice();
     store
-        .complete(&warm, req.token, &done(clock.now(), body, None))
+        .complete(&warm, req.token, &success(clock.now(), body, None))
         .await
         .expect("warm");
 
@@ -87,7 +77,7 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
     assert_eq!(claim, counts(&[("set", 1)]), "a new key's claim");
     let complete = delta(&mut admin, async {
         store
-            .complete(&id, req.token, &done(clock.now(), &body, Some("ch_1")))
+            .complete(&id, req.token, &success(clock.now(), &body, Some("ch_1")))
             .await
             .expect("complete");
     })
@@ -135,7 +125,7 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
     let long_body = [all_bytes(), b"tail".to_vec()].concat();
     let complete = delta(&mut admin, async {
         store
-            .complete(&long, req.token, &done(clock.now(), &long_body, None))
+            .complete(&long, req.token, &success(clock.now(), &long_body, None))
             .await
             .expect("complete");
     })
@@ -185,7 +175,7 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
     ));
     assert!(matches!(
         store
-            .complete(&id, Token::random(), &done(now, b"other", None))
+            .complete(&id, Token::random(), &success(now, b"other", None))
             .await,
         Err(StoreError::LeaseLost)
     ));
@@ -259,7 +249,7 @@ async fn a_rewrite_after_the_response_expiry_drops_the_inline_body() {
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("claim");
     let body = all_bytes();
-    let first = done(clock.now(), &body, Some("ch_1"));
+    let first = success(clock.now(), &body, Some("ch_1"));
     store.complete(&id, req.token, &first).await.expect("done");
     let with_body = value(&mut admin, &store.record_key(&id))
         .await
@@ -267,7 +257,7 @@ async fn a_rewrite_after_the_response_expiry_drops_the_inline_body() {
 
     // Before the response expiry a retry changes nothing.
     clock.advance(RESPONSE_TTL - Duration::from_millis(1));
-    let retry = done(clock.now(), &body, Some("ch_1"));
+    let retry = success(clock.now(), &body, Some("ch_1"));
     store
         .complete(&id, req.token, &retry)
         .await
@@ -278,7 +268,7 @@ async fn a_rewrite_after_the_response_expiry_drops_the_inline_body() {
     );
 
     clock.advance(Duration::from_millis(1));
-    let retry = done(clock.now(), &body, Some("ch_1"));
+    let retry = success(clock.now(), &body, Some("ch_1"));
     store
         .complete(&id, req.token, &retry)
         .await
@@ -316,7 +306,7 @@ async fn a_body_over_the_limit_goes_to_the_body_key_and_still_replays() {
         let req = claim_req(&id, &clock);
         store.claim(&req).await.expect("claim");
         store
-            .complete(&id, req.token, &done(clock.now(), body, None))
+            .complete(&id, req.token, &success(clock.now(), body, None))
             .await
             .expect("complete");
         let v = value(&mut admin, &store.record_key(&id))
@@ -350,7 +340,7 @@ async fn a_body_over_the_limit_goes_to_the_body_key_and_still_replays() {
     let id = record_id(&scope());
     let req = claim_req(&id, &clock);
     off.claim(&req).await.expect("claim");
-    off.complete(&id, req.token, &done(clock.now(), b"small", None))
+    off.complete(&id, req.token, &success(clock.now(), b"small", None))
         .await
         .expect("complete");
     let v = value(&mut admin, &off.record_key(&id))
@@ -480,11 +470,11 @@ async fn records_of_layout_1_are_read_replayed_and_completed() {
         .await
         .expect("SET");
     let lost = store
-        .complete(&flying, Token::random(), &done(clock.now(), b"x", None))
+        .complete(&flying, Token::random(), &success(clock.now(), b"x", None))
         .await;
     assert!(matches!(lost, Err(StoreError::LeaseLost)), "{lost:?}");
     store
-        .complete(&flying, token, &done(clock.now(), &all_bytes(), None))
+        .complete(&flying, token, &success(clock.now(), &all_bytes(), None))
         .await
         .expect("the holder completes");
     let v = value(&mut admin, &store.record_key(&flying))
@@ -527,7 +517,7 @@ async fn records_of_layout_1_are_read_replayed_and_completed() {
         .complete(
             &released,
             req.token,
-            &done(clock.now(), b"new", Some("ch_3")),
+            &success(clock.now(), b"new", Some("ch_3")),
         )
         .await
         .expect("complete");

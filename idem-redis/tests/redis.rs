@@ -15,7 +15,8 @@ use idem_core::{Error, IdempotencyKey, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
-    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
+    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, complete, engine, record_id, request,
+    scope, success,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,22 +82,7 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
         let req = claim_req(&id, &clock);
         store.claim(&req).await.expect("claim");
         if completed {
-            let now = clock.now();
-            store
-                .complete(
-                    &id,
-                    req.token,
-                    &Completion::new(
-                        OutcomeKind::Success,
-                        Some(b"ok"),
-                        Some("r"),
-                        now,
-                        now.plus(RESPONSE_TTL),
-                        now.plus(KEY_TTL),
-                    ),
-                )
-                .await
-                .expect("complete");
+            complete(&store, &req, &clock, b"ok", Some("r")).await;
         }
         let mut value: Vec<u8> = admin.get(store.record_key(&id)).await.expect("GET");
         edit(&mut value);
@@ -115,19 +101,7 @@ async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
     let id = record_id(&scope);
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("claim");
-    let now = clock.now();
-    let done = Completion::new(
-        OutcomeKind::Success,
-        Some(b"ok"),
-        None,
-        now,
-        now.plus(RESPONSE_TTL),
-        now.plus(KEY_TTL),
-    );
-    store
-        .complete(&id, req.token, &done)
-        .await
-        .expect("complete");
+    complete(&store, &req, &clock, b"ok", None).await;
     let _: () = admin.del(store.body_key(&id)).await.expect("DEL");
     let _: i64 = admin
         .rpush(store.body_key(&id), "garbage")
@@ -371,24 +345,12 @@ async fn counts_leave_out_records_expired_on_the_engine_clock_before_redis_drops
     let clock = ManualClock::starting_now();
     let scope = scope();
     let mut ids = Vec::new();
-    for complete in [false, true, true] {
+    for completed in [false, true, true] {
         let id = record_id(&scope);
         let req = claim_req(&id, &clock);
         store.claim(&req).await.expect("claim");
-        if complete {
-            let now = clock.now();
-            let done = Completion::new(
-                OutcomeKind::Success,
-                Some(b"body"),
-                None,
-                now,
-                now.plus(RESPONSE_TTL),
-                now.plus(KEY_TTL),
-            );
-            store
-                .complete(&id, req.token, &done)
-                .await
-                .expect("complete");
+        if completed {
+            complete(&store, &req, &clock, b"body", None).await;
         }
         ids.push(id);
     }
@@ -723,18 +685,7 @@ async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
     assert_eq!(page.records[0].id, flying);
     let now = clock.now();
     store
-        .complete(
-            &flying,
-            token,
-            &Completion::new(
-                OutcomeKind::Success,
-                Some(b"new body"),
-                None,
-                now,
-                now.plus(RESPONSE_TTL),
-                now.plus(KEY_TTL),
-            ),
-        )
+        .complete(&flying, token, &success(now, b"new body", None))
         .await
         .expect("the legacy token still holds the lease");
     let rec = store
@@ -776,16 +727,7 @@ async fn a_fenced_off_completion_leaves_the_body_and_no_staged_key() {
         "{taken:?}"
     );
     let now = clock.now();
-    let done = |body: &'static [u8]| {
-        Completion::new(
-            OutcomeKind::Success,
-            Some(body),
-            None,
-            now,
-            now.plus(RESPONSE_TTL),
-            now.plus(KEY_TTL),
-        )
-    };
+    let done = |body: &'static [u8]| success(now, body, None);
     store
         .complete(&id, second.token, &done(&[2; 2000]))
         .await

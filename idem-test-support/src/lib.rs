@@ -7,6 +7,9 @@ pub mod consumer;
 pub mod fixtures;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod mariadb_server;
+#[cfg(feature = "redis")]
+pub mod redis_admin;
 pub mod redis_cluster;
 pub mod redis_server;
 mod scenarios;

@@ -3,11 +3,8 @@
 //! the SQLite file it writes (`ledger`, `dead_letters`), and the lines'
 //! parsing.
 
-#![allow(dead_code, clippy::unwrap_used)]
-
 use std::{
     io::{BufRead, BufReader, Read},
-    path::PathBuf,
     process::{Child, Command, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -16,32 +13,10 @@ use std::{
 use idem::sqlite::sqlx::{self, Row, SqlitePool, sqlite::SqliteConnectOptions};
 use tokio::sync::mpsc;
 
+use super::TempSqlite;
+
 /// How long any one printed line may take.
 pub(crate) const LINE: Duration = Duration::from_secs(30);
-
-/// A built example, next to this test binary.
-pub(crate) fn example(name: &str, features: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/examples/<name>
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features {features}` without a --test \
-         filter (cargo then builds the examples), or build them first with \
-         `cargo build -p idem --examples --features {features}`",
-        path.display()
-    );
-    path
-}
-
-pub(crate) fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
 
 /// A running queue example: its stdout line by line; SIGKILLed when dropped.
 pub(crate) struct Orders {
@@ -55,14 +30,9 @@ pub(crate) struct Orders {
 impl Orders {
     /// Starts it and waits (bounded) for its `consuming stream` line.
     pub(crate) fn start(name: &str, features: &str, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(example(name, features));
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn the example");
+        let mut child = super::spawn(name, features, env, |cmd| {
+            cmd.stdin(Stdio::null());
+        });
         let out = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
@@ -194,22 +164,19 @@ impl Drop for Orders {
 
 /// The SQLite file the example writes, read here; removed (with its WAL)
 /// when dropped.
-pub(crate) struct Db {
-    path: PathBuf,
-}
+pub(crate) struct Db(TempSqlite);
 
 impl Db {
     pub(crate) fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("idem-{name}-{}.db", random_id()));
-        Self { path }
+        Self(TempSqlite::new(name))
     }
 
     pub(crate) fn env(&self) -> String {
-        self.path.to_string_lossy().into_owned()
+        self.0.env()
     }
 
     pub(crate) async fn pool(&self) -> SqlitePool {
-        let options = SqliteConnectOptions::new().filename(&self.path);
+        let options = SqliteConnectOptions::new().filename(&self.0.0);
         SqlitePool::connect_with(options).await.unwrap()
     }
 
@@ -255,15 +222,6 @@ impl Db {
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
 
 /// The `<ms>` of a `retry <id> after <ms>` line.
 pub(crate) fn retry_ms(line: &str, id: &str) -> u64 {

@@ -107,15 +107,133 @@ fn next_token(tokens: &AtomicI64) -> i64 {
     tokens.fetch_add(1, Ordering::Relaxed)
 }
 
+/// One SQL side of the minimal pattern, `$name` on a `$pool`: its
+/// statements, and on one connection (with `two_checkouts`, one checkout per
+/// statement) the insert, then the update if it won, else the read. What
+/// differs by dialect comes in as expressions: whether the insert (run with
+/// `$insert`) won, the update's binds, and whether a read row is done. The
+/// caller's scope provides `sqlx`, `AssertSqlSafe` and `Row`.
+macro_rules! min_sql {
+    (
+        $(#[$meta:meta])*
+        $name:ident($pool:ty),
+        insert: $insert:ident, won: |$inserted:ident| $won:expr,
+        update: |$q:ident, $key:ident, $body:ident, $until:ident, $token:ident| $binds:expr,
+        done: |$row:ident| $done:expr $(,)?
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug)]
+        pub(crate) struct $name {
+            pool: $pool,
+            insert: String,
+            update: String,
+            select: String,
+            fingerprint: [u8; 32],
+            body: Vec<u8>,
+            tokens: std::sync::atomic::AtomicI64,
+            two_checkouts: bool,
+        }
+
+        impl $name {
+            /// The pattern on `pool` with these statements.
+            fn with_statements(
+                pool: $pool,
+                [insert, update, select]: [String; 3],
+                body_len: usize,
+            ) -> Self {
+                Self {
+                    pool,
+                    insert,
+                    update,
+                    select,
+                    fingerprint: [7; 32],
+                    body: super::super::workload::body(body_len),
+                    tokens: std::sync::atomic::AtomicI64::new(1),
+                    two_checkouts: false,
+                }
+            }
+
+            /// The same pattern with one checkout per statement: the
+            /// connection goes back to the pool while the work would run.
+            pub(crate) fn two_checkouts(mut self) -> Self {
+                self.two_checkouts = true;
+                self
+            }
+
+            /// On one connection (with `two_checkouts`, one checkout per
+            /// statement): the insert, then the update if it won, else the
+            /// read.
+            async fn call(&self, key: &str, read_if_lost: bool) -> super::super::workload::Ended {
+                use super::super::workload::Ended;
+                use super::super::{LEASE_MS, TTL_MS, now_ms};
+                let mut held = if self.two_checkouts {
+                    None
+                } else {
+                    Some(self.pool.acquire().await.expect("acquire"))
+                };
+                let token = super::next_token(&self.tokens);
+                let now = now_ms();
+                let $inserted = on_conn!(
+                    held,
+                    &self.pool,
+                    sqlx::query(AssertSqlSafe(self.insert.as_str()))
+                        .bind(key)
+                        .bind(self.fingerprint.as_slice())
+                        .bind(token)
+                        .bind(now + LEASE_MS),
+                    $insert
+                )
+                .expect("insert");
+                if $won {
+                    let ($key, $body, $until, $token) =
+                        (key, self.body.as_slice(), now + TTL_MS, token);
+                    let $q = || sqlx::query(AssertSqlSafe(self.update.as_str()));
+                    let done = on_conn!(held, &self.pool, $binds, execute).expect("update");
+                    assert_eq!(done.rows_affected(), 1, "token lost");
+                    return Ended::Executed;
+                }
+                assert!(read_if_lost, "a fresh key existed");
+                let $row = on_conn!(
+                    held,
+                    &self.pool,
+                    sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
+                    fetch_one
+                )
+                .expect("select");
+                if $done {
+                    std::hint::black_box($row.get::<Vec<u8>, _>("body"));
+                    Ended::Replayed
+                } else {
+                    Ended::Conflict
+                }
+            }
+        }
+
+        impl super::super::workload::Target for $name {
+            async fn fresh(&self, key: &str) {
+                self.call(key, false).await;
+            }
+
+            async fn replay(&self, key: &str) {
+                let $row = sqlx::query(AssertSqlSafe(self.select.as_str()))
+                    .bind(key)
+                    .fetch_one(&self.pool)
+                    .await
+                    .expect("select");
+                assert!($done, "completed key");
+                std::hint::black_box($row.get::<Vec<u8>, _>("body"));
+            }
+
+            async fn contended(&self, key: &str) -> super::super::workload::Ended {
+                self.call(key, true).await
+            }
+        }
+    };
+}
+
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
-    use std::sync::atomic::AtomicI64;
-
-    use idem_sqlite::sqlx::{self, Row, SqlitePool};
-
-    use super::super::workload::{Ended, Target, body};
-    use super::super::{LEASE_MS, TTL_MS, now_ms};
-    use super::next_token;
+    use idem_sqlite::sqlx::{self, AssertSqlSafe, Row, SqlitePool};
 
     const CREATE: &str = "CREATE TABLE IF NOT EXISTS idem_min (
         key TEXT PRIMARY KEY, fingerprint BLOB NOT NULL, token INTEGER NOT NULL,
@@ -126,14 +244,12 @@ pub(crate) mod sqlite {
         "UPDATE idem_min SET done = 1, body = ?2, expires_at = ?3 WHERE key = ?1 AND token = ?4";
     const SELECT: &str = "SELECT done, body FROM idem_min WHERE key = ?1";
 
-    /// SQLite: the minimal table on the store's pool.
-    #[derive(Debug)]
-    pub(crate) struct MinSqlite {
-        pool: SqlitePool,
-        fingerprint: [u8; 32],
-        body: Vec<u8>,
-        tokens: AtomicI64,
-        two_checkouts: bool,
+    min_sql! {
+        /// SQLite: the minimal table on the store's pool.
+        MinSqlite(SqlitePool),
+        insert: fetch_optional, won: |won| won.is_some(),
+        update: |q, key, body, until, token| q().bind(key).bind(body).bind(until).bind(token),
+        done: |row| row.get::<i64, _>("done") == 1,
     }
 
     impl MinSqlite {
@@ -142,113 +258,22 @@ pub(crate) mod sqlite {
                 .execute(&pool)
                 .await
                 .expect("create idem_min");
-            Self {
-                pool,
-                fingerprint: [7; 32],
-                body: body(body_len),
-                tokens: AtomicI64::new(1),
-                two_checkouts: false,
-            }
-        }
-
-        /// The same pattern with one checkout per statement: the connection
-        /// goes back to the pool while the work would run.
-        pub(crate) fn two_checkouts(mut self) -> Self {
-            self.two_checkouts = true;
-            self
-        }
-
-        /// On one connection (with `two_checkouts`, one checkout per
-        /// statement): the insert, then the update if it won, else the read.
-        async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
-            let mut held = if self.two_checkouts {
-                None
-            } else {
-                Some(self.pool.acquire().await.expect("acquire"))
-            };
-            let token = next_token(&self.tokens);
-            let now = now_ms();
-            let won = on_conn!(
-                held,
-                &self.pool,
-                sqlx::query(INSERT)
-                    .bind(key)
-                    .bind(self.fingerprint.as_slice())
-                    .bind(token)
-                    .bind(now + LEASE_MS),
-                fetch_optional
-            )
-            .expect("insert");
-            if won.is_some() {
-                let done = on_conn!(
-                    held,
-                    &self.pool,
-                    sqlx::query(UPDATE)
-                        .bind(key)
-                        .bind(self.body.as_slice())
-                        .bind(now + TTL_MS)
-                        .bind(token),
-                    execute
-                )
-                .expect("update");
-                assert_eq!(done.rows_affected(), 1, "token lost");
-                return Ended::Executed;
-            }
-            assert!(read_if_lost, "a fresh key existed");
-            let row = on_conn!(held, &self.pool, sqlx::query(SELECT).bind(key), fetch_one)
-                .expect("select");
-            if row.get::<i64, _>("done") == 1 {
-                std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-                Ended::Replayed
-            } else {
-                Ended::Conflict
-            }
-        }
-    }
-
-    impl Target for MinSqlite {
-        async fn fresh(&self, key: &str) {
-            self.call(key, false).await;
-        }
-
-        async fn replay(&self, key: &str) {
-            let row = sqlx::query(SELECT)
-                .bind(key)
-                .fetch_one(&self.pool)
-                .await
-                .expect("select");
-            assert_eq!(row.get::<i64, _>("done"), 1, "completed key");
-            std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-        }
-
-        async fn contended(&self, key: &str) -> Ended {
-            self.call(key, true).await
+            Self::with_statements(pool, [INSERT, UPDATE, SELECT].map(str::to_owned), body_len)
         }
     }
 }
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
-    use std::sync::atomic::AtomicI64;
-
     use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
-    use super::super::workload::{Ended, Target, body};
-    use super::super::{LEASE_MS, TTL_MS, now_ms};
-    use super::next_token;
-
-    /// Postgres: the minimal table (in the bench's schema) on the store's
-    /// pool.
-    #[derive(Debug)]
-    pub(crate) struct MinPostgres {
-        pool: PgPool,
-        insert: String,
-        update: String,
-        select: String,
-        fingerprint: [u8; 32],
-        body: Vec<u8>,
-        tokens: AtomicI64,
-        two_checkouts: bool,
+    min_sql! {
+        /// Postgres: the minimal table (in the bench's schema) on the
+        /// store's pool.
+        MinPostgres(PgPool),
+        insert: fetch_optional, won: |won| won.is_some(),
+        update: |q, key, body, until, token| q().bind(key).bind(body).bind(until).bind(token),
+        done: |row| row.get::<bool, _>("done"),
     }
 
     impl MinPostgres {
@@ -263,125 +288,32 @@ pub(crate) mod postgres {
             .execute(&pool)
             .await
             .expect("create idem_min");
-            Self {
-                pool,
-                insert: format!(
+            let statements = [
+                format!(
                     "INSERT INTO {t} (key, fingerprint, token, expires_at) VALUES ($1, $2, $3, $4)
                      ON CONFLICT DO NOTHING RETURNING token"
                 ),
-                update: format!(
+                format!(
                     "UPDATE {t} SET done = true, body = $2, expires_at = $3 WHERE key = $1 AND token = $4"
                 ),
-                select: format!("SELECT done, body FROM {t} WHERE key = $1"),
-                fingerprint: [7; 32],
-                body: body(body_len),
-                tokens: AtomicI64::new(1),
-                two_checkouts: false,
-            }
-        }
-
-        /// The same pattern with one checkout per statement: the connection
-        /// goes back to the pool while the work would run.
-        pub(crate) fn two_checkouts(mut self) -> Self {
-            self.two_checkouts = true;
-            self
-        }
-
-        /// On one connection (with `two_checkouts`, one checkout per
-        /// statement): the insert, then the update if it won, else the read.
-        async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
-            let mut held = if self.two_checkouts {
-                None
-            } else {
-                Some(self.pool.acquire().await.expect("acquire"))
-            };
-            let token = next_token(&self.tokens);
-            let now = now_ms();
-            let won = on_conn!(
-                held,
-                &self.pool,
-                sqlx::query(AssertSqlSafe(self.insert.as_str()))
-                    .bind(key)
-                    .bind(self.fingerprint.as_slice())
-                    .bind(token)
-                    .bind(now + LEASE_MS),
-                fetch_optional
-            )
-            .expect("insert");
-            if won.is_some() {
-                let done = on_conn!(
-                    held,
-                    &self.pool,
-                    sqlx::query(AssertSqlSafe(self.update.as_str()))
-                        .bind(key)
-                        .bind(self.body.as_slice())
-                        .bind(now + TTL_MS)
-                        .bind(token),
-                    execute
-                )
-                .expect("update");
-                assert_eq!(done.rows_affected(), 1, "token lost");
-                return Ended::Executed;
-            }
-            assert!(read_if_lost, "a fresh key existed");
-            let row = on_conn!(
-                held,
-                &self.pool,
-                sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
-                fetch_one
-            )
-            .expect("select");
-            if row.get::<bool, _>("done") {
-                std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-                Ended::Replayed
-            } else {
-                Ended::Conflict
-            }
-        }
-    }
-
-    impl Target for MinPostgres {
-        async fn fresh(&self, key: &str) {
-            self.call(key, false).await;
-        }
-
-        async fn replay(&self, key: &str) {
-            let row = sqlx::query(AssertSqlSafe(self.select.as_str()))
-                .bind(key)
-                .fetch_one(&self.pool)
-                .await
-                .expect("select");
-            assert!(row.get::<bool, _>("done"), "completed key");
-            std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-        }
-
-        async fn contended(&self, key: &str) -> Ended {
-            self.call(key, true).await
+                format!("SELECT done, body FROM {t} WHERE key = $1"),
+            ];
+            Self::with_statements(pool, statements, body_len)
         }
     }
 }
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql {
-    use std::sync::atomic::AtomicI64;
-
     use idem_mysql::sqlx::{self, AssertSqlSafe, MySqlPool, Row};
 
-    use super::super::workload::{Ended, Target, body};
-    use super::super::{LEASE_MS, TTL_MS, now_ms};
-    use super::next_token;
-
-    /// MySQL / MariaDB: the minimal table on the store's pool.
-    #[derive(Debug)]
-    pub(crate) struct MinMySql {
-        pool: MySqlPool,
-        insert: String,
-        update: String,
-        select: String,
-        fingerprint: [u8; 32],
-        body: Vec<u8>,
-        tokens: AtomicI64,
-        two_checkouts: bool,
+    min_sql! {
+        /// MySQL / MariaDB: the minimal table on the store's pool; the
+        /// insert won when it affected a row (`INSERT IGNORE`).
+        MinMySql(MySqlPool),
+        insert: execute, won: |inserted| inserted.rows_affected() == 1,
+        update: |q, key, body, until, token| q().bind(body).bind(until).bind(key).bind(token),
+        done: |row| row.get::<bool, _>("done"),
     }
 
     impl MinMySql {
@@ -397,98 +329,16 @@ pub(crate) mod mysql {
             .execute(&pool)
             .await
             .expect("create the minimal table");
-            Self {
-                pool,
-                insert: format!(
+            let statements = [
+                format!(
                     "INSERT IGNORE INTO {t} (`key`, fingerprint, token, expires_at) VALUES (?, ?, ?, ?)"
                 ),
-                update: format!(
+                format!(
                     "UPDATE {t} SET done = true, body = ?, expires_at = ? WHERE `key` = ? AND token = ?"
                 ),
-                select: format!("SELECT done, body FROM {t} WHERE `key` = ?"),
-                fingerprint: [7; 32],
-                body: body(body_len),
-                tokens: AtomicI64::new(1),
-                two_checkouts: false,
-            }
-        }
-
-        /// The same pattern with one checkout per statement.
-        pub(crate) fn two_checkouts(mut self) -> Self {
-            self.two_checkouts = true;
-            self
-        }
-
-        /// On one connection (with `two_checkouts`, one checkout per
-        /// statement): the insert, then the update if it won, else the read.
-        async fn call(&self, key: &str, read_if_lost: bool) -> Ended {
-            let mut held = if self.two_checkouts {
-                None
-            } else {
-                Some(self.pool.acquire().await.expect("acquire"))
-            };
-            let token = next_token(&self.tokens);
-            let now = now_ms();
-            let inserted = on_conn!(
-                held,
-                &self.pool,
-                sqlx::query(AssertSqlSafe(self.insert.as_str()))
-                    .bind(key)
-                    .bind(self.fingerprint.as_slice())
-                    .bind(token)
-                    .bind(now + LEASE_MS),
-                execute
-            )
-            .expect("insert");
-            if inserted.rows_affected() == 1 {
-                let done = on_conn!(
-                    held,
-                    &self.pool,
-                    sqlx::query(AssertSqlSafe(self.update.as_str()))
-                        .bind(self.body.as_slice())
-                        .bind(now + TTL_MS)
-                        .bind(key)
-                        .bind(token),
-                    execute
-                )
-                .expect("update");
-                assert_eq!(done.rows_affected(), 1, "token lost");
-                return Ended::Executed;
-            }
-            assert!(read_if_lost, "a fresh key existed");
-            let row = on_conn!(
-                held,
-                &self.pool,
-                sqlx::query(AssertSqlSafe(self.select.as_str())).bind(key),
-                fetch_one
-            )
-            .expect("select");
-            if row.get::<bool, _>("done") {
-                std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-                Ended::Replayed
-            } else {
-                Ended::Conflict
-            }
-        }
-    }
-
-    impl Target for MinMySql {
-        async fn fresh(&self, key: &str) {
-            self.call(key, false).await;
-        }
-
-        async fn replay(&self, key: &str) {
-            let row = sqlx::query(AssertSqlSafe(self.select.as_str()))
-                .bind(key)
-                .fetch_one(&self.pool)
-                .await
-                .expect("select");
-            assert!(row.get::<bool, _>("done"), "completed key");
-            std::hint::black_box(row.get::<Vec<u8>, _>("body"));
-        }
-
-        async fn contended(&self, key: &str) -> Ended {
-            self.call(key, true).await
+                format!("SELECT done, body FROM {t} WHERE `key` = ?"),
+            ];
+            Self::with_statements(pool, statements, body_len)
         }
     }
 }

@@ -31,6 +31,17 @@ pub(crate) const TTL_MS: i64 = 600_000;
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 pub(crate) const LEASE_MS: i64 = 60_000;
 
+/// The engine's policy for bench records: [`LEASE`], and [`TTL`] for
+/// responses and keys.
+pub(crate) fn policy() -> idem::Policy {
+    idem::Policy::builder()
+        .response_ttl(TTL)
+        .key_ttl(TTL)
+        .lease(LEASE)
+        .build()
+        .expect("valid policy")
+}
+
 /// Unix milliseconds now.
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()

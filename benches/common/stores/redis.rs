@@ -120,28 +120,5 @@ impl Statements for RawRedis {
 
 /// Deletes every key under `prefix` (the bench's own; never a flush).
 pub(crate) async fn clean(conn: &ConnectionManager, prefix: &str) {
-    let mut conn = conn.clone();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .expect("SCAN");
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(&mut conn)
-                .await
-                .expect("UNLINK");
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
+    idem_test_support::redis_admin::unlink_all(&mut conn.clone(), prefix).await;
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::store::Store;
-use idem_core::{Error, HttpResponse, Idem, Outcome, Policy, Scope};
+use idem_core::{Error, HttpResponse, Idem, Outcome, Scope};
 use serde_json::{Value, json};
 
 /// Owner and operation of every bench record.
@@ -139,14 +139,7 @@ pub(crate) struct Lib<S> {
 impl<S: Store> Lib<S> {
     pub(crate) fn new(store: S, body_len: usize) -> Self {
         Self {
-            idem: Idem::new(store).with_policy(
-                Policy::builder()
-                    .response_ttl(super::TTL)
-                    .key_ttl(super::TTL)
-                    .lease(super::LEASE)
-                    .build()
-                    .expect("valid policy"),
-            ),
+            idem: Idem::new(store).with_policy(super::policy()),
             scope: Scope::new(OWNER, OPERATION).expect("valid scope"),
             request: request(),
             response: HttpResponse::new(200, Vec::new(), body(body_len)),

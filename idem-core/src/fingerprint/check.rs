@@ -224,52 +224,32 @@ impl ser::Serializer for &mut Checker {
     }
 }
 
-impl ser::SerializeSeq for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        value.serialize(&mut **self)
-    }
-    fn end(self) -> Res {
-        self.leave(1);
-        Ok(())
-    }
+/// The compound serializers: each part is checked as a value, and `end`
+/// leaves the containers its `serialize_*` entered (two for a variant:
+/// `{"Variant": [...]}`).
+macro_rules! compound {
+    ($($trait:ident { $method:ident($($name:ty,)?) leave $containers:literal })*) => {$(
+        impl ser::$trait for &mut Checker {
+            type Ok = ();
+            type Error = CheckError;
+            fn $method<T: Serialize + ?Sized>(&mut self, $(_: $name,)? value: &T) -> Res {
+                value.serialize(&mut **self)
+            }
+            fn end(self) -> Res {
+                self.leave($containers);
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        value.serialize(&mut **self)
-    }
-    fn end(self) -> Res {
-        self.leave(1);
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        value.serialize(&mut **self)
-    }
-    fn end(self) -> Res {
-        self.leave(1);
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        value.serialize(&mut **self)
-    }
-    fn end(self) -> Res {
-        self.leave(2);
-        Ok(())
-    }
+compound! {
+    SerializeSeq { serialize_element() leave 1 }
+    SerializeTuple { serialize_element() leave 1 }
+    SerializeTupleStruct { serialize_field() leave 1 }
+    SerializeTupleVariant { serialize_field() leave 2 }
+    SerializeStruct { serialize_field(&'static str,) leave 1 }
+    SerializeStructVariant { serialize_field(&'static str,) leave 2 }
 }
 
 impl ser::SerializeMap for &mut Checker {
@@ -287,42 +267,20 @@ impl ser::SerializeMap for &mut Checker {
     }
 }
 
-impl ser::SerializeStruct for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Res {
-        value.serialize(&mut **self)
+/// `1` inside `depth` arrays: a request exactly as deep as a test needs.
+#[cfg(test)]
+pub(super) fn nested(depth: usize) -> serde_json::Value {
+    let mut v = serde_json::json!(1);
+    for _ in 0..depth {
+        v = serde_json::json!([v]);
     }
-    fn end(self) -> Res {
-        self.leave(1);
-        Ok(())
-    }
-}
-
-impl ser::SerializeStructVariant for &mut Checker {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, _: &'static str, value: &T) -> Res {
-        value.serialize(&mut **self)
-    }
-    fn end(self) -> Res {
-        self.leave(2);
-        Ok(())
-    }
+    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{Value, json};
-
-    fn nested(depth: usize) -> Value {
-        let mut v = json!(1);
-        for _ in 0..depth {
-            v = json!([v]);
-        }
-        v
-    }
+    use serde_json::Value;
 
     #[test]
     fn the_limit_is_what_serde_json_reads_back() {

@@ -811,6 +811,7 @@ mod tests {
 
     use crate::adapter::fingerprint;
     use crate::error::RequestError;
+    use crate::fingerprint::check::nested;
     use crate::fingerprint::fingerprint_via_value;
     use crate::{FieldFilter, RawJson};
 
@@ -934,14 +935,6 @@ mod tests {
         fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
             Err(ser::Error::custom("no"))
         }
-    }
-
-    fn nested(depth: usize) -> Value {
-        let mut v = json!(1);
-        for _ in 0..depth {
-            v = json!([v]);
-        }
-        v
     }
 
     #[test]

@@ -39,10 +39,9 @@ use idem_consumer::{Consumer, Disposition, Processed};
 use idem_core::store::Store;
 use idem_core::{Attempt, Idem, InFlightMode, Outcome, Policy};
 use idem_crashtest::inbound::{call_stub, stop_here};
+use idem_crashtest::{backend, num, var};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx;
-use idem_redis::RedisStore;
-use idem_sqlite::SqliteStore;
 
 type Out = Outcome<String, String>;
 
@@ -58,10 +57,6 @@ struct Config {
     broken: bool,
 }
 
-fn var(name: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| format!("{name} is not set"))
-}
-
 impl Config {
     fn from_env() -> Result<Self, String> {
         Ok(Self {
@@ -69,11 +64,7 @@ impl Config {
             nats_url: var("IDEM_NATS_URL")?,
             stream: var("IDEM_CRASH_STREAM")?,
             durable: var("IDEM_CRASH_DURABLE")?,
-            lease: Duration::from_millis(
-                var("IDEM_CRASH_LEASE_MS")?
-                    .parse()
-                    .map_err(|_| "IDEM_CRASH_LEASE_MS is not a number")?,
-            ),
+            lease: Duration::from_millis(num("IDEM_CRASH_LEASE_MS")?),
             stop_at: std::env::var("IDEM_CRASH_STOP_AT").unwrap_or_default(),
             stub: std::env::var("IDEM_CRASH_STUB").unwrap_or_default(),
             broken: std::env::var("IDEM_CRASH_BROKEN").is_ok_and(|v| v == "1"),
@@ -101,41 +92,13 @@ async fn main() -> Result<(), String> {
         .in_flight(InFlightMode::Reject)
         .build()
         .map_err(|x| e(&x))?;
-    let (kind, rest) = cfg.backend.split_once(':').ok_or("kind:location")?;
-    match kind {
-        "sqlite" => {
-            let store = SqliteStore::open(rest).await.map_err(|x| e(&x))?;
-            store_backed(cfg, &pull, Idem::new(store).with_policy(policy)).await
-        }
-        "postgres" => {
-            let (url, schema) = rest.split_once('#').ok_or("postgres:<url>#<schema>")?;
-            let store = pg(url, schema).await?;
-            store_backed(cfg, &pull, Idem::new(store).with_policy(policy)).await
-        }
-        "redis" => {
-            let (url, prefix) = rest.split_once('#').ok_or("redis:<url>#<prefix>")?;
-            let store = RedisStore::connect(url)
-                .await
-                .map_err(|x| e(&x))?
-                .with_prefix(prefix)
-                .map_err(|x| e(&x))?;
-            store_backed(cfg, &pull, Idem::new(store).with_policy(policy)).await
-        }
-        "inbox" => {
-            let (url, schema) = rest.split_once('#').ok_or("inbox:<url>#<schema>")?;
-            let store = pg(url, schema).await?;
-            inbox(cfg, &pull, Idem::new(store).with_policy(policy), schema).await
-        }
-        other => Err(format!("unknown backend {other:?}")),
+    if let Some(rest) = cfg.backend.strip_prefix("inbox:") {
+        let (url, schema) = rest.split_once('#').ok_or("inbox:<url>#<schema>")?;
+        let store = backend::postgres(url, schema).await?;
+        return inbox(cfg, &pull, Idem::new(store).with_policy(policy), schema).await;
     }
-}
-
-async fn pg(url: &str, schema: &str) -> Result<PgStore, String> {
-    PgStore::connect(url)
-        .await
-        .map_err(|e| e.to_string())?
-        .with_schema_name(schema)
-        .map_err(|e| e.to_string())
+    let store = backend::open(&cfg.backend, false).await?;
+    store_backed(cfg, &pull, Idem::new(store).with_policy(policy)).await
 }
 
 fn consumer<S: Store>(idem: Idem<S>) -> Result<NatsConsumer<S>, String> {

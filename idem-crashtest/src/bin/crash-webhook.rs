@@ -23,10 +23,9 @@ use axum::routing::post;
 use idem_core::store::Store;
 use idem_core::{Idem, InFlightMode, Policy};
 use idem_crashtest::inbound::{call_stub, stop_here};
+use idem_crashtest::{backend, num, var};
 use idem_http::IdemAttempt;
 use idem_http::webhook::{Provider, Secret, WebhookDelivery, WebhookLayer};
-use idem_postgres::PgStore;
-use idem_sqlite::SqliteStore;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -36,40 +35,18 @@ struct Config {
     stop_at: String,
 }
 
-fn var(name: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| format!("{name} is not set"))
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let backend = var("IDEM_CRASH_BACKEND")?;
-    let lease = Duration::from_millis(
-        var("IDEM_CRASH_LEASE_MS")?
-            .parse()
-            .map_err(|_| "IDEM_CRASH_LEASE_MS is not a number")?,
-    );
     let policy = Policy::builder()
-        .lease(lease)
+        .lease(Duration::from_millis(num("IDEM_CRASH_LEASE_MS")?))
         .in_flight(InFlightMode::Reject)
         .response_ttl(72 * HOUR)
         .key_ttl(30 * 24 * HOUR)
         .build()
         .map_err(|x| e(&x))?;
-    if let Some(path) = backend.strip_prefix("sqlite:") {
-        let store = SqliteStore::open(path).await.map_err(|x| e(&x))?;
-        serve(Idem::new(store).with_policy(policy)).await
-    } else if let Some(rest) = backend.strip_prefix("postgres:") {
-        let (url, schema) = rest.split_once('#').ok_or("postgres:<url>#<schema>")?;
-        let store = PgStore::connect(url)
-            .await
-            .map_err(|x| e(&x))?
-            .with_schema_name(schema)
-            .map_err(|x| e(&x))?;
-        serve(Idem::new(store).with_policy(policy)).await
-    } else {
-        Err(format!("unknown backend {backend:?}"))
-    }
+    let store = backend::open(&var("IDEM_CRASH_BACKEND")?, false).await?;
+    serve(Idem::new(store).with_policy(policy)).await
 }
 
 async fn serve<S: Store>(idem: Idem<S>) -> Result<(), String> {

@@ -12,11 +12,7 @@ use std::time::Duration;
 
 use idem_core::store::Store;
 use idem_core::{Idem, InFlightMode, Outcome, Policy, Scope};
-use idem_crashtest::{DurableLog, WorkerConfig};
-use idem_mysql::MySqlStore;
-use idem_postgres::PgStore;
-use idem_redis::RedisStore;
-use idem_sqlite::SqliteStore;
+use idem_crashtest::{DurableLog, WorkerConfig, backend};
 
 /// How long a generation of keys lasts, in milliseconds.
 const GENERATION_MS: u128 = 1500;
@@ -53,40 +49,15 @@ async fn main() -> Result<(), String> {
     Err("the store never opened".to_owned())
 }
 
-/// Opens the backend and runs for ever; returns only if opening failed.
+/// Opens the backend (migrated) and runs for ever; returns only if opening
+/// failed.
 async fn open_and_run(
     cfg: &WorkerConfig,
     policy: Policy,
     log: &Arc<Mutex<DurableLog>>,
 ) -> Result<(), String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    if let Some(path) = cfg.backend.strip_prefix("sqlite:") {
-        let store = SqliteStore::open(path).await.map_err(|x| e(&x))?;
-        run(Idem::new(store).with_policy(policy), cfg, log).await
-    } else if let Some(rest) = cfg.backend.strip_prefix("postgres:") {
-        let (url, schema) = rest.split_once('#').ok_or("postgres:<url>#<schema>")?;
-        let store = PgStore::connect(url)
-            .await
-            .map_err(|x| e(&x))?
-            .with_schema_name(schema)
-            .map_err(|x| e(&x))?;
-        store.migrate().await.map_err(|x| e(&x))?;
-        run(Idem::new(store).with_policy(policy), cfg, log).await
-    } else if let Some(rest) = cfg.backend.strip_prefix("mysql:") {
-        let (url, table) = rest.split_once('#').ok_or("mysql:<url>#<table>")?;
-        let store = MySqlStore::connect(url)
-            .await
-            .map_err(|x| e(&x))?
-            .with_table_name(table)
-            .map_err(|x| e(&x))?;
-        store.migrate().await.map_err(|x| e(&x))?;
-        run(Idem::new(store).with_policy(policy), cfg, log).await
-    } else if let Some(url) = cfg.backend.strip_prefix("redis:") {
-        let store = RedisStore::connect(url).await.map_err(|x| e(&x))?;
-        run(Idem::new(store).with_policy(policy), cfg, log).await
-    } else {
-        Err(format!("unknown backend {:?}", cfg.backend))
-    }
+    let store = backend::open(&cfg.backend, true).await?;
+    run(Idem::new(store).with_policy(policy), cfg, log).await
 }
 
 async fn run<S: Store>(

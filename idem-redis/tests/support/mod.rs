@@ -145,24 +145,8 @@ pub(crate) async fn cluster() -> RedisFixture {
 pub(crate) async fn scan_keys(nodes: &[String], prefix: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for url in nodes {
-        let mut conn = admin(url).await;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{prefix}*"))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .expect("SCAN");
-            found.extend(keys.into_iter().map(|k| (url.clone(), k)));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+        let keys = idem_test_support::redis_admin::scan(&mut admin(url).await, prefix).await;
+        found.extend(keys.into_iter().map(|k| (url.clone(), k)));
     }
     found
 }

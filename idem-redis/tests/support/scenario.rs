@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
-use idem_core::clock::{Clock, ManualClock};
-use idem_core::store::{ClaimRequest, Token};
+use idem_core::clock::{Clock, ManualClock, Timestamp};
+use idem_core::store::OutcomeKind;
+use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{
     FieldFilter, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, RecordId, Scope,
 };
@@ -72,4 +73,35 @@ pub(crate) fn claim_req<'a>(id: &'a RecordId, clock: &ManualClock) -> ClaimReque
 
 pub(crate) fn record_id(scope: &Scope) -> RecordId {
     RecordId::new(scope.clone(), IdempotencyKey::random())
+}
+
+/// A success completed at `now`, kept for the tests' response and key TTLs.
+pub(crate) fn success<'a>(
+    now: Timestamp,
+    body: &'a [u8],
+    resource_id: Option<&'a str>,
+) -> Completion<'a> {
+    Completion::new(
+        OutcomeKind::Success,
+        Some(body),
+        resource_id,
+        now,
+        now.plus(RESPONSE_TTL),
+        now.plus(KEY_TTL),
+    )
+}
+
+/// Completes what `req` claimed on `store` with [`success`] at the clock's
+/// now.
+pub(crate) async fn complete(
+    store: &RedisStore,
+    req: &ClaimRequest<'_>,
+    clock: &ManualClock,
+    body: &[u8],
+    resource_id: Option<&str>,
+) {
+    store
+        .complete(req.id, req.token, &success(clock.now(), body, resource_id))
+        .await
+        .expect("complete");
 }

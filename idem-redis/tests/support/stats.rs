@@ -7,12 +7,9 @@ use idem_redis::redis::{self, aio::MultiplexedConnection};
 
 /// Counts of every command Redis ran (from `INFO commandstats`).
 pub(crate) async fn commandstats(admin: &mut MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(admin)
+    idem_test_support::redis_admin::info(admin, "commandstats")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
             let calls = rest
