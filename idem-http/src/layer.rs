@@ -5,14 +5,12 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
 use idem_core::{Idem, IdempotencyKey, Scope};
-use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
@@ -22,6 +20,7 @@ use crate::key::KeySyntax;
 use crate::owner::{NoOwner, OwnerSource};
 use crate::problem::ProblemTypes;
 use crate::service::IdempotencyService;
+use crate::state::{Link, Shared};
 
 /// A configuration [`Builder::build`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,14 +111,6 @@ pub enum ConfigError {
     },
 }
 
-pub(crate) struct Shared<S, O> {
-    pub(crate) idem: Idem<S>,
-    pub(crate) cfg: Config,
-    pub(crate) owner: O,
-    pub(crate) tracker: TaskTracker,
-    pub(crate) closed: Arc<AtomicBool>,
-}
-
 /// The tower layer. Cheap to clone (everything behind one `Arc`); clones
 /// share the shutdown state and the tracker of detached handlers.
 ///
@@ -144,7 +135,7 @@ impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for IdempotencyLayer<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("idem", &self.shared.idem)
-            .field("owner", &self.shared.owner)
+            .field("owner", &self.shared.mode)
             .field("methods", &self.shared.cfg.methods)
             .finish_non_exhaustive()
     }
@@ -184,16 +175,7 @@ impl<S, O> IdempotencyLayer<S, O> {
         S: Send + Sync,
         O: Send + Sync,
     {
-        self.shared.close();
-        self.shared.tracker.wait().await;
-    }
-}
-
-impl<S, O> Shared<S, O> {
-    /// New requests get 503 `shutting_down`; no more handlers are tracked.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.tracker.close();
+        self.shared.shutdown().await;
     }
 }
 
@@ -204,7 +186,7 @@ pub struct Builder<S, O> {
     cfg: Config,
     /// The shutdown state of the layer this builder came from
     /// ([`IdempotencyLayer::to_builder`]).
-    link: Option<(TaskTracker, Arc<AtomicBool>)>,
+    link: Option<Link>,
 }
 
 impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for Builder<S, O> {
@@ -401,17 +383,8 @@ impl<S: Store, O: OwnerSource> Builder<S, O> {
             .iter()
             .map(|h| h.as_str().to_owned())
             .collect();
-        let (tracker, closed) = self
-            .link
-            .unwrap_or_else(|| (TaskTracker::new(), Arc::new(AtomicBool::new(false))));
         Ok(IdempotencyLayer {
-            shared: Arc::new(Shared {
-                idem: self.idem,
-                cfg: self.cfg,
-                owner: self.owner,
-                tracker,
-                closed,
-            }),
+            shared: Shared::new(self.idem, self.cfg, self.owner, self.link),
         })
     }
 }
@@ -423,9 +396,9 @@ impl<S: Store, O: OwnerSource> IdempotencyLayer<S, O> {
     pub fn to_builder(&self) -> Builder<S, O> {
         Builder {
             idem: self.shared.idem.clone(),
-            owner: self.shared.owner.clone(),
+            owner: self.shared.mode.clone(),
             cfg: self.shared.cfg.clone(),
-            link: Some((self.shared.tracker.clone(), Arc::clone(&self.shared.closed))),
+            link: Some(self.shared.link()),
         }
     }
 }

@@ -9,8 +9,10 @@ mod config;
 
 mod owner;
 
-// Step 1: covered or not.
+// Step 1: covered or not; the state every service of a layer shares.
 mod service;
+
+mod state;
 
 // Steps 2-6: key, owner and operation (the scope), body, fingerprint.
 mod request;

@@ -4,91 +4,51 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem_core::Idem;
 use idem_core::Scope;
 use idem_core::store::Store;
-use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
+use super::config::{DuplicateAnswer, FailureHook, PermanentFailure, WebhookMode};
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
 use super::service::WebhookService;
 use crate::config::{Classifier, Config};
 use crate::headers::Class;
-use crate::layer::{ConfigError, Shared};
-
-/// What a duplicate of a delivery that finished gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum DuplicateAnswer {
-    /// `200`, an empty body and `Idempotent-Replayed: true` (the default):
-    /// providers read only the status.
-    #[default]
-    Ack,
-    /// The stored response with `Idempotent-Replayed: true` (a permanent
-    /// failure acknowledged with 200 stays 200).
-    Replay,
-}
-
-/// What a handler's permanent failure (a 4xx other than 408, 425 and 429)
-/// is answered with. Either way it is stored, so its redeliveries are
-/// duplicates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum PermanentFailure {
-    /// `200` with an empty body (the default): days of redeliveries cannot
-    /// fix it, and a provider that sees failures disables the endpoint. The
-    /// hook and the metric report it.
-    #[default]
-    Acknowledge,
-    /// The handler's own response.
-    PassThrough,
-}
-
-pub(crate) type FailureHook = Arc<dyn Fn(&Delivery, &http::response::Parts) + Send + Sync>;
-
-/// The webhook settings beyond the shared [`Config`].
-pub(crate) struct Hook {
-    pub(crate) provider: Provider,
-    pub(crate) scope: Scope,
-    pub(crate) event_id: EventId,
-    pub(crate) tolerance: Duration,
-    pub(crate) duplicate: DuplicateAnswer,
-    pub(crate) permanent: PermanentFailure,
-    pub(crate) on_permanent: Option<FailureHook>,
-    pub(crate) fingerprint_body: bool,
-    pub(crate) fallback_body_hash: bool,
-}
+use crate::layer::{ConfigError, IdempotencyLayer};
+use crate::state::Shared;
 
 /// The webhook receiver, a tower layer for the route of one provider's
 /// deliveries. It *replaces* [`IdempotencyLayer`](crate::IdempotencyLayer)
 /// on that route (never stack them). Cheap to clone.
 ///
+/// It is the idempotency layer in [`WebhookMode`], under its own name so
+/// that it has its own [`builder`](Self::builder): the same shared state,
+/// service, executor and shutdown.
+///
 /// See the [module docs](super) for the pipeline and the behaviour table.
 pub struct WebhookLayer<S> {
-    pub(crate) shared: Arc<Shared<S, ()>>,
-    pub(crate) hook: Arc<Hook>,
+    layer: IdempotencyLayer<S, WebhookMode>,
 }
 
 impl<S> Clone for WebhookLayer<S> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
-            hook: Arc::clone(&self.hook),
+            layer: self.layer.clone(),
         }
     }
 }
 
 impl<S: fmt::Debug> fmt::Debug for WebhookLayer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = &self.layer.shared.mode;
         f.debug_struct("WebhookLayer")
-            .field("idem", &self.shared.idem)
-            .field("provider", &self.hook.provider)
-            .field("scope", &self.hook.scope)
+            .field("idem", self.layer.idem())
+            .field("provider", &mode.provider)
+            .field("scope", &mode.scope)
             .finish_non_exhaustive()
     }
 }
@@ -121,18 +81,18 @@ impl<S: Store> WebhookLayer<S> {
 impl<S> WebhookLayer<S> {
     /// The engine deliveries run through.
     pub fn idem(&self) -> &Idem<S> {
-        &self.shared.idem
+        self.layer.idem()
     }
 
     /// The scope of every record: `(endpoint, operation)`.
     pub fn scope(&self) -> &Scope {
-        &self.hook.scope
+        &self.layer.shared.mode.scope
     }
 
     /// Stops accepting deliveries: from now on they get 503 `shutting_down`,
     /// and the provider redelivers later.
     pub fn close(&self) {
-        self.shared.close();
+        self.layer.close();
     }
 
     /// [`close`](Self::close), then waits for every running handler to
@@ -141,8 +101,7 @@ impl<S> WebhookLayer<S> {
     where
         S: Send + Sync,
     {
-        self.shared.close();
-        self.shared.tracker.wait().await;
+        self.layer.shutdown().await;
     }
 }
 
@@ -358,25 +317,21 @@ impl<S: Store> Builder<S> {
             ..Config::default()
         };
         let event_id = self.event_id.unwrap_or_else(|| provider.event_id.clone());
+        let mode = WebhookMode {
+            provider,
+            scope,
+            event_id,
+            tolerance: self.tolerance,
+            duplicate: self.duplicate,
+            permanent: self.permanent,
+            on_permanent: self.on_permanent,
+            fingerprint_body: self.fingerprint_body,
+            fallback_body_hash: self.fallback_body_hash,
+        };
         Ok(WebhookLayer {
-            shared: Arc::new(Shared {
-                idem: self.idem,
-                cfg,
-                owner: (),
-                tracker: TaskTracker::new(),
-                closed: Arc::new(AtomicBool::new(false)),
-            }),
-            hook: Arc::new(Hook {
-                provider,
-                scope,
-                event_id,
-                tolerance: self.tolerance,
-                duplicate: self.duplicate,
-                permanent: self.permanent,
-                on_permanent: self.on_permanent,
-                fingerprint_body: self.fingerprint_body,
-                fallback_body_hash: self.fallback_body_hash,
-            }),
+            layer: IdempotencyLayer {
+                shared: Shared::new(self.idem, cfg, mode, None),
+            },
         })
     }
 }
@@ -395,7 +350,7 @@ impl<Svc, S> Layer<Svc> for WebhookLayer<S> {
     type Service = WebhookService<Svc, S>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        WebhookService::new(inner, self.clone())
+        self.layer.layer(inner)
     }
 }
 

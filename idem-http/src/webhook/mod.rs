@@ -111,14 +111,16 @@
 //! `in_flight`, `transient`, `permanent_failure`; the engine's own metrics
 //! as for every call.
 
+mod config;
 mod delivery;
 mod layer;
 mod provider;
 mod service;
 mod verify;
 
+pub use config::{DuplicateAnswer, PermanentFailure, WebhookMode};
 pub use delivery::{Delivery, WebhookDelivery};
-pub use layer::{Builder, DuplicateAnswer, PermanentFailure, WebhookLayer};
+pub use layer::{Builder, WebhookLayer};
 pub use provider::{EventId, Provider};
 pub use service::WebhookService;
 pub use verify::{MAX_CANDIDATES, Secret, SecretError, Verified, Verify, VerifyError};

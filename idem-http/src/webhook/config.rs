@@ -1,0 +1,69 @@
+//! What a webhook receiver is configured with beyond the layer's shared
+//! [`Config`](crate::config::Config) (set through its builder in
+//! `layer.rs`, read by its mode in `service.rs`): the provider, the scope,
+//! and how duplicates and permanent failures are answered.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::Scope;
+
+use super::delivery::Delivery;
+use super::provider::{EventId, Provider};
+
+/// What a duplicate of a delivery that finished gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DuplicateAnswer {
+    /// `200`, an empty body and `Idempotent-Replayed: true` (the default):
+    /// providers read only the status.
+    #[default]
+    Ack,
+    /// The stored response with `Idempotent-Replayed: true` (a permanent
+    /// failure acknowledged with 200 stays 200).
+    Replay,
+}
+
+/// What a handler's permanent failure (a 4xx other than 408, 425 and 429)
+/// is answered with. Either way it is stored, so its redeliveries are
+/// duplicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PermanentFailure {
+    /// `200` with an empty body (the default): days of redeliveries cannot
+    /// fix it, and a provider that sees failures disables the endpoint. The
+    /// hook and the metric report it.
+    #[default]
+    Acknowledge,
+    /// The handler's own response.
+    PassThrough,
+}
+
+pub(crate) type FailureHook = Arc<dyn Fn(&Delivery, &http::response::Parts) + Send + Sync>;
+
+/// The webhook receiver's mode of the idempotency service: the provider's
+/// event id is the key, the configured endpoint the owner, and the answers
+/// are the ones a provider understands (see the [module docs](super)). It
+/// is the third parameter of [`WebhookService`](super::WebhookService);
+/// only [`WebhookLayer::builder`](super::WebhookLayer::builder) makes one.
+pub struct WebhookMode {
+    pub(crate) provider: Provider,
+    pub(crate) scope: Scope,
+    pub(crate) event_id: EventId,
+    pub(crate) tolerance: Duration,
+    pub(crate) duplicate: DuplicateAnswer,
+    pub(crate) permanent: PermanentFailure,
+    pub(crate) on_permanent: Option<FailureHook>,
+    pub(crate) fingerprint_body: bool,
+    pub(crate) fallback_body_hash: bool,
+}
+
+impl fmt::Debug for WebhookMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookMode")
+            .field("provider", &self.provider)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
