@@ -210,12 +210,10 @@ impl<'a, S: Store> Delivered<'a, S> {
                 info!(message_id, attempt = number, error = ?e, "transient failure: retry");
                 (retry(), Cause::TransientFailure)
             }
-            Outcome::Failure(e) => {
-                if let Some(hook) = &inner.on_permanent_failure {
-                    hook(message_id, e);
-                }
-                (self.permanent(), Cause::PermanentFailure)
-            }
+            Outcome::Failure(e) => (
+                permanent(inner.permanent.report(|hook| hook(message_id, e))),
+                Cause::PermanentFailure,
+            ),
             Outcome::Success(_) if !stored => (Disposition::Ack, Cause::NotStored),
             Outcome::Success(_) => (Disposition::Ack, Cause::Succeeded),
         };
@@ -229,15 +227,6 @@ impl<'a, S: Store> Delivered<'a, S> {
         }
     }
 
-    fn permanent(&self) -> Disposition {
-        match self.consumer.inner.permanent {
-            PermanentFailure::Acknowledge => Disposition::Ack,
-            PermanentFailure::DeadLetter => Disposition::DeadLetter {
-                reason: DeadLetterReason::PermanentFailure,
-            },
-        }
-    }
-
     /// C4: a stored outcome. A stored failure under
     /// [`PermanentFailure::DeadLetter`] is dead-lettered again, so a failed
     /// dead-lettering is retried.
@@ -245,7 +234,7 @@ impl<'a, S: Store> Delivered<'a, S> {
         let attempt = reply.attempt();
         let outcome = reply.into_outcome();
         let disposition = match outcome {
-            Outcome::Failure(_) => self.permanent(),
+            Outcome::Failure(_) => permanent(self.consumer.inner.permanent.policy()),
             _ => Disposition::Ack,
         };
         Processed {
@@ -256,6 +245,16 @@ impl<'a, S: Store> Delivered<'a, S> {
             recovery: false,
             cause: Cause::Replayed,
         }
+    }
+}
+
+/// The disposition for a permanent failure, on its first run and on a replay.
+fn permanent(policy: PermanentFailure) -> Disposition {
+    match policy {
+        PermanentFailure::Acknowledge => Disposition::Ack,
+        PermanentFailure::DeadLetter => Disposition::DeadLetter {
+            reason: DeadLetterReason::PermanentFailure,
+        },
     }
 }
 

@@ -4,10 +4,10 @@
 //! and how duplicates and permanent failures are answered.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::Scope;
+use idem_core::adapter::PermanentFailurePolicy;
 
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
@@ -40,7 +40,12 @@ pub enum PermanentFailure {
     PassThrough,
 }
 
-pub(crate) type FailureHook = Arc<dyn Fn(&Delivery, &http::response::Parts) + Send + Sync>;
+/// The permanent-failure policy, with its hook told the delivery and the
+/// handler's response head.
+pub(crate) type FailurePolicy = PermanentFailurePolicy<
+    PermanentFailure,
+    dyn Fn(&Delivery, &http::response::Parts) + Send + Sync,
+>;
 
 /// The webhook receiver's mode of the idempotency service: the provider's
 /// event id is the key, the configured endpoint the owner, and the answers
@@ -53,8 +58,7 @@ pub struct WebhookMode {
     pub(crate) event_id: EventId,
     pub(crate) tolerance: Duration,
     pub(crate) duplicate: DuplicateAnswer,
-    pub(crate) permanent: PermanentFailure,
-    pub(crate) on_permanent: Option<FailureHook>,
+    pub(crate) permanent: FailurePolicy,
     pub(crate) fingerprint_body: bool,
     pub(crate) fallback_body_hash: bool,
 }

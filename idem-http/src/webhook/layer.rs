@@ -9,10 +9,11 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 use idem_core::Idem;
 use idem_core::Scope;
+use idem_core::adapter::{ScopeSetting, ScopeSettingError};
 use idem_core::store::Store;
 use tower_layer::Layer;
 
-use super::config::{DuplicateAnswer, FailureHook, PermanentFailure, WebhookMode};
+use super::config::{DuplicateAnswer, FailurePolicy, PermanentFailure, WebhookMode};
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
 use super::service::WebhookService;
@@ -61,15 +62,13 @@ impl<S: Store> WebhookLayer<S> {
         Builder {
             idem,
             provider: None,
-            endpoint: None,
-            operation: None,
+            scope: ScopeSetting::default(),
             event_id: None,
             tolerance: Duration::from_secs(300),
             max_body: 2 * 1024 * 1024,
             duplicate: DuplicateAnswer::Ack,
             in_flight_status: StatusCode::SERVICE_UNAVAILABLE,
-            permanent: PermanentFailure::Acknowledge,
-            on_permanent: None,
+            permanent: FailurePolicy::default(),
             fingerprint_body: false,
             fallback_body_hash: false,
             allow_short_retention: false,
@@ -109,15 +108,14 @@ impl<S> WebhookLayer<S> {
 pub struct Builder<S> {
     idem: Idem<S>,
     provider: Option<Provider>,
-    endpoint: Option<String>,
-    operation: Option<String>,
+    /// The endpoint (the owner) and the operation.
+    scope: ScopeSetting,
     event_id: Option<EventId>,
     tolerance: Duration,
     max_body: usize,
     duplicate: DuplicateAnswer,
     in_flight_status: StatusCode,
-    permanent: PermanentFailure,
-    on_permanent: Option<FailureHook>,
+    permanent: FailurePolicy,
     fingerprint_body: bool,
     fallback_body_hash: bool,
     allow_short_retention: bool,
@@ -129,7 +127,7 @@ impl<S: fmt::Debug> fmt::Debug for Builder<S> {
         f.debug_struct("Builder")
             .field("idem", &self.idem)
             .field("provider", &self.provider)
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.scope.owner())
             .finish_non_exhaustive()
     }
 }
@@ -147,14 +145,14 @@ impl<S: Store> Builder<S> {
     /// configuration, never from the request.
     #[must_use]
     pub fn endpoint(mut self, owner: impl Into<String>) -> Self {
-        self.endpoint = Some(owner.into());
+        self.scope.set_owner(owner);
         self
     }
 
     /// The operation of every record (default `webhook <provider>`).
     #[must_use]
     pub fn operation(mut self, op: impl Into<String>) -> Self {
-        self.operation = Some(op.into());
+        self.scope.set_operation(op);
         self
     }
 
@@ -203,7 +201,7 @@ impl<S: Store> Builder<S> {
     /// [`PermanentFailure::Acknowledge`]).
     #[must_use]
     pub fn permanent_failure(mut self, p: PermanentFailure) -> Self {
-        self.permanent = p;
+        self.permanent.set_policy(p);
         self
     }
 
@@ -214,7 +212,7 @@ impl<S: Store> Builder<S> {
         mut self,
         f: impl Fn(&Delivery, &http::response::Parts) + Send + Sync + 'static,
     ) -> Self {
-        self.on_permanent = Some(Arc::new(f));
+        self.permanent.set_hook(Arc::new(f));
         self
     }
 
@@ -272,16 +270,21 @@ impl<S: Store> Builder<S> {
     /// or than the tolerance.
     pub fn build(self) -> Result<WebhookLayer<S>, ConfigError> {
         let provider = self.provider.ok_or(ConfigError::MissingProvider)?;
-        let endpoint = self.endpoint.ok_or(ConfigError::MissingEndpoint)?;
-        let operation = self
-            .operation
-            .unwrap_or_else(|| format!("webhook {}", provider.name()));
-        let scope = Scope::new(endpoint.as_str(), operation.as_str()).map_err(|source| {
-            ConfigError::InvalidScope {
-                owner: endpoint.clone(),
-                operation: operation.clone(),
-                source,
+        let default_operation = || Some(format!("webhook {}", provider.name()));
+        let scope = self.scope.build(default_operation).map_err(|e| match e {
+            // The operation has a default: only the endpoint can be missing.
+            ScopeSettingError::MissingOwner | ScopeSettingError::MissingOperation => {
+                ConfigError::MissingEndpoint
             }
+            ScopeSettingError::Invalid {
+                owner,
+                operation,
+                source,
+            } => ConfigError::InvalidScope {
+                owner,
+                operation,
+                source,
+            },
         })?;
         if self.max_body == 0 {
             return Err(ConfigError::ZeroRequestBodyLimit);
@@ -324,7 +327,6 @@ impl<S: Store> Builder<S> {
             tolerance: self.tolerance,
             duplicate: self.duplicate,
             permanent: self.permanent,
-            on_permanent: self.on_permanent,
             fingerprint_body: self.fingerprint_body,
             fallback_body_hash: self.fallback_body_hash,
         };

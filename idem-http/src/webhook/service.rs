@@ -181,7 +181,7 @@ impl Mode for WebhookMode {
             Answer::Response(res) => fresh(shared, &delivery, res),
             Answer::Replayed { response, failure } => {
                 count(hook, Result_::Duplicate);
-                match (hook.duplicate, failure, hook.permanent) {
+                match (hook.duplicate, failure, hook.permanent.policy()) {
                     (DuplicateAnswer::Replay, false, _)
                     | (DuplicateAnswer::Replay, true, PermanentFailure::PassThrough) => response,
                     _ => ack(true),
@@ -230,10 +230,7 @@ fn fresh<S, B>(
                 status = parts.status.as_u16(),
                 "permanent webhook failure: stored, redeliveries are duplicates"
             );
-            if let Some(f) = &hook.on_permanent {
-                f(delivery, &parts);
-            }
-            match hook.permanent {
+            match hook.permanent.report(|f| f(delivery, &parts)) {
                 PermanentFailure::Acknowledge => ack(false),
                 PermanentFailure::PassThrough => Response::from_parts(parts, body),
             }
