@@ -14,7 +14,7 @@ use crate::backoff::Backoff;
 /// What a permanent failure of the work does to the message.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum PermanentFailure {
+pub enum ConsumerPermanentFailure {
     /// Acknowledge it (the failure stays stored and is replayed to every
     /// redelivery), after calling the `on_permanent_failure` hook. The
     /// default: a redelivery cannot fix it.
@@ -44,17 +44,17 @@ pub enum FingerprintMode {
 /// The permanent-failure policy, with its hook told the message id and the
 /// error.
 pub(crate) type FailurePolicy =
-    PermanentFailurePolicy<PermanentFailure, dyn Fn(&str, &dyn fmt::Debug) + Send + Sync>;
+    PermanentFailurePolicy<ConsumerPermanentFailure, dyn Fn(&str, &dyn fmt::Debug) + Send + Sync>;
 
-/// Why [`Builder::build`] refused a configuration.
+/// Why [`ConsumerBuilder::build`] refused a configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
-    /// No owner was set ([`Builder::owner`]): the consumer group that
+pub enum ConsumerConfigError {
+    /// No owner was set ([`ConsumerBuilder::owner`]): the consumer group that
     /// processes each message once.
     #[error("the consumer needs an owner (the consumer group): call .owner(..)")]
     MissingOwner,
-    /// No operation was set ([`Builder::operation`]): the handler's name.
+    /// No operation was set ([`ConsumerBuilder::operation`]): the handler's name.
     #[error("the consumer needs an operation (the handler's name): call .operation(..)")]
     MissingOperation,
     /// The owner or the operation breaks the scope rules.
@@ -66,7 +66,7 @@ pub enum ConfigError {
 }
 
 /// Builds a [`Consumer`]: [`Consumer::builder`].
-pub struct Builder<S: Store> {
+pub struct ConsumerBuilder<S: Store> {
     idem: Idem<S>,
     scope: ScopeSetting,
     backoff: Backoff,
@@ -74,9 +74,9 @@ pub struct Builder<S: Store> {
     fingerprint: FingerprintMode,
 }
 
-impl<S: Store> fmt::Debug for Builder<S> {
+impl<S: Store> fmt::Debug for ConsumerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("ConsumerBuilder")
             .field("scope", &self.scope)
             .field("backoff", &self.backoff)
             .field("permanent", &self.permanent.policy())
@@ -85,7 +85,7 @@ impl<S: Store> fmt::Debug for Builder<S> {
     }
 }
 
-impl<S: Store> Builder<S> {
+impl<S: Store> ConsumerBuilder<S> {
     /// The consumer group (`"billing-service"`): the record's owner. Two
     /// groups consuming one stream each process a message once.
     #[must_use]
@@ -122,7 +122,7 @@ impl<S: Store> Builder<S> {
 
     /// What a permanent failure does to the message (default: acknowledge).
     #[must_use]
-    pub fn permanent_failure(mut self, p: PermanentFailure) -> Self {
+    pub fn permanent_failure(mut self, p: ConsumerPermanentFailure) -> Self {
         self.permanent.set_policy(p);
         self
     }
@@ -149,16 +149,16 @@ impl<S: Store> Builder<S> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a missing or invalid owner or operation, or a
+    /// [`ConsumerConfigError`] for a missing or invalid owner or operation, or a
     /// backoff whose base is zero or above its cap.
-    pub fn build(self) -> Result<Consumer<S>, ConfigError> {
+    pub fn build(self) -> Result<Consumer<S>, ConsumerConfigError> {
         let scope = self.scope.build(|| None).map_err(|e| match e {
-            ScopeSettingError::MissingOwner => ConfigError::MissingOwner,
-            ScopeSettingError::MissingOperation => ConfigError::MissingOperation,
-            ScopeSettingError::Invalid { source, .. } => ConfigError::InvalidScope(source),
+            ScopeSettingError::MissingOwner => ConsumerConfigError::MissingOwner,
+            ScopeSettingError::MissingOperation => ConsumerConfigError::MissingOperation,
+            ScopeSettingError::Invalid { source, .. } => ConsumerConfigError::InvalidScope(source),
         })?;
         if self.backoff.base.is_zero() || self.backoff.base > self.backoff.cap {
-            return Err(ConfigError::InvalidBackoff);
+            return Err(ConsumerConfigError::InvalidBackoff);
         }
         Ok(Consumer {
             inner: Arc::new(Inner {
@@ -211,8 +211,8 @@ impl<S: Store> Consumer<S> {
     /// wait) and the retention (set `key_ttl` above the broker's whole
     /// redelivery window).
     #[must_use]
-    pub fn builder(idem: Idem<S>) -> Builder<S> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> ConsumerBuilder<S> {
+        ConsumerBuilder {
             idem,
             scope: ScopeSetting::default(),
             backoff: Backoff::default(),
@@ -234,7 +234,7 @@ impl<S: Store> Consumer<S> {
     }
 
     /// The retry delay for the `delivery`th delivery (1 = first), as
-    /// configured ([`Builder::retry_backoff`]).
+    /// configured ([`ConsumerBuilder::retry_backoff`]).
     #[must_use]
     pub fn backoff(&self, delivery: u32) -> Duration {
         self.inner.backoff.delay(delivery)

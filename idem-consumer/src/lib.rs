@@ -24,6 +24,8 @@ pub mod sqs;
 #[doc(hidden)]
 pub mod testkit;
 
-pub use config::{Builder, ConfigError, Consumer, FingerprintMode, PermanentFailure};
+pub use config::{
+    Consumer, ConsumerBuilder, ConsumerConfigError, ConsumerPermanentFailure, FingerprintMode,
+};
 pub use disposition::{Cause, DeadLetterReason, Disposition, Processed};
 pub use process::Delivered;

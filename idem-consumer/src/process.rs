@@ -15,7 +15,7 @@ use idem_core::{
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::config::{Consumer, FingerprintMode, PermanentFailure};
+use crate::config::{Consumer, ConsumerPermanentFailure, FingerprintMode};
 use crate::disposition::{Cause, DeadLetterReason, Disposition, Processed};
 
 /// Tags the fingerprints this crate computes itself, so they never equal a
@@ -228,7 +228,7 @@ impl<'a, S: Store> Delivered<'a, S> {
     }
 
     /// C4: a stored outcome. A stored failure under
-    /// [`PermanentFailure::DeadLetter`] is dead-lettered again, so a failed
+    /// [`ConsumerPermanentFailure::DeadLetter`] is dead-lettered again, so a failed
     /// dead-lettering is retried.
     pub(crate) fn replayed<T, E>(&self, reply: Reply<T, E>) -> Processed<T, E> {
         let attempt = reply.attempt();
@@ -249,10 +249,10 @@ impl<'a, S: Store> Delivered<'a, S> {
 }
 
 /// The disposition for a permanent failure, on its first run and on a replay.
-fn permanent(policy: PermanentFailure) -> Disposition {
+fn permanent(policy: ConsumerPermanentFailure) -> Disposition {
     match policy {
-        PermanentFailure::Acknowledge => Disposition::Ack,
-        PermanentFailure::DeadLetter => Disposition::DeadLetter {
+        ConsumerPermanentFailure::Acknowledge => Disposition::Ack,
+        ConsumerPermanentFailure::DeadLetter => Disposition::DeadLetter {
             reason: DeadLetterReason::PermanentFailure,
         },
     }

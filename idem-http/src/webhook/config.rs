@@ -6,11 +6,71 @@
 use std::fmt;
 use std::time::Duration;
 
+use http::StatusCode;
 use idem_core::Scope;
 use idem_core::adapter::PermanentFailurePolicy;
+use idem_core::error::ScopeError;
 
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
+
+/// A configuration [`WebhookLayerBuilder::build`](super::WebhookLayerBuilder::build) refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookConfigError {
+    /// No [`provider`](super::WebhookLayerBuilder::provider).
+    #[error("invalid webhook layer configuration: no provider")]
+    MissingProvider,
+    /// [`max_body`](super::WebhookLayerBuilder::max_body) is 0: no delivery could
+    /// be verified.
+    #[error("invalid webhook layer configuration: max_body is 0")]
+    ZeroBodyLimit,
+    /// No [`endpoint`](super::WebhookLayerBuilder::endpoint).
+    #[error("invalid webhook layer configuration: no endpoint")]
+    MissingEndpoint,
+    /// The endpoint and operation are not a scope a
+    /// record can hold (empty, over 1,024 bytes, a control character).
+    #[error(
+        "invalid webhook layer configuration: endpoint {owner:?}, operation {operation:?}: {source}"
+    )]
+    InvalidScope {
+        /// The endpoint.
+        owner: String,
+        /// The operation.
+        operation: String,
+        /// Why a scope refuses it.
+        #[source]
+        source: ScopeError,
+    },
+    /// The in-flight status is not 409, 429 or 503.
+    #[error("invalid webhook layer configuration: in-flight status {0} (409, 429 or 503)")]
+    InFlightStatus(StatusCode),
+    /// The engine's `key_ttl` is shorter than the
+    /// provider's redelivery window, so a late redelivery would run again
+    /// (see `allow_short_retention`).
+    #[error(
+        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than {provider}'s redelivery window {window:?}"
+    )]
+    RetentionTooShort {
+        /// The provider.
+        provider: String,
+        /// The engine's `key_ttl`.
+        key_ttl: Duration,
+        /// The provider's window.
+        window: Duration,
+    },
+    /// The engine's `key_ttl` is shorter than the
+    /// timestamp tolerance, so a captured request could run twice.
+    #[error(
+        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than the tolerance {tolerance:?}"
+    )]
+    ToleranceExceedsRetention {
+        /// The timestamp tolerance.
+        tolerance: Duration,
+        /// The engine's `key_ttl`.
+        key_ttl: Duration,
+    },
+}
 
 /// What a duplicate of a delivery that finished gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,7 +90,7 @@ pub enum DuplicateAnswer {
 /// duplicates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum PermanentFailure {
+pub enum WebhookPermanentFailure {
     /// `200` with an empty body (the default): days of redeliveries cannot
     /// fix it, and a provider that sees failures disables the endpoint. The
     /// hook and the metric report it.
@@ -43,7 +103,7 @@ pub enum PermanentFailure {
 /// The permanent-failure policy, with its hook told the delivery and the
 /// handler's response head.
 pub(crate) type FailurePolicy = PermanentFailurePolicy<
-    PermanentFailure,
+    WebhookPermanentFailure,
     dyn Fn(&Delivery, &http::response::Parts) + Send + Sync,
 >;
 

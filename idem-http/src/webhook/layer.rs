@@ -1,5 +1,5 @@
 //! The webhook layer and its builder, validated once at
-//! [`Builder::build`]: the provider, the endpoint (the owner of every
+//! [`WebhookLayerBuilder::build`]: the provider, the endpoint (the owner of every
 //! record) and a retention that covers the provider's redeliveries.
 
 use std::fmt;
@@ -13,13 +13,15 @@ use idem_core::adapter::{ScopeSetting, ScopeSettingError};
 use idem_core::store::Store;
 use tower_layer::Layer;
 
-use super::config::{DuplicateAnswer, FailurePolicy, PermanentFailure, WebhookMode};
+use super::config::{
+    DuplicateAnswer, FailurePolicy, WebhookConfigError, WebhookMode, WebhookPermanentFailure,
+};
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
 use super::service::WebhookService;
 use crate::config::{Classifier, Config};
 use crate::headers::Class;
-use crate::layer::{ConfigError, IdempotencyLayer};
+use crate::layer::IdempotencyLayer;
 use crate::state::Shared;
 
 /// The webhook receiver, a tower layer for the route of one provider's
@@ -58,8 +60,8 @@ impl<S: Store> WebhookLayer<S> {
     /// Starts from an engine: its `Policy` gives the lease, the TTLs and the
     /// in-flight mode (a short `InFlightMode::Wait`, below the provider's
     /// timeout, turns most in-flight duplicates into plain duplicates).
-    pub fn builder(idem: Idem<S>) -> Builder<S> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> WebhookLayerBuilder<S> {
+        WebhookLayerBuilder {
             idem,
             provider: None,
             scope: ScopeSetting::default(),
@@ -105,7 +107,7 @@ impl<S> WebhookLayer<S> {
 }
 
 /// Builds a [`WebhookLayer`]; see [`WebhookLayer::builder`].
-pub struct Builder<S> {
+pub struct WebhookLayerBuilder<S> {
     idem: Idem<S>,
     provider: Option<Provider>,
     /// The endpoint (the owner) and the operation.
@@ -122,9 +124,9 @@ pub struct Builder<S> {
     classify: Option<Classifier>,
 }
 
-impl<S: fmt::Debug> fmt::Debug for Builder<S> {
+impl<S: fmt::Debug> fmt::Debug for WebhookLayerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("WebhookLayerBuilder")
             .field("idem", &self.idem)
             .field("provider", &self.provider)
             .field("endpoint", &self.scope.owner())
@@ -132,7 +134,7 @@ impl<S: fmt::Debug> fmt::Debug for Builder<S> {
     }
 }
 
-impl<S: Store> Builder<S> {
+impl<S: Store> WebhookLayerBuilder<S> {
     /// The sender (required).
     #[must_use]
     pub fn provider(mut self, p: Provider) -> Self {
@@ -198,9 +200,9 @@ impl<S: Store> Builder<S> {
     }
 
     /// What a permanent failure is answered with (default
-    /// [`PermanentFailure::Acknowledge`]).
+    /// [`WebhookPermanentFailure::Acknowledge`]).
     #[must_use]
-    pub fn permanent_failure(mut self, p: PermanentFailure) -> Self {
+    pub fn permanent_failure(mut self, p: WebhookPermanentFailure) -> Self {
         self.permanent.set_policy(p);
         self
     }
@@ -263,44 +265,44 @@ impl<S: Store> Builder<S> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`]: no provider or endpoint, an endpoint or operation a
+    /// [`WebhookConfigError`]: no provider or endpoint, an endpoint or operation a
     /// record scope cannot hold, a zero body limit, an in-flight status
     /// other than 409, 429 or 503, a `key_ttl` shorter than the provider's
     /// redelivery window (unless [`allow_short_retention`](Self::allow_short_retention))
     /// or than the tolerance.
-    pub fn build(self) -> Result<WebhookLayer<S>, ConfigError> {
-        let provider = self.provider.ok_or(ConfigError::MissingProvider)?;
+    pub fn build(self) -> Result<WebhookLayer<S>, WebhookConfigError> {
+        let provider = self.provider.ok_or(WebhookConfigError::MissingProvider)?;
         let default_operation = || Some(format!("webhook {}", provider.name()));
         let scope = self.scope.build(default_operation).map_err(|e| match e {
             // The operation has a default: only the endpoint can be missing.
             ScopeSettingError::MissingOwner | ScopeSettingError::MissingOperation => {
-                ConfigError::MissingEndpoint
+                WebhookConfigError::MissingEndpoint
             }
             ScopeSettingError::Invalid {
                 owner,
                 operation,
                 source,
-            } => ConfigError::InvalidScope {
+            } => WebhookConfigError::InvalidScope {
                 owner,
                 operation,
                 source,
             },
         })?;
         if self.max_body == 0 {
-            return Err(ConfigError::ZeroRequestBodyLimit);
+            return Err(WebhookConfigError::ZeroBodyLimit);
         }
         if ![409, 429, 503].contains(&self.in_flight_status.as_u16()) {
-            return Err(ConfigError::InFlightStatus(self.in_flight_status));
+            return Err(WebhookConfigError::InFlightStatus(self.in_flight_status));
         }
         let key_ttl = self.idem.policy().key_ttl();
         if key_ttl < self.tolerance {
-            return Err(ConfigError::ToleranceExceedsRetention {
+            return Err(WebhookConfigError::ToleranceExceedsRetention {
                 tolerance: self.tolerance,
                 key_ttl,
             });
         }
         if key_ttl < provider.min_retention() && !self.allow_short_retention {
-            return Err(ConfigError::RetentionTooShort {
+            return Err(WebhookConfigError::RetentionTooShort {
                 provider: provider.name().to_owned(),
                 key_ttl,
                 window: provider.min_retention(),
@@ -372,19 +374,19 @@ mod tests {
         let b = || WebhookLayer::builder(idem.clone());
         assert_eq!(
             b().endpoint("e").build().err(),
-            Some(ConfigError::MissingProvider)
+            Some(WebhookConfigError::MissingProvider)
         );
         assert_eq!(
             b().provider(stripe()).build().err(),
-            Some(ConfigError::MissingEndpoint)
+            Some(WebhookConfigError::MissingEndpoint)
         );
         assert!(matches!(
             b().provider(stripe()).endpoint("").build(),
-            Err(ConfigError::InvalidScope { .. })
+            Err(WebhookConfigError::InvalidScope { .. })
         ));
         assert!(matches!(
             b().provider(stripe()).endpoint("e\n").build(),
-            Err(ConfigError::InvalidScope { .. })
+            Err(WebhookConfigError::InvalidScope { .. })
         ));
         assert_eq!(
             b().provider(stripe())
@@ -392,7 +394,7 @@ mod tests {
                 .in_flight_status(StatusCode::GONE)
                 .build()
                 .err(),
-            Some(ConfigError::InFlightStatus(StatusCode::GONE))
+            Some(WebhookConfigError::InFlightStatus(StatusCode::GONE))
         );
         assert_eq!(
             b().provider(stripe())
@@ -400,7 +402,7 @@ mod tests {
                 .max_body(0)
                 .build()
                 .err(),
-            Some(ConfigError::ZeroRequestBodyLimit)
+            Some(WebhookConfigError::ZeroBodyLimit)
         );
         let layer = b()
             .provider(stripe())

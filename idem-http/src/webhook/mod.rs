@@ -78,7 +78,7 @@
 //! | W4 | body over the limit | 413 `request_too_large` | no | nothing |
 //! | W5 | verified, but no event id | 400 `missing_event_id` (or the fallback key) | no | nothing |
 //! | W6 | first delivery, handler 2xx | the handler's response | once | `Success` |
-//! | W7 | first delivery, handler 4xx (not 408/425/429) | 200 ([`PermanentFailure::Acknowledge`]) or its own status | once | `Failure`; hook called |
+//! | W7 | first delivery, handler 4xx (not 408/425/429) | 200 ([`WebhookPermanentFailure::Acknowledge`]) or its own status | once | `Failure`; hook called |
 //! | W8 | handler 5xx/408/425/429, or a body error | the handler's status | once | released: the next delivery runs again, as a recovery |
 //! | W9 | handler panics, or the process dies | 500 `handler_panicked`, or the connection is lost | partially | in flight until the lease ends, then W12 or a recovery |
 //! | W10 | duplicate of W6/W7, [`DuplicateAnswer::Ack`] | 200, empty, `Idempotent-Replayed: true` | no | unchanged |
@@ -94,9 +94,9 @@
 //!
 //! # Retention
 //!
-//! [`Builder::build`] refuses an engine whose `key_ttl` is shorter than the
+//! [`WebhookLayerBuilder::build`] refuses an engine whose `key_ttl` is shorter than the
 //! provider's redelivery window (Standard Webhooks 76 h, Svix 28 h, Stripe
-//! 72 h, GitHub 72 h) unless [`Builder::allow_short_retention`], and always
+//! 72 h, GitHub 72 h) unless [`WebhookLayerBuilder::allow_short_retention`], and always
 //! refuses one shorter than the tolerance: with `key_ttl` ≥ tolerance a
 //! captured signed request never runs twice (inside the window it is a
 //! duplicate, outside it is stale). The default `Policy` keeps keys 30 days.
@@ -118,9 +118,9 @@ mod provider;
 mod service;
 mod verify;
 
-pub use config::{DuplicateAnswer, PermanentFailure, WebhookMode};
+pub use config::{DuplicateAnswer, WebhookConfigError, WebhookMode, WebhookPermanentFailure};
 pub use delivery::{Delivery, WebhookDelivery};
-pub use layer::{Builder, WebhookLayer};
+pub use layer::{WebhookLayer, WebhookLayerBuilder};
 pub use provider::{EventId, Provider};
 pub use service::WebhookService;
 pub use verify::{MAX_CANDIDATES, Secret, SecretError, Verified, Verify, VerifyError};

@@ -19,7 +19,7 @@ use idem_core::store::Store;
 use sha2::{Digest, Sha256};
 use tracing::{Span, error, info_span, warn};
 
-use super::config::{DuplicateAnswer, PermanentFailure, WebhookMode};
+use super::config::{DuplicateAnswer, WebhookMode, WebhookPermanentFailure};
 use super::delivery::{Delivery, WebhookDelivery};
 use super::provider::EventId;
 use super::verify::VerifyError;
@@ -183,7 +183,9 @@ impl Mode for WebhookMode {
                 count(hook, Result_::Duplicate);
                 match (hook.duplicate, failure, hook.permanent.policy()) {
                     (DuplicateAnswer::Replay, false, _)
-                    | (DuplicateAnswer::Replay, true, PermanentFailure::PassThrough) => response,
+                    | (DuplicateAnswer::Replay, true, WebhookPermanentFailure::PassThrough) => {
+                        response
+                    }
                     _ => ack(true),
                 }
             }
@@ -231,8 +233,8 @@ fn fresh<S, B>(
                 "permanent webhook failure: stored, redeliveries are duplicates"
             );
             match hook.permanent.report(|f| f(delivery, &parts)) {
-                PermanentFailure::Acknowledge => ack(false),
-                PermanentFailure::PassThrough => Response::from_parts(parts, body),
+                WebhookPermanentFailure::Acknowledge => ack(false),
+                WebhookPermanentFailure::PassThrough => Response::from_parts(parts, body),
             }
         }
         Class::Transient => {
