@@ -19,7 +19,7 @@ use super::config::{
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
 use super::service::WebhookService;
-use crate::config::{Classifier, Config};
+use crate::config::Config;
 use crate::headers::Class;
 use crate::layer::IdempotencyLayer;
 use crate::state::Shared;
@@ -67,14 +67,12 @@ impl<S: Store> WebhookLayer<S> {
             scope: ScopeSetting::default(),
             event_id: None,
             tolerance: Duration::from_secs(300),
-            max_body: 2 * 1024 * 1024,
+            cfg: webhook_config(),
             duplicate: DuplicateAnswer::Ack,
-            in_flight_status: StatusCode::SERVICE_UNAVAILABLE,
             permanent: FailurePolicy::default(),
             fingerprint_body: false,
             fallback_body_hash: false,
             allow_short_retention: false,
-            classify: None,
         }
     }
 }
@@ -114,14 +112,15 @@ pub struct WebhookLayerBuilder<S> {
     scope: ScopeSetting,
     event_id: Option<EventId>,
     tolerance: Duration,
-    max_body: usize,
+    /// The layer configuration the receiver runs on, with the webhook's
+    /// defaults ([`webhook_config`]); `max_body`, `in_flight_status` and
+    /// `classify` set it.
+    cfg: Config,
     duplicate: DuplicateAnswer,
-    in_flight_status: StatusCode,
     permanent: FailurePolicy,
     fingerprint_body: bool,
     fallback_body_hash: bool,
     allow_short_retention: bool,
-    classify: Option<Classifier>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for WebhookLayerBuilder<S> {
@@ -177,7 +176,7 @@ impl<S: Store> WebhookLayerBuilder<S> {
     /// ≤ the route's `DefaultBodyLimit`.
     #[must_use]
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.max_body = bytes;
+        self.cfg.max_request_body = bytes;
         self
     }
 
@@ -195,7 +194,7 @@ impl<S: Store> WebhookLayerBuilder<S> {
     /// which disables the endpoint.
     #[must_use]
     pub fn in_flight_status(mut self, s: StatusCode) -> Self {
-        self.in_flight_status = s;
+        self.cfg.in_flight_status = Some(s);
         self
     }
 
@@ -257,7 +256,7 @@ impl<S: Store> WebhookLayerBuilder<S> {
         mut self,
         f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
     ) -> Self {
-        self.classify = Some(Arc::new(f));
+        self.cfg.classify = Some(Arc::new(f));
         self
     }
 
@@ -288,11 +287,13 @@ impl<S: Store> WebhookLayerBuilder<S> {
                 source,
             },
         })?;
-        if self.max_body == 0 {
+        if self.cfg.max_request_body == 0 {
             return Err(WebhookConfigError::ZeroBodyLimit);
         }
-        if ![409, 429, 503].contains(&self.in_flight_status.as_u16()) {
-            return Err(WebhookConfigError::InFlightStatus(self.in_flight_status));
+        if let Some(s) = self.cfg.in_flight_status
+            && ![409, 429, 503].contains(&s.as_u16())
+        {
+            return Err(WebhookConfigError::InFlightStatus(s));
         }
         let key_ttl = self.idem.policy().key_ttl();
         if key_ttl < self.tolerance {
@@ -308,19 +309,6 @@ impl<S: Store> WebhookLayerBuilder<S> {
                 window: provider.min_retention(),
             });
         }
-        let marker = HeaderName::from_static("idempotent-replayed");
-        let cfg = Config {
-            methods: vec![Method::POST],
-            max_request_body: self.max_body,
-            classify: Some(
-                self.classify
-                    .unwrap_or_else(|| Arc::new(|p: &http::response::Parts| class(p.status))),
-            ),
-            replayed_names: vec![marker.as_str().to_owned()],
-            replayed_headers: vec![marker],
-            in_flight_status: Some(self.in_flight_status),
-            ..Config::default()
-        };
         let event_id = self.event_id.unwrap_or_else(|| provider.event_id.clone());
         let mode = WebhookMode {
             provider,
@@ -334,9 +322,25 @@ impl<S: Store> WebhookLayerBuilder<S> {
         };
         Ok(WebhookLayer {
             layer: IdempotencyLayer {
-                shared: Shared::new(self.idem, cfg, mode, None),
+                shared: Shared::new(self.idem, self.cfg, mode, None),
             },
         })
+    }
+}
+
+/// The layer configuration of a webhook receiver before its builder's
+/// settings: `POST` only, the webhook classification, the one replay
+/// marker, 503 for an in-flight duplicate, and the layer's defaults (the
+/// 2 MiB body limit, detached handlers, lease renewal).
+fn webhook_config() -> Config {
+    let marker = HeaderName::from_static("idempotent-replayed");
+    Config {
+        methods: vec![Method::POST],
+        classify: Some(Arc::new(|p: &http::response::Parts| class(p.status))),
+        replayed_names: vec![marker.as_str().to_owned()],
+        replayed_headers: vec![marker],
+        in_flight_status: Some(StatusCode::SERVICE_UNAVAILABLE),
+        ..Config::default()
     }
 }
 
