@@ -2,7 +2,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The files in the order one covered request flows through them.
-// The layer: its builder and configuration, and who owns a record.
+// The layer: its builder and configuration, and who owns a record. No
+// module imports one that imports it back: the layer builds the state
+// (`state.rs`) and wraps the service; the service runs a mode's key source
+// (`request.rs`, `webhook/service.rs`), the executor and the renderer,
+// which all read the state.
 mod layer;
 // (one module per line group, so `cargo fmt` keeps this order)
 mod config;
@@ -41,8 +45,8 @@ mod respond;
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
 
-// The webhook receiver: its own layer on the same body limit, executor,
-// classification and problem renderer.
+// The webhook receiver: the same layer, service and executor in another
+// mode (the provider's event id as the key, answers a provider understands).
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod testkit;

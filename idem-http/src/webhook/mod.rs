@@ -7,9 +7,11 @@
 //! endpoint you configure, the operation is `webhook <provider>`, and the
 //! key is the provider's event id, verbatim when it passes the key rules
 //! (so `idem inspect --key evt_…` finds it), else
-//! `IdempotencyKey::derive(provider, id)`. It runs on the same body limit,
-//! executor (detached handlers, lease renewal, panics as crashes),
-//! classification hook and problem renderer as the idempotency layer.
+//! `IdempotencyKey::derive(provider, id)`. It is the idempotency layer in
+//! [`WebhookMode`]: the same service, body limit, executor (detached
+//! handlers, lease renewal, panics as crashes), classification hook and
+//! problem renderer, with the event id as the key source and a provider's
+//! answers as the answer policy.
 //!
 //! ```no_run
 //! use axum::{Router, body::Bytes, http::StatusCode, routing::post};
