@@ -86,7 +86,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::pull};
 use futures_util::StreamExt;
 use idem::consumer::nats::{DeadLetter, NatsConsumer, message_key};
-use idem::consumer::{Consumer, PermanentFailure, Processed};
+use idem::consumer::{Consumer, ConsumerPermanentFailure, Processed};
 use idem::sqlite::SqliteStore;
 use idem::sqlite::sqlx::SqlitePool;
 use idem::{Idem, Policy};
@@ -155,7 +155,7 @@ async fn main() -> Result<(), BoxError> {
         .owner(GROUP)
         .operation("ledger")
         // An order the work refuses goes to `dead_letters`, not just acked.
-        .permanent_failure(PermanentFailure::DeadLetter)
+        .permanent_failure(ConsumerPermanentFailure::DeadLetter)
         .build()?;
     let dlq = pool.clone();
     let nats = NatsConsumer::new(consumer)

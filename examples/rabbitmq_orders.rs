@@ -66,7 +66,7 @@ use idem::consumer::rabbitmq::lapin::options::{
 };
 use idem::consumer::rabbitmq::lapin::types::{AMQPValue, FieldTable};
 use idem::consumer::rabbitmq::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use idem::consumer::{Consumer, Disposition, PermanentFailure, Processed};
+use idem::consumer::{Consumer, ConsumerPermanentFailure, Disposition, Processed};
 use idem::sqlite::SqliteStore;
 use idem::sqlite::sqlx::SqlitePool;
 use idem::{Idem, Policy};
@@ -123,7 +123,7 @@ async fn main() -> Result<(), BoxError> {
         .owner(GROUP)
         .operation("ledger")
         // An order the work refuses is dead-lettered, not just acked.
-        .permanent_failure(PermanentFailure::DeadLetter)
+        .permanent_failure(ConsumerPermanentFailure::DeadLetter)
         .build()?;
     let rabbit = RabbitConsumer::new(consumer);
     println!("consuming queue {queue} (dead letters: {dead}) as {GROUP} from {url}");

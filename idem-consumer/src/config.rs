@@ -4,17 +4,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::Idem;
-use idem_core::Scope;
+use idem_core::adapter::{PermanentFailurePolicy, ScopeSetting, ScopeSettingError};
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
+use idem_core::{Idem, Scope};
 
 use crate::backoff::Backoff;
 
 /// What a permanent failure of the work does to the message.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum PermanentFailure {
+pub enum ConsumerPermanentFailure {
     /// Acknowledge it (the failure stays stored and is replayed to every
     /// redelivery), after calling the `on_permanent_failure` hook. The
     /// default: a redelivery cannot fix it.
@@ -41,18 +41,20 @@ pub enum FingerprintMode {
     Ignore,
 }
 
-/// A hook called with the message id and the error of a permanent failure.
-pub(crate) type FailureHook = Arc<dyn Fn(&str, &dyn fmt::Debug) + Send + Sync>;
+/// The permanent-failure policy, with its hook told the message id and the
+/// error.
+pub(crate) type FailurePolicy =
+    PermanentFailurePolicy<ConsumerPermanentFailure, dyn Fn(&str, &dyn fmt::Debug) + Send + Sync>;
 
-/// Why [`Builder::build`] refused a configuration.
+/// Why [`ConsumerBuilder::build`] refused a configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
-    /// No owner was set ([`Builder::owner`]): the consumer group that
+pub enum ConsumerConfigError {
+    /// No owner was set ([`ConsumerBuilder::owner`]): the consumer group that
     /// processes each message once.
     #[error("the consumer needs an owner (the consumer group): call .owner(..)")]
     MissingOwner,
-    /// No operation was set ([`Builder::operation`]): the handler's name.
+    /// No operation was set ([`ConsumerBuilder::operation`]): the handler's name.
     #[error("the consumer needs an operation (the handler's name): call .operation(..)")]
     MissingOperation,
     /// The owner or the operation breaks the scope rules.
@@ -64,41 +66,38 @@ pub enum ConfigError {
 }
 
 /// Builds a [`Consumer`]: [`Consumer::builder`].
-pub struct Builder<S: Store> {
+pub struct ConsumerBuilder<S: Store> {
     idem: Idem<S>,
-    owner: Option<String>,
-    operation: Option<String>,
+    scope: ScopeSetting,
     backoff: Backoff,
-    permanent: PermanentFailure,
+    permanent: FailurePolicy,
     fingerprint: FingerprintMode,
-    on_permanent_failure: Option<FailureHook>,
 }
 
-impl<S: Store> fmt::Debug for Builder<S> {
+impl<S: Store> fmt::Debug for ConsumerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("owner", &self.owner)
-            .field("operation", &self.operation)
+        f.debug_struct("ConsumerBuilder")
+            .field("scope", &self.scope)
             .field("backoff", &self.backoff)
-            .field("permanent", &self.permanent)
+            .field("permanent", &self.permanent.policy())
             .field("fingerprint", &self.fingerprint)
             .finish_non_exhaustive()
     }
 }
 
-impl<S: Store> Builder<S> {
+impl<S: Store> ConsumerBuilder<S> {
     /// The consumer group (`"billing-service"`): the record's owner. Two
     /// groups consuming one stream each process a message once.
     #[must_use]
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
+        self.scope.set_owner(owner);
         self
     }
 
     /// The handler (`"charge-on-order-created"`): the record's operation.
     #[must_use]
     pub fn operation(mut self, operation: impl Into<String>) -> Self {
-        self.operation = Some(operation.into());
+        self.scope.set_operation(operation);
         self
     }
 
@@ -123,8 +122,8 @@ impl<S: Store> Builder<S> {
 
     /// What a permanent failure does to the message (default: acknowledge).
     #[must_use]
-    pub fn permanent_failure(mut self, p: PermanentFailure) -> Self {
-        self.permanent = p;
+    pub fn permanent_failure(mut self, p: ConsumerPermanentFailure) -> Self {
+        self.permanent.set_policy(p);
         self
     }
 
@@ -142,7 +141,7 @@ impl<S: Store> Builder<S> {
         mut self,
         hook: impl Fn(&str, &dyn fmt::Debug) + Send + Sync + 'static,
     ) -> Self {
-        self.on_permanent_failure = Some(Arc::new(hook));
+        self.permanent.set_hook(Arc::new(hook));
         self
     }
 
@@ -150,14 +149,16 @@ impl<S: Store> Builder<S> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a missing or invalid owner or operation, or a
+    /// [`ConsumerConfigError`] for a missing or invalid owner or operation, or a
     /// backoff whose base is zero or above its cap.
-    pub fn build(self) -> Result<Consumer<S>, ConfigError> {
-        let owner = self.owner.ok_or(ConfigError::MissingOwner)?;
-        let operation = self.operation.ok_or(ConfigError::MissingOperation)?;
-        let scope = Scope::new(owner, operation)?;
+    pub fn build(self) -> Result<Consumer<S>, ConsumerConfigError> {
+        let scope = self.scope.build(|| None).map_err(|e| match e {
+            ScopeSettingError::MissingOwner => ConsumerConfigError::MissingOwner,
+            ScopeSettingError::MissingOperation => ConsumerConfigError::MissingOperation,
+            ScopeSettingError::Invalid { source, .. } => ConsumerConfigError::InvalidScope(source),
+        })?;
         if self.backoff.base.is_zero() || self.backoff.base > self.backoff.cap {
-            return Err(ConfigError::InvalidBackoff);
+            return Err(ConsumerConfigError::InvalidBackoff);
         }
         Ok(Consumer {
             inner: Arc::new(Inner {
@@ -166,7 +167,6 @@ impl<S: Store> Builder<S> {
                 backoff: self.backoff,
                 permanent: self.permanent,
                 fingerprint: self.fingerprint,
-                on_permanent_failure: self.on_permanent_failure,
             }),
         })
     }
@@ -182,9 +182,8 @@ pub(crate) struct Inner<S: Store> {
     pub(crate) idem: Idem<S>,
     pub(crate) scope: Scope,
     pub(crate) backoff: Backoff,
-    pub(crate) permanent: PermanentFailure,
+    pub(crate) permanent: FailurePolicy,
     pub(crate) fingerprint: FingerprintMode,
-    pub(crate) on_permanent_failure: Option<FailureHook>,
 }
 
 impl<S: Store> Clone for Consumer<S> {
@@ -200,7 +199,7 @@ impl<S: Store> fmt::Debug for Consumer<S> {
         f.debug_struct("Consumer")
             .field("scope", &self.inner.scope)
             .field("backoff", &self.inner.backoff)
-            .field("permanent", &self.inner.permanent)
+            .field("permanent", &self.inner.permanent.policy())
             .field("fingerprint", &self.inner.fingerprint)
             .finish_non_exhaustive()
     }
@@ -212,15 +211,13 @@ impl<S: Store> Consumer<S> {
     /// wait) and the retention (set `key_ttl` above the broker's whole
     /// redelivery window).
     #[must_use]
-    pub fn builder(idem: Idem<S>) -> Builder<S> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> ConsumerBuilder<S> {
+        ConsumerBuilder {
             idem,
-            owner: None,
-            operation: None,
+            scope: ScopeSetting::default(),
             backoff: Backoff::default(),
-            permanent: PermanentFailure::default(),
+            permanent: FailurePolicy::default(),
             fingerprint: FingerprintMode::default(),
-            on_permanent_failure: None,
         }
     }
 
@@ -237,7 +234,7 @@ impl<S: Store> Consumer<S> {
     }
 
     /// The retry delay for the `delivery`th delivery (1 = first), as
-    /// configured ([`Builder::retry_backoff`]).
+    /// configured ([`ConsumerBuilder::retry_backoff`]).
     #[must_use]
     pub fn backoff(&self, delivery: u32) -> Duration {
         self.inner.backoff.delay(delivery)

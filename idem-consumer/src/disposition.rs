@@ -63,7 +63,7 @@ pub enum DeadLetterReason {
     /// nesting deeper than idem's limit (C10).
     InvalidMessage,
     /// The work failed permanently and the consumer is configured with
-    /// [`PermanentFailure::DeadLetter`](crate::PermanentFailure::DeadLetter) (C2).
+    /// [`ConsumerPermanentFailure::DeadLetter`](crate::ConsumerPermanentFailure::DeadLetter) (C2).
     PermanentFailure,
     /// The record is corrupt, or the store failed in a way a retry cannot fix
     /// (C15); logged at `error`.

@@ -20,6 +20,8 @@ pub mod rabbitmq;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqs-lambda")))]
 pub mod sqs;
 
-pub use config::{Builder, ConfigError, Consumer, FingerprintMode, PermanentFailure};
+pub use config::{
+    Consumer, ConsumerBuilder, ConsumerConfigError, ConsumerPermanentFailure, FingerprintMode,
+};
 pub use disposition::{Cause, DeadLetterReason, Disposition, Processed};
 pub use process::Delivered;

@@ -16,7 +16,7 @@ use idem_core::{
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::config::{Consumer, FingerprintMode, PermanentFailure};
+use crate::config::{Consumer, ConsumerPermanentFailure, FingerprintMode};
 use crate::disposition::{Cause, DeadLetterReason, Disposition, Processed};
 
 /// Tags the fingerprints this crate computes itself, so they never equal a
@@ -211,12 +211,10 @@ impl<'a, S: Store> Delivered<'a, S> {
                 info!(message_id, attempt = number, error = ?e, "transient failure: retry");
                 (retry(), Cause::TransientFailure)
             }
-            Outcome::Failure(e) => {
-                if let Some(hook) = &inner.on_permanent_failure {
-                    hook(message_id, e);
-                }
-                (self.permanent(), Cause::PermanentFailure)
-            }
+            Outcome::Failure(e) => (
+                permanent(inner.permanent.report(|hook| hook(message_id, e))),
+                Cause::PermanentFailure,
+            ),
             Outcome::Success(_) if !stored => (Disposition::Ack, Cause::NotStored),
             Outcome::Success(_) => (Disposition::Ack, Cause::Succeeded),
         };
@@ -230,23 +228,14 @@ impl<'a, S: Store> Delivered<'a, S> {
         }
     }
 
-    fn permanent(&self) -> Disposition {
-        match self.consumer.inner.permanent {
-            PermanentFailure::Acknowledge => Disposition::Ack,
-            PermanentFailure::DeadLetter => Disposition::DeadLetter {
-                reason: DeadLetterReason::PermanentFailure,
-            },
-        }
-    }
-
     /// C4: a stored outcome. A stored failure under
-    /// [`PermanentFailure::DeadLetter`] is dead-lettered again, so a failed
+    /// [`ConsumerPermanentFailure::DeadLetter`] is dead-lettered again, so a failed
     /// dead-lettering is retried.
     pub(crate) fn replayed<T, E>(&self, reply: Reply<T, E>) -> Processed<T, E> {
         let attempt = reply.attempt();
         let outcome = reply.into_outcome();
         let disposition = match outcome {
-            Outcome::Failure(_) => self.permanent(),
+            Outcome::Failure(_) => permanent(self.consumer.inner.permanent.policy()),
             _ => Disposition::Ack,
         };
         Processed {
@@ -257,6 +246,16 @@ impl<'a, S: Store> Delivered<'a, S> {
             recovery: false,
             cause: Cause::Replayed,
         }
+    }
+}
+
+/// The disposition for a permanent failure, on its first run and on a replay.
+fn permanent(policy: ConsumerPermanentFailure) -> Disposition {
+    match policy {
+        ConsumerPermanentFailure::Acknowledge => Disposition::Ack,
+        ConsumerPermanentFailure::DeadLetter => Disposition::DeadLetter {
+            reason: DeadLetterReason::PermanentFailure,
+        },
     }
 }
 

@@ -14,7 +14,9 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures_util::StreamExt;
 use idem_consumer::nats::{NatsConsumer, REASON_HEADER, publish_dead_letter};
-use idem_consumer::{Cause, Consumer, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_consumer::{
+    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
+};
 use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
 use idem_sqlite::SqliteStore;
 
@@ -256,7 +258,7 @@ async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
     .await;
 }
 
-/// A permanent failure under `PermanentFailure::DeadLetter` reaches the DLQ
+/// A permanent failure under `ConsumerPermanentFailure::DeadLetter` reaches the DLQ
 /// subject (with the reason header) and is `Term`ed: it never comes back.
 #[tokio::test]
 async fn permanent_failure_is_dead_lettered_and_termed() {
@@ -266,7 +268,7 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
         let core = Consumer::builder(Idem::new(store))
             .owner("billing-service")
             .operation("charge-on-order-created")
-            .permanent_failure(PermanentFailure::DeadLetter)
+            .permanent_failure(ConsumerPermanentFailure::DeadLetter)
             .build()
             .expect("consumer");
         let js = fx.js.clone();

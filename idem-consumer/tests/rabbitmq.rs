@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use idem_consumer::rabbitmq::RabbitConsumer;
-use idem_consumer::{Cause, Consumer, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_consumer::{
+    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
+};
 use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
 use idem_sqlite::SqliteStore;
 use lapin::message::Delivery;
@@ -340,7 +342,7 @@ async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
     .await;
 }
 
-/// A permanent failure under `PermanentFailure::DeadLetter` is rejected
+/// A permanent failure under `ConsumerPermanentFailure::DeadLetter` is rejected
 /// without requeue: the dead-letter exchange routes it to the DLQ, and it
 /// never comes back. A message without any key goes there too.
 #[tokio::test]
@@ -350,7 +352,7 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
         let core = Consumer::builder(Idem::new(store))
             .owner("billing-service")
             .operation("charge-on-order-created")
-            .permanent_failure(PermanentFailure::DeadLetter)
+            .permanent_failure(ConsumerPermanentFailure::DeadLetter)
             .build()
             .expect("consumer");
         let rabbit = RabbitConsumer::new(core);

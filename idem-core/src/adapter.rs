@@ -14,11 +14,16 @@
 //!   [`ClaimExt::into_pending`] gives the completion to write before the
 //!   commit.
 //!
+//! * **Its own builder.** The webhook receiver and the queue consumer
+//!   collect a record scope with [`ScopeSetting`] and their answer to a
+//!   permanent failure with [`PermanentFailurePolicy`].
+//!
 //! The hooks are methods of two sealed extension traits, [`EngineExt`] (on
 //! [`Idem`](crate::Idem)) and [`ClaimExt`] (on [`Claim`](crate::Claim)),
 //! in the way `object_store` keeps its conveniences on `ObjectStoreExt`:
 //! import them on purpose; nothing outside this crate implements them.
 
+pub use crate::builder::{PermanentFailurePolicy, ScopeSetting, ScopeSettingError};
 pub use crate::engine::adapter::{ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared};
 pub use crate::fingerprint::value::canonical_json;
 pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint};

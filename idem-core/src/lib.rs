@@ -5,6 +5,7 @@
 // layer of the architecture, and the public ones are the three other tiers:
 // `ops` (operators), `store` (backend implementers), `adapter` (adapters that
 // run the engine on their own terms).
+mod builder;
 mod engine;
 mod fingerprint;
 mod id;

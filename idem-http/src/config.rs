@@ -1,4 +1,4 @@
-//! What a layer is configured with (set through the [`Builder`](crate::Builder)):
+//! What a layer is configured with (set through the [`IdempotencyLayerBuilder`](crate::IdempotencyLayerBuilder)):
 //! which requests it covers, how a key is read, how a record is named and
 //! what counts in "the same request".
 
@@ -12,7 +12,7 @@ use idem_core::IdempotencyKey;
 
 use crate::envelope::FingerprintSpec;
 use crate::headers::{Class, HeaderPolicy};
-use crate::key::KeySyntax;
+use crate::key::KeyHeaderSyntax;
 use crate::problem::ProblemTypes;
 
 /// Whether covered requests must carry a key.
@@ -106,7 +106,7 @@ pub(crate) type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send 
 pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeyRequirement,
-    pub(crate) key_syntax: KeySyntax,
+    pub(crate) key_syntax: KeyHeaderSyntax,
     pub(crate) key_header: HeaderName,
     pub(crate) key_validator: Option<KeyValidator>,
     pub(crate) operation: OperationSource,
@@ -132,7 +132,7 @@ impl Default for Config {
         Self {
             methods: vec![Method::POST, Method::PATCH],
             key: KeyRequirement::Required,
-            key_syntax: KeySyntax::Lenient,
+            key_syntax: KeyHeaderSyntax::Lenient,
             key_header: HeaderName::from_static("idempotency-key"),
             key_validator: None,
             operation: OperationSource::Path,

@@ -27,8 +27,8 @@ use crate::body::IdemBody;
 use crate::config::Config;
 use crate::extract::{IdemAttempt, IdemKey};
 use crate::headers::{Class, default_class, stored_headers};
-use crate::layer::Shared;
 use crate::rejection::Rejection;
+use crate::state::Shared;
 
 /// What the engine is told about the handler's response.
 enum Capture {

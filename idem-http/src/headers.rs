@@ -120,7 +120,7 @@ impl Class {
     /// The layer's default classification of a status: 1xx/2xx/3xx
     /// success; 401, 403, 407, 408, 425, 429 and 5xx transient; other 4xx
     /// failure. A classifier of your own
-    /// ([`Builder::classify`](crate::Builder::classify)) can fall back to it.
+    /// ([`IdempotencyLayerBuilder::classify`](crate::IdempotencyLayerBuilder::classify)) can fall back to it.
     #[must_use]
     pub fn of_status(status: http::StatusCode) -> Self {
         default_class(status.as_u16())

@@ -9,7 +9,7 @@ use idem_core::error::KeyError;
 /// How strictly the key field is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum KeySyntax {
+pub enum KeyHeaderSyntax {
     /// The sf-string (`"k"`) and the bare value (`k`) are both accepted and
     /// name the same key (the default: most clients send bare keys).
     #[default]
@@ -40,7 +40,7 @@ pub enum KeyHeaderError {
     TooLong,
     /// A character the key syntax does not allow.
     InvalidCharacter,
-    /// Refused by the layer's [`key_validator`](crate::Builder::key_validator)
+    /// Refused by the layer's [`key_validator`](crate::IdempotencyLayerBuilder::key_validator)
     /// (its reason is the problem's `detail`).
     RejectedByValidator,
 }
@@ -100,7 +100,7 @@ impl std::error::Error for KeyHeaderError {}
 /// [`KeyHeaderError`] for every form the draft and core refuse.
 pub(crate) fn parse_key_header(
     lines: &[&[u8]],
-    syntax: KeySyntax,
+    syntax: KeyHeaderSyntax,
 ) -> Result<Option<IdempotencyKey>, KeyHeaderError> {
     let line = match lines {
         [] => return Ok(None),
@@ -117,7 +117,7 @@ pub(crate) fn parse_key_header(
     let key = if value.first() == Some(&b'"') {
         parse_quoted(value)?
     } else {
-        if syntax == KeySyntax::StructuredOnly {
+        if syntax == KeyHeaderSyntax::StructuredOnly {
             return Err(KeyHeaderError::NotAString);
         }
         if value.contains(&b',') {
@@ -193,7 +193,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn parse(v: &[u8]) -> Result<Option<String>, KeyHeaderError> {
-        parse_key_header(&[v], KeySyntax::Lenient).map(|k| k.map(|k| k.as_str().to_owned()))
+        parse_key_header(&[v], KeyHeaderSyntax::Lenient).map(|k| k.map(|k| k.as_str().to_owned()))
     }
 
     #[test]
@@ -224,10 +224,10 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_key_header(&[b"a", b"b"], KeySyntax::Lenient),
+            parse_key_header(&[b"a", b"b"], KeyHeaderSyntax::Lenient),
             Err(Repeated)
         );
-        assert_eq!(parse_key_header(&[], KeySyntax::Lenient), Ok(None));
+        assert_eq!(parse_key_header(&[], KeyHeaderSyntax::Lenient), Ok(None));
         let long = "k".repeat(255);
         assert_eq!(parse(long.as_bytes()), Ok(Some(long.clone())));
         assert_eq!(parse(format!("{long}k").as_bytes()), Err(TooLong));
@@ -236,12 +236,12 @@ mod tests {
 
     #[test]
     fn quoted_and_bare_name_one_key() {
-        let quoted = parse_key_header(&[br#""ab\"c""#], KeySyntax::Lenient);
+        let quoted = parse_key_header(&[br#""ab\"c""#], KeyHeaderSyntax::Lenient);
         assert_eq!(quoted.unwrap().unwrap().as_str(), "ab\"c");
-        let bare = parse_key_header(&[b"order-7"], KeySyntax::Lenient);
+        let bare = parse_key_header(&[b"order-7"], KeyHeaderSyntax::Lenient);
         assert_eq!(bare.unwrap().unwrap().as_str(), "order-7");
         assert_eq!(
-            parse_key_header(&[b"k"], KeySyntax::StructuredOnly),
+            parse_key_header(&[b"k"], KeyHeaderSyntax::StructuredOnly),
             Err(KeyHeaderError::NotAString)
         );
     }
@@ -280,8 +280,8 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(lines in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..3)) {
             let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-            let _ = parse_key_header(&refs, KeySyntax::Lenient);
-            let _ = parse_key_header(&refs, KeySyntax::StructuredOnly);
+            let _ = parse_key_header(&refs, KeyHeaderSyntax::Lenient);
+            let _ = parse_key_header(&refs, KeyHeaderSyntax::StructuredOnly);
         }
     }
 }

@@ -1,39 +1,38 @@
 //! The layer and its builder: the one way to configure it, validated once
-//! at [`Builder::build`]. The layer wraps each handler in an
+//! at [`IdempotencyLayerBuilder::build`]. The layer wraps each handler in an
 //! [`IdempotencyService`] (`service.rs`, where a request goes next).
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
 use idem_core::{Idem, IdempotencyKey, Scope};
-use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
 use crate::envelope::FingerprintSpec;
 use crate::headers::{Class, HeaderPolicy};
-use crate::key::KeySyntax;
+use crate::key::KeyHeaderSyntax;
 use crate::owner::{NoOwner, OwnerSource};
 use crate::problem::ProblemTypes;
 use crate::service::IdempotencyService;
+use crate::state::{Link, Shared};
 
-/// A configuration [`Builder::build`] refuses.
+/// A configuration [`IdempotencyLayerBuilder::build`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
-    /// [`Builder::methods`] is empty: the layer would cover nothing.
+pub enum HttpConfigError {
+    /// [`IdempotencyLayerBuilder::methods`] is empty: the layer would cover nothing.
     #[error("invalid idempotency layer configuration: no method is covered")]
     NoMethods,
-    /// [`Builder::max_request_body`] is 0: no body could be fingerprinted.
+    /// [`IdempotencyLayerBuilder::max_request_body`] is 0: no body could be fingerprinted.
     #[error("invalid idempotency layer configuration: max_request_body is 0")]
     ZeroRequestBodyLimit,
-    /// A [`Builder::replayed_headers`] name is the key header: a replay
+    /// An [`IdempotencyLayerBuilder::replayed_headers`] name is the key header: a replay
     /// would overwrite the client's key.
     #[error(
         "invalid idempotency layer configuration: the replay header {0} is also the key header"
@@ -50,80 +49,12 @@ pub enum ConfigError {
         #[source]
         source: ScopeError,
     },
-    /// Webhook receiver: no [`provider`](crate::webhook::Builder::provider).
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error("invalid webhook layer configuration: no provider")]
-    MissingProvider,
-    /// Webhook receiver: no [`endpoint`](crate::webhook::Builder::endpoint).
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error("invalid webhook layer configuration: no endpoint")]
-    MissingEndpoint,
-    /// Webhook receiver: the endpoint and operation are not a scope a
-    /// record can hold (empty, over 1,024 bytes, a control character).
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error(
-        "invalid webhook layer configuration: endpoint {owner:?}, operation {operation:?}: {source}"
-    )]
-    InvalidScope {
-        /// The endpoint.
-        owner: String,
-        /// The operation.
-        operation: String,
-        /// Why a scope refuses it.
-        #[source]
-        source: ScopeError,
-    },
-    /// Webhook receiver: the in-flight status is not 409, 429 or 503.
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error("invalid webhook layer configuration: in-flight status {0} (409, 429 or 503)")]
-    InFlightStatus(StatusCode),
-    /// Webhook receiver: the engine's `key_ttl` is shorter than the
-    /// provider's redelivery window, so a late redelivery would run again
-    /// (see `allow_short_retention`).
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error(
-        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than {provider}'s redelivery window {window:?}"
-    )]
-    RetentionTooShort {
-        /// The provider.
-        provider: String,
-        /// The engine's `key_ttl`.
-        key_ttl: Duration,
-        /// The provider's window.
-        window: Duration,
-    },
-    /// Webhook receiver: the engine's `key_ttl` is shorter than the
-    /// timestamp tolerance, so a captured request could run twice.
-    #[cfg(feature = "webhook")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
-    #[error(
-        "invalid webhook layer configuration: key_ttl {key_ttl:?} is shorter than the tolerance {tolerance:?}"
-    )]
-    ToleranceExceedsRetention {
-        /// The timestamp tolerance.
-        tolerance: Duration,
-        /// The engine's `key_ttl`.
-        key_ttl: Duration,
-    },
-}
-
-pub(crate) struct Shared<S, O> {
-    pub(crate) idem: Idem<S>,
-    pub(crate) cfg: Config,
-    pub(crate) owner: O,
-    pub(crate) tracker: TaskTracker,
-    pub(crate) closed: Arc<AtomicBool>,
 }
 
 /// The tower layer. Cheap to clone (everything behind one `Arc`); clones
 /// share the shutdown state and the tracker of detached handlers.
 ///
-/// Configured only through its [`Builder`]. Per-route settings:
+/// Configured only through its [`IdempotencyLayerBuilder`]. Per-route settings:
 /// `layer.to_builder().fingerprint(spec).build()?` is a layer with those
 /// settings changed that still shares the engine, the owner source, the
 /// shutdown state and the tracker with the original, so one
@@ -144,7 +75,7 @@ impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for IdempotencyLayer<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("idem", &self.shared.idem)
-            .field("owner", &self.shared.owner)
+            .field("owner", &self.shared.mode)
             .field("methods", &self.shared.cfg.methods)
             .finish_non_exhaustive()
     }
@@ -154,8 +85,8 @@ impl<S: Store> IdempotencyLayer<S, NoOwner> {
     /// Starts from an engine: its `Policy` supplies the response and key
     /// TTLs, the lease, the in-flight mode and `max_response_bytes`; the
     /// layer adds only HTTP concerns.
-    pub fn builder(idem: Idem<S>) -> Builder<S, NoOwner> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> IdempotencyLayerBuilder<S, NoOwner> {
+        IdempotencyLayerBuilder {
             idem,
             owner: NoOwner,
             cfg: Config::default(),
@@ -184,44 +115,35 @@ impl<S, O> IdempotencyLayer<S, O> {
         S: Send + Sync,
         O: Send + Sync,
     {
-        self.shared.close();
-        self.shared.tracker.wait().await;
-    }
-}
-
-impl<S, O> Shared<S, O> {
-    /// New requests get 503 `shutting_down`; no more handlers are tracked.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.tracker.close();
+        self.shared.shutdown().await;
     }
 }
 
 /// Builds an [`IdempotencyLayer`]; see [`IdempotencyLayer::builder`].
-pub struct Builder<S, O> {
+pub struct IdempotencyLayerBuilder<S, O> {
     idem: Idem<S>,
     owner: O,
     cfg: Config,
     /// The shutdown state of the layer this builder came from
     /// ([`IdempotencyLayer::to_builder`]).
-    link: Option<(TaskTracker, Arc<AtomicBool>)>,
+    link: Option<Link>,
 }
 
-impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for Builder<S, O> {
+impl<S: fmt::Debug, O: fmt::Debug> fmt::Debug for IdempotencyLayerBuilder<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("IdempotencyLayerBuilder")
             .field("idem", &self.idem)
             .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
 
-impl<S: Store, O> Builder<S, O> {
+impl<S: Store, O> IdempotencyLayerBuilder<S, O> {
     /// Who owns every record (required: `build` exists only once an owner
     /// source is set): an [`ExtensionOwner`](crate::ExtensionOwner), a
     /// closure over the request head, or a [`FixedOwner`](crate::FixedOwner).
-    pub fn owner<O2: OwnerSource>(self, owner: O2) -> Builder<S, O2> {
-        Builder {
+    pub fn owner<O2: OwnerSource>(self, owner: O2) -> IdempotencyLayerBuilder<S, O2> {
+        IdempotencyLayerBuilder {
             idem: self.idem,
             owner,
             cfg: self.cfg,
@@ -253,7 +175,7 @@ impl<S: Store, O> Builder<S, O> {
 
     /// The key syntax (default lenient: sf-string or bare).
     #[must_use]
-    pub fn key_syntax(mut self, s: KeySyntax) -> Self {
+    pub fn key_syntax(mut self, s: KeyHeaderSyntax) -> Self {
         self.cfg.key_syntax = s;
         self
     }
@@ -371,20 +293,20 @@ impl<S: Store, O> Builder<S, O> {
     }
 }
 
-impl<S: Store, O: OwnerSource> Builder<S, O> {
+impl<S: Store, O: OwnerSource> IdempotencyLayerBuilder<S, O> {
     /// Validates the settings and builds the layer.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for an empty method list, a zero body limit, a
+    /// [`HttpConfigError`] for an empty method list, a zero body limit, a
     /// replay header that is also the key header, or a route or fixed
     /// operation name a record scope cannot hold.
-    pub fn build(mut self) -> Result<IdempotencyLayer<S, O>, ConfigError> {
+    pub fn build(mut self) -> Result<IdempotencyLayer<S, O>, HttpConfigError> {
         if self.cfg.methods.is_empty() {
-            return Err(ConfigError::NoMethods);
+            return Err(HttpConfigError::NoMethods);
         }
         if self.cfg.max_request_body == 0 {
-            return Err(ConfigError::ZeroRequestBodyLimit);
+            return Err(HttpConfigError::ZeroRequestBodyLimit);
         }
         if let Some(h) = self
             .cfg
@@ -392,7 +314,7 @@ impl<S: Store, O: OwnerSource> Builder<S, O> {
             .iter()
             .find(|h| **h == self.cfg.key_header)
         {
-            return Err(ConfigError::ReplayHeaderIsKeyHeader(h.clone()));
+            return Err(HttpConfigError::ReplayHeaderIsKeyHeader(h.clone()));
         }
         check_operation(&self.cfg)?;
         self.cfg.replayed_names = self
@@ -401,17 +323,8 @@ impl<S: Store, O: OwnerSource> Builder<S, O> {
             .iter()
             .map(|h| h.as_str().to_owned())
             .collect();
-        let (tracker, closed) = self
-            .link
-            .unwrap_or_else(|| (TaskTracker::new(), Arc::new(AtomicBool::new(false))));
         Ok(IdempotencyLayer {
-            shared: Arc::new(Shared {
-                idem: self.idem,
-                cfg: self.cfg,
-                owner: self.owner,
-                tracker,
-                closed,
-            }),
+            shared: Shared::new(self.idem, self.cfg, self.owner, self.link),
         })
     }
 }
@@ -420,12 +333,12 @@ impl<S: Store, O: OwnerSource> IdempotencyLayer<S, O> {
     /// A builder holding this layer's engine, owner source and settings;
     /// the layer it builds shares this layer's shutdown state and tracker.
     #[must_use]
-    pub fn to_builder(&self) -> Builder<S, O> {
-        Builder {
+    pub fn to_builder(&self) -> IdempotencyLayerBuilder<S, O> {
+        IdempotencyLayerBuilder {
             idem: self.shared.idem.clone(),
-            owner: self.shared.owner.clone(),
+            owner: self.shared.mode.clone(),
             cfg: self.shared.cfg.clone(),
-            link: Some((self.shared.tracker.clone(), Arc::clone(&self.shared.closed))),
+            link: Some(self.shared.link()),
         }
     }
 }
@@ -433,7 +346,7 @@ impl<S: Store, O: OwnerSource> IdempotencyLayer<S, O> {
 /// A `Route` or `Fixed` name is known at build time: refuse it there rather
 /// than answer every request with 500 `operation_unavailable`. A route is
 /// checked with each covered method.
-fn check_operation(cfg: &Config) -> Result<(), ConfigError> {
+fn check_operation(cfg: &Config) -> Result<(), HttpConfigError> {
     let names: Vec<String> = match (&cfg.namespace, &cfg.operation) {
         (KeyNamespace::PerOwner, _) => return Ok(()),
         (_, OperationSource::Route(t)) => cfg.methods.iter().map(|m| format!("{m} {t}")).collect(),
@@ -442,7 +355,7 @@ fn check_operation(cfg: &Config) -> Result<(), ConfigError> {
     };
     for name in names {
         if let Err(source) = Scope::new("owner", name.as_str()) {
-            return Err(ConfigError::InvalidOperation { name, source });
+            return Err(HttpConfigError::InvalidOperation { name, source });
         }
     }
     Ok(())

@@ -2,15 +2,21 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The files in the order one covered request flows through them.
-// The layer: its builder and configuration, and who owns a record.
+// The layer: its builder and configuration, and who owns a record. No
+// module imports one that imports it back: the layer builds the state
+// (`state.rs`) and wraps the service; the service runs a mode's key source
+// (`request.rs`, `webhook/service.rs`), the executor and the renderer,
+// which all read the state.
 mod layer;
 // (one module per line group, so `cargo fmt` keeps this order)
 mod config;
 
 mod owner;
 
-// Step 1: covered or not.
+// Step 1: covered or not; the state every service of a layer shares.
 mod service;
+
+mod state;
 
 // Steps 2-6: key, owner and operation (the scope), body, fingerprint.
 mod request;
@@ -39,8 +45,8 @@ mod respond;
 #[cfg_attr(docsrs, doc(cfg(feature = "openapi")))]
 pub mod openapi;
 
-// The webhook receiver: its own layer on the same body limit, executor,
-// classification and problem renderer.
+// The webhook receiver: the same layer, service and executor in another
+// mode (the provider's event id as the key, answers a provider understands).
 #[cfg(feature = "webhook")]
 #[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
 pub mod webhook;
@@ -53,8 +59,8 @@ pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 pub use extract::NotCovered;
 pub use extract::{IdemAttempt, IdemKey};
 pub use headers::{Class, HeaderPolicy};
-pub use key::{KeyHeaderError, KeySyntax};
-pub use layer::{Builder, ConfigError, IdempotencyLayer};
+pub use key::{KeyHeaderError, KeyHeaderSyntax};
+pub use layer::{HttpConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use owner::{ExtensionOwner, FixedOwner, NoOwner, OwnerId, OwnerSource};
 pub use problem::{ProblemCode, ProblemTypes};
 pub use rejection::Rejection;

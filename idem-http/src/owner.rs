@@ -1,6 +1,6 @@
 //! Who owns a record: read from what the auth layer put in the request.
 //!
-//! One way to name each source, given to [`Builder::owner`](crate::Builder::owner):
+//! One way to name each source, given to [`IdempotencyLayerBuilder::owner`](crate::IdempotencyLayerBuilder::owner):
 //! [`ExtensionOwner`] (your auth type), a closure over the request head, or
 //! [`FixedOwner`] (single-tenant services).
 
@@ -99,7 +99,7 @@ impl<T: OwnerId + Clone + Send + Sync + 'static> OwnerSource for ExtensionOwner<
 /// One owner for every request: **single-tenant or internal services only**.
 /// Every caller then shares one key space, so a client that guesses another
 /// client's key gets its response (draft §5): require long random keys with
-/// [`Builder::key_validator`](crate::Builder::key_validator) (≥ 16 characters).
+/// [`IdempotencyLayerBuilder::key_validator`](crate::IdempotencyLayerBuilder::key_validator) (≥ 16 characters).
 #[derive(Debug, Clone)]
 pub struct FixedOwner(Arc<str>);
 

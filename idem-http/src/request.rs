@@ -3,11 +3,11 @@
 //! (bounded), and the fingerprint (`envelope.rs`). The result is a
 //! [`Prepared`] record for `exec.rs`, a pass-through, or a rejection.
 
-use std::sync::atomic::Ordering;
+use std::future::Future;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, header};
+use http::{HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::IdempotencyKey;
 use idem_core::store::BoxDynError;
@@ -16,37 +16,70 @@ use idem_core::adapter::Prepared;
 use idem_core::error::ScopeError;
 use idem_core::store::Store;
 use idem_core::{RecordId, Scope};
-use tracing::error;
+use tracing::{Span, error, info_span};
 
+use crate::body::IdemBody;
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
 use crate::envelope::{
     BodyFingerprint, FingerprintSpec, PathSource, RequestView, fingerprint_request,
 };
+use crate::exec::Answer;
 use crate::key::{KeyHeaderError, parse_key_header};
-use crate::layer::Shared;
 use crate::owner::OwnerSource;
 use crate::rejection::Rejection;
+use crate::respond::reject;
+use crate::service::{Mode, Step};
+use crate::state::Shared;
 
-/// What the layer does with a covered request.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "one value per request, moved once; boxing would add an allocation per request"
-)]
-pub(crate) enum Step<ReqB> {
-    /// No key on a route where it is optional: the handler alone.
-    PassThrough(Request<ReqB>),
-    /// The layer answers on its own; the received key, when there was one.
-    Reject(Rejection, Option<String>),
-    /// Claim the record and run (steps 7 to 9, `exec.rs`).
-    Run {
+/// The `Idempotency-Key` layer's mode is its owner source: the key comes
+/// from the key header, the scope from the owner and the operation, and
+/// the handler's response (or a replay) goes out as it is.
+impl<O: OwnerSource> Mode for O {
+    /// The received key, for the problem of a later rejection.
+    type Context = String;
+
+    fn span(&self, method: &Method) -> Span {
+        info_span!(
+            "idem.http",
+            method = %method,
+            route = tracing::field::Empty,
+            record = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            code = tracing::field::Empty,
+            status = tracing::field::Empty,
+        )
+    }
+
+    fn covers(&self, cfg: &Config, method: &Method) -> bool {
+        cfg.methods.contains(method)
+    }
+
+    fn prepare<S, ReqB>(
+        shared: &Shared<S, Self>,
         req: Request<ReqB>,
-        prepared: Prepared,
-        key: IdempotencyKey,
-    },
+    ) -> impl Future<Output = Step<ReqB, String>> + Send
+    where
+        S: Store,
+        ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqB::Error: Into<BoxDynError>,
+    {
+        prepare(shared, req)
+    }
+
+    fn answer<S, B>(
+        shared: &Shared<S, Self>,
+        key: String,
+        answer: Answer<B>,
+    ) -> Response<IdemBody<B>> {
+        match answer {
+            Answer::Response(r) | Answer::Replayed { response: r, .. } => r,
+            Answer::Reject(r) => reject(shared, &r, Some(&key)),
+        }
+    }
 }
 
 /// Steps 2 to 6: key, scope, body, fingerprint.
-pub(crate) async fn prepare<S, O, ReqB>(shared: &Shared<S, O>, req: Request<ReqB>) -> Step<ReqB>
+async fn prepare<S, O, ReqB>(shared: &Shared<S, O>, req: Request<ReqB>) -> Step<ReqB, String>
 where
     ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqB::Error: Into<BoxDynError>,
@@ -71,7 +104,7 @@ where
         Err(r) => return Step::Reject(r, None),
     };
     let key_text = || Some(key.as_str().to_owned());
-    if shared.closed.load(Ordering::SeqCst) {
+    if shared.is_closed() {
         return Step::Reject(Rejection::ShuttingDown, key_text());
     }
 
@@ -81,7 +114,7 @@ where
         Err(r) => return Step::Reject(r, key_text()),
     };
     tracing::Span::current().record("route", named.route.as_str());
-    let Some(owner) = shared.owner.owner(&parts) else {
+    let Some(owner) = shared.mode.owner(&parts) else {
         error!(
             "owner unavailable: is the auth layer missing or placed inside the idempotency layer?"
         );
@@ -137,6 +170,7 @@ where
     Step::Run {
         req: Request::from_parts(parts, body),
         prepared: Prepared { id, fingerprint },
+        context: key.as_str().to_owned(),
         key,
     }
 }

@@ -7,9 +7,9 @@ use http::{HeaderValue, Response, StatusCode};
 use tracing::{info, warn};
 
 use crate::body::IdemBody;
-use crate::layer::Shared;
 use crate::problem::Rendered;
 use crate::rejection::Rejection;
+use crate::state::Shared;
 
 /// Renders a rejection with the layer's settings, records it on the
 /// request's span and logs its instance. `key` is the received key.

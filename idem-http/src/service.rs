@@ -1,7 +1,10 @@
-//! The service the layer wraps around each handler. Step 1 of a request:
-//! a method the layer does not cover passes untouched; a covered one goes
-//! through `request.rs` (steps 2 to 6), `exec.rs` (7 to 10) and, when the
-//! layer answers on its own, `respond.rs`.
+//! The service a layer wraps around each handler, the same for the
+//! `Idempotency-Key` layer and the webhook receiver. Step 1 of a request: a
+//! request the layer does not cover passes untouched. A covered one goes
+//! through the layer's [`Mode`]: its key source (steps 2 to 6: the
+//! `Idempotency-Key` layer's `request.rs`, the webhook's verification and
+//! event id), then the one executor `exec.rs` (7 to 10), then the mode's
+//! answer policy; when the layer answers on its own, `respond.rs`.
 
 use std::fmt;
 use std::future::Future;
@@ -10,34 +13,100 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Method, Request, Response};
+use idem_core::IdempotencyKey;
+use idem_core::adapter::Prepared;
 use idem_core::store::{BoxDynError, Store};
 use tower_service::Service;
-use tracing::{Instrument, info_span};
+use tracing::{Instrument, Span};
 
 use crate::body::IdemBody;
-use crate::exec;
-use crate::layer::Shared;
-use crate::owner::OwnerSource;
-use crate::request::{self, Step};
+use crate::config::Config;
+use crate::exec::{self, Answer};
+use crate::rejection::Rejection;
 use crate::respond::reject;
+use crate::state::Shared;
 
 /// A boxed `Send + 'static` future.
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'static>>;
 
-/// The service the layer wraps around a handler.
-pub struct IdempotencyService<Svc, S, O> {
-    inner: Svc,
-    shared: Arc<Shared<S, O>>,
+/// What a mode's key source does with a covered request.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per request, moved once; boxing would add an allocation per request"
+)]
+pub(crate) enum Step<ReqB, C> {
+    /// The handler alone (no key on a route where it is optional).
+    PassThrough(Request<ReqB>),
+    /// An empty-bodied answer that is not a problem (the webhook's 405).
+    #[cfg_attr(
+        not(feature = "webhook"),
+        allow(dead_code, reason = "made by the webhook receiver only")
+    )]
+    Respond(Response<()>),
+    /// The layer answers on its own; the received key, when there was one.
+    Reject(Rejection, Option<String>),
+    /// Claim the record and run (steps 7 to 10, `exec.rs`), then answer
+    /// with `context`.
+    Run {
+        req: Request<ReqB>,
+        prepared: Prepared,
+        key: IdempotencyKey,
+        context: C,
+    },
 }
 
-impl<Svc, S, O> IdempotencyService<Svc, S, O> {
-    pub(crate) fn new(inner: Svc, shared: Arc<Shared<S, O>>) -> Self {
+/// What makes a layer the `Idempotency-Key` layer or the webhook receiver:
+/// where a covered request's record comes from (the key source) and how the
+/// executor's answer goes out (the answer policy). Everything between them
+/// (the claim, the handler, capture, shutdown) is the one executor.
+///
+/// The `Idempotency-Key` layer's mode is its owner source (`request.rs`);
+/// the webhook receiver's is [`WebhookMode`](crate::webhook::WebhookMode).
+pub(crate) trait Mode: Sized + Send + Sync + 'static {
+    /// What the key source hands on to the answer policy.
+    type Context: Send + 'static;
+
+    /// The request's span.
+    fn span(&self, method: &Method) -> Span;
+
+    /// Whether the request goes through the layer; one that does not is
+    /// passed untouched (step 1).
+    fn covers(&self, cfg: &Config, method: &Method) -> bool;
+
+    /// Steps 2 to 6: the record's key, scope and fingerprint.
+    fn prepare<S, ReqB>(
+        shared: &Shared<S, Self>,
+        req: Request<ReqB>,
+    ) -> impl Future<Output = Step<ReqB, Self::Context>> + Send
+    where
+        S: Store,
+        ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqB::Error: Into<BoxDynError>;
+
+    /// The response for the executor's answer.
+    fn answer<S, B>(
+        shared: &Shared<S, Self>,
+        context: Self::Context,
+        answer: Answer<B>,
+    ) -> Response<IdemBody<B>>;
+}
+
+/// The service a layer wraps around a handler. `M` is the layer's mode: the
+/// owner source of an [`IdempotencyLayer`](crate::IdempotencyLayer), or
+/// [`WebhookMode`](crate::webhook::WebhookMode) for a webhook receiver.
+pub struct IdempotencyService<Svc, S, M> {
+    inner: Svc,
+    shared: Arc<Shared<S, M>>,
+}
+
+impl<Svc, S, M> IdempotencyService<Svc, S, M> {
+    pub(crate) fn new(inner: Svc, shared: Arc<Shared<S, M>>) -> Self {
         Self { inner, shared }
     }
 }
 
-impl<Svc: Clone, S, O> Clone for IdempotencyService<Svc, S, O> {
+impl<Svc: Clone, S, M> Clone for IdempotencyService<Svc, S, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -46,7 +115,7 @@ impl<Svc: Clone, S, O> Clone for IdempotencyService<Svc, S, O> {
     }
 }
 
-impl<Svc: fmt::Debug, S, O> fmt::Debug for IdempotencyService<Svc, S, O> {
+impl<Svc: fmt::Debug, S, M> fmt::Debug for IdempotencyService<Svc, S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
@@ -54,7 +123,7 @@ impl<Svc: fmt::Debug, S, O> fmt::Debug for IdempotencyService<Svc, S, O> {
     }
 }
 
-impl<Svc, S, O, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<Svc, S, O>
+impl<Svc, S, M, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<Svc, S, M>
 where
     Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     Svc::Future: Send + 'static,
@@ -64,7 +133,7 @@ where
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxDynError>,
     S: Store,
-    O: OwnerSource,
+    M: Mode,
 {
     type Response = Response<IdemBody<ResB>>;
     type Error = Svc::Error;
@@ -75,7 +144,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if !self.shared.cfg.methods.contains(req.method()) {
+        if !self.shared.mode.covers(&self.shared.cfg, req.method()) {
             // Step 1: not covered: untouched, nothing buffered or checked.
             let fut = self.inner.call(req);
             return Box::pin(async move { fut.await.map(|r| r.map(IdemBody::inner)) });
@@ -83,31 +152,26 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        let span = info_span!(
-            "idem.http",
-            method = %req.method(),
-            route = tracing::field::Empty,
-            record = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            code = tracing::field::Empty,
-            status = tracing::field::Empty,
-        );
+        let span = shared.mode.span(req.method());
         let covered = async move {
             // Steps 2 to 6.
-            let (req, prepared, key) = match request::prepare(&shared, req).await {
+            let (req, prepared, key, context) = match M::prepare(&shared, req).await {
                 Step::PassThrough(req) => {
                     let res = inner.call(req).await?;
                     return Ok(res.map(IdemBody::inner));
                 }
+                Step::Respond(res) => return Ok(res.map(|()| IdemBody::full(Bytes::new()))),
                 Step::Reject(r, key) => return Ok(reject(&shared, &r, key.as_deref())),
-                Step::Run { req, prepared, key } => (req, prepared, key),
+                Step::Run {
+                    req,
+                    prepared,
+                    key,
+                    context,
+                } => (req, prepared, key, context),
             };
-            let key_text = key.as_str().to_owned();
             // Steps 7 to 10.
-            match exec::run(Arc::clone(&shared), inner, req, prepared, key).await? {
-                exec::Answer::Response(r) | exec::Answer::Replayed { response: r, .. } => Ok(r),
-                exec::Answer::Reject(r) => Ok(reject(&shared, &r, Some(&key_text))),
-            }
+            let answer = exec::run(Arc::clone(&shared), inner, req, prepared, key).await?;
+            Ok(M::answer(&shared, context, answer))
         };
         Box::pin(covered.instrument(span))
     }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idem_core::{Idem, MemoryStore};
-use idem_http::{Builder, FixedOwner, IdempotencyLayer, NoOwner, OperationSource};
+use idem_http::{FixedOwner, IdempotencyLayer, IdempotencyLayerBuilder, NoOwner, OperationSource};
 use tower::{Layer, ServiceExt, service_fn};
 
 async fn created(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -20,7 +20,7 @@ async fn created(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infal
     Ok(res)
 }
 
-fn builder() -> Builder<MemoryStore, NoOwner> {
+fn builder() -> IdempotencyLayerBuilder<MemoryStore, NoOwner> {
     IdempotencyLayer::builder(Idem::new(MemoryStore::new()))
 }
 

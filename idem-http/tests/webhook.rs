@@ -28,8 +28,8 @@ use idem_core::store::{OutcomeKind, RecordState};
 use idem_core::testkit::FailingStore;
 use idem_http::IdemAttempt;
 use idem_http::webhook::{
-    Builder, DuplicateAnswer, EventId, PermanentFailure, Provider, Secret, WebhookDelivery,
-    WebhookLayer,
+    DuplicateAnswer, EventId, Provider, Secret, WebhookDelivery, WebhookLayer, WebhookLayerBuilder,
+    WebhookPermanentFailure,
 };
 use sha2::Sha256;
 use tokio::sync::{Notify, Semaphore};
@@ -169,7 +169,7 @@ fn engine<S: Store>(
         .with_policy(policy)
 }
 
-type Tweak<S> = fn(Builder<FailingStore<S>>) -> Builder<FailingStore<S>>;
+type Tweak<S> = fn(WebhookLayerBuilder<FailingStore<S>>) -> WebhookLayerBuilder<FailingStore<S>>;
 
 impl<S: Store> App<S> {
     async fn start(store: Arc<S>, kind: Kind) -> Self {
@@ -545,7 +545,7 @@ mod rows {
         assert_eq!(app.runs.hook_calls.load(Ordering::SeqCst), 1);
 
         let app = App::with(store, Kind::Standard, |b| {
-            b.permanent_failure(PermanentFailure::PassThrough)
+            b.permanent_failure(WebhookPermanentFailure::PassThrough)
         })
         .await;
         let e = id();
@@ -721,7 +721,10 @@ mod rows {
             .build()
             .expect_err("24 h < Stripe's 72 h");
         assert!(
-            matches!(err, idem_http::ConfigError::RetentionTooShort { .. }),
+            matches!(
+                err,
+                idem_http::webhook::WebhookConfigError::RetentionTooShort { .. }
+            ),
             "{err}"
         );
         WebhookLayer::builder(idem.clone())
@@ -739,7 +742,7 @@ mod rows {
             .expect_err("tolerance beyond key_ttl");
         assert!(matches!(
             err,
-            idem_http::ConfigError::ToleranceExceedsRetention { .. }
+            idem_http::webhook::WebhookConfigError::ToleranceExceedsRetention { .. }
         ));
     }
 

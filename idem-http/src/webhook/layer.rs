@@ -1,94 +1,57 @@
 //! The webhook layer and its builder, validated once at
-//! [`Builder::build`]: the provider, the endpoint (the owner of every
+//! [`WebhookLayerBuilder::build`]: the provider, the endpoint (the owner of every
 //! record) and a retention that covers the provider's redeliveries.
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode};
 use idem_core::Idem;
 use idem_core::Scope;
+use idem_core::adapter::{ScopeSetting, ScopeSettingError};
 use idem_core::store::Store;
-use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
+use super::config::{
+    DuplicateAnswer, FailurePolicy, WebhookConfigError, WebhookMode, WebhookPermanentFailure,
+};
 use super::delivery::Delivery;
 use super::provider::{EventId, Provider};
 use super::service::WebhookService;
-use crate::config::{Classifier, Config};
+use crate::config::Config;
 use crate::headers::Class;
-use crate::layer::{ConfigError, Shared};
-
-/// What a duplicate of a delivery that finished gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum DuplicateAnswer {
-    /// `200`, an empty body and `Idempotent-Replayed: true` (the default):
-    /// providers read only the status.
-    #[default]
-    Ack,
-    /// The stored response with `Idempotent-Replayed: true` (a permanent
-    /// failure acknowledged with 200 stays 200).
-    Replay,
-}
-
-/// What a handler's permanent failure (a 4xx other than 408, 425 and 429)
-/// is answered with. Either way it is stored, so its redeliveries are
-/// duplicates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum PermanentFailure {
-    /// `200` with an empty body (the default): days of redeliveries cannot
-    /// fix it, and a provider that sees failures disables the endpoint. The
-    /// hook and the metric report it.
-    #[default]
-    Acknowledge,
-    /// The handler's own response.
-    PassThrough,
-}
-
-pub(crate) type FailureHook = Arc<dyn Fn(&Delivery, &http::response::Parts) + Send + Sync>;
-
-/// The webhook settings beyond the shared [`Config`].
-pub(crate) struct Hook {
-    pub(crate) provider: Provider,
-    pub(crate) scope: Scope,
-    pub(crate) event_id: EventId,
-    pub(crate) tolerance: Duration,
-    pub(crate) duplicate: DuplicateAnswer,
-    pub(crate) permanent: PermanentFailure,
-    pub(crate) on_permanent: Option<FailureHook>,
-    pub(crate) fingerprint_body: bool,
-    pub(crate) fallback_body_hash: bool,
-}
+use crate::layer::IdempotencyLayer;
+use crate::state::Shared;
 
 /// The webhook receiver, a tower layer for the route of one provider's
 /// deliveries. It *replaces* [`IdempotencyLayer`](crate::IdempotencyLayer)
 /// on that route (never stack them). Cheap to clone.
 ///
+/// It is the idempotency layer in [`WebhookMode`], under its own name so
+/// that it has its own [`builder`](Self::builder): the same shared state,
+/// service, executor and shutdown.
+///
 /// See the [module docs](super) for the pipeline and the behaviour table.
 pub struct WebhookLayer<S> {
-    pub(crate) shared: Arc<Shared<S, ()>>,
-    pub(crate) hook: Arc<Hook>,
+    layer: IdempotencyLayer<S, WebhookMode>,
 }
 
 impl<S> Clone for WebhookLayer<S> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
-            hook: Arc::clone(&self.hook),
+            layer: self.layer.clone(),
         }
     }
 }
 
 impl<S: fmt::Debug> fmt::Debug for WebhookLayer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = &self.layer.shared.mode;
         f.debug_struct("WebhookLayer")
-            .field("idem", &self.shared.idem)
-            .field("provider", &self.hook.provider)
-            .field("scope", &self.hook.scope)
+            .field("idem", self.layer.idem())
+            .field("provider", &mode.provider)
+            .field("scope", &mode.scope)
             .finish_non_exhaustive()
     }
 }
@@ -97,23 +60,19 @@ impl<S: Store> WebhookLayer<S> {
     /// Starts from an engine: its `Policy` gives the lease, the TTLs and the
     /// in-flight mode (a short `InFlightMode::Wait`, below the provider's
     /// timeout, turns most in-flight duplicates into plain duplicates).
-    pub fn builder(idem: Idem<S>) -> Builder<S> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> WebhookLayerBuilder<S> {
+        WebhookLayerBuilder {
             idem,
             provider: None,
-            endpoint: None,
-            operation: None,
+            scope: ScopeSetting::default(),
             event_id: None,
             tolerance: Duration::from_secs(300),
-            max_body: 2 * 1024 * 1024,
+            cfg: webhook_config(),
             duplicate: DuplicateAnswer::Ack,
-            in_flight_status: StatusCode::SERVICE_UNAVAILABLE,
-            permanent: PermanentFailure::Acknowledge,
-            on_permanent: None,
+            permanent: FailurePolicy::default(),
             fingerprint_body: false,
             fallback_body_hash: false,
             allow_short_retention: false,
-            classify: None,
         }
     }
 }
@@ -121,18 +80,18 @@ impl<S: Store> WebhookLayer<S> {
 impl<S> WebhookLayer<S> {
     /// The engine deliveries run through.
     pub fn idem(&self) -> &Idem<S> {
-        &self.shared.idem
+        self.layer.idem()
     }
 
     /// The scope of every record: `(endpoint, operation)`.
     pub fn scope(&self) -> &Scope {
-        &self.hook.scope
+        &self.layer.shared.mode.scope
     }
 
     /// Stops accepting deliveries: from now on they get 503 `shutting_down`,
     /// and the provider redelivers later.
     pub fn close(&self) {
-        self.shared.close();
+        self.layer.close();
     }
 
     /// [`close`](Self::close), then waits for every running handler to
@@ -141,41 +100,40 @@ impl<S> WebhookLayer<S> {
     where
         S: Send + Sync,
     {
-        self.shared.close();
-        self.shared.tracker.wait().await;
+        self.layer.shutdown().await;
     }
 }
 
 /// Builds a [`WebhookLayer`]; see [`WebhookLayer::builder`].
-pub struct Builder<S> {
+pub struct WebhookLayerBuilder<S> {
     idem: Idem<S>,
     provider: Option<Provider>,
-    endpoint: Option<String>,
-    operation: Option<String>,
+    /// The endpoint (the owner) and the operation.
+    scope: ScopeSetting,
     event_id: Option<EventId>,
     tolerance: Duration,
-    max_body: usize,
+    /// The layer configuration the receiver runs on, with the webhook's
+    /// defaults ([`webhook_config`]); `max_body`, `in_flight_status` and
+    /// `classify` set it.
+    cfg: Config,
     duplicate: DuplicateAnswer,
-    in_flight_status: StatusCode,
-    permanent: PermanentFailure,
-    on_permanent: Option<FailureHook>,
+    permanent: FailurePolicy,
     fingerprint_body: bool,
     fallback_body_hash: bool,
     allow_short_retention: bool,
-    classify: Option<Classifier>,
 }
 
-impl<S: fmt::Debug> fmt::Debug for Builder<S> {
+impl<S: fmt::Debug> fmt::Debug for WebhookLayerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("WebhookLayerBuilder")
             .field("idem", &self.idem)
             .field("provider", &self.provider)
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.scope.owner())
             .finish_non_exhaustive()
     }
 }
 
-impl<S: Store> Builder<S> {
+impl<S: Store> WebhookLayerBuilder<S> {
     /// The sender (required).
     #[must_use]
     pub fn provider(mut self, p: Provider) -> Self {
@@ -188,14 +146,14 @@ impl<S: Store> Builder<S> {
     /// configuration, never from the request.
     #[must_use]
     pub fn endpoint(mut self, owner: impl Into<String>) -> Self {
-        self.endpoint = Some(owner.into());
+        self.scope.set_owner(owner);
         self
     }
 
     /// The operation of every record (default `webhook <provider>`).
     #[must_use]
     pub fn operation(mut self, op: impl Into<String>) -> Self {
-        self.operation = Some(op.into());
+        self.scope.set_operation(op);
         self
     }
 
@@ -218,7 +176,7 @@ impl<S: Store> Builder<S> {
     /// ≤ the route's `DefaultBodyLimit`.
     #[must_use]
     pub fn max_body(mut self, bytes: usize) -> Self {
-        self.max_body = bytes;
+        self.cfg.max_request_body = bytes;
         self
     }
 
@@ -236,15 +194,15 @@ impl<S: Store> Builder<S> {
     /// which disables the endpoint.
     #[must_use]
     pub fn in_flight_status(mut self, s: StatusCode) -> Self {
-        self.in_flight_status = s;
+        self.cfg.in_flight_status = Some(s);
         self
     }
 
     /// What a permanent failure is answered with (default
-    /// [`PermanentFailure::Acknowledge`]).
+    /// [`WebhookPermanentFailure::Acknowledge`]).
     #[must_use]
-    pub fn permanent_failure(mut self, p: PermanentFailure) -> Self {
-        self.permanent = p;
+    pub fn permanent_failure(mut self, p: WebhookPermanentFailure) -> Self {
+        self.permanent.set_policy(p);
         self
     }
 
@@ -255,7 +213,7 @@ impl<S: Store> Builder<S> {
         mut self,
         f: impl Fn(&Delivery, &http::response::Parts) + Send + Sync + 'static,
     ) -> Self {
-        self.on_permanent = Some(Arc::new(f));
+        self.permanent.set_hook(Arc::new(f));
         self
     }
 
@@ -298,7 +256,7 @@ impl<S: Store> Builder<S> {
         mut self,
         f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
     ) -> Self {
-        self.classify = Some(Arc::new(f));
+        self.cfg.classify = Some(Arc::new(f));
         self
     }
 
@@ -306,78 +264,83 @@ impl<S: Store> Builder<S> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`]: no provider or endpoint, an endpoint or operation a
+    /// [`WebhookConfigError`]: no provider or endpoint, an endpoint or operation a
     /// record scope cannot hold, a zero body limit, an in-flight status
     /// other than 409, 429 or 503, a `key_ttl` shorter than the provider's
     /// redelivery window (unless [`allow_short_retention`](Self::allow_short_retention))
     /// or than the tolerance.
-    pub fn build(self) -> Result<WebhookLayer<S>, ConfigError> {
-        let provider = self.provider.ok_or(ConfigError::MissingProvider)?;
-        let endpoint = self.endpoint.ok_or(ConfigError::MissingEndpoint)?;
-        let operation = self
-            .operation
-            .unwrap_or_else(|| format!("webhook {}", provider.name()));
-        let scope = Scope::new(endpoint.as_str(), operation.as_str()).map_err(|source| {
-            ConfigError::InvalidScope {
-                owner: endpoint.clone(),
-                operation: operation.clone(),
-                source,
+    pub fn build(self) -> Result<WebhookLayer<S>, WebhookConfigError> {
+        let provider = self.provider.ok_or(WebhookConfigError::MissingProvider)?;
+        let default_operation = || Some(format!("webhook {}", provider.name()));
+        let scope = self.scope.build(default_operation).map_err(|e| match e {
+            // The operation has a default: only the endpoint can be missing.
+            ScopeSettingError::MissingOwner | ScopeSettingError::MissingOperation => {
+                WebhookConfigError::MissingEndpoint
             }
+            ScopeSettingError::Invalid {
+                owner,
+                operation,
+                source,
+            } => WebhookConfigError::InvalidScope {
+                owner,
+                operation,
+                source,
+            },
         })?;
-        if self.max_body == 0 {
-            return Err(ConfigError::ZeroRequestBodyLimit);
+        if self.cfg.max_request_body == 0 {
+            return Err(WebhookConfigError::ZeroBodyLimit);
         }
-        if ![409, 429, 503].contains(&self.in_flight_status.as_u16()) {
-            return Err(ConfigError::InFlightStatus(self.in_flight_status));
+        if let Some(s) = self.cfg.in_flight_status
+            && ![409, 429, 503].contains(&s.as_u16())
+        {
+            return Err(WebhookConfigError::InFlightStatus(s));
         }
         let key_ttl = self.idem.policy().key_ttl();
         if key_ttl < self.tolerance {
-            return Err(ConfigError::ToleranceExceedsRetention {
+            return Err(WebhookConfigError::ToleranceExceedsRetention {
                 tolerance: self.tolerance,
                 key_ttl,
             });
         }
         if key_ttl < provider.min_retention() && !self.allow_short_retention {
-            return Err(ConfigError::RetentionTooShort {
+            return Err(WebhookConfigError::RetentionTooShort {
                 provider: provider.name().to_owned(),
                 key_ttl,
                 window: provider.min_retention(),
             });
         }
-        let marker = HeaderName::from_static("idempotent-replayed");
-        let cfg = Config {
-            methods: vec![Method::POST],
-            max_request_body: self.max_body,
-            classify: Some(
-                self.classify
-                    .unwrap_or_else(|| Arc::new(|p: &http::response::Parts| class(p.status))),
-            ),
-            replayed_names: vec![marker.as_str().to_owned()],
-            replayed_headers: vec![marker],
-            in_flight_status: Some(self.in_flight_status),
-            ..Config::default()
-        };
         let event_id = self.event_id.unwrap_or_else(|| provider.event_id.clone());
+        let mode = WebhookMode {
+            provider,
+            scope,
+            event_id,
+            tolerance: self.tolerance,
+            duplicate: self.duplicate,
+            permanent: self.permanent,
+            fingerprint_body: self.fingerprint_body,
+            fallback_body_hash: self.fallback_body_hash,
+        };
         Ok(WebhookLayer {
-            shared: Arc::new(Shared {
-                idem: self.idem,
-                cfg,
-                owner: (),
-                tracker: TaskTracker::new(),
-                closed: Arc::new(AtomicBool::new(false)),
-            }),
-            hook: Arc::new(Hook {
-                provider,
-                scope,
-                event_id,
-                tolerance: self.tolerance,
-                duplicate: self.duplicate,
-                permanent: self.permanent,
-                on_permanent: self.on_permanent,
-                fingerprint_body: self.fingerprint_body,
-                fallback_body_hash: self.fallback_body_hash,
-            }),
+            layer: IdempotencyLayer {
+                shared: Shared::new(self.idem, self.cfg, mode, None),
+            },
         })
+    }
+}
+
+/// The layer configuration of a webhook receiver before its builder's
+/// settings: `POST` only, the webhook classification, the one replay
+/// marker, 503 for an in-flight duplicate, and the layer's defaults (the
+/// 2 MiB body limit, detached handlers, lease renewal).
+fn webhook_config() -> Config {
+    let marker = HeaderName::from_static("idempotent-replayed");
+    Config {
+        methods: vec![Method::POST],
+        classify: Some(Arc::new(|p: &http::response::Parts| class(p.status))),
+        replayed_names: vec![marker.as_str().to_owned()],
+        replayed_headers: vec![marker],
+        in_flight_status: Some(StatusCode::SERVICE_UNAVAILABLE),
+        ..Config::default()
     }
 }
 
@@ -395,7 +358,7 @@ impl<Svc, S> Layer<Svc> for WebhookLayer<S> {
     type Service = WebhookService<Svc, S>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        WebhookService::new(inner, self.clone())
+        self.layer.layer(inner)
     }
 }
 
@@ -415,19 +378,19 @@ mod tests {
         let b = || WebhookLayer::builder(idem.clone());
         assert_eq!(
             b().endpoint("e").build().err(),
-            Some(ConfigError::MissingProvider)
+            Some(WebhookConfigError::MissingProvider)
         );
         assert_eq!(
             b().provider(stripe()).build().err(),
-            Some(ConfigError::MissingEndpoint)
+            Some(WebhookConfigError::MissingEndpoint)
         );
         assert!(matches!(
             b().provider(stripe()).endpoint("").build(),
-            Err(ConfigError::InvalidScope { .. })
+            Err(WebhookConfigError::InvalidScope { .. })
         ));
         assert!(matches!(
             b().provider(stripe()).endpoint("e\n").build(),
-            Err(ConfigError::InvalidScope { .. })
+            Err(WebhookConfigError::InvalidScope { .. })
         ));
         assert_eq!(
             b().provider(stripe())
@@ -435,7 +398,7 @@ mod tests {
                 .in_flight_status(StatusCode::GONE)
                 .build()
                 .err(),
-            Some(ConfigError::InFlightStatus(StatusCode::GONE))
+            Some(WebhookConfigError::InFlightStatus(StatusCode::GONE))
         );
         assert_eq!(
             b().provider(stripe())
@@ -443,7 +406,7 @@ mod tests {
                 .max_body(0)
                 .build()
                 .err(),
-            Some(ConfigError::ZeroRequestBodyLimit)
+            Some(WebhookConfigError::ZeroBodyLimit)
         );
         let layer = b()
             .provider(stripe())

@@ -7,9 +7,11 @@
 //! endpoint you configure, the operation is `webhook <provider>`, and the
 //! key is the provider's event id, verbatim when it passes the key rules
 //! (so `idem inspect --key evt_…` finds it), else
-//! `IdempotencyKey::derive(provider, id)`. It runs on the same body limit,
-//! executor (detached handlers, lease renewal, panics as crashes),
-//! classification hook and problem renderer as the idempotency layer.
+//! `IdempotencyKey::derive(provider, id)`. It is the idempotency layer in
+//! [`WebhookMode`]: the same service, body limit, executor (detached
+//! handlers, lease renewal, panics as crashes), classification hook and
+//! problem renderer, with the event id as the key source and a provider's
+//! answers as the answer policy.
 //!
 //! ```no_run
 //! use axum::{Router, body::Bytes, http::StatusCode, routing::post};
@@ -78,7 +80,7 @@
 //! | W4 | body over the limit | 413 `request_too_large` | no | nothing |
 //! | W5 | verified, but no event id | 400 `missing_event_id` (or the fallback key) | no | nothing |
 //! | W6 | first delivery, handler 2xx | the handler's response | once | `Success` |
-//! | W7 | first delivery, handler 4xx (not 408/425/429) | 200 ([`PermanentFailure::Acknowledge`]) or its own status | once | `Failure`; hook called |
+//! | W7 | first delivery, handler 4xx (not 408/425/429) | 200 ([`WebhookPermanentFailure::Acknowledge`]) or its own status | once | `Failure`; hook called |
 //! | W8 | handler 5xx/408/425/429, or a body error | the handler's status | once | released: the next delivery runs again, as a recovery |
 //! | W9 | handler panics, or the process dies | 500 `handler_panicked`, or the connection is lost | partially | in flight until the lease ends, then W12 or a recovery |
 //! | W10 | duplicate of W6/W7, [`DuplicateAnswer::Ack`] | 200, empty, `Idempotent-Replayed: true` | no | unchanged |
@@ -94,9 +96,9 @@
 //!
 //! # Retention
 //!
-//! [`Builder::build`] refuses an engine whose `key_ttl` is shorter than the
+//! [`WebhookLayerBuilder::build`] refuses an engine whose `key_ttl` is shorter than the
 //! provider's redelivery window (Standard Webhooks 76 h, Svix 28 h, Stripe
-//! 72 h, GitHub 72 h) unless [`Builder::allow_short_retention`], and always
+//! 72 h, GitHub 72 h) unless [`WebhookLayerBuilder::allow_short_retention`], and always
 //! refuses one shorter than the tolerance: with `key_ttl` ≥ tolerance a
 //! captured signed request never runs twice (inside the window it is a
 //! duplicate, outside it is stale). The default `Policy` keeps keys 30 days.
@@ -111,14 +113,16 @@
 //! `in_flight`, `transient`, `permanent_failure`; the engine's own metrics
 //! as for every call.
 
+mod config;
 mod delivery;
 mod layer;
 mod provider;
 mod service;
 mod verify;
 
+pub use config::{DuplicateAnswer, WebhookConfigError, WebhookMode, WebhookPermanentFailure};
 pub use delivery::{Delivery, WebhookDelivery};
-pub use layer::{Builder, DuplicateAnswer, PermanentFailure, WebhookLayer};
+pub use layer::{WebhookLayer, WebhookLayerBuilder};
 pub use provider::{EventId, Provider};
 pub use service::WebhookService;
 pub use verify::{MAX_CANDIDATES, Secret, SecretError, Verified, Verify, VerifyError};

@@ -1,12 +1,10 @@
-//! The service the webhook layer wraps around a handler: the pipeline of
-//! the module docs, in order. Steps 1 to 5 run here, before anything is
-//! claimed; step 6 is the shared executor (`exec.rs`); step 7 maps its
-//! answer onto what a provider understands.
+//! The webhook receiver's mode of the idempotency service: the pipeline of
+//! the module docs, in order. Steps 1 to 5 (the key source) run here,
+//! before anything is claimed; step 6 is the shared executor (`exec.rs`);
+//! step 7 (the answer policy) maps its answer onto what a provider
+//! understands.
 
-use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -19,50 +17,26 @@ use idem_core::error::RequestError;
 use idem_core::store::BoxDynError;
 use idem_core::store::Store;
 use sha2::{Digest, Sha256};
-use tower_service::Service;
-use tracing::{Instrument, error, info_span, warn};
+use tracing::{Span, error, info_span, warn};
 
+use super::config::{DuplicateAnswer, WebhookMode, WebhookPermanentFailure};
 use super::delivery::{Delivery, WebhookDelivery};
-use super::layer::{DuplicateAnswer, Hook, PermanentFailure, WebhookLayer};
 use super::provider::EventId;
 use super::verify::VerifyError;
 use crate::body::IdemBody;
+use crate::config::Config;
 use crate::envelope::{BodyFingerprint, FingerprintSpec, RequestView, fingerprint_request};
 use crate::exec::{self, Answer};
 use crate::headers::Class;
 use crate::rejection::Rejection;
 use crate::request::read_limited;
 use crate::respond::reject;
-use crate::service::ResponseFuture;
+use crate::service::{IdempotencyService, Mode, Step};
+use crate::state::Shared;
 
-/// The service the [`WebhookLayer`] wraps around a handler.
-pub struct WebhookService<Svc, S> {
-    inner: Svc,
-    layer: WebhookLayer<S>,
-}
-
-impl<Svc, S> WebhookService<Svc, S> {
-    pub(crate) fn new(inner: Svc, layer: WebhookLayer<S>) -> Self {
-        Self { inner, layer }
-    }
-}
-
-impl<Svc: Clone, S> Clone for WebhookService<Svc, S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
-}
-
-impl<Svc: fmt::Debug, S> fmt::Debug for WebhookService<Svc, S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WebhookService")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
+/// The service a [`WebhookLayer`](super::WebhookLayer) wraps around a
+/// handler: the idempotency service in [`WebhookMode`].
+pub type WebhookService<Svc, S> = IdempotencyService<Svc, S, WebhookMode>;
 
 /// A delivery's result, the `result` label of
 /// `idem_webhook_deliveries_total`.
@@ -77,7 +51,7 @@ enum Result_ {
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn count(hook: &Hook, result: Result_) {
+fn count(hook: &WebhookMode, result: Result_) {
     #[cfg(feature = "metrics")]
     {
         let result = match result {
@@ -97,173 +71,159 @@ fn count(hook: &Hook, result: Result_) {
     }
 }
 
-impl<Svc, S, ReqB, ResB> Service<Request<ReqB>> for WebhookService<Svc, S>
-where
-    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    Svc::Future: Send + 'static,
-    Svc::Error: Send + 'static,
-    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxDynError>,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-{
-    type Response = Response<IdemBody<ResB>>;
-    type Error = Svc::Error;
-    type Future = ResponseFuture<Self::Response, Self::Error>;
+/// The key source is the verified delivery's event id; the answer policy
+/// turns the executor's answer into what a provider understands.
+impl Mode for WebhookMode {
+    /// The verified delivery.
+    type Context = Delivery;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        let span = info_span!(
+    fn span(&self, _method: &Method) -> Span {
+        info_span!(
             "idem.webhook",
-            provider = %layer.hook.provider.name,
+            provider = %self.provider.name,
             record = tracing::field::Empty,
             outcome = tracing::field::Empty,
             code = tracing::field::Empty,
             status = tracing::field::Empty,
-        );
-        Box::pin(deliver(layer, inner, req).instrument(span))
+        )
     }
-}
 
-/// Steps 1 to 7.
-async fn deliver<Svc, S, ReqB, ResB>(
-    layer: WebhookLayer<S>,
-    inner: Svc,
-    req: Request<ReqB>,
-) -> Result<Response<IdemBody<ResB>>, Svc::Error>
-where
-    Svc: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    Svc::Future: Send + 'static,
-    Svc::Error: Send + 'static,
-    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxDynError>,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-{
-    let (shared, hook) = (&layer.shared, &*layer.hook);
-    // Step 1: POST only.
-    if req.method() != Method::POST {
-        let mut res = Response::new(IdemBody::full(Bytes::new()));
-        *res.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-        res.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return Ok(res);
+    /// Every method: anything but `POST` is answered 405.
+    fn covers(&self, _cfg: &Config, _method: &Method) -> bool {
+        true
     }
-    if shared.closed.load(Ordering::SeqCst) {
-        return Ok(reject(shared, &Rejection::ShuttingDown, None));
-    }
-    // Step 2: the body, bounded, before anything is parsed.
-    let (mut parts, body) = req.into_parts();
-    let bytes = match read_limited(shared.cfg.max_request_body, &parts, body).await {
-        Ok(b) => b,
-        Err(r) => return Ok(reject(shared, &r, None)),
-    };
-    // Steps 3 and 4: the signature headers, the timestamp, the HMAC.
-    let now = shared.idem.clock().now();
-    let verified = match hook
-        .provider
-        .verifier
-        .verify(&parts, &bytes, now, hook.tolerance)
+
+    /// Steps 1 to 6.
+    async fn prepare<S, ReqB>(shared: &Shared<S, Self>, req: Request<ReqB>) -> Step<ReqB, Delivery>
+    where
+        S: Store,
+        ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ReqB::Error: Into<BoxDynError>,
     {
-        Ok(t) => t,
-        Err(e) => {
-            warn!(provider = %hook.provider.name, reason = %e, "webhook refused before any claim");
-            count(hook, Result_::VerifiedFailed);
-            let r = match e {
-                VerifyError::Malformed(reason) => Rejection::MalformedWebhook { reason },
-                VerifyError::Stale => Rejection::StaleWebhook {
-                    tolerance: hook.tolerance,
-                },
-                VerifyError::NoMatch => Rejection::InvalidSignature,
-            };
-            return Ok(reject(shared, &r, None));
+        let hook = &shared.mode;
+        // Step 1: POST only.
+        if req.method() != Method::POST {
+            let mut res = Response::new(());
+            *res.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            res.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return Step::Respond(res);
         }
-    };
-    // Step 5: the event id, from the verified request.
-    let (event_id, key) = match event_key(hook, &parts, &bytes, verified.event_id) {
-        Ok(k) => k,
-        Err(r) => return Ok(reject(shared, &r, None)),
-    };
-    // Step 6: scope, key and fingerprint, then the shared executor.
-    let fingerprint = match fingerprint(hook, &parts, &bytes) {
-        Ok(f) => f,
-        Err(e) => {
-            let r = Rejection::Engine(Error::InvalidRequest(e));
-            return Ok(reject(shared, &r, Some(&event_id)));
+        if shared.is_closed() {
+            return Step::Reject(Rejection::ShuttingDown, None);
         }
-    };
-    let id = RecordId::new(hook.scope.clone(), key.clone());
-    tracing::Span::current().record("record", id.log_hash().as_str());
-    let delivery = Delivery {
-        provider: hook.provider.name.clone(),
-        endpoint: Arc::from(hook.scope.owner()),
-        event_id,
-        key: key.clone(),
-        timestamp: verified.timestamp,
-    };
-    parts.extensions.insert(WebhookDelivery(delivery.clone()));
-    let req = Request::from_parts(parts, ReqB::from(bytes));
-    let answer = exec::run(
-        Arc::clone(shared),
-        inner,
-        req,
-        Prepared::new(id, fingerprint),
-        key,
-    )
-    .await?;
-    // Step 7: the answer a provider understands.
-    Ok(match answer {
-        Answer::Response(res) => fresh(&layer, &delivery, res),
-        Answer::Replayed { response, failure } => {
-            count(hook, Result_::Duplicate);
-            match (hook.duplicate, failure, hook.permanent) {
-                (DuplicateAnswer::Replay, false, _)
-                | (DuplicateAnswer::Replay, true, PermanentFailure::PassThrough) => response,
-                _ => ack(true),
+        // Step 2: the body, bounded, before anything is parsed.
+        let (mut parts, body) = req.into_parts();
+        let bytes = match read_limited(shared.cfg.max_request_body, &parts, body).await {
+            Ok(b) => b,
+            Err(r) => return Step::Reject(r, None),
+        };
+        // Steps 3 and 4: the signature headers, the timestamp, the HMAC.
+        let now = shared.idem.clock().now();
+        let verified = match hook
+            .provider
+            .verifier
+            .verify(&parts, &bytes, now, hook.tolerance)
+        {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(provider = %hook.provider.name, reason = %e, "webhook refused before any claim");
+                count(hook, Result_::VerifiedFailed);
+                let r = match e {
+                    VerifyError::Malformed(reason) => Rejection::MalformedWebhook { reason },
+                    VerifyError::Stale => Rejection::StaleWebhook {
+                        tolerance: hook.tolerance,
+                    },
+                    VerifyError::NoMatch => Rejection::InvalidSignature,
+                };
+                return Step::Reject(r, None);
             }
+        };
+        // Step 5: the event id, from the verified request.
+        let (event_id, key) = match event_key(hook, &parts, &bytes, verified.event_id) {
+            Ok(k) => k,
+            Err(r) => return Step::Reject(r, None),
+        };
+        // Step 6: scope, key and fingerprint, then the shared executor.
+        let fingerprint = match fingerprint(hook, &parts, &bytes) {
+            Ok(f) => f,
+            Err(e) => {
+                let r = Rejection::Engine(Error::InvalidRequest(e));
+                return Step::Reject(r, Some(event_id));
+            }
+        };
+        let id = RecordId::new(hook.scope.clone(), key.clone());
+        tracing::Span::current().record("record", id.log_hash().as_str());
+        let delivery = Delivery {
+            provider: hook.provider.name.clone(),
+            endpoint: Arc::from(hook.scope.owner()),
+            event_id,
+            key: key.clone(),
+            timestamp: verified.timestamp,
+        };
+        parts.extensions.insert(WebhookDelivery(delivery.clone()));
+        Step::Run {
+            req: Request::from_parts(parts, ReqB::from(bytes)),
+            prepared: Prepared::new(id, fingerprint),
+            key,
+            context: delivery,
         }
-        Answer::Reject(Rejection::Engine(
-            Error::ResponseExpired { .. } | Error::ResponseNotStored { .. },
-        )) => {
-            count(hook, Result_::Duplicate);
-            ack(true)
-        }
-        Answer::Reject(r) => {
-            match &r {
-                Rejection::Engine(Error::InFlight { .. }) => count(hook, Result_::InFlight),
-                Rejection::Engine(Error::FingerprintMismatch) => error!(
-                    provider = %hook.provider.name,
-                    event_id = %delivery.event_id,
-                    "the same event id arrived with another body"
-                ),
-                Rejection::HandlerPanicked { .. } | Rejection::ResponseBodyFailed => {
-                    count(hook, Result_::Transient);
+    }
+
+    /// Step 7: the answer a provider understands.
+    fn answer<S, B>(
+        shared: &Shared<S, Self>,
+        delivery: Delivery,
+        answer: Answer<B>,
+    ) -> Response<IdemBody<B>> {
+        let hook = &shared.mode;
+        match answer {
+            Answer::Response(res) => fresh(shared, &delivery, res),
+            Answer::Replayed { response, failure } => {
+                count(hook, Result_::Duplicate);
+                match (hook.duplicate, failure, hook.permanent.policy()) {
+                    (DuplicateAnswer::Replay, false, _)
+                    | (DuplicateAnswer::Replay, true, WebhookPermanentFailure::PassThrough) => {
+                        response
+                    }
+                    _ => ack(true),
                 }
-                _ => {}
             }
-            reject(shared, &r, Some(&delivery.event_id))
+            Answer::Reject(Rejection::Engine(
+                Error::ResponseExpired { .. } | Error::ResponseNotStored { .. },
+            )) => {
+                count(hook, Result_::Duplicate);
+                ack(true)
+            }
+            Answer::Reject(r) => {
+                match &r {
+                    Rejection::Engine(Error::InFlight { .. }) => count(hook, Result_::InFlight),
+                    Rejection::Engine(Error::FingerprintMismatch) => error!(
+                        provider = %hook.provider.name,
+                        event_id = %delivery.event_id,
+                        "the same event id arrived with another body"
+                    ),
+                    Rejection::HandlerPanicked { .. } | Rejection::ResponseBodyFailed => {
+                        count(hook, Result_::Transient);
+                    }
+                    _ => {}
+                }
+                reject(shared, &r, Some(&delivery.event_id))
+            }
         }
-    })
+    }
 }
 
 /// The handler ran: a permanent failure is reported and (by default)
 /// acknowledged; anything else goes out as the handler made it.
 fn fresh<S, B>(
-    layer: &WebhookLayer<S>,
+    shared: &Shared<S, WebhookMode>,
     delivery: &Delivery,
     res: Response<IdemBody<B>>,
 ) -> Response<IdemBody<B>> {
-    let hook = &*layer.hook;
+    let hook = &shared.mode;
     let (parts, body) = res.into_parts();
-    match exec::class_of(&layer.shared.cfg, &parts) {
+    match exec::class_of(&shared.cfg, &parts) {
         Class::Failure => {
             count(hook, Result_::PermanentFailure);
             warn!(
@@ -272,12 +232,9 @@ fn fresh<S, B>(
                 status = parts.status.as_u16(),
                 "permanent webhook failure: stored, redeliveries are duplicates"
             );
-            if let Some(f) = &hook.on_permanent {
-                f(delivery, &parts);
-            }
-            match hook.permanent {
-                PermanentFailure::Acknowledge => ack(false),
-                PermanentFailure::PassThrough => Response::from_parts(parts, body),
+            match hook.permanent.report(|f| f(delivery, &parts)) {
+                WebhookPermanentFailure::Acknowledge => ack(false),
+                WebhookPermanentFailure::PassThrough => Response::from_parts(parts, body),
             }
         }
         Class::Transient => {
@@ -306,7 +263,7 @@ fn ack<B>(replayed: bool) -> Response<IdemBody<B>> {
 /// The event id as received, and the key: the id itself when it passes the
 /// key rules unchanged, else `derive(provider, id)`.
 fn event_key(
-    hook: &Hook,
+    hook: &WebhookMode,
     parts: &http::request::Parts,
     body: &[u8],
     signed: Option<String>,
@@ -363,7 +320,7 @@ fn event_key(
 /// No body by default (every delivery of one operation has the same
 /// fingerprint); with `fingerprint_body(true)`, canonical JSON or the bytes.
 fn fingerprint(
-    hook: &Hook,
+    hook: &WebhookMode,
     parts: &http::request::Parts,
     body: &[u8],
 ) -> Result<idem_core::store::Fingerprint, RequestError> {

@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::support::{
     BASE, LEASE, RESPONSE_TTL, backend_error, builder, consumer, corrupt_error, message_id,
 };
-use idem_consumer::{Cause, DeadLetterReason, Disposition, PermanentFailure, Processed};
+use idem_consumer::{Cause, DeadLetterReason, Disposition, ConsumerPermanentFailure, Processed};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;
@@ -99,13 +99,13 @@ pub async fn c02_permanent_failure_is_acked_and_reported_once<S: Store>(store: A
     assert!(reported[0].starts_with(&id) && reported[0].contains("card_declined"));
 }
 
-/// C2 with `PermanentFailure::DeadLetter`: the failure goes to the dead
+/// C2 with `ConsumerPermanentFailure::DeadLetter`: the failure goes to the dead
 /// letter, and so does every replay of it (a failed dead-lettering is
 /// retried); the work runs once.
 pub async fn c02_permanent_failure_dead_letters_when_configured<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let consumer = builder(store, &clock)
-        .permanent_failure(PermanentFailure::DeadLetter)
+        .permanent_failure(ConsumerPermanentFailure::DeadLetter)
         .build()
         .expect("consumer");
     let (id, runs) = (message_id(), Counter::default());

@@ -6,7 +6,7 @@ use idem_core::clock::ManualClock;
 use idem_core::store::{Store, StoreError};
 use idem_core::{Idem, IdempotencyKey, InFlightMode, Policy};
 
-use idem_consumer::{Builder, Consumer};
+use idem_consumer::{Consumer, ConsumerBuilder};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
@@ -28,7 +28,7 @@ pub(crate) fn policy() -> Policy {
 
 /// A builder on `store` with the manual clock, a random consumer group and
 /// no jitter.
-pub(crate) fn builder<S: Store>(store: S, clock: &ManualClock) -> Builder<S> {
+pub(crate) fn builder<S: Store>(store: S, clock: &ManualClock) -> ConsumerBuilder<S> {
     let idem = Idem::new(store)
         .with_clock(clock.clone())
         .with_policy(policy());

@@ -8,7 +8,7 @@ use idem_core::{IdempotencyKey, Scope};
 
 use super::app::{App, Options, engine};
 use super::check::Got;
-use idem_http::ConfigError;
+use idem_http::HttpConfigError;
 
 const RACERS: usize = 64;
 
@@ -312,14 +312,14 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
         .assert_executed(201);
     assert_eq!(app.counts.executions(), 4);
     // A derived layer is validated like the first one.
-    let refused = |b: idem_http::Builder<_, _>| b.build().err();
+    let refused = |b: idem_http::IdempotencyLayerBuilder<_, _>| b.build().err();
     assert_eq!(
         refused(app.layer.to_builder().max_request_body(0)),
-        Some(ConfigError::ZeroRequestBodyLimit)
+        Some(HttpConfigError::ZeroRequestBodyLimit)
     );
     assert_eq!(
         refused(app.layer.to_builder().methods([])),
-        Some(ConfigError::NoMethods)
+        Some(HttpConfigError::NoMethods)
     );
     let key_header = http::HeaderName::from_static("idempotency-key");
     assert_eq!(
@@ -328,12 +328,12 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
                 .to_builder()
                 .replayed_headers([key_header.clone()])
         ),
-        Some(ConfigError::ReplayHeaderIsKeyHeader(key_header))
+        Some(HttpConfigError::ReplayHeaderIsKeyHeader(key_header))
     );
     let replayed = http::HeaderName::from_static("idempotent-replayed");
     assert_eq!(
         refused(app.layer.to_builder().key_header(replayed.clone())),
-        Some(ConfigError::ReplayHeaderIsKeyHeader(replayed))
+        Some(HttpConfigError::ReplayHeaderIsKeyHeader(replayed))
     );
     assert!(matches!(
         refused(
@@ -341,7 +341,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
                 .to_builder()
                 .operation(idem_http::OperationSource::Route("/a\nb".into()))
         ),
-        Some(ConfigError::InvalidOperation { .. })
+        Some(HttpConfigError::InvalidOperation { .. })
     ));
     // One shutdown stops the derived layers too.
     app.layer.close();
