@@ -21,4 +21,6 @@
 
 pub use crate::engine::adapter::{ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared};
 pub use crate::fingerprint::value::canonical_json;
-pub use crate::fingerprint::{Fingerprint, MAX_REQUEST_DEPTH, fingerprint};
+pub use crate::fingerprint::{
+    Fingerprint, MAX_REQUEST_DEPTH, fingerprint, fingerprint_raw, sha256_hex,
+};

@@ -16,6 +16,7 @@ pub mod adapter;
 pub mod clock;
 pub mod ops;
 pub mod store;
+pub mod wire;
 
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]

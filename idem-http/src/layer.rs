@@ -18,10 +18,10 @@ use tower_layer::Layer;
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
 use crate::envelope::FingerprintSpec;
 use crate::headers::{Class, HeaderPolicy};
-use crate::key::KeySyntax;
 use crate::owner::{NoOwner, OwnerSource};
 use crate::problem::ProblemTypes;
 use crate::service::IdempotencyService;
+use idem_core::wire::KeySyntax;
 
 /// A configuration [`Builder::build`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,8 +15,6 @@ mod service;
 // Steps 2-6: key, owner and operation (the scope), body, fingerprint.
 mod request;
 
-mod key;
-
 mod envelope;
 
 // Steps 7-10: the engine, the handler and its extensions, capture.
@@ -56,9 +54,9 @@ pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 pub use extract::NotCovered;
 pub use extract::{IdemAttempt, IdemKey};
 pub use headers::{Class, HeaderPolicy};
-pub use key::{KeyHeaderError, KeySyntax};
+pub use idem_core::wire::{KeyHeaderError, KeySyntax, ProblemCode};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use owner::{ExtensionOwner, FixedOwner, NoOwner, OwnerId, OwnerSource};
-pub use problem::{ProblemCode, ProblemTypes};
+pub use problem::ProblemTypes;
 pub use rejection::Rejection;
 pub use service::{IdempotencyService, ResponseFuture};

@@ -23,9 +23,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 pub use self::core::Idem;
 use crate::adapter::{EngineExt, Fingerprint, Prepared};
 use crate::clock::Timestamp;
-use crate::engine::error::retry_after_secs;
 use crate::ops::{OutcomeKind, RecordState};
 use crate::store::{Store, StoredRecord};
+use crate::wire::retry_after_secs;
 use crate::{
     Attempt, Begin, Error, InFlightMode, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
 };

@@ -11,6 +11,7 @@ use http::{HeaderName, Method, StatusCode};
 use idem_core::Idem;
 use idem_core::Scope;
 use idem_core::store::Store;
+use idem_core::wire::{DEFAULT_MAX_REQUEST_BODY, header};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
@@ -105,7 +106,7 @@ impl<S: Store> WebhookLayer<S> {
             operation: None,
             event_id: None,
             tolerance: Duration::from_secs(300),
-            max_body: 2 * 1024 * 1024,
+            max_body: DEFAULT_MAX_REQUEST_BODY,
             duplicate: DuplicateAnswer::Ack,
             in_flight_status: StatusCode::SERVICE_UNAVAILABLE,
             permanent: PermanentFailure::Acknowledge,
@@ -344,7 +345,7 @@ impl<S: Store> Builder<S> {
                 window: provider.min_retention(),
             });
         }
-        let marker = HeaderName::from_static("idempotent-replayed");
+        let marker = HeaderName::from_static(header::IDEMPOTENT_REPLAYED);
         let cfg = Config {
             methods: vec![Method::POST],
             max_request_body: self.max_body,
