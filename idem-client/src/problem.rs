@@ -1,5 +1,6 @@
 //! RFC 9457 problem details, as `idem-http` (and any server) sends them.
 
+use idem_core::wire::ProblemCode;
 use serde_json::{Map, Value};
 
 /// The most of a problem body the client reads; a longer body is not a problem
@@ -19,7 +20,9 @@ pub struct Problem {
     pub status: Option<u16>,
     /// `detail`: an explanation of this occurrence.
     pub detail: Option<String>,
-    /// `code`: the machine-readable reason (`in_flight`, `fingerprint_mismatch`, ...).
+    /// `code`: the machine-readable reason as sent (`in_flight`,
+    /// `fingerprint_mismatch`, ..., or another server's own);
+    /// [`Problem::problem_code`] reads it as idem's vocabulary.
     pub code: Option<String>,
     /// `retryable`: whether the same request may be sent again. Authoritative when present.
     pub retryable: Option<bool>,
@@ -87,6 +90,14 @@ impl Problem {
         })
     }
 
+    /// The `code` as one of idem's [`ProblemCode`]s; `None` without a code
+    /// or for a code idem does not name (another server's own, still in
+    /// [`code`](Self::code)).
+    #[must_use]
+    pub fn problem_code(&self) -> Option<ProblemCode> {
+        self.code.as_deref().and_then(ProblemCode::parse)
+    }
+
     /// Whether a `Content-Type` names a problem body (`application/problem+json`).
     #[must_use]
     pub fn is_problem_content_type(value: &str) -> bool {
@@ -108,10 +119,20 @@ mod tests {
         )
         .expect("a problem");
         assert_eq!(p.code.as_deref(), Some("in_flight"));
+        assert_eq!(p.problem_code(), Some(ProblemCode::InFlight));
         assert_eq!(p.retryable, Some(true));
         assert_eq!(p.status, Some(409));
         assert_eq!(p.resource_id.as_deref(), Some("ord_1"));
         assert_eq!(p.extra.get("vendor"), Some(&Value::from(1)));
+    }
+
+    #[test]
+    fn another_servers_code_stays_as_sent() {
+        let p = Problem::from_slice(br#"{"code":"idempotency_key_in_use","status":409}"#)
+            .expect("a problem");
+        assert_eq!(p.code.as_deref(), Some("idempotency_key_in_use"));
+        assert_eq!(p.problem_code(), None);
+        assert_eq!(Problem::default().problem_code(), None);
     }
 
     #[test]

@@ -526,7 +526,7 @@ async fn structured_and_bare_keys(w: World) {
     assert_eq!(w.runs().await, 1);
     // The `Bare` syntax writes a minted key as is.
     let bare =
-        client_with(IdempotencyMiddleware::builder().key_syntax(idem_client::KeySyntax::Bare));
+        client_with(IdempotencyMiddleware::builder().key_syntax(idem_client::KeyEncoding::Bare));
     let intent = Intent::random();
     let resp = bare
         .post(&url)

@@ -32,7 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_client::{
-    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeySyntax,
+    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding,
     ReportKind, Sent, StopReason,
 };
 use support::{Fault, client_with, fault_proxy, one_key};
@@ -215,9 +215,9 @@ impl Server {
 
 /// The client as a Stripe user would set it: bare keys (Stripe takes the raw
 /// value), short backoff for the tests.
-fn stripe_client() -> idem_client::Builder {
+fn stripe_client() -> idem_client::IdempotencyClientBuilder {
     IdempotencyMiddleware::builder()
-        .key_syntax(KeySyntax::Bare)
+        .key_syntax(KeyEncoding::Bare)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .deadline(Duration::from_secs(10))
 }

@@ -18,8 +18,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use idem_client::{BoxError, Intent, Report, ReportKind};
+use idem_client::{Intent, Report, ReportKind};
 use support::{Fault, World, fault_proxy, one_key};
+use tower::BoxError;
 use tower::{Service, ServiceExt};
 
 macro_rules! tower_suite {
@@ -59,7 +60,7 @@ type Resp = Response<axum::body::Body>;
 
 /// hyper-util's client (one connection per attempt) under the layer.
 fn client(
-    b: idem_client::Builder,
+    b: idem_client::IdempotencyClientBuilder,
 ) -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError, Future: Send>
 + Clone
 + Send
@@ -81,7 +82,7 @@ where
     r.map(axum::body::Body::new)
 }
 
-fn quick() -> idem_client::Builder {
+fn quick() -> idem_client::IdempotencyClientBuilder {
     idem_client::IdempotencyClientLayer::builder()
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .deadline(Duration::from_secs(10))

@@ -743,7 +743,9 @@ pub fn client() -> reqwest_middleware::ClientWithMiddleware {
 }
 
 /// A client with these settings; one connection per attempt.
-pub fn client_with(b: idem_client::Builder) -> reqwest_middleware::ClientWithMiddleware {
+pub fn client_with(
+    b: idem_client::IdempotencyClientBuilder,
+) -> reqwest_middleware::ClientWithMiddleware {
     let inner = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
