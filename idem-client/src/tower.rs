@@ -31,7 +31,7 @@ use crate::{
 /// The request body is collected once (up to [`max_request_body`](Self::max_request_body))
 /// so every attempt sends the same bytes; a larger body is
 /// [`Error::BodyNotReplayable`], nothing sent. Every response carries a
-/// [`Report`] in its extensions.
+/// [`Report`](crate::Report) in its extensions.
 #[derive(Debug, Clone)]
 pub struct IdempotencyClientLayer {
     config: Arc<Config>,
