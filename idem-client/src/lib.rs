@@ -9,7 +9,6 @@ mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
 pub mod policy;
-mod problem;
 mod report;
 pub mod retry_after;
 #[cfg(any(feature = "reqwest", feature = "tower"))]
@@ -20,11 +19,11 @@ mod tower;
 pub use config::{ClientConfigError, IdempotencyClientBuilder};
 pub use error::{Error, StopReason};
 pub use idem_core::IdempotencyKey;
+pub use idem_core::wire::{MAX_PROBLEM_BYTES, Problem};
 pub use key::{Intent, KeyEncoding};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Sent};
-pub use problem::{MAX_PROBLEM_BYTES, Problem};
 pub use report::{Report, ReportKind};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]

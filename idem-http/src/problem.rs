@@ -6,8 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idem_core::wire::{ProblemCode, header};
-use serde_json::{Map, Value};
+use idem_core::wire::{self, ProblemCode, header};
 
 /// The draft every key rule comes from.
 pub(crate) const DRAFT: &str =
@@ -98,28 +97,23 @@ impl Problem {
     #[must_use]
     pub(crate) fn render(&self, types: &ProblemTypes, docs_url: Option<&str>) -> Rendered {
         let instance = format!("urn:uuid:{}", uuid_v4());
-        let mut body = Map::new();
-        body.insert("type".into(), types.uri(self.code).into());
-        body.insert("title".into(), self.code.title().into());
-        body.insert("status".into(), self.status.into());
-        body.insert("detail".into(), self.detail.clone().into());
-        body.insert("instance".into(), instance.clone().into());
-        body.insert("code".into(), self.code.as_str().into());
-        body.insert("retryable".into(), self.retryable.into());
-        if let Some(k) = &self.idempotency_key {
-            body.insert("idempotency_key".into(), truncate(k, 300).into());
-        }
-        if let Some(r) = &self.resource_id {
-            body.insert("resource_id".into(), r.clone().into());
-        }
-        if let Some(s) = self.retry_after {
-            body.insert("retry_after".into(), s.max(1).into());
-        }
-        if let Some(l) = self.limit {
-            body.insert("limit".into(), l.into());
-        }
+        let mut body = wire::Problem::default();
+        body.type_ = Some(types.uri(self.code));
+        body.title = Some(self.code.title().to_owned());
+        body.status = Some(self.status);
+        body.detail = Some(self.detail.clone());
+        body.instance = Some(instance.clone());
+        body.code = Some(self.code.as_str().to_owned());
+        body.retryable = Some(self.retryable);
+        body.idempotency_key = self
+            .idempotency_key
+            .as_deref()
+            .map(|k| truncate(k, 300).to_owned());
+        body.resource_id.clone_from(&self.resource_id);
+        body.retry_after = self.retry_after.map(|s| s.max(1));
+        body.limit = self.limit.map(|l| u64::try_from(l).unwrap_or(u64::MAX));
         let mut headers = vec![
-            ("content-type", "application/problem+json".to_owned()),
+            ("content-type", wire::Problem::CONTENT_TYPE.to_owned()),
             ("cache-control", "no-store".to_owned()),
             ("content-language", "en".to_owned()),
         ];
@@ -135,7 +129,7 @@ impl Problem {
         Rendered {
             status: self.status,
             headers,
-            body: Value::Object(body).to_string().into_bytes(),
+            body: body.to_json().to_string().into_bytes(),
             instance,
         }
     }

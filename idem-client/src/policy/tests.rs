@@ -27,11 +27,10 @@ fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
 }
 
 fn problem(code: &str, retryable: Option<bool>) -> Problem {
-    Problem {
-        code: Some(code.to_owned()),
-        retryable,
-        ..Problem::default()
-    }
+    let mut p = Problem::default();
+    p.code = Some(code.to_owned());
+    p.retryable = retryable;
+    p
 }
 
 /// Random source at the top of its range: every jitter is at its maximum.

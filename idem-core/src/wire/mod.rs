@@ -3,23 +3,26 @@
 //! client reads back:
 //!
 //! * [`ProblemCode`]: the stable code of every answer an adapter gives on
-//!   its own (`in_flight`, `fingerprint_mismatch`, ...);
+//!   its own (`in_flight`, `fingerprint_mismatch`, ...), and the problem
+//!   document ([`Problem`], RFC 9457) a JSON answer carries it in;
 //! * the key field's syntax and its codec ([`parse_key_field`], [`quote`],
 //!   [`unquote`]);
 //! * the field names ([`header`]) and the default request-body limit;
 //! * the rounding of a wait into whole seconds ([`retry_after_secs`]).
 //!
-//! The HTTP rendering (problem documents, status codes, `type` URIs) is
+//! The HTTP rendering (status codes, `type` URIs, the response's headers) is
 //! idem-http's; an adapter on another protocol maps the same codes to its
 //! own status vocabulary.
 
 mod code;
 mod key;
+mod problem;
 
 use std::time::Duration;
 
 pub use code::ProblemCode;
 pub use key::{KeyHeaderError, KeySyntax, parse_key_field, quote, unquote};
+pub use problem::{MAX_PROBLEM_BYTES, Problem};
 
 /// The field names of the contract, lowercase (as HTTP/2 and gRPC metadata
 /// write them).

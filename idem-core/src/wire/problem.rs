@@ -1,14 +1,17 @@
-//! RFC 9457 problem details, as `idem-http` (and any server) sends them.
+//! The problem document (RFC 9457 problem details): the one shape idem-http
+//! writes an answer's body in and a client reads it back from.
 
-use idem_core::wire::ProblemCode;
 use serde_json::{Map, Value};
 
-/// The most of a problem body the client reads; a longer body is not a problem
+use super::ProblemCode;
+
+/// The most of a problem body a client reads; a longer body is not a problem
 /// it understands, and the response goes back untouched.
 pub const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 
-/// An RFC 9457 problem body. Members this crate does not name are kept in
-/// [`extra`](Self::extra).
+/// An RFC 9457 problem document, as idem-http (and any server) sends it:
+/// written with [`Problem::to_json`], read with [`Problem::from_slice`].
+/// Members this type does not name are kept in [`extra`](Self::extra).
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Problem {
@@ -30,6 +33,10 @@ pub struct Problem {
     pub resource_id: Option<String>,
     /// `retry_after`: seconds, when the server repeats `Retry-After` in the body.
     pub retry_after: Option<u64>,
+    /// `idempotency_key`: the key the server received, when it echoes it.
+    pub idempotency_key: Option<String>,
+    /// `limit`: the limit a request broke (`request_too_large`'s body limit).
+    pub limit: Option<u64>,
     /// `instance`: a URI naming this occurrence.
     pub instance: Option<String>,
     /// Every other member.
@@ -37,6 +44,9 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// The media type of a problem document.
+    pub const CONTENT_TYPE: &'static str = "application/problem+json";
+
     /// Reads a problem body. `None` when it is over [`MAX_PROBLEM_BYTES`],
     /// not JSON, or not an object: such a body is not a problem.
     #[must_use]
@@ -61,6 +71,7 @@ impl Problem {
         let code = string("code");
         let resource_id = string("resource_id");
         let instance = string("instance");
+        let idempotency_key = string("idempotency_key");
         let status = map
             .get("status")
             .and_then(Value::as_u64)
@@ -72,10 +83,15 @@ impl Problem {
         if retryable.is_some() {
             map.remove("retryable");
         }
-        let retry_after = map.get("retry_after").and_then(Value::as_u64);
-        if retry_after.is_some() {
-            map.remove("retry_after");
-        }
+        let mut number = |name: &str| {
+            let n = map.get(name).and_then(Value::as_u64);
+            if n.is_some() {
+                map.remove(name);
+            }
+            n
+        };
+        let retry_after = number("retry_after");
+        let limit = number("limit");
         Some(Self {
             type_,
             title,
@@ -85,9 +101,41 @@ impl Problem {
             retryable,
             resource_id,
             retry_after,
+            idempotency_key,
+            limit,
             instance,
             extra: map,
         })
+    }
+
+    /// The document as JSON: every member that is set, then
+    /// [`extra`](Self::extra).
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let mut body = Map::new();
+        let mut put = |name: &str, value: Option<Value>| {
+            if let Some(v) = value {
+                body.insert(name.to_owned(), v);
+            }
+        };
+        put("type", self.type_.clone().map(Value::from));
+        put("title", self.title.clone().map(Value::from));
+        put("status", self.status.map(Value::from));
+        put("detail", self.detail.clone().map(Value::from));
+        put("instance", self.instance.clone().map(Value::from));
+        put("code", self.code.clone().map(Value::from));
+        put("retryable", self.retryable.map(Value::from));
+        put(
+            "idempotency_key",
+            self.idempotency_key.clone().map(Value::from),
+        );
+        put("resource_id", self.resource_id.clone().map(Value::from));
+        put("retry_after", self.retry_after.map(Value::from));
+        put("limit", self.limit.map(Value::from));
+        for (name, value) in &self.extra {
+            body.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+        Value::Object(body)
     }
 
     /// The `code` as one of idem's [`ProblemCode`]s; `None` without a code
@@ -104,7 +152,7 @@ impl Problem {
         value
             .split(';')
             .next()
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/problem+json"))
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case(Self::CONTENT_TYPE))
     }
 }
 
@@ -124,6 +172,26 @@ mod tests {
         assert_eq!(p.status, Some(409));
         assert_eq!(p.resource_id.as_deref(), Some("ord_1"));
         assert_eq!(p.extra.get("vendor"), Some(&Value::from(1)));
+    }
+
+    #[test]
+    fn what_is_written_reads_back() {
+        let p = Problem {
+            type_: Some("urn:idem:problem:request_too_large".into()),
+            title: Some("t".into()),
+            status: Some(413),
+            detail: Some("d".into()),
+            code: Some("request_too_large".into()),
+            retryable: Some(false),
+            idempotency_key: Some("k".into()),
+            limit: Some(10),
+            instance: Some("urn:uuid:x".into()),
+            extra: Map::from_iter([("vendor".to_owned(), Value::from(1))]),
+            ..Problem::default()
+        };
+        let bytes = p.to_json().to_string();
+        assert_eq!(Problem::from_slice(bytes.as_bytes()), Some(p));
+        assert_eq!(Problem::default().to_json(), Value::Object(Map::new()));
     }
 
     #[test]
