@@ -1,7 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The application API and the three other tiers of idem-core, named one by
+// The application API, the three other tiers of idem-core and its wire
+// vocabulary (`wire`), named one by
 // one rather than by a glob: a glob would also re-export idem-core's
 // `testkit` whenever anything in the build turns that feature on (a
 // workspace build does), so the facade's surface would depend on its
@@ -12,7 +13,7 @@ pub use idem_core::{
     AnyStore, Attempt, Begin, Claim, Error, Failure, FieldFilter, HttpResponse, Idem,
     IdempotencyKey, InFlightMode, IntoKey, Json, MemoryStore, Outcome, Policy, PolicyBuilder,
     RawJson, RecordId, Reply, Scope, Storable, TakeoverReason, adapter, clock, error, ops,
-    storable_as_json, store,
+    storable_as_json, store, wire,
 };
 
 mod connect;

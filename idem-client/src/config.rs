@@ -3,16 +3,17 @@
 use std::{sync::Arc, time::Duration};
 
 use http::{HeaderName, Method};
+use idem_core::wire::header;
 
 use crate::{
-    KeySyntax,
-    policy::{AttemptView, Decision, Policy},
+    KeyEncoding,
+    policy::{AttemptView, Decision, RetryPolicy},
 };
 
-/// A setting [`Builder::build`] refused.
+/// A setting [`IdempotencyClientBuilder::build`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum ClientConfigError {
     /// `max_attempts(0)`: a send needs at least one attempt.
     #[error("max_attempts must be at least 1")]
     NoAttempts,
@@ -27,23 +28,23 @@ pub enum ConfigError {
     NoMethods,
 }
 
-/// The settings shared by the front-ends (built by [`Builder`]).
+/// The settings shared by the front-ends (built by [`IdempotencyClientBuilder`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub(crate) policy: Policy,
+    pub(crate) policy: RetryPolicy,
     pub(crate) methods: Vec<Method>,
     pub(crate) key_header: HeaderName,
-    pub(crate) key_syntax: KeySyntax,
+    pub(crate) key_syntax: KeyEncoding,
     pub(crate) attempt_timeout: Option<Duration>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
-            policy: Policy::default(),
+            policy: RetryPolicy::default(),
             methods: vec![Method::POST, Method::PATCH],
-            key_header: HeaderName::from_static("idempotency-key"),
-            key_syntax: KeySyntax::Structured,
+            key_header: HeaderName::from_static(header::IDEMPOTENCY_KEY),
+            key_syntax: KeyEncoding::Structured,
             attempt_timeout: None,
         }
     }
@@ -52,11 +53,11 @@ impl Default for Config {
 /// Configures the client. Every setting has a default; see each method.
 #[derive(Debug, Clone, Default)]
 #[must_use]
-pub struct Builder {
+pub struct IdempotencyClientBuilder {
     pub(crate) config: Config,
 }
 
-impl Builder {
+impl IdempotencyClientBuilder {
     /// The methods that get a key and retries. Default `POST` and `PATCH` (as
     /// `idem-http`); others pass through untouched.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
@@ -70,8 +71,8 @@ impl Builder {
         self
     }
 
-    /// How the key is written. Default [`KeySyntax::Structured`] (an sf-string, as the IETF draft asks).
-    pub fn key_syntax(mut self, syntax: KeySyntax) -> Self {
+    /// How the key is written. Default [`KeyEncoding::Structured`] (an sf-string, as the IETF draft asks).
+    pub fn key_syntax(mut self, syntax: KeyEncoding) -> Self {
         self.config.key_syntax = syntax;
         self
     }
@@ -147,19 +148,19 @@ impl Builder {
     }
 
     /// Checks the settings.
-    pub(crate) fn checked(self) -> Result<Config, ConfigError> {
+    pub(crate) fn checked(self) -> Result<Config, ClientConfigError> {
         let c = self.config;
         if c.policy.max_attempts == 0 {
-            return Err(ConfigError::NoAttempts);
+            return Err(ClientConfigError::NoAttempts);
         }
         if c.policy.backoff_max.is_zero() || c.policy.backoff_initial > c.policy.backoff_max {
-            return Err(ConfigError::Backoff);
+            return Err(ClientConfigError::Backoff);
         }
         if c.policy.deadline.is_zero() {
-            return Err(ConfigError::Deadline);
+            return Err(ClientConfigError::Deadline);
         }
         if c.methods.is_empty() {
-            return Err(ConfigError::NoMethods);
+            return Err(ClientConfigError::NoMethods);
         }
         Ok(c)
     }
@@ -168,8 +169,8 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a setting that cannot work.
-    pub fn build_policy(self) -> Result<Policy, ConfigError> {
+    /// [`ClientConfigError`] for a setting that cannot work.
+    pub fn build_policy(self) -> Result<RetryPolicy, ClientConfigError> {
         self.checked().map(|c| c.policy)
     }
 }

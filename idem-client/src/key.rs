@@ -1,8 +1,9 @@
-//! Keys on the client: the persisted [`Intent`] and the header's syntax.
+//! Keys on the client: the persisted [`Intent`] and how the key is written
+//! (the codec itself is `idem_core::wire`'s, the one the server reads with).
 
 use std::time::{Duration, SystemTime};
 
-use idem_core::{IdempotencyKey, error::KeyError};
+use idem_core::{IdempotencyKey, error::KeyError, wire};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// One logical send: its key and when the key was made.
@@ -101,10 +102,11 @@ impl Intent {
     }
 }
 
-/// How the key is written in its header field.
+/// How the client writes the key in its header field. (How strictly a server
+/// reads it is `idem::wire::KeySyntax`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum KeySyntax {
+pub enum KeyEncoding {
     /// An RFC 8941 sf-string, as the IETF draft requires: `"8e03…"`. The default.
     #[default]
     Structured,
@@ -112,43 +114,32 @@ pub enum KeySyntax {
     Bare,
 }
 
-impl KeySyntax {
+impl KeyEncoding {
     /// The field value for `key`.
     #[must_use]
     pub fn encode(self, key: &IdempotencyKey) -> String {
         match self {
             Self::Bare => key.as_str().to_owned(),
-            Self::Structured => {
-                let mut out = String::with_capacity(key.as_str().len() + 2);
-                out.push('"');
-                for c in key.as_str().chars() {
-                    if matches!(c, '"' | '\\') {
-                        out.push('\\');
-                    }
-                    out.push(c);
-                }
-                out.push('"');
-                out
-            }
+            Self::Structured => wire::quote(key),
         }
     }
 }
 
 /// Reads a key from a field value the caller set: an sf-string is unquoted,
-/// anything else is taken as the bare key.
+/// anything else is taken as the bare key (the caller may be talking to a
+/// server that takes any bare value).
 ///
 /// # Errors
 ///
 /// [`KeyError`] when the (unquoted) key is invalid.
-pub fn decode(value: &str) -> Result<IdempotencyKey, KeyError> {
+// Read only by the front-ends.
+#[cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
+pub(crate) fn decode(value: &str) -> Result<IdempotencyKey, KeyError> {
     let trimmed = value.trim_matches([' ', '\t']);
     if trimmed.starts_with('"')
-        && let Ok(item) = sfv::Parser::new(trimmed)
-            .with_version(sfv::Version::Rfc8941)
-            .parse_item::<sfv::Item>()
-        && let sfv::BareItem::String(s) = item.bare_item
+        && let Ok(text) = wire::unquote(trimmed.as_bytes())
     {
-        return IdempotencyKey::parse(s.as_str());
+        return IdempotencyKey::parse(&text);
     }
     IdempotencyKey::parse(trimmed)
 }
@@ -162,21 +153,14 @@ mod tests {
         for b in b' '..=b'~' {
             let raw = format!("k{}k", b as char);
             let key = IdempotencyKey::parse(&raw).expect("printable ASCII is a key");
-            let field = KeySyntax::Structured.encode(&key);
-            let parsed = sfv::Parser::new(&field)
-                .with_version(sfv::Version::Rfc8941)
-                .parse_item::<sfv::Item>()
-                .expect("an sf-string");
-            let sfv::BareItem::String(s) = parsed.bare_item else {
-                panic!("not a string: {field}");
-            };
-            assert_eq!(s.as_str(), raw, "{field}");
+            let field = KeyEncoding::Structured.encode(&key);
+            assert_eq!(field, wire::quote(&key));
             assert_eq!(decode(&field).expect("decodes"), key);
         }
         let all: String = (b' '..=b'~').map(char::from).collect();
         let key = IdempotencyKey::parse(&format!("x{all}")).expect("key");
         assert_eq!(
-            decode(&KeySyntax::Structured.encode(&key)).expect("decodes"),
+            decode(&KeyEncoding::Structured.encode(&key)).expect("decodes"),
             key
         );
     }
@@ -184,8 +168,8 @@ mod tests {
     #[test]
     fn bare_and_quoted_read_as_one_key() {
         let k = IdempotencyKey::parse("abc").expect("key");
-        assert_eq!(KeySyntax::Bare.encode(&k), "abc");
-        assert_eq!(KeySyntax::Structured.encode(&k), "\"abc\"");
+        assert_eq!(KeyEncoding::Bare.encode(&k), "abc");
+        assert_eq!(KeyEncoding::Structured.encode(&k), "\"abc\"");
         assert_eq!(decode("\"abc\"").expect("key"), k);
         assert_eq!(decode("abc").expect("key"), k);
         assert!(decode("\"\"").is_err());

@@ -9,7 +9,6 @@ mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
 pub mod policy;
-mod problem;
 mod report;
 pub mod retry_after;
 #[cfg(any(feature = "reqwest", feature = "tower"))]
@@ -17,16 +16,15 @@ mod send;
 #[cfg(feature = "tower")]
 mod tower;
 
-pub use config::{Builder, ConfigError};
+pub use config::{ClientConfigError, IdempotencyClientBuilder};
 pub use error::{Error, StopReason};
 pub use idem_core::IdempotencyKey;
-pub use key::{Intent, KeySyntax, decode as decode_key};
+pub use idem_core::wire::{MAX_PROBLEM_BYTES, Problem};
+pub use key::{Intent, KeyEncoding};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Sent};
-pub use policy::{AttemptView, Decision, Outcome, Policy, Step};
-pub use problem::{MAX_PROBLEM_BYTES, Problem};
 pub use report::{Report, ReportKind};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-pub use tower::{BoxError, DEFAULT_MAX_REQUEST_BODY, IdempotencyClient, IdempotencyClientLayer};
+pub use tower::{IdempotencyClient, IdempotencyClientLayer};

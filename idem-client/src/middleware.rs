@@ -1,24 +1,18 @@
 //! The `reqwest-middleware` front-end (feature `reqwest`).
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Extensions, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use idem_core::IdempotencyKey;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::{
-    Error, Intent, MAX_PROBLEM_BYTES, Problem, Report, ReportKind, StopReason,
-    config::{Builder, Config, ConfigError},
-    policy::{AttemptView, SendState, Step, TransportFailure, os_random},
-    send::{self, NotIdempotent, SingleAttempt, Then},
+    Error, Intent, MAX_PROBLEM_BYTES, Problem, Report, ReportKind,
+    config::{ClientConfigError, Config, IdempotencyClientBuilder},
+    policy::TransportFailure,
+    send::{self, Answer, NotIdempotent, Sending, SingleAttempt},
 };
 
 /// The middleware: one key per send, kept across its retries; retries only
@@ -37,18 +31,18 @@ pub struct IdempotencyMiddleware {
 
 impl IdempotencyMiddleware {
     /// A builder with every default.
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> IdempotencyClientBuilder {
+        IdempotencyClientBuilder::default()
     }
 }
 
-impl Builder {
+impl IdempotencyClientBuilder {
     /// The middleware.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a setting that cannot work.
-    pub fn build(self) -> Result<IdempotencyMiddleware, ConfigError> {
+    /// [`ClientConfigError`] for a setting that cannot work.
+    pub fn build(self) -> Result<IdempotencyMiddleware, ClientConfigError> {
         Ok(IdempotencyMiddleware {
             config: Arc::new(self.checked()?),
         })
@@ -186,127 +180,67 @@ impl Middleware for IdempotencyMiddleware {
             req.url().path(),
             &key,
         );
-        let send = Send {
-            cfg,
-            key,
-            key_age,
-            single,
-            span: span.clone(),
-        };
-        send.run(req, extensions, next).instrument(span).await
+        let sending = Sending::new(cfg, key, key_age, single, span.clone());
+        run(&sending, req, extensions, next).instrument(span).await
     }
 }
 
-/// One logical send.
-struct Send<'c> {
-    cfg: &'c Config,
-    key: IdempotencyKey,
-    key_age: Option<Duration>,
-    single: bool,
-    span: tracing::Span,
+impl Answer for Response {
+    fn status(&self) -> StatusCode {
+        self.status()
+    }
+    fn headers(&self) -> &http::HeaderMap {
+        self.headers()
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
+    }
 }
 
-impl Send<'_> {
-    async fn run(
-        self,
-        req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let start = Instant::now();
-        let mut pending = Some(req);
-        let mut attempts: u32 = 0;
-        loop {
-            let Some(this) = pending.take() else {
-                // Unreachable: a retry always has a clone.
-                return Err(mw_error(Error::BodyNotReplayable));
-            };
-            let spare = if self.single { None } else { this.try_clone() };
-            attempts += 1;
-            let fut = next.clone().run(this, extensions);
-            let result = match self.cfg.attempt_timeout {
-                Some(t) => tokio::time::timeout(t, fut).await.ok(),
-                None => Some(fut.await),
-            };
-            let (failure, response, problem) = match result {
-                // The attempt timed out: the request may have been written.
-                None => (Some(TransportFailure::Ambiguous), None, None),
-                Some(Ok(resp)) => match read_problem(resp).await {
-                    Ok((resp, problem)) => (None, Some(resp), problem),
-                    Err(()) => (Some(TransportFailure::Ambiguous), None, None),
-                },
-                Some(Err(reqwest_middleware::Error::Reqwest(e))) if e.is_connect() => {
-                    (Some(TransportFailure::Connect), None, None)
-                }
-                Some(Err(reqwest_middleware::Error::Reqwest(e)))
-                    if e.is_timeout() || e.is_request() || e.is_body() =>
-                {
-                    (Some(TransportFailure::Ambiguous), None, None)
-                }
-                // An inner middleware's own error, or a builder error: not ours to retry.
-                Some(Err(e)) => return Err(e),
-            };
-            let elapsed = start.elapsed();
-            let view = match (&failure, &response) {
-                (Some(f), _) => AttemptView::Transport(*f),
-                (None, Some(r)) => AttemptView::Response {
-                    status: r.status(),
-                    headers: r.headers(),
-                    problem: problem.as_ref(),
-                },
-                (None, None) => AttemptView::Transport(TransportFailure::Ambiguous),
-            };
-            let state = SendState {
-                attempts,
-                elapsed,
-                key_age: Some(self.key_age.unwrap_or_default() + elapsed),
-                now: SystemTime::now(),
-            };
-            let mut step = self.cfg.policy.decide(&view, state, &mut os_random);
-            if self.single && matches!(step, Step::Retry { .. }) {
-                step = Step::Stop(if failure.is_some() {
-                    StopReason::Transport
-                } else {
-                    StopReason::MaxAttempts
-                });
+/// The attempts of one send: a clone of the request kept for the next one
+/// (none for a single attempt), each result handed to [`Sending::answered`].
+async fn run(
+    sending: &Sending<'_>,
+    req: Request,
+    extensions: &mut Extensions,
+    next: Next<'_>,
+) -> reqwest_middleware::Result<Response> {
+    let mut pending = Some(req);
+    let mut attempts: u32 = 0;
+    loop {
+        let Some(this) = pending.take() else {
+            // Unreachable: a retry always has a clone.
+            return Err(mw_error(Error::BodyNotReplayable));
+        };
+        let spare = if sending.is_single() {
+            None
+        } else {
+            this.try_clone()
+        };
+        attempts += 1;
+        let attempted = match sending.within(next.clone().run(this, extensions)).await {
+            // The attempt timed out: the request may have been written.
+            None => Err(TransportFailure::Ambiguous),
+            Some(Ok(resp)) => read_problem(resp)
+                .await
+                .map_err(|()| TransportFailure::Ambiguous),
+            Some(Err(reqwest_middleware::Error::Reqwest(e))) if e.is_connect() => {
+                Err(TransportFailure::Connect)
             }
-            let kind = match send::then(step, attempts) {
-                Then::Done(kind) => kind,
-                Then::Wait(delay) => {
-                    drop(response);
-                    tokio::time::sleep(delay).await;
-                    pending = spare;
-                    continue;
-                }
-            };
-            send::finish(
-                &self.span,
-                kind,
-                attempts,
-                response.as_ref().map(|r| r.status().as_u16()),
-                problem.as_ref(),
-            );
-            let Some(mut resp) = response else {
-                let reason = match kind {
-                    ReportKind::Exhausted(r) => r,
-                    _ => StopReason::Transport,
-                };
-                return Err(mw_error(Error::Exhausted {
-                    key: self.key,
-                    attempts,
-                    reason,
-                    last_status: None,
-                    elapsed,
-                }));
-            };
-            resp.extensions_mut().insert(Report {
-                key: self.key,
-                attempts,
-                elapsed,
-                kind,
-                problem,
-            });
-            return Ok(resp);
+            Some(Err(reqwest_middleware::Error::Reqwest(e)))
+                if e.is_timeout() || e.is_request() || e.is_body() =>
+            {
+                Err(TransportFailure::Ambiguous)
+            }
+            // An inner middleware's own error, or a builder error: not ours to retry.
+            Some(Err(e)) => return Err(e),
+        };
+        match sending.answered(attempts, attempted) {
+            send::Next::Wait(delay) => {
+                tokio::time::sleep(delay).await;
+                pending = spare;
+            }
+            send::Next::Done(done) => return done.map_err(mw_error),
         }
     }
 }
@@ -315,25 +249,16 @@ impl Send<'_> {
 /// [`MAX_PROBLEM_BYTES`]) and hands the response back rebuilt around the bytes.
 /// Any other body is not touched. `Err` when the body failed mid-read.
 async fn read_problem(resp: Response) -> Result<(Response, Option<Problem>), ()> {
-    let is_problem = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(Problem::is_problem_content_type);
     let small = resp
         .content_length()
         .is_some_and(|n| n <= MAX_PROBLEM_BYTES as u64);
-    if !is_problem || !small || resp.status() == StatusCode::NO_CONTENT {
+    if !send::announces_problem(resp.headers()) || !small || resp.status() == StatusCode::NO_CONTENT
+    {
         return Ok((resp, None));
     }
     let http_resp: http::Response<reqwest::Body> = resp.into();
     let (parts, body) = http_resp.into_parts();
-    let bytes: Bytes = Limited::new(body, MAX_PROBLEM_BYTES)
-        .collect()
-        .await
-        .map_err(|_| ())?
-        .to_bytes();
-    let problem = Problem::from_slice(&bytes);
+    let (bytes, problem) = send::collect_problem(body).await?;
     Ok((
         Response::from(http::Response::from_parts(parts, bytes)),
         problem,

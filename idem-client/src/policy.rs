@@ -1,7 +1,7 @@
 //! The decision core: one attempt's answer in, the next step out.
 //!
 //! No HTTP client here. A front-end sends, reads the answer into an
-//! [`AttemptView`], and asks [`Policy::decide`] what to do: return it (and as
+//! [`AttemptView`], and asks [`RetryPolicy::decide`] what to do: return it (and as
 //! what), wait and send again with the same key, or stop. Randomness and time
 //! come in as arguments, so every row of the behaviour table is a plain test.
 
@@ -12,13 +12,14 @@ use std::{
 };
 
 use http::{HeaderMap, HeaderName, StatusCode};
+use idem_core::wire::{ProblemCode, header};
 
 use crate::{Problem, StopReason, retry_after};
 
 /// What the send ended as, for a [`Step::Return`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum SendOutcome {
     /// The server ran the request now (any 2xx/3xx, a handler's own 4xx, a
     /// non-retryable 5xx): its answer.
     Fresh,
@@ -44,7 +45,7 @@ pub enum RetryReason {
     InFlight,
     /// A status or problem that says "later" (408, 425, 429, 5xx, `retryable: true`).
     Status(u16),
-    /// The caller's [`classify`](crate::Builder::classify) hook asked for it.
+    /// The caller's [`classify`](crate::IdempotencyClientBuilder::classify) hook asked for it.
     Classified,
 }
 
@@ -71,7 +72,7 @@ pub enum TransportFailure {
     Ambiguous,
 }
 
-/// One attempt's answer, as the policy (and a [`classify`](crate::Builder::classify) hook) sees it.
+/// One attempt's answer, as the policy (and a [`classify`](crate::IdempotencyClientBuilder::classify) hook) sees it.
 #[derive(Debug, Clone, Copy)]
 pub enum AttemptView<'a> {
     /// No response.
@@ -87,7 +88,7 @@ pub enum AttemptView<'a> {
     },
 }
 
-/// A [`classify`](crate::Builder::classify) hook's verdict, overriding the table.
+/// A [`classify`](crate::IdempotencyClientBuilder::classify) hook's verdict, overriding the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Decision {
@@ -105,7 +106,7 @@ pub enum Decision {
 #[non_exhaustive]
 pub enum Step {
     /// The send is over; this answer goes back as `outcome`.
-    Return(Outcome),
+    Return(SendOutcome),
     /// Wait `delay`, then send again with the same key.
     Retry {
         /// How long to wait first.
@@ -137,9 +138,9 @@ pub struct SendState {
 pub type Classify = Arc<dyn Fn(&AttemptView<'_>) -> Option<Decision> + Send + Sync>;
 
 /// The client's retry rules: attempt cap, backoff, time limits and the
-/// server-specific switches. Built through [`Builder`](crate::Builder).
+/// server-specific switches. Built through [`IdempotencyClientBuilder`](crate::IdempotencyClientBuilder).
 #[derive(Clone)]
-pub struct Policy {
+pub struct RetryPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) backoff_initial: Duration,
     pub(crate) backoff_max: Duration,
@@ -151,9 +152,9 @@ pub struct Policy {
     pub(crate) classify: Option<Classify>,
 }
 
-impl fmt::Debug for Policy {
+impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Policy")
+        f.debug_struct("RetryPolicy")
             .field("max_attempts", &self.max_attempts)
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)
@@ -167,7 +168,7 @@ impl fmt::Debug for Policy {
     }
 }
 
-impl Default for Policy {
+impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             max_attempts: 6,
@@ -177,47 +178,66 @@ impl Default for Policy {
             max_retry_after: Duration::from_secs(60),
             key_lifetime: None,
             retry_conflicts: false,
-            replayed_headers: vec![
-                HeaderName::from_static("idempotent-replayed"),
-                HeaderName::from_static("x-idempotent-replayed"),
-            ],
+            replayed_headers: header::REPLAY_MARKERS
+                .iter()
+                .map(|n| HeaderName::from_static(n))
+                .collect(),
             classify: None,
         }
     }
 }
 
-/// Problem codes that reject the request itself: never retried (rows 5–7).
-const REJECTED_CODES: &[&str] = &[
-    "missing_key",
-    "invalid_key",
-    "invalid_request",
-    "request_body_unreadable",
-    "request_too_large",
-    "fingerprint_mismatch",
-    "path_too_long",
-];
-/// Server problems that will not go away by resending (row 16).
-const FATAL_CODES: &[&str] = &[
-    "corrupt_record",
-    "store_error",
-    "owner_unavailable",
-    "operation_unavailable",
-];
-/// Server problems a resend with the same key recovers from (rows 15, 18).
-const TRANSIENT_CODES: &[&str] = &[
-    "handler_panicked",
-    "response_body_failed",
-    "store_unavailable",
-    "shutting_down",
-];
+/// What a problem code tells the table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CodeClass {
+    /// The request itself is rejected: never retried (rows 5–7).
+    Rejected,
+    /// Another attempt holds the key: wait and send again.
+    InFlight,
+    /// Done earlier, the response is gone.
+    AlreadyProcessed,
+    /// A server problem that will not go away by resending (row 16).
+    Fatal,
+    /// A server problem a resend with the same key recovers from (rows 15, 18).
+    Transient,
+    /// A code the table does not read (the webhook receiver's, another
+    /// server's own): `retryable`, then the status, decide.
+    Other,
+}
+
+impl CodeClass {
+    fn of(code: Option<ProblemCode>) -> Self {
+        use ProblemCode as C;
+        match code {
+            Some(
+                C::MissingKey
+                | C::InvalidKey
+                | C::InvalidRequest
+                | C::RequestBodyUnreadable
+                | C::RequestTooLarge
+                | C::FingerprintMismatch
+                | C::PathTooLong,
+            ) => Self::Rejected,
+            Some(C::InFlight | C::LeaseLost) => Self::InFlight,
+            Some(C::ResponseExpired | C::ResponseNotStored) => Self::AlreadyProcessed,
+            Some(
+                C::CorruptRecord | C::StoreError | C::OwnerUnavailable | C::OperationUnavailable,
+            ) => Self::Fatal,
+            Some(
+                C::HandlerPanicked | C::ResponseBodyFailed | C::StoreUnavailable | C::ShuttingDown,
+            ) => Self::Transient,
+            _ => Self::Other,
+        }
+    }
+}
 
 /// What the table says before time and attempt limits are applied.
 enum Verdict {
-    Return(Outcome),
+    Return(SendOutcome),
     Retry(RetryReason),
 }
 
-impl Policy {
+impl RetryPolicy {
     /// The key's lifetime minus the clock-skew margin (1 %, at least a minute),
     /// or `None` when the lifetime is unknown.
     #[must_use]
@@ -295,31 +315,31 @@ impl Policy {
         };
         // Row 4: a stored answer is final, whatever its status.
         if self.is_replayed(headers) {
-            return Verdict::Return(Outcome::Replayed);
+            return Verdict::Return(SendOutcome::Replayed);
         }
         let code = status.as_u16();
         if let Some(p) = problem
-            && let Some(c) = p.code.as_deref()
+            && p.code.is_some()
         {
-            if REJECTED_CODES.contains(&c) {
-                return Verdict::Return(Outcome::Rejected);
-            }
-            if matches!(c, "in_flight" | "lease_lost") {
-                return Verdict::Retry(RetryReason::InFlight);
-            }
-            if matches!(c, "response_expired" | "response_not_stored") {
-                return Verdict::Return(Outcome::AlreadyProcessed);
+            let class = CodeClass::of(p.problem_code());
+            match class {
+                CodeClass::Rejected => return Verdict::Return(SendOutcome::Rejected),
+                CodeClass::InFlight => return Verdict::Retry(RetryReason::InFlight),
+                CodeClass::AlreadyProcessed => {
+                    return Verdict::Return(SendOutcome::AlreadyProcessed);
+                }
+                _ => {}
             }
             // Row 20: `retryable` is authoritative when present.
             match p.retryable {
                 Some(true) => return Verdict::Retry(RetryReason::Status(code)),
-                Some(false) if FATAL_CODES.contains(&c) || status.is_server_error() => {
-                    return Verdict::Return(Outcome::Rejected);
+                Some(false) if class == CodeClass::Fatal || status.is_server_error() => {
+                    return Verdict::Return(SendOutcome::Rejected);
                 }
                 // A handler's own problem with `retryable: false` is its answer.
-                Some(false) => return Verdict::Return(Outcome::Fresh),
-                None if FATAL_CODES.contains(&c) => return Verdict::Return(Outcome::Rejected),
-                None if TRANSIENT_CODES.contains(&c) => {
+                Some(false) => return Verdict::Return(SendOutcome::Fresh),
+                None if class == CodeClass::Fatal => return Verdict::Return(SendOutcome::Rejected),
+                None if class == CodeClass::Transient => {
                     return Verdict::Retry(RetryReason::Status(code));
                 }
                 // Unknown code, no `retryable`: the status decides.
@@ -329,22 +349,24 @@ impl Policy {
         match code {
             408 | 425 | 429 | 500 | 502 | 503 | 504 => Verdict::Retry(RetryReason::Status(code)),
             // Row 12: a 409 that names a time to come back is "in progress".
-            409 if headers.contains_key(http::header::RETRY_AFTER)
-                || headers.contains_key("retry-after-ms") =>
+            409 if headers.contains_key(header::RETRY_AFTER)
+                || headers.contains_key(header::RETRY_AFTER_MS) =>
             {
                 Verdict::Retry(RetryReason::InFlight)
             }
             409 if self.retry_conflicts => Verdict::Retry(RetryReason::Status(409)),
             // Rows 3, 8, 13, 19: the answer, fresh.
-            _ => Verdict::Return(Outcome::Fresh),
+            _ => Verdict::Return(SendOutcome::Fresh),
         }
     }
 
     /// How a [`Decision::Return`] is reported: a replay stays a replay.
-    fn returned_as(&self, view: &AttemptView<'_>) -> Outcome {
+    fn returned_as(&self, view: &AttemptView<'_>) -> SendOutcome {
         match view {
-            AttemptView::Response { headers, .. } if self.is_replayed(headers) => Outcome::Replayed,
-            _ => Outcome::Fresh,
+            AttemptView::Response { headers, .. } if self.is_replayed(headers) => {
+                SendOutcome::Replayed
+            }
+            _ => SendOutcome::Fresh,
         }
     }
 
@@ -420,7 +442,7 @@ fn uniform(random: &mut dyn FnMut() -> u64, max: Duration) -> Duration {
     Duration::from_nanos(random() % nanos.saturating_add(1))
 }
 
-/// The OS generator as a `random` source for [`Policy::decide`].
+/// The OS generator as a `random` source for [`RetryPolicy::decide`].
 #[must_use]
 pub fn os_random() -> u64 {
     getrandom::u64().unwrap_or_else(|_| {

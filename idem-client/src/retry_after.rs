@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
+use idem_core::wire::header;
 
 /// The server's delay hint, from `retry-after-ms` (milliseconds) or
 /// `Retry-After` (delta-seconds or an HTTP-date, counted from `now`).
@@ -12,18 +13,14 @@ use http::HeaderMap;
 #[must_use]
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if let Some(ms) = headers
-        .get("retry-after-ms")
+        .get(header::RETRY_AFTER_MS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms < 1e12)
     {
         return Some(Duration::from_secs_f64(ms / 1000.0));
     }
-    let raw = headers
-        .get(http::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
+    let raw = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     if raw.bytes().all(|b| b.is_ascii_digit()) {
         let secs: u64 = raw.parse().ok()?;
         return (secs > 0).then(|| Duration::from_secs(secs));

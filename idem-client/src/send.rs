@@ -1,20 +1,27 @@
-//! What both front-ends do around the decision core: the span, the wait
-//! between attempts, and turning a step into a report.
+//! What both front-ends do around the decision core: the span, the answer
+//! read and decided on, the wait between attempts, and the report or error
+//! that ends a send. A front-end only sends and hands over what came back.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use http::{Extensions, HeaderMap, HeaderValue, Method};
+use bytes::Bytes;
+use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use idem_core::store::BoxDynError;
+use tokio::time::Instant;
 use tracing::{Span, field::Empty};
 
 use crate::{
-    Error, IdempotencyKey, Intent, Problem, ReportKind,
+    Error, IdempotencyKey, Intent, MAX_PROBLEM_BYTES, Problem, Report, ReportKind, StopReason,
     config::Config,
     key,
-    policy::{Outcome, RetryReason, Step},
+    policy::{AttemptView, RetryReason, SendOutcome, SendState, Step, TransportFailure, os_random},
 };
 
 /// A step, as a front-end acts on it.
-pub(crate) enum Then {
+enum Then {
     /// The send is over.
     Done(ReportKind),
     /// Wait, then send again.
@@ -22,7 +29,7 @@ pub(crate) enum Then {
 }
 
 /// Maps a step, and logs a retry (one `debug` event per retry).
-pub(crate) fn then(step: Step, attempt: u32) -> Then {
+fn then(step: Step, attempt: u32) -> Then {
     match step {
         Step::Retry {
             delay,
@@ -33,12 +40,183 @@ pub(crate) fn then(step: Step, attempt: u32) -> Then {
             crate::metrics::record_retry(reason);
             Then::Wait(delay)
         }
-        Step::Return(Outcome::Replayed) => Then::Done(ReportKind::Replayed),
-        Step::Return(Outcome::AlreadyProcessed) => Then::Done(ReportKind::AlreadyProcessed),
-        Step::Return(Outcome::Rejected) => Then::Done(ReportKind::Rejected),
+        Step::Return(SendOutcome::Replayed) => Then::Done(ReportKind::Replayed),
+        Step::Return(SendOutcome::AlreadyProcessed) => Then::Done(ReportKind::AlreadyProcessed),
+        Step::Return(SendOutcome::Rejected) => Then::Done(ReportKind::Rejected),
         Step::Return(_) => Then::Done(ReportKind::Fresh),
         Step::Stop(reason) => Then::Done(ReportKind::Exhausted(reason)),
     }
+}
+
+/// A response as the send reads it, whichever HTTP client made it.
+pub(crate) trait Answer {
+    /// The status.
+    fn status(&self) -> StatusCode;
+    /// The headers.
+    fn headers(&self) -> &HeaderMap;
+    /// Where the [`Report`] goes.
+    fn extensions_mut(&mut self) -> &mut Extensions;
+}
+
+impl<B> Answer for http::Response<B> {
+    fn status(&self) -> StatusCode {
+        self.status()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.headers()
+    }
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        self.extensions_mut()
+    }
+}
+
+/// What an attempt gave: a response (with its problem body, when read), or
+/// no response at all.
+pub(crate) type Attempted<R> = Result<(R, Option<Problem>), TransportFailure>;
+
+/// After an attempt: wait and send again, or the send's end.
+pub(crate) enum Next<R> {
+    /// Wait this long, then send again with the same key.
+    Wait(Duration),
+    /// The response to return (its [`Report`] in its extensions), or the
+    /// error that carries the key when there is none.
+    Done(Result<R, Error>),
+}
+
+/// One logical send, the same for both front-ends.
+pub(crate) struct Sending<'c> {
+    cfg: &'c Config,
+    key: IdempotencyKey,
+    key_age: Option<Duration>,
+    /// One attempt only (a body that cannot be sent twice).
+    single: bool,
+    span: Span,
+    start: Instant,
+}
+
+impl<'c> Sending<'c> {
+    /// A send starting now, in `span`.
+    pub(crate) fn new(
+        cfg: &'c Config,
+        key: IdempotencyKey,
+        key_age: Option<Duration>,
+        single: bool,
+        span: Span,
+    ) -> Self {
+        Self {
+            cfg,
+            key,
+            key_age,
+            single,
+            span,
+            start: Instant::now(),
+        }
+    }
+
+    /// Whether the send makes one attempt only (the reqwest front-end then
+    /// keeps no clone of the request).
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn is_single(&self) -> bool {
+        self.single
+    }
+
+    /// Runs one attempt within the configured limit: `None` when it passed
+    /// (the request may have been written).
+    pub(crate) async fn within<F: Future>(&self, attempt: F) -> Option<F::Output> {
+        match self.cfg.attempt_timeout {
+            Some(t) => tokio::time::timeout(t, attempt).await.ok(),
+            None => Some(attempt.await),
+        }
+    }
+
+    /// Decides on the `attempts`-th attempt's result: a wait (the response,
+    /// if any, is dropped), or the end of the send, recorded on its span.
+    pub(crate) fn answered<R: Answer>(&self, attempts: u32, attempted: Attempted<R>) -> Next<R> {
+        let elapsed = self.start.elapsed();
+        let (response, problem) = match attempted {
+            Ok((r, p)) => (Ok(r), p),
+            Err(f) => (Err(f), None),
+        };
+        let view = match &response {
+            Ok(r) => AttemptView::Response {
+                status: r.status(),
+                headers: r.headers(),
+                problem: problem.as_ref(),
+            },
+            Err(f) => AttemptView::Transport(*f),
+        };
+        let state = SendState {
+            attempts,
+            elapsed,
+            key_age: Some(self.key_age.unwrap_or_default() + elapsed),
+            now: SystemTime::now(),
+        };
+        let mut step = self.cfg.policy.decide(&view, state, &mut os_random);
+        if self.single && matches!(step, Step::Retry { .. }) {
+            step = Step::Stop(if response.is_ok() {
+                StopReason::MaxAttempts
+            } else {
+                StopReason::Transport
+            });
+        }
+        let kind = match then(step, attempts) {
+            Then::Done(kind) => kind,
+            Then::Wait(delay) => return Next::Wait(delay),
+        };
+        finish(
+            &self.span,
+            kind,
+            attempts,
+            response.as_ref().ok().map(|r| r.status().as_u16()),
+            problem.as_ref(),
+        );
+        let Ok(mut resp) = response else {
+            let reason = match kind {
+                ReportKind::Exhausted(r) => r,
+                _ => StopReason::Transport,
+            };
+            return Next::Done(Err(Error::Exhausted {
+                key: self.key.clone(),
+                attempts,
+                reason,
+                last_status: None,
+                elapsed,
+            }));
+        };
+        resp.extensions_mut().insert(Report {
+            key: self.key.clone(),
+            attempts,
+            elapsed,
+            kind,
+            problem,
+        });
+        Next::Done(Ok(resp))
+    }
+}
+
+/// Whether a response head announces a problem body
+/// (`application/problem+json`).
+pub(crate) fn announces_problem(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(Problem::is_problem_content_type)
+}
+
+/// Collects a problem body (at most [`MAX_PROBLEM_BYTES`]) and reads it; the
+/// bytes go back into the response. `Err` when the body failed mid-read.
+pub(crate) async fn collect_problem<B>(body: B) -> Result<(Bytes, Option<Problem>), ()>
+where
+    B: Body,
+    B::Error: Into<BoxDynError>,
+{
+    let bytes = Limited::new(body, MAX_PROBLEM_BYTES)
+        .collect()
+        .await
+        .map_err(|_| ())?
+        .to_bytes();
+    let problem = Problem::from_slice(&bytes);
+    Ok((bytes, problem))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -72,7 +250,7 @@ pub(crate) fn span(method: &http::Method, host: &str, path: &str, key: &Idempote
 }
 
 /// Records the end of a send on its span (and in the metrics).
-pub(crate) fn finish(
+fn finish(
     span: &Span,
     kind: ReportKind,
     attempts: u32,

@@ -6,31 +6,24 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::{Duration, SystemTime},
 };
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
-use tokio::time::Instant;
+use idem_core::store::BoxDynError;
+use idem_core::wire::DEFAULT_MAX_REQUEST_BODY;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
 
 use crate::{
-    Error, IdempotencyKey, MAX_PROBLEM_BYTES, Problem, Report, ReportKind, StopReason,
-    config::{Builder, Config, ConfigError},
-    policy::{AttemptView, SendState, TransportFailure, os_random},
-    send::{self, SingleAttempt, Then},
+    Error, MAX_PROBLEM_BYTES, Problem,
+    config::{ClientConfigError, Config, IdempotencyClientBuilder},
+    policy::TransportFailure,
+    send::{self, Sending, SingleAttempt},
 };
-
-/// The error type of [`IdempotencyClient`]: an [`Error`] of this crate
-/// (downcast it), or the inner service's own error.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// The largest request body collected for replay by default (2 MiB, as `idem-http`).
-pub const DEFAULT_MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
 
 /// A tower layer that gives every covered request one key, kept across its
 /// retries, and retries only what the server's answer allows.
@@ -38,7 +31,7 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
 /// The request body is collected once (up to [`max_request_body`](Self::max_request_body))
 /// so every attempt sends the same bytes; a larger body is
 /// [`Error::BodyNotReplayable`], nothing sent. Every response carries a
-/// [`Report`] in its extensions.
+/// [`Report`](crate::Report) in its extensions.
 #[derive(Debug, Clone)]
 pub struct IdempotencyClientLayer {
     config: Arc<Config>,
@@ -47,8 +40,8 @@ pub struct IdempotencyClientLayer {
 
 impl IdempotencyClientLayer {
     /// A builder with every default (the same one as the reqwest middleware).
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> IdempotencyClientBuilder {
+        IdempotencyClientBuilder::default()
     }
 
     /// The largest request body collected for replay (default 2 MiB).
@@ -59,13 +52,13 @@ impl IdempotencyClientLayer {
     }
 }
 
-impl Builder {
+impl IdempotencyClientBuilder {
     /// The tower layer.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a setting that cannot work.
-    pub fn build_layer(self) -> Result<IdempotencyClientLayer, ConfigError> {
+    /// [`ClientConfigError`] for a setting that cannot work.
+    pub fn build_layer(self) -> Result<IdempotencyClientLayer, ClientConfigError> {
         Ok(IdempotencyClientLayer {
             config: Arc::new(self.checked()?),
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
@@ -84,7 +77,9 @@ impl<S> Layer<S> for IdempotencyClientLayer {
     }
 }
 
-/// The service [`IdempotencyClientLayer`] makes.
+/// The service [`IdempotencyClientLayer`] makes. Its error is
+/// `idem_core::store::BoxDynError` (`tower::BoxError`): an [`Error`] of this
+/// crate (downcast it), or the inner service's own error.
 #[derive(Debug, Clone)]
 pub struct IdempotencyClient<S> {
     inner: S,
@@ -98,19 +93,19 @@ impl<S, B, RB> Service<Request<B>> for IdempotencyClient<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxDynError>,
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
-    B::Error: Into<BoxError>,
+    B::Error: Into<BoxDynError>,
     RB: Body + From<Bytes> + Send + 'static,
     RB::Data: Send,
-    RB::Error: Into<BoxError>,
+    RB::Error: Into<BoxDynError>,
 {
     type Response = Response<RB>;
-    type Error = BoxError;
-    type Future = BoxFuture<Result<Response<RB>, BoxError>>;
+    type Error = BoxDynError;
+    type Future = BoxFuture<Result<Response<RB>, BoxDynError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxDynError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
@@ -132,7 +127,7 @@ where
             let bytes = match Limited::new(body, limit).collect().await {
                 Ok(c) => c.to_bytes(),
                 Err(_) => {
-                    return Err(Box::new(send::refused(Error::BodyNotReplayable)) as BoxError);
+                    return Err(Box::new(send::refused(Error::BodyNotReplayable)) as BoxDynError);
                 }
             };
             let span = send::span(
@@ -141,131 +136,54 @@ where
                 parts.uri.path(),
                 &key,
             );
-            let send = TowerSend {
-                cfg: &cfg,
-                key,
-                key_age,
-                single,
-                span: span.clone(),
-            };
-            send.run(inner, parts, bytes).instrument(span).await
+            let sending = Sending::new(&cfg, key, key_age, single, span.clone());
+            run(&sending, inner, parts, bytes).instrument(span).await
         })
     }
 }
 
-struct TowerSend<'c> {
-    cfg: &'c Config,
-    key: IdempotencyKey,
-    key_age: Option<Duration>,
-    single: bool,
-    span: tracing::Span,
-}
-
-impl TowerSend<'_> {
-    async fn run<S, B, RB>(
-        self,
-        mut svc: S,
-        parts: http::request::Parts,
-        bytes: Bytes,
-    ) -> Result<Response<RB>, BoxError>
-    where
-        S: Service<Request<B>, Response = Response<RB>> + Clone,
-        S::Error: Into<BoxError>,
-        B: From<Bytes>,
-        RB: Body + From<Bytes>,
-        RB::Error: Into<BoxError>,
-    {
-        let start = Instant::now();
-        let mut attempts: u32 = 0;
-        loop {
-            if attempts > 0 {
-                svc = svc.clone();
-                std::future::poll_fn(|cx| svc.poll_ready(cx))
-                    .await
-                    .map_err(Into::into)?;
-            }
-            attempts += 1;
-            let mut req = Request::new(B::from(bytes.clone()));
-            *req.method_mut() = parts.method.clone();
-            *req.uri_mut() = parts.uri.clone();
-            *req.version_mut() = parts.version;
-            *req.headers_mut() = parts.headers.clone();
-            *req.extensions_mut() = parts.extensions.clone();
-            let fut = svc.call(req);
-            let result = match self.cfg.attempt_timeout {
-                Some(t) => tokio::time::timeout(t, fut).await.ok(),
-                None => Some(fut.await),
-            }
-            // The inner error itself is not kept: only that there was no answer.
-            .and_then(Result::ok);
-            let (response, problem) = match result {
-                Some(resp) => match read_problem(resp).await {
-                    Ok((resp, problem)) => (Some(resp), problem),
-                    Err(()) => (None, None),
-                },
-                // A generic service error cannot tell "not sent" from "sent,
-                // no answer": treated as ambiguous, safe with the same key.
-                None => (None, None),
-            };
-            let elapsed = start.elapsed();
-            let view = match &response {
-                Some(r) => AttemptView::Response {
-                    status: r.status(),
-                    headers: r.headers(),
-                    problem: problem.as_ref(),
-                },
-                None => AttemptView::Transport(TransportFailure::Ambiguous),
-            };
-            let state = SendState {
-                attempts,
-                elapsed,
-                key_age: Some(self.key_age.unwrap_or_default() + elapsed),
-                now: SystemTime::now(),
-            };
-            let mut step = self.cfg.policy.decide(&view, state, &mut os_random);
-            if self.single && matches!(step, crate::Step::Retry { .. }) {
-                step = crate::Step::Stop(if response.is_some() {
-                    StopReason::MaxAttempts
-                } else {
-                    StopReason::Transport
-                });
-            }
-            let kind = match send::then(step, attempts) {
-                Then::Done(kind) => kind,
-                Then::Wait(delay) => {
-                    drop(response);
-                    tokio::time::sleep(delay).await;
-                    continue;
-                }
-            };
-            send::finish(
-                &self.span,
-                kind,
-                attempts,
-                response.as_ref().map(|r| r.status().as_u16()),
-                problem.as_ref(),
-            );
-            let Some(mut resp) = response else {
-                let reason = match kind {
-                    ReportKind::Exhausted(r) => r,
-                    _ => StopReason::Transport,
-                };
-                return Err(Box::new(Error::Exhausted {
-                    key: self.key,
-                    attempts,
-                    reason,
-                    last_status: None,
-                    elapsed,
-                }));
-            };
-            resp.extensions_mut().insert(Report {
-                key: self.key,
-                attempts,
-                elapsed,
-                kind,
-                problem,
-            });
-            return Ok(resp);
+/// The attempts of one send, each a fresh request around the same bytes,
+/// each result handed to [`Sending::answered`].
+async fn run<S, B, RB>(
+    sending: &Sending<'_>,
+    mut svc: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+) -> Result<Response<RB>, BoxDynError>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxDynError>,
+    B: From<Bytes>,
+    RB: Body + From<Bytes>,
+    RB::Error: Into<BoxDynError>,
+{
+    let mut attempts: u32 = 0;
+    loop {
+        if attempts > 0 {
+            svc = svc.clone();
+            std::future::poll_fn(|cx| svc.poll_ready(cx))
+                .await
+                .map_err(Into::into)?;
+        }
+        attempts += 1;
+        let mut req = Request::new(B::from(bytes.clone()));
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = parts.uri.clone();
+        *req.version_mut() = parts.version;
+        *req.headers_mut() = parts.headers.clone();
+        *req.extensions_mut() = parts.extensions.clone();
+        // The inner error itself is not kept: only that there was no answer.
+        // A generic service error cannot tell "not sent" from "sent, no
+        // answer": treated as ambiguous, safe with the same key.
+        let attempted = match sending.within(svc.call(req)).await.and_then(Result::ok) {
+            Some(resp) => read_problem(resp)
+                .await
+                .map_err(|()| TransportFailure::Ambiguous),
+            None => Err(TransportFailure::Ambiguous),
+        };
+        match sending.answered(attempts, attempted) {
+            send::Next::Wait(delay) => tokio::time::sleep(delay).await,
+            send::Next::Done(done) => return done.map_err(Into::into),
         }
     }
 }
@@ -275,28 +193,18 @@ impl TowerSend<'_> {
 async fn read_problem<RB>(resp: Response<RB>) -> Result<(Response<RB>, Option<Problem>), ()>
 where
     RB: Body + From<Bytes>,
-    RB::Error: Into<BoxError>,
+    RB::Error: Into<BoxDynError>,
 {
-    let is_problem = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(Problem::is_problem_content_type);
     let small = resp
         .headers()
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok())
         .is_some_and(|n| n <= MAX_PROBLEM_BYTES);
-    if !is_problem || !small {
+    if !send::announces_problem(resp.headers()) || !small {
         return Ok((resp, None));
     }
     let (parts, body) = resp.into_parts();
-    let bytes = Limited::new(body, MAX_PROBLEM_BYTES)
-        .collect()
-        .await
-        .map_err(|_| ())?
-        .to_bytes();
-    let problem = Problem::from_slice(&bytes);
+    let (bytes, problem) = send::collect_problem(body).await?;
     Ok((Response::from_parts(parts, RB::from(bytes)), problem))
 }

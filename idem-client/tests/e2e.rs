@@ -22,7 +22,9 @@ use idem_client::{
     Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, ReportKind, Sent,
     StopReason,
 };
-use support::{Backend, Fault, RESPONSE_TTL, World, client, client_with, fault_proxy, one_key};
+use support::{
+    Backend, Fault, RESPONSE_TTL, World, client, client_with, fault_proxy, one_key, sent,
+};
 
 /// One `#[tokio::test]` per case, on `$backend`.
 macro_rules! e2e_suite {
@@ -116,14 +118,11 @@ async fn fresh_then_replay_is_marked_and_runs_once(w: World) {
 async fn transient_503_is_retried_until_it_succeeds_once(w: World) {
     w.knobs.fail.store(2, Ordering::SeqCst);
     let c = client();
-    let resp = c.post(w.url("/flaky")).body("{}").send().await.unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(w.url("/flaky")).body("{}")).await;
     assert_eq!(resp.status(), 201);
     assert_eq!((r.kind, r.attempts), (ReportKind::Fresh, 3));
     // Two released 503s and one stored success: three runs, one key.
-    assert_eq!(w.runs().await, 3);
-    assert_eq!(w.keys().len(), 3);
-    one_key(&w.keys());
+    w.ran_with_one_key(3, 3).await;
     // The stored success is never run again: resending the minted key
     // (row 23: the caller resends with `report.key`) replays it.
     let again = c
@@ -172,8 +171,7 @@ async fn in_flight_sequence(w: World) {
             .attempt_timeout(Some(Duration::from_millis(300)))
             .deadline(Duration::from_secs(10)),
     );
-    let resp = c.post(w.url("/slow")).body("{}").send().await.unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(w.url("/slow")).body("{}")).await;
     // Three attempts on an unloaded machine; one more if a 409 itself took
     // longer than the attempt timeout.
     assert_eq!(r.kind, ReportKind::Replayed, "{r:?}");
@@ -182,10 +180,8 @@ async fn in_flight_sequence(w: World) {
     // replay came no earlier than that.
     assert!(r.elapsed >= Duration::from_millis(3_300), "{r:?}");
     assert_eq!(resp.status(), 201);
-    assert_eq!(w.runs().await, 1);
     // Every attempt reached the server, the timed-out one included.
-    assert_eq!(w.keys().len(), r.attempts as usize);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, r.attempts as usize).await;
 }
 
 /// Two clients send one intent with the same body at the same moment: one
@@ -227,9 +223,7 @@ async fn handler_422_not_retried(w: World) {
     let r = second.idem_report().unwrap().clone();
     assert_eq!(second.status(), 422);
     assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 1));
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 async fn fingerprint_mismatch_is_terminal(w: World) {
@@ -244,14 +238,7 @@ async fn fingerprint_mismatch_is_terminal(w: World) {
         .await
         .unwrap();
     assert_eq!(first.idem_report().unwrap().kind, ReportKind::Fresh);
-    let other = c
-        .post(&url)
-        .body(r#"{"amount":2}"#)
-        .intent(&intent)
-        .send()
-        .await
-        .unwrap();
-    let r = other.idem_report().unwrap().clone();
+    let (other, r) = sent(c.post(&url).body(r#"{"amount":2}"#).intent(&intent)).await;
     assert_eq!(
         (other.status().as_u16(), r.kind, r.attempts),
         (422, ReportKind::Rejected, 1)
@@ -263,9 +250,7 @@ async fn fingerprint_mismatch_is_terminal(w: World) {
         }
         other => panic!("expected Rejected, got {other:?}"),
     }
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2, "one attempt each");
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 /// Row 11: past the server's `response_ttl` (its clock moved, not ours),
@@ -302,9 +287,7 @@ async fn response_expired_is_already_processed(w: World) {
         }
         other => panic!("expected AlreadyProcessed, got {other:?}"),
     }
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 /// Row 18: the store fails the claim twice (503 `store_unavailable`,
@@ -312,19 +295,11 @@ async fn response_expired_is_already_processed(w: World) {
 async fn store_unavailable_then_ok(w: World) {
     w.knobs.fail_claims.store(2, Ordering::SeqCst);
     let c = client();
-    let resp = c
-        .post(w.url("/orders"))
-        .body(body_json())
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(w.url("/orders")).body(body_json())).await;
     assert_eq!((r.kind, r.attempts), (ReportKind::Fresh, 3), "{r:?}");
     assert_eq!(resp.status(), 201);
     assert!(r.elapsed >= Duration::from_secs(2), "{r:?}");
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 3);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 3).await;
 }
 
 async fn deadline_bounds_the_send(w: World) {
@@ -384,19 +359,19 @@ async fn persisted_intent_survives_client_restart(w: World) {
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     let loaded: Intent = serde_json::from_str(&saved).unwrap();
-    let resp = client()
-        .post(w.url("/orders"))
-        .body(body_json())
-        .intent(&loaded)
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(
+        client()
+            .post(w.url("/orders"))
+            .body(body_json())
+            .intent(&loaded),
+    )
+    .await;
     assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 1), "{r:?}");
     assert_eq!(resp.status(), 201);
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    assert_eq!(one_key(&w.keys()), format!("\"{}\"", loaded.key()));
+    assert_eq!(
+        w.ran_with_one_key(1, 2).await,
+        format!("\"{}\"", loaded.key())
+    );
 }
 
 async fn key_lifetime_refuses(w: World) {
@@ -440,14 +415,7 @@ async fn streaming_body_refused(w: World) {
         "{err:?}"
     );
     assert!(w.keys().is_empty(), "nothing reached the server");
-    let once = c
-        .post(w.url("/orders"))
-        .body(stream())
-        .single_attempt()
-        .send()
-        .await
-        .unwrap();
-    let r = once.idem_report().unwrap().clone();
+    let (_once, r) = sent(c.post(w.url("/orders")).body(stream()).single_attempt()).await;
     assert_eq!((r.kind, r.attempts), (ReportKind::Fresh, 1));
     assert_eq!(w.runs().await, 1);
     assert_eq!(w.keys().len(), 1, "sent once, with a key");
@@ -489,13 +457,7 @@ async fn outer_retry_layer_keeps_key(w: World) {
                 .unwrap(),
         )
         .build();
-    let resp = c
-        .post(format!("{}/orders", proxy.base))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (_resp, r) = sent(c.post(format!("{}/orders", proxy.base)).body("{}")).await;
     assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 1), "{r:?}");
     // Dropped, replayed (inner retry), replayed (outer second pass).
     assert_eq!(w.keys().len(), 3);
@@ -526,7 +488,7 @@ async fn structured_and_bare_keys(w: World) {
     assert_eq!(w.runs().await, 1);
     // The `Bare` syntax writes a minted key as is.
     let bare =
-        client_with(IdempotencyMiddleware::builder().key_syntax(idem_client::KeySyntax::Bare));
+        client_with(IdempotencyMiddleware::builder().key_syntax(idem_client::KeyEncoding::Bare));
     let intent = Intent::random();
     let resp = bare
         .post(&url)
@@ -563,19 +525,16 @@ async fn get_passes_through_without_a_key(w: World) {
 
 async fn dropped_response_is_replayed(w: World) {
     let proxy = fault_proxy(w.base(), vec![Fault::DropResponse, Fault::Pass]).await;
-    let resp = client()
-        .post(format!("{}/orders", proxy.base))
-        .body(body_json())
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(
+        client()
+            .post(format!("{}/orders", proxy.base))
+            .body(body_json()),
+    )
+    .await;
     // Row 2 (ambiguous) then row 4: the retry gets the stored answer.
     assert_eq!((r.kind, r.attempts), (ReportKind::Replayed, 2), "{r:?}");
     assert_eq!(resp.status(), 201);
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 /// Row 2, a client timeout after the request was written: the proxy holds
@@ -595,13 +554,7 @@ async fn timed_out_attempt_landing_late_runs_once(w: World) {
             .attempt_timeout(Some(Duration::from_millis(200)))
             .deadline(Duration::from_secs(10)),
     );
-    let resp = c
-        .post(format!("{}/orders", proxy.base))
-        .body(body_json())
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (_resp, r) = sent(c.post(format!("{}/orders", proxy.base)).body(body_json())).await;
     assert_eq!((r.kind, r.attempts), (ReportKind::Fresh, 2), "{r:?}");
     assert_eq!(w.keys().len(), 1, "attempt 1 is still held by the proxy");
     // Bounded: the held attempt arrives about 800 ms after it was sent.
@@ -658,10 +611,8 @@ async fn server_restart_between_attempts(mut w: World) {
     assert_eq!(resp.status(), 201);
     let body = resp.text().await.unwrap();
     assert!(body.starts_with(r#"{"id":"ord_1""#), "{body}");
-    assert_eq!(w.runs().await, 1);
     // The dropped attempt and the replay reached a server, with one key.
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
     let lines = lines.lock().unwrap().clone().join("\n");
     assert!(
         lines.contains("reason=transport"),

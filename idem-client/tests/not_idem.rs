@@ -32,8 +32,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_client::{
-    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeySyntax,
-    ReportKind, Sent, StopReason,
+    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding,
+    Report, ReportKind, Sent, StopReason,
 };
 use support::{Fault, client_with, fault_proxy, one_key};
 
@@ -215,9 +215,9 @@ impl Server {
 
 /// The client as a Stripe user would set it: bare keys (Stripe takes the raw
 /// value), short backoff for the tests.
-fn stripe_client() -> idem_client::Builder {
+fn stripe_client() -> idem_client::IdempotencyClientBuilder {
     IdempotencyMiddleware::builder()
-        .key_syntax(KeySyntax::Bare)
+        .key_syntax(KeyEncoding::Bare)
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .deadline(Duration::from_secs(10))
 }
@@ -257,13 +257,7 @@ async fn lost_response_is_retried_with_the_key_and_replayed() {
     let s = Server::start().await;
     let proxy = fault_proxy(s.base.clone(), vec![Fault::DropResponse, Fault::Pass]).await;
     let c = client_with(stripe_client());
-    let resp = c
-        .post(format!("{}/v1/charges", proxy.base))
-        .body(PARAMS)
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(format!("{}/v1/charges", proxy.base)).body(PARAMS)).await;
     assert_eq!(
         (resp.status().as_u16(), r.kind, r.attempts),
         (200, ReportKind::Replayed, 2)
@@ -294,28 +288,14 @@ async fn bare_409_while_the_first_runs() {
         tokio::task::yield_now().await;
     }
     let default = client_with(stripe_client());
-    let resp = default
-        .post(&slow)
-        .body(PARAMS)
-        .intent(&intent)
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(default.post(&slow).body(PARAMS).intent(&intent)).await;
     assert_eq!(
         (resp.status().as_u16(), r.kind, r.attempts),
         (409, ReportKind::Fresh, 1)
     );
     // Backoff polls until the first ends (the deadline bounds them).
     let waiting = client_with(stripe_client().retry_conflicts(true).max_attempts(200));
-    let resp = waiting
-        .post(&slow)
-        .body(PARAMS)
-        .intent(&intent)
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(waiting.post(&slow).body(PARAMS).intent(&intent)).await;
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(r.kind, ReportKind::Replayed, "{r:?}");
     assert!(r.attempts >= 2, "{r:?}");
@@ -338,14 +318,7 @@ async fn other_parameters_under_a_used_key_are_not_retried() {
         .send()
         .await
         .unwrap();
-    let resp = c
-        .post(s.url())
-        .body(r#"{"amount":200}"#)
-        .intent(&intent)
-        .send()
-        .await
-        .unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(s.url()).body(r#"{"amount":200}"#).intent(&intent)).await;
     assert_eq!((resp.status().as_u16(), r.attempts), (400, 1), "{r:?}");
     assert_ne!(r.kind, ReportKind::Replayed);
     assert_eq!(s.runs(), 1);
@@ -387,8 +360,7 @@ async fn rate_limit_429_waits_for_retry_after() {
     let s = Server::start().await;
     s.api.rate_limited.store(1, Ordering::SeqCst);
     let c = client_with(stripe_client());
-    let resp = c.post(s.url()).body(PARAMS).send().await.unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(s.url()).body(PARAMS)).await;
     assert_eq!(
         (resp.status().as_u16(), r.kind, r.attempts),
         (200, ReportKind::Fresh, 2)
@@ -406,8 +378,7 @@ async fn bare_503_is_retried_with_backoff() {
     let s = Server::start().await;
     s.api.unavailable.store(2, Ordering::SeqCst);
     let c = client_with(stripe_client());
-    let resp = c.post(s.url()).body(PARAMS).send().await.unwrap();
-    let r = resp.idem_report().unwrap().clone();
+    let (resp, r) = sent(c.post(s.url()).body(PARAMS)).await;
     assert_eq!(
         (resp.status().as_u16(), r.kind, r.attempts),
         (200, ReportKind::Fresh, 3)
@@ -452,4 +423,11 @@ async fn refusals_until_the_deadline_return_the_key() {
     assert_eq!(s.runs(), 0);
     assert!(s.keys().len() >= 2, "{:?}", s.keys());
     one_key(&s.keys());
+}
+
+/// Sends and returns the response with its report.
+async fn sent(request: reqwest_middleware::RequestBuilder) -> (reqwest::Response, Report) {
+    let resp = request.send().await.unwrap();
+    let report = resp.idem_report().unwrap().clone();
+    (resp, report)
 }

@@ -21,9 +21,10 @@ use axum::{
     routing::post,
 };
 use http_body_util::BodyExt;
-use idem_client::{BoxError, Error, IdempotencyClientLayer, Intent, Report, ReportKind};
+use idem_client::{Error, IdempotencyClientLayer, Intent, Report, ReportKind};
 use idem_core::{Idem, MemoryStore, Policy};
 use idem_http::{FixedOwner, IdempotencyLayer};
+use tower::BoxError;
 use tower::{Layer, ServiceExt};
 
 #[derive(Clone, Default)]

@@ -18,8 +18,9 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use idem_client::{BoxError, Intent, Report, ReportKind};
-use support::{Fault, World, fault_proxy, one_key};
+use idem_client::{Intent, Report, ReportKind};
+use support::{Fault, World, fault_proxy};
+use tower::BoxError;
 use tower::{Service, ServiceExt};
 
 macro_rules! tower_suite {
@@ -59,7 +60,7 @@ type Resp = Response<axum::body::Body>;
 
 /// hyper-util's client (one connection per attempt) under the layer.
 fn client(
-    b: idem_client::Builder,
+    b: idem_client::IdempotencyClientBuilder,
 ) -> impl Service<Request<Full<Bytes>>, Response = Resp, Error = BoxError, Future: Send>
 + Clone
 + Send
@@ -81,7 +82,7 @@ where
     r.map(axum::body::Body::new)
 }
 
-fn quick() -> idem_client::Builder {
+fn quick() -> idem_client::IdempotencyClientBuilder {
     idem_client::IdempotencyClientLayer::builder()
         .backoff(Duration::from_millis(10), Duration::from_millis(50))
         .deadline(Duration::from_secs(10))
@@ -119,9 +120,7 @@ async fn dropped_response_is_replayed(w: World) {
         (status, r.kind, r.attempts),
         (StatusCode::CREATED, ReportKind::Replayed, 2)
     );
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 async fn server_restart_between_attempts(mut w: World) {
@@ -155,9 +154,7 @@ async fn server_restart_between_attempts(mut w: World) {
     assert!(r.attempts >= 3, "{r:?}");
     assert!(r.elapsed >= Duration::from_millis(1_500), "{r:?}");
     assert!(body.starts_with(br#"{"id":"ord_1""#));
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 2);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, 2).await;
 }
 
 async fn in_flight_sequence(w: World) {
@@ -172,9 +169,7 @@ async fn in_flight_sequence(w: World) {
     // attempt if a 409 itself took longer than the timeout on a loaded machine.
     assert!(r.attempts >= 3, "{r:?}");
     assert!(r.elapsed >= Duration::from_millis(3_300), "{r:?}");
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), r.attempts as usize);
-    one_key(&w.keys());
+    w.ran_with_one_key(1, r.attempts as usize).await;
 }
 
 async fn concurrent_sends_one_intent(w: World) {
@@ -190,7 +185,8 @@ async fn concurrent_sends_one_intent(w: World) {
     assert_eq!(kinds, [ReportKind::Fresh, ReportKind::Replayed]);
     assert_eq!((a.0, b.0), (StatusCode::CREATED, StatusCode::CREATED));
     assert_eq!(a.2, b.2);
-    assert_eq!(w.runs().await, 1);
-    assert_eq!(w.keys().len(), 3);
-    assert_eq!(one_key(&w.keys()), format!("\"{}\"", intent.key()));
+    assert_eq!(
+        w.ran_with_one_key(1, 3).await,
+        format!("\"{}\"", intent.key())
+    );
 }

@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use idem_core::Outcome;
+use idem_core::wire::ProblemCode;
 
 /// What the adapter tells the broker. Adapters translate it and nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,11 +73,12 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// A short, stable code (`fingerprint_mismatch`, `invalid_message`,
-    /// `permanent_failure`, `internal`), for a DLQ header or a metric label.
+    /// `permanent_failure`, `internal`), for a DLQ header or a metric label;
+    /// the wire's [`ProblemCode`] where one names the same answer.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
-            Self::FingerprintMismatch => "fingerprint_mismatch",
+            Self::FingerprintMismatch => ProblemCode::FingerprintMismatch.as_str(),
             Self::InvalidMessage => "invalid_message",
             Self::PermanentFailure => "permanent_failure",
             Self::Internal => "internal",
@@ -128,7 +130,8 @@ pub enum Cause {
 
 impl Cause {
     /// A short, stable code (`succeeded`, `in_flight`, ...), safe as a
-    /// metrics label.
+    /// metrics label; the wire's [`ProblemCode`] where one names the same
+    /// answer.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -136,12 +139,12 @@ impl Cause {
             Self::PermanentFailure => "permanent_failure",
             Self::TransientFailure => "transient_failure",
             Self::Replayed => "replayed",
-            Self::InFlight => "in_flight",
-            Self::LeaseLost => "lease_lost",
+            Self::InFlight => ProblemCode::InFlight.as_str(),
+            Self::LeaseLost => ProblemCode::LeaseLost.as_str(),
             Self::AlreadyDone => "already_done",
-            Self::FingerprintMismatch => "fingerprint_mismatch",
+            Self::FingerprintMismatch => ProblemCode::FingerprintMismatch.as_str(),
             Self::InvalidMessage => "invalid_message",
-            Self::StoreUnavailable => "store_unavailable",
+            Self::StoreUnavailable => ProblemCode::StoreUnavailable.as_str(),
             Self::NotStored => "not_stored",
             Self::Panicked => "panicked",
             Self::Internal => "internal",

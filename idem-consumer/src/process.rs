@@ -6,21 +6,19 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use idem_core::adapter::{EngineExt, Prepared};
+use idem_core::adapter::{EngineExt, Prepared, fingerprint_raw};
 use idem_core::error::RequestError;
-use idem_core::store::Fingerprint;
 use idem_core::store::Store;
 use idem_core::{
     Attempt, Begin, Error, IdempotencyKey, Outcome, RawJson, RecordId, Reply, Storable,
 };
-use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
 use crate::config::{Consumer, ConsumerPermanentFailure, FingerprintMode};
 use crate::disposition::{Cause, DeadLetterReason, Disposition, Processed};
 
-/// Tags the fingerprints this crate computes itself, so they never equal a
-/// JSON fingerprint.
+/// Tags the fingerprints this crate computes itself ([`fingerprint_raw`]),
+/// so they never equal a JSON fingerprint.
 const BYTES_TAG: &[u8] = b"idem-consumer-bytes-v1\0";
 const IGNORED_TAG: &[u8] = b"idem-consumer-ignored-v1\0";
 
@@ -83,30 +81,20 @@ impl<S: Store> Consumer<S> {
             .unwrap_or_else(|_| IdempotencyKey::derive(inner.scope.owner(), message_id));
         let id = RecordId::new(inner.scope.clone(), key);
         let fingerprint = match inner.fingerprint {
-            FingerprintMode::Ignore => tagged(IGNORED_TAG, inner.scope.operation(), b""),
+            FingerprintMode::Ignore => fingerprint_raw(IGNORED_TAG, inner.scope.operation(), b""),
             FingerprintMode::Payload => match RawJson(payload).parse() {
                 Ok(value) => {
                     // The engine's own fingerprint (and field filter) over the JSON.
                     return inner.idem.prepare(&inner.scope, id.key().clone(), &value);
                 }
                 Err(RequestError::NotJson(_)) => {
-                    tagged(BYTES_TAG, inner.scope.operation(), payload)
+                    fingerprint_raw(BYTES_TAG, inner.scope.operation(), payload)
                 }
                 Err(e) => return Err(Error::InvalidRequest(e)),
             },
         };
         Ok(Prepared::new(id, fingerprint))
     }
-}
-
-/// SHA-256 over a tag, the length-prefixed operation and the bytes.
-fn tagged(tag: &[u8], operation: &str, bytes: &[u8]) -> Fingerprint {
-    let mut h = Sha256::new();
-    h.update(tag);
-    h.update((operation.len() as u64).to_be_bytes());
-    h.update(operation.as_bytes());
-    h.update(bytes);
-    Fingerprint::from_bytes(h.finalize().into())
 }
 
 impl<'a, S: Store> Delivered<'a, S> {
@@ -302,4 +290,24 @@ pub(crate) fn rejected<T, E>(message_id: &str, e: &Error, retry: Disposition) ->
         }
     };
     Processed::bare(disposition, cause)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fingerprints of a payload that is not JSON and of an ignored one,
+    /// pinned: stored records hold them, so a change would turn every
+    /// redelivery of a stored message into a mismatch.
+    #[test]
+    fn byte_fingerprints_keep_their_stored_values() {
+        assert_eq!(
+            fingerprint_raw(BYTES_TAG, "orders", b"\xff\x00raw").to_hex(),
+            "79a11c1cf0f46104663f0f68eeb6415d4bc7168c7217e73c0707c37d2794a478"
+        );
+        assert_eq!(
+            fingerprint_raw(IGNORED_TAG, "orders", b"").to_hex(),
+            "331c84d5eeb017565802134958214f55fd2ba8b78c18f26125ce2bb2b59177f8"
+        );
+    }
 }

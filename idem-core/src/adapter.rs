@@ -26,4 +26,4 @@
 pub use crate::builder::{PermanentFailurePolicy, ScopeSetting, ScopeSettingError};
 pub use crate::engine::adapter::{ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared};
 pub use crate::fingerprint::value::canonical_json;
-pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint};
+pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint, fingerprint_raw, sha256_hex};

@@ -4,7 +4,8 @@
 // The application API is re-exported at the root (below); each module is one
 // layer of the architecture, and the public ones are the three other tiers:
 // `ops` (operators), `store` (backend implementers), `adapter` (adapters that
-// run the engine on their own terms).
+// run the engine on their own terms), and `wire`, the names of the answers
+// every adapter gives whatever its protocol.
 mod builder;
 mod engine;
 mod fingerprint;
@@ -17,6 +18,7 @@ pub mod adapter;
 pub mod clock;
 pub mod ops;
 pub mod store;
+pub mod wire;
 
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]

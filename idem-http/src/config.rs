@@ -12,8 +12,8 @@ use idem_core::IdempotencyKey;
 
 use crate::envelope::FingerprintSpec;
 use crate::headers::{Class, HeaderPolicy};
-use crate::key::KeyHeaderSyntax;
 use crate::problem::ProblemTypes;
+use idem_core::wire::{DEFAULT_MAX_REQUEST_BODY, KeySyntax, header};
 
 /// Whether covered requests must carry a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,7 +106,7 @@ pub(crate) type Classifier = Arc<dyn Fn(&http::response::Parts) -> Class + Send 
 pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key: KeyRequirement,
-    pub(crate) key_syntax: KeyHeaderSyntax,
+    pub(crate) key_syntax: KeySyntax,
     pub(crate) key_header: HeaderName,
     pub(crate) key_validator: Option<KeyValidator>,
     pub(crate) operation: OperationSource,
@@ -132,19 +132,19 @@ impl Default for Config {
         Self {
             methods: vec![Method::POST, Method::PATCH],
             key: KeyRequirement::Required,
-            key_syntax: KeyHeaderSyntax::Lenient,
-            key_header: HeaderName::from_static("idempotency-key"),
+            key_syntax: KeySyntax::Lenient,
+            key_header: HeaderName::from_static(header::IDEMPOTENCY_KEY),
             key_validator: None,
             operation: OperationSource::Path,
             namespace: KeyNamespace::PerRoute,
             fingerprint: FingerprintSpec::default(),
-            max_request_body: 2 * 1024 * 1024,
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
             classify: None,
             stored_headers: HeaderPolicy::default(),
-            replayed_headers: vec![
-                HeaderName::from_static("idempotent-replayed"),
-                HeaderName::from_static("x-idempotent-replayed"),
-            ],
+            replayed_headers: header::REPLAY_MARKERS
+                .iter()
+                .map(|n| HeaderName::from_static(n))
+                .collect(),
             replayed_names: Vec::new(),
             problem_types: ProblemTypes::Draft,
             docs_url: None,

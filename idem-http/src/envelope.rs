@@ -2,12 +2,11 @@
 //! makes two HTTP requests "the same request", as JSON arrays and strings so
 //! the framing is injective.
 
-use idem_core::adapter::fingerprint;
+use idem_core::adapter::{fingerprint, sha256_hex};
 use idem_core::error::RequestError;
 use idem_core::store::Fingerprint;
 use idem_core::{FieldFilter, RawJson};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 /// How the body enters the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -238,8 +237,7 @@ fn essence(content_type: Option<&[u8]>) -> String {
 }
 
 fn raw(req: &RequestView<'_>) -> Value {
-    let digest = Sha256::digest(req.body);
-    json!({"raw": hex(&digest), "type": essence(req.content_type)})
+    json!({"raw": sha256_hex(req.body), "type": essence(req.content_type)})
 }
 
 fn auto_body(req: &RequestView<'_>) -> Result<Value, RequestError> {

@@ -16,11 +16,11 @@ use tower_layer::Layer;
 use crate::config::{Config, KeyNamespace, KeyRequirement, OperationSource};
 use crate::envelope::FingerprintSpec;
 use crate::headers::{Class, HeaderPolicy};
-use crate::key::KeyHeaderSyntax;
 use crate::owner::{NoOwner, OwnerSource};
 use crate::problem::ProblemTypes;
 use crate::service::IdempotencyService;
 use crate::state::{Link, Shared};
+use idem_core::wire::KeySyntax;
 
 /// A configuration [`IdempotencyLayerBuilder::build`] refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,7 +175,7 @@ impl<S: Store, O> IdempotencyLayerBuilder<S, O> {
 
     /// The key syntax (default lenient: sf-string or bare).
     #[must_use]
-    pub fn key_syntax(mut self, s: KeyHeaderSyntax) -> Self {
+    pub fn key_syntax(mut self, s: KeySyntax) -> Self {
         self.cfg.key_syntax = s;
         self
     }

@@ -21,8 +21,6 @@ mod state;
 // Steps 2-6: key, owner and operation (the scope), body, fingerprint.
 mod request;
 
-mod key;
-
 mod envelope;
 
 // Steps 7-10: the engine, the handler and its extensions, capture.
@@ -59,9 +57,9 @@ pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 pub use extract::NotCovered;
 pub use extract::{IdemAttempt, IdemKey};
 pub use headers::{Class, HeaderPolicy};
-pub use key::{KeyHeaderError, KeyHeaderSyntax};
+pub use idem_core::wire::{KeyHeaderError, KeySyntax, ProblemCode};
 pub use layer::{HttpConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use owner::{ExtensionOwner, FixedOwner, NoOwner, OwnerId, OwnerSource};
-pub use problem::{ProblemCode, ProblemTypes};
+pub use problem::ProblemTypes;
 pub use rejection::Rejection;
 pub use service::{IdempotencyService, ResponseFuture};

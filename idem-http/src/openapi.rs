@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::config::KeyRequirement;
 use crate::layer::IdempotencyLayer;
-use crate::problem::ProblemCode;
+use idem_core::wire::ProblemCode;
 
 /// The shipped YAML document (defaults).
 pub const YAML: &str = include_str!("../openapi/idempotency.yaml");

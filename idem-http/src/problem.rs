@@ -1,186 +1,16 @@
 //! RFC 9457 problem documents for every answer the layer gives on its own
-//! (the README's "Problems"): the closed set of codes, their titles and
-//! `type` URIs, and the rendering to `(status, headers, bytes)`.
+//! (the README's "Problems"): the `type` URIs of the codes (one closed set,
+//! [`ProblemCode`], idem-core's wire vocabulary), and the rendering to
+//! `(status, headers, bytes)`.
 
 use std::fmt;
 use std::sync::Arc;
 
-use idem_core::Error;
-use serde_json::{Map, Value};
+use idem_core::wire::{self, ProblemCode, header};
 
 /// The draft every key rule comes from.
 pub(crate) const DRAFT: &str =
     "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07";
-
-/// The stable `code` member of every problem the layer answers with: one
-/// closed set, so a title, a `type` URI or an OpenAPI enum cannot miss one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ProblemCode {
-    /// 400: no key on a route that requires one.
-    MissingKey,
-    /// 400: the key field is malformed or refused by the key validator.
-    InvalidKey,
-    /// 422: the key was used with a different request.
-    FingerprintMismatch,
-    /// 409: a request with this key is outstanding.
-    InFlight,
-    /// 409: done, the stored response expired.
-    ResponseExpired,
-    /// 409: done, the response was not stored.
-    ResponseNotStored,
-    /// 409: a newer attempt took the record over.
-    LeaseLost,
-    /// 413: the request body is over the limit.
-    RequestTooLarge,
-    /// 400: the request body failed while being read.
-    RequestBodyUnreadable,
-    /// 414: the path is too long to name the operation
-    /// ([`OperationSource::Path`](crate::OperationSource::Path)).
-    PathTooLong,
-    /// 500 (configurable): the owner cannot be determined.
-    OwnerUnavailable,
-    /// 500: the operation cannot be named as configured.
-    OperationUnavailable,
-    /// 503: the store is unavailable; nothing ran.
-    StoreUnavailable,
-    /// 503: the layer is shutting down.
-    ShuttingDown,
-    /// 500: a stored record cannot be read.
-    CorruptRecord,
-    /// 500: the handler panicked.
-    HandlerPanicked,
-    /// 500: the handler's response body failed.
-    ResponseBodyFailed,
-    /// 400: the request cannot be fingerprinted (a JSON body naming a
-    /// member twice).
-    InvalidRequest,
-    /// 500: the store refused the call (not retried).
-    StoreError,
-    /// 400 (webhook receiver): the signature headers are missing or cannot
-    /// be parsed, or the verified body cannot be read for its event id.
-    MalformedWebhook,
-    /// 400 (webhook receiver): the delivery is verified but carries no
-    /// event id.
-    MissingEventId,
-    /// 401 (webhook receiver): no signature matches any secret.
-    InvalidSignature,
-    /// 401 (webhook receiver): the signed timestamp is outside the
-    /// tolerance.
-    StaleWebhook,
-}
-
-impl ProblemCode {
-    /// Every code, in the README's table order.
-    pub const ALL: &'static [Self] = &[
-        Self::MissingKey,
-        Self::InvalidKey,
-        Self::FingerprintMismatch,
-        Self::InFlight,
-        Self::ResponseExpired,
-        Self::ResponseNotStored,
-        Self::LeaseLost,
-        Self::RequestTooLarge,
-        Self::RequestBodyUnreadable,
-        Self::PathTooLong,
-        Self::OwnerUnavailable,
-        Self::OperationUnavailable,
-        Self::StoreUnavailable,
-        Self::ShuttingDown,
-        Self::CorruptRecord,
-        Self::HandlerPanicked,
-        Self::ResponseBodyFailed,
-        Self::InvalidRequest,
-        Self::StoreError,
-        Self::MalformedWebhook,
-        Self::MissingEventId,
-        Self::InvalidSignature,
-        Self::StaleWebhook,
-    ];
-
-    /// The code as sent in the `code` member (`missing_key`, ...).
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::MissingKey => "missing_key",
-            Self::InvalidKey => "invalid_key",
-            Self::FingerprintMismatch => "fingerprint_mismatch",
-            Self::InFlight => "in_flight",
-            Self::ResponseExpired => "response_expired",
-            Self::ResponseNotStored => "response_not_stored",
-            Self::LeaseLost => "lease_lost",
-            Self::RequestTooLarge => "request_too_large",
-            Self::RequestBodyUnreadable => "request_body_unreadable",
-            Self::PathTooLong => "path_too_long",
-            Self::OwnerUnavailable => "owner_unavailable",
-            Self::OperationUnavailable => "operation_unavailable",
-            Self::StoreUnavailable => "store_unavailable",
-            Self::ShuttingDown => "shutting_down",
-            Self::CorruptRecord => "corrupt_record",
-            Self::HandlerPanicked => "handler_panicked",
-            Self::ResponseBodyFailed => "response_body_failed",
-            Self::InvalidRequest => "invalid_request",
-            Self::StoreError => "store_error",
-            Self::MalformedWebhook => "malformed_webhook",
-            Self::MissingEventId => "missing_event_id",
-            Self::InvalidSignature => "invalid_signature",
-            Self::StaleWebhook => "stale_webhook",
-        }
-    }
-
-    /// The problem's `title`.
-    #[must_use]
-    pub const fn title(self) -> &'static str {
-        match self {
-            Self::MissingKey => "Idempotency-Key is missing",
-            Self::InvalidKey => "Idempotency-Key is invalid",
-            Self::FingerprintMismatch => "Idempotency-Key is already used",
-            Self::InFlight => "A request is outstanding for this Idempotency-Key",
-            Self::ResponseExpired | Self::ResponseNotStored => "This request was already processed",
-            Self::LeaseLost => "A newer attempt took over this Idempotency-Key",
-            Self::RequestTooLarge => "Request body too large for idempotency",
-            Self::RequestBodyUnreadable => "Request body could not be read",
-            Self::PathTooLong => "Request path too long for idempotency",
-            Self::OwnerUnavailable => "Caller identity unavailable",
-            Self::OperationUnavailable => "Operation name unavailable",
-            Self::StoreUnavailable => "Idempotency store unavailable",
-            Self::ShuttingDown => "Server is shutting down",
-            Self::CorruptRecord => "Idempotency record unreadable",
-            Self::HandlerPanicked => "The operation failed unexpectedly",
-            Self::ResponseBodyFailed => "The response could not be completed",
-            Self::InvalidRequest => "Request cannot be fingerprinted",
-            Self::StoreError => "Idempotency store error",
-            Self::MalformedWebhook => "Webhook signature headers are malformed",
-            Self::MissingEventId => "Webhook event id is missing",
-            Self::InvalidSignature => "Webhook signature is invalid",
-            Self::StaleWebhook => "Webhook timestamp is outside the tolerance",
-        }
-    }
-
-    /// The code of an engine error. The layer parses keys and builds scopes
-    /// itself, so core's key and scope errors do not reach it from the
-    /// engine; they map to the nearest HTTP code all the same.
-    pub(crate) fn of_engine(e: &Error) -> Self {
-        match e {
-            Error::InvalidKey(_) => Self::InvalidKey,
-            Error::InvalidScope(_) | Error::InvalidRequest(_) => Self::InvalidRequest,
-            Error::FingerprintMismatch => Self::FingerprintMismatch,
-            Error::InFlight { .. } => Self::InFlight,
-            Error::ResponseExpired { .. } => Self::ResponseExpired,
-            Error::ResponseNotStored { .. } => Self::ResponseNotStored,
-            Error::LeaseLost { .. } => Self::LeaseLost,
-            Error::Store(s) if s.is_retryable() => Self::StoreUnavailable,
-            Error::CorruptRecord { .. } => Self::CorruptRecord,
-            _ => Self::StoreError,
-        }
-    }
-}
-
-impl fmt::Display for ProblemCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// How problem `type` URIs are formed.
 #[derive(Clone, Default)]
@@ -267,33 +97,28 @@ impl Problem {
     #[must_use]
     pub(crate) fn render(&self, types: &ProblemTypes, docs_url: Option<&str>) -> Rendered {
         let instance = format!("urn:uuid:{}", uuid_v4());
-        let mut body = Map::new();
-        body.insert("type".into(), types.uri(self.code).into());
-        body.insert("title".into(), self.code.title().into());
-        body.insert("status".into(), self.status.into());
-        body.insert("detail".into(), self.detail.clone().into());
-        body.insert("instance".into(), instance.clone().into());
-        body.insert("code".into(), self.code.as_str().into());
-        body.insert("retryable".into(), self.retryable.into());
-        if let Some(k) = &self.idempotency_key {
-            body.insert("idempotency_key".into(), truncate(k, 300).into());
-        }
-        if let Some(r) = &self.resource_id {
-            body.insert("resource_id".into(), r.clone().into());
-        }
-        if let Some(s) = self.retry_after {
-            body.insert("retry_after".into(), s.max(1).into());
-        }
-        if let Some(l) = self.limit {
-            body.insert("limit".into(), l.into());
-        }
+        let mut body = wire::Problem::default();
+        body.type_ = Some(types.uri(self.code));
+        body.title = Some(self.code.title().to_owned());
+        body.status = Some(self.status);
+        body.detail = Some(self.detail.clone());
+        body.instance = Some(instance.clone());
+        body.code = Some(self.code.as_str().to_owned());
+        body.retryable = Some(self.retryable);
+        body.idempotency_key = self
+            .idempotency_key
+            .as_deref()
+            .map(|k| truncate(k, 300).to_owned());
+        body.resource_id.clone_from(&self.resource_id);
+        body.retry_after = self.retry_after.map(|s| s.max(1));
+        body.limit = self.limit.map(|l| u64::try_from(l).unwrap_or(u64::MAX));
         let mut headers = vec![
-            ("content-type", "application/problem+json".to_owned()),
+            ("content-type", wire::Problem::CONTENT_TYPE.to_owned()),
             ("cache-control", "no-store".to_owned()),
             ("content-language", "en".to_owned()),
         ];
         if let Some(s) = self.retry_after {
-            headers.push(("retry-after", s.max(1).to_string()));
+            headers.push((header::RETRY_AFTER, s.max(1).to_string()));
         }
         if let Some(url) = docs_url {
             headers.push((
@@ -304,7 +129,7 @@ impl Problem {
         Rendered {
             status: self.status,
             headers,
-            body: Value::Object(body).to_string().into_bytes(),
+            body: body.to_json().to_string().into_bytes(),
             instance,
         }
     }
@@ -366,15 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn codes_are_distinct_snake_case() {
-        let mut seen: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
-        assert!(
-            seen.iter()
-                .all(|c| c.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
-        );
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen.len(), ProblemCode::ALL.len());
+    fn draft_types_name_the_draft_sections() {
         assert_eq!(
             ProblemTypes::Draft.uri(ProblemCode::InFlight),
             format!("{DRAFT}#section-2.6")

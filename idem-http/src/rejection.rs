@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use idem_core::Error;
 
-use crate::key::KeyHeaderError;
-use crate::problem::{Problem, ProblemCode};
+use crate::problem::Problem;
+use idem_core::wire::KeyHeaderError;
+use idem_core::wire::{ProblemCode, retry_after_secs};
 
 /// Everything the layer answers on its own (rendered as
 /// `application/problem+json`). The handler never ran for any of them,
@@ -118,7 +119,7 @@ impl Rejection {
             Self::ResponseBodyFailed => ProblemCode::ResponseBodyFailed,
             Self::HandlerPanicked { .. } => ProblemCode::HandlerPanicked,
             Self::ShuttingDown => ProblemCode::ShuttingDown,
-            Self::Engine(e) => ProblemCode::of_engine(e),
+            Self::Engine(e) => ProblemCode::of_error(e),
             Self::MalformedWebhook { .. } => ProblemCode::MalformedWebhook,
             Self::InvalidSignature => ProblemCode::InvalidSignature,
             Self::StaleWebhook { .. } => ProblemCode::StaleWebhook,
@@ -204,7 +205,7 @@ impl Rejection {
             }
             Self::Engine(e @ (Error::Store(_) | Error::CorruptRecord { .. })) => {
                 // Store and corruption details stay in logs.
-                ProblemCode::of_engine(e).title().to_owned()
+                ProblemCode::of_error(e).title().to_owned()
             }
             Self::Engine(e) => e.to_string(),
             Self::MalformedWebhook { reason } => format!("malformed webhook: {reason}"),
@@ -220,11 +221,7 @@ impl Rejection {
     /// The problem to render. `key` is the received key, when there was one.
     #[must_use]
     pub(crate) fn problem(&self, key: Option<&str>) -> Problem {
-        let retry_after = self.retry_after().map(|d| {
-            u64::try_from(d.as_millis().div_ceil(1000))
-                .unwrap_or(u64::MAX)
-                .max(1)
-        });
+        let retry_after = self.retry_after().map(retry_after_secs);
         let idempotency_key = match self {
             Self::InvalidKey { received, .. } => received.clone(),
             Self::MissingKey => None,

@@ -24,12 +24,12 @@ use crate::envelope::{
     BodyFingerprint, FingerprintSpec, PathSource, RequestView, fingerprint_request,
 };
 use crate::exec::Answer;
-use crate::key::{KeyHeaderError, parse_key_header};
 use crate::owner::OwnerSource;
 use crate::rejection::Rejection;
 use crate::respond::reject;
 use crate::service::{Mode, Step};
 use crate::state::Shared;
+use idem_core::wire::{KeyHeaderError, parse_key_field};
 
 /// The `Idempotency-Key` layer's mode is its owner source: the key comes
 /// from the key header, the scope from the owner and the operation, and
@@ -175,11 +175,11 @@ where
     }
 }
 
-/// The key header through `parse_key_header` and the layer's validator.
+/// The key header through `parse_key_field` and the layer's validator.
 fn read_key(cfg: &Config, parts: &Parts) -> Result<Option<IdempotencyKey>, Rejection> {
     let lines: Vec<&HeaderValue> = parts.headers.get_all(&cfg.key_header).iter().collect();
     let raw: Vec<&[u8]> = lines.iter().map(|v| v.as_bytes()).collect();
-    let key = match parse_key_header(&raw, cfg.key_syntax) {
+    let key = match parse_key_field(&raw, cfg.key_syntax) {
         Ok(Some(k)) => k,
         Ok(None) => return Ok(None),
         Err(reason) => {

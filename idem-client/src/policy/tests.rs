@@ -27,11 +27,10 @@ fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
 }
 
 fn problem(code: &str, retryable: Option<bool>) -> Problem {
-    Problem {
-        code: Some(code.to_owned()),
-        retryable,
-        ..Problem::default()
-    }
+    let mut p = Problem::default();
+    p.code = Some(code.to_owned());
+    p.retryable = retryable;
+    p
 }
 
 /// Random source at the top of its range: every jitter is at its maximum.
@@ -40,7 +39,7 @@ fn max_random() -> u64 {
 }
 
 fn decide_with(
-    policy: &Policy,
+    policy: &RetryPolicy,
     status: u16,
     h: &[(&'static str, &str)],
     p: Option<Problem>,
@@ -56,7 +55,7 @@ fn decide_with(
 }
 
 fn decide(status: u16, h: &[(&'static str, &str)], p: Option<Problem>) -> Step {
-    decide_with(&Policy::default(), status, h, p, state(1, 0))
+    decide_with(&RetryPolicy::default(), status, h, p, state(1, 0))
 }
 
 fn is_retry(step: &Step) -> bool {
@@ -72,7 +71,7 @@ fn retry_delay(step: &Step) -> Duration {
 
 #[test]
 fn row01_connect_failure_retries_then_stops_as_transport() {
-    let p = Policy::default();
+    let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Connect);
     let step = p.decide(&view, state(1, 0), &mut || 0);
     assert!(
@@ -91,7 +90,7 @@ fn row01_connect_failure_retries_then_stops_as_transport() {
 
 #[test]
 fn row02_ambiguous_transport_failure_retries_same_key_then_stops() {
-    let p = Policy::default();
+    let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Ambiguous);
     let step = p.decide(&view, state(2, 0), &mut || 0);
     assert!(
@@ -111,7 +110,11 @@ fn row02_ambiguous_transport_failure_retries_same_key_then_stops() {
 #[test]
 fn row03_success_without_marker_is_fresh() {
     for s in [200, 201, 204, 302] {
-        assert_eq!(decide(s, &[], None), Step::Return(Outcome::Fresh), "{s}");
+        assert_eq!(
+            decide(s, &[], None),
+            Step::Return(SendOutcome::Fresh),
+            "{s}"
+        );
     }
 }
 
@@ -124,14 +127,14 @@ fn row04_replay_marker_on_any_status_is_replayed() {
     ] {
         assert_eq!(
             decide(s, &[(name, "true")], None),
-            Step::Return(Outcome::Replayed),
+            Step::Return(SendOutcome::Replayed),
             "{s}"
         );
     }
     // "false" is no marker.
     assert_eq!(
         decide(200, &[("idempotent-replayed", "false")], None),
-        Step::Return(Outcome::Fresh)
+        Step::Return(SendOutcome::Fresh)
     );
 }
 
@@ -147,7 +150,7 @@ fn row05_request_problems_400_are_rejected() {
         for r in [None, Some(false), Some(true)] {
             assert_eq!(
                 decide(400, &[("retry-after", "1")], Some(problem(code, r))),
-                Step::Return(Outcome::Rejected),
+                Step::Return(SendOutcome::Rejected),
                 "{code} {r:?}"
             );
         }
@@ -158,26 +161,30 @@ fn row05_request_problems_400_are_rejected() {
 fn row06_request_too_large_413_is_rejected() {
     assert_eq!(
         decide(413, &[], Some(problem("request_too_large", Some(false)))),
-        Step::Return(Outcome::Rejected)
+        Step::Return(SendOutcome::Rejected)
     );
 }
 
 #[test]
 fn row07_fingerprint_mismatch_422_is_never_retried() {
     let step = decide(422, &[], Some(problem("fingerprint_mismatch", Some(false))));
-    assert_eq!(step, Step::Return(Outcome::Rejected));
+    assert_eq!(step, Step::Return(SendOutcome::Rejected));
 }
 
 #[test]
 fn row08_handler_4xx_without_idem_problem_is_its_answer() {
     for s in [400, 401, 402, 404, 422] {
-        assert_eq!(decide(s, &[], None), Step::Return(Outcome::Fresh), "{s}");
+        assert_eq!(
+            decide(s, &[], None),
+            Step::Return(SendOutcome::Fresh),
+            "{s}"
+        );
     }
     // A handler's own problem body: a 422 whose code is not idem's.
     let step = decide(422, &[], Some(problem("validation_failed", Some(false))));
-    assert_eq!(step, Step::Return(Outcome::Fresh));
+    assert_eq!(step, Step::Return(SendOutcome::Fresh));
     let step = decide(422, &[], Some(problem("validation_failed", None)));
-    assert_eq!(step, Step::Return(Outcome::Fresh));
+    assert_eq!(step, Step::Return(SendOutcome::Fresh));
 }
 
 #[test]
@@ -186,7 +193,7 @@ fn row09_408_and_425_retry_after_else_backoff_then_stop() {
         let d = retry_delay(&decide(s, &[("retry-after", "2")], None));
         assert!(d >= Duration::from_secs(2), "{s}: {d:?}");
         assert!(is_retry(&decide(s, &[], None)), "{s}");
-        let spent = decide_with(&Policy::default(), s, &[], None, state(6, 0));
+        let spent = decide_with(&RetryPolicy::default(), s, &[], None, state(6, 0));
         assert_eq!(spent, Step::Stop(StopReason::MaxAttempts), "{s}");
     }
 }
@@ -194,7 +201,7 @@ fn row09_408_and_425_retry_after_else_backoff_then_stop() {
 #[test]
 fn row10_in_flight_waits_retry_after_plus_jitter_same_key() {
     for code in ["in_flight", "lease_lost"] {
-        let p = Policy::default();
+        let p = RetryPolicy::default();
         let h = [("retry-after", "3")];
         let lo = retry_delay(&decide_with(
             &p,
@@ -250,7 +257,7 @@ fn row11_response_expired_or_not_stored_is_already_processed() {
     for code in ["response_expired", "response_not_stored"] {
         assert_eq!(
             decide(409, &[], Some(problem(code, Some(false)))),
-            Step::Return(Outcome::AlreadyProcessed),
+            Step::Return(SendOutcome::AlreadyProcessed),
             "{code}"
         );
     }
@@ -271,7 +278,7 @@ fn row12_409_with_retry_after_and_no_code_waits_as_in_flight() {
     );
     assert!(retry_delay(&step) >= Duration::from_secs(1));
     let step = decide_with(
-        &Policy::default(),
+        &RetryPolicy::default(),
         409,
         &[("retry-after", "1")],
         None,
@@ -282,10 +289,10 @@ fn row12_409_with_retry_after_and_no_code_waits_as_in_flight() {
 
 #[test]
 fn row13_other_409_is_returned_unless_retry_conflicts() {
-    assert_eq!(decide(409, &[], None), Step::Return(Outcome::Fresh));
-    let stripe = Policy {
+    assert_eq!(decide(409, &[], None), Step::Return(SendOutcome::Fresh));
+    let stripe = RetryPolicy {
         retry_conflicts: true,
-        ..Policy::default()
+        ..RetryPolicy::default()
     };
     let step = decide_with(
         &stripe,
@@ -302,7 +309,7 @@ fn row14_429_retry_after_else_backoff_then_stop() {
     let d = retry_delay(&decide(429, &[("retry-after", "5")], None));
     assert!(d >= Duration::from_secs(5));
     assert!(is_retry(&decide(429, &[], None)));
-    let spent = decide_with(&Policy::default(), 429, &[], None, state(6, 0));
+    let spent = decide_with(&RetryPolicy::default(), 429, &[], None, state(6, 0));
     assert_eq!(spent, Step::Stop(StopReason::MaxAttempts));
 }
 
@@ -321,7 +328,7 @@ fn row15_500_retryable_problem_is_retried_as_a_recovery() {
             "{code}"
         );
         let spent = decide_with(
-            &Policy::default(),
+            &RetryPolicy::default(),
             500,
             &[],
             Some(problem(code, Some(true))),
@@ -337,7 +344,7 @@ fn row16_500_non_retryable_server_problem_is_rejected() {
         for r in [Some(false), None] {
             assert_eq!(
                 decide(500, &[], Some(problem(code, r))),
-                Step::Return(Outcome::Rejected),
+                Step::Return(SendOutcome::Rejected),
                 "{code} {r:?}"
             );
         }
@@ -352,7 +359,7 @@ fn row17_500_502_504_without_problem_back_off_same_key() {
             matches!(step, Step::Retry { reason: RetryReason::Status(x), .. } if x == s),
             "{s}"
         );
-        let spent = decide_with(&Policy::default(), s, &[], None, state(6, 0));
+        let spent = decide_with(&RetryPolicy::default(), s, &[], None, state(6, 0));
         assert_eq!(spent, Step::Stop(StopReason::MaxAttempts));
     }
 }
@@ -370,7 +377,11 @@ fn row18_503_honours_retry_after_else_backoff() {
 #[test]
 fn row19_other_5xx_is_returned() {
     for s in [501, 505, 511] {
-        assert_eq!(decide(s, &[], None), Step::Return(Outcome::Fresh), "{s}");
+        assert_eq!(
+            decide(s, &[], None),
+            Step::Return(SendOutcome::Fresh),
+            "{s}"
+        );
     }
 }
 
@@ -383,11 +394,11 @@ fn row20_unknown_problem_follows_retryable_then_status() {
     )));
     assert_eq!(
         decide(503, &[], Some(problem("vendor_gone", Some(false)))),
-        Step::Return(Outcome::Rejected)
+        Step::Return(SendOutcome::Rejected)
     );
     assert_eq!(
         decide(418, &[], Some(problem("vendor_teapot", Some(false)))),
-        Step::Return(Outcome::Fresh)
+        Step::Return(SendOutcome::Fresh)
     );
     // No `retryable`: the status decides.
     assert!(is_retry(&decide(
@@ -397,16 +408,16 @@ fn row20_unknown_problem_follows_retryable_then_status() {
     )));
     assert_eq!(
         decide(418, &[], Some(problem("vendor_teapot", None))),
-        Step::Return(Outcome::Fresh)
+        Step::Return(SendOutcome::Fresh)
     );
 }
 
 #[test]
 fn row22_key_past_lifetime_minus_margin_is_not_sent() {
     let day = Duration::from_secs(86_400);
-    let p = Policy {
+    let p = RetryPolicy {
         key_lifetime: Some(30 * day),
-        ..Policy::default()
+        ..RetryPolicy::default()
     };
     // Margin: 1 % of 30 days = 7.2 h (more than the 1 min floor).
     assert_eq!(
@@ -417,13 +428,13 @@ fn row22_key_past_lifetime_minus_margin_is_not_sent() {
     assert!(!p.key_usable(Some(40 * day)));
     assert!(!p.key_usable(Some(30 * day - Duration::from_secs(3600))));
     assert!(
-        Policy::default().key_usable(Some(400 * day)),
+        RetryPolicy::default().key_usable(Some(400 * day)),
         "unknown lifetime: no limit"
     );
     // A short lifetime still keeps a one-minute margin.
-    let short = Policy {
+    let short = RetryPolicy {
         key_lifetime: Some(Duration::from_secs(90)),
-        ..Policy::default()
+        ..RetryPolicy::default()
     };
     assert_eq!(short.usable_key_lifetime(), Some(Duration::from_secs(30)));
     // And a retry whose wait would cross it stops the send.
@@ -435,7 +446,7 @@ fn row22_key_past_lifetime_minus_margin_is_not_sent() {
 
 #[test]
 fn classify_overrides_the_table() {
-    let p = Policy {
+    let p = RetryPolicy {
         classify: Some(Arc::new(|v: &AttemptView<'_>| match v {
             AttemptView::Response { headers, .. }
                 if headers.contains_key("stripe-should-retry") =>
@@ -447,7 +458,7 @@ fn classify_overrides_the_table() {
             }
             _ => None,
         })),
-        ..Policy::default()
+        ..RetryPolicy::default()
     };
     let step = decide_with(
         &p,
@@ -459,7 +470,7 @@ fn classify_overrides_the_table() {
     assert_eq!(retry_delay(&step), Duration::from_millis(700));
     assert_eq!(
         decide_with(&p, 502, &[], None, state(1, 0)),
-        Step::Return(Outcome::Fresh)
+        Step::Return(SendOutcome::Fresh)
     );
     // Limits still bound a classified retry.
     let spent = decide_with(
@@ -474,7 +485,7 @@ fn classify_overrides_the_table() {
 
 #[test]
 fn full_jitter_stays_within_its_cap() {
-    let p = Policy::default();
+    let p = RetryPolicy::default();
     // Cap for retry n: min(10 s, 200 ms · 2^n).
     for (n, cap_ms) in [
         (0, 200),
@@ -494,9 +505,9 @@ fn full_jitter_stays_within_its_cap() {
 
 #[test]
 fn deadline_counts_the_wait() {
-    let p = Policy {
+    let p = RetryPolicy {
         deadline: Duration::from_secs(2),
-        ..Policy::default()
+        ..RetryPolicy::default()
     };
     // A 503 asking for 30 s, with 2 s left: stop at once, nothing is waited.
     let step = decide_with(&p, 503, &[("retry-after", "30")], None, state(1, 0));

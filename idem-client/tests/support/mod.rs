@@ -347,6 +347,14 @@ impl World {
     pub fn keys(&self) -> Vec<String> {
         self.knobs.keys()
     }
+    /// Asserts that the handler ran `runs` times and the server saw `sends`
+    /// requests, all with one key; returns that key as sent.
+    pub async fn ran_with_one_key(&self, runs: usize, sends: usize) -> String {
+        assert_eq!(self.runs().await, runs, "handler runs");
+        let keys = self.keys();
+        assert_eq!(keys.len(), sends, "requests seen: {keys:?}");
+        one_key(&keys).to_owned()
+    }
     /// Stops the server as a process exit would: listener, connections and
     /// store handles all dropped, nothing answered.
     pub fn stop(&mut self) {
@@ -743,7 +751,9 @@ pub fn client() -> reqwest_middleware::ClientWithMiddleware {
 }
 
 /// A client with these settings; one connection per attempt.
-pub fn client_with(b: idem_client::Builder) -> reqwest_middleware::ClientWithMiddleware {
+pub fn client_with(
+    b: idem_client::IdempotencyClientBuilder,
+) -> reqwest_middleware::ClientWithMiddleware {
     let inner = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -754,6 +764,16 @@ pub fn client_with(b: idem_client::Builder) -> reqwest_middleware::ClientWithMid
 }
 
 /// Every recorded key field is the same; returns it.
+/// Sends and returns the response with its report.
+pub async fn sent(
+    request: reqwest_middleware::RequestBuilder,
+) -> (reqwest::Response, idem_client::Report) {
+    use idem_client::IdemResponseExt;
+    let resp = request.send().await.unwrap();
+    let report = resp.idem_report().unwrap().clone();
+    (resp, report)
+}
+
 pub fn one_key(keys: &[String]) -> &str {
     assert!(!keys.is_empty(), "no key was recorded");
     assert!(keys.iter().all(|k| k == &keys[0]), "keys differ: {keys:?}");

@@ -6,13 +6,7 @@ use std::time::Duration;
 
 use crate::error::{KeyError, RequestError, ScopeError};
 use crate::store::StoreError;
-
-/// Whole seconds for a `Retry-After` header: rounded up, at least 1.
-pub(crate) fn retry_after_secs(d: Duration) -> u64 {
-    u64::try_from(d.as_millis().div_ceil(1000))
-        .unwrap_or(u64::MAX)
-        .max(1)
-}
+use crate::wire::ProblemCode;
 
 /// How long to wait after a lost lease or an unavailable store.
 pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
@@ -163,18 +157,11 @@ impl Error {
     #[must_use]
     pub fn code(&self) -> &'static str {
         match self {
-            Self::InvalidKey(_) => "invalid_key",
+            // Finer than the wire's code (`invalid_request`, `store_error`):
+            // neither reaches an adapter.
             Self::InvalidScope(_) => "invalid_scope",
-            Self::InvalidRequest(_) => "invalid_request",
             Self::InvalidCursor => "invalid_cursor",
-            Self::FingerprintMismatch => "fingerprint_mismatch",
-            Self::InFlight { .. } => "in_flight",
-            Self::ResponseExpired { .. } => "response_expired",
-            Self::ResponseNotStored { .. } => "response_not_stored",
-            Self::LeaseLost { .. } => "lease_lost",
-            Self::Store(e) if e.is_retryable() => "store_unavailable",
-            Self::Store(_) => "store_error",
-            Self::CorruptRecord { .. } => "corrupt_record",
+            e => ProblemCode::of_error(e).as_str(),
         }
     }
 

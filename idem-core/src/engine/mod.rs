@@ -23,10 +23,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use self::adapter::{EngineExt, Prepared};
 pub use self::core::Idem;
 use crate::clock::Timestamp;
-use crate::engine::error::retry_after_secs;
 use crate::store::Fingerprint;
 use crate::store::{OutcomeKind, RecordState};
 use crate::store::{Store, StoredRecord};
+use crate::wire::retry_after_secs;
 use crate::{
     Attempt, Begin, Error, InFlightMode, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
 };

@@ -301,20 +301,50 @@ pub(crate) fn fingerprint_via_value<R: Serialize + ?Sized>(
     Ok(digest(operation, &canonical, exact_ints))
 }
 
-/// SHA-256 over the version tag, the length-prefixed operation and the
-/// canonical bytes. (The tag depends on the whole request, so the bytes are
+/// The JSON fingerprint of canonical bytes: [`fingerprint_raw`] under the
+/// version tag. (The tag depends on the whole request, so the bytes are
 /// complete before hashing starts.)
 fn digest(operation: &str, canonical: &[u8], exact_ints: bool) -> Fingerprint {
-    let mut hasher = Sha256::new();
-    hasher.update(if exact_ints {
+    let tag = if exact_ints {
         FINGERPRINT_V2
     } else {
         FINGERPRINT_V1
-    });
+    };
+    fingerprint_raw(tag, operation, canonical)
+}
+
+/// Fingerprints raw bytes for `operation` under `tag`: SHA-256 over the tag,
+/// the operation's length (8 bytes, big-endian), the operation and the
+/// bytes. The one layout of every fingerprint: [`fingerprint`] is this over
+/// the canonical JSON under its own version tags, and an adapter that
+/// fingerprints bytes that are not JSON (a queue message's payload) calls it
+/// under a tag of its own, ending in a NUL byte, so the two never collide.
+///
+/// ```
+/// use idem_core::adapter::{fingerprint, fingerprint_raw};
+/// use idem_core::FieldFilter;
+///
+/// let bytes = fingerprint_raw(b"my-adapter-bytes-v1\0", "ingest", b"\x00\x01");
+/// assert_eq!(bytes, fingerprint_raw(b"my-adapter-bytes-v1\0", "ingest", b"\x00\x01"));
+/// let json = fingerprint("ingest", &serde_json::json!(1), &FieldFilter::All).unwrap();
+/// assert_eq!(json, fingerprint_raw(b"idem-fp-v1\0", "ingest", b"1"));
+/// ```
+#[must_use]
+pub fn fingerprint_raw(tag: &[u8], operation: &str, bytes: &[u8]) -> Fingerprint {
+    let mut hasher = Sha256::new();
+    hasher.update(tag);
     hasher.update((operation.len() as u64).to_be_bytes());
     hasher.update(operation.as_bytes());
-    hasher.update(canonical);
+    hasher.update(bytes);
     Fingerprint(hasher.finalize().into())
+}
+
+/// Lowercase hex of the SHA-256 of raw bytes: how a body that is not
+/// fingerprinted as JSON stands in a request's description (idem-http's
+/// envelope), and the event id of a webhook delivery that carries none.
+#[must_use]
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 thread_local! {

@@ -11,6 +11,7 @@ use idem_core::Idem;
 use idem_core::Scope;
 use idem_core::adapter::{ScopeSetting, ScopeSettingError};
 use idem_core::store::Store;
+use idem_core::wire::header;
 use tower_layer::Layer;
 
 use super::config::{
@@ -333,7 +334,7 @@ impl<S: Store> WebhookLayerBuilder<S> {
 /// marker, 503 for an in-flight duplicate, and the layer's defaults (the
 /// 2 MiB body limit, detached handlers, lease renewal).
 fn webhook_config() -> Config {
-    let marker = HeaderName::from_static("idempotent-replayed");
+    let marker = HeaderName::from_static(header::IDEMPOTENT_REPLAYED);
     Config {
         methods: vec![Method::POST],
         classify: Some(Arc::new(|p: &http::response::Parts| class(p.status))),

@@ -13,10 +13,11 @@ use idem_core::IdempotencyKey;
 use idem_core::RawJson;
 use idem_core::RecordId;
 use idem_core::adapter::Prepared;
+use idem_core::adapter::sha256_hex;
 use idem_core::error::RequestError;
 use idem_core::store::BoxDynError;
 use idem_core::store::Store;
-use sha2::{Digest, Sha256};
+use idem_core::wire::header::IDEMPOTENT_REPLAYED;
 use tracing::{Span, error, info_span, warn};
 
 use super::config::{DuplicateAnswer, WebhookMode, WebhookPermanentFailure};
@@ -253,7 +254,7 @@ fn ack<B>(replayed: bool) -> Response<IdemBody<B>> {
     let mut res = Response::new(IdemBody::full(Bytes::new()));
     if replayed {
         res.headers_mut().insert(
-            http::HeaderName::from_static("idempotent-replayed"),
+            http::HeaderName::from_static(IDEMPOTENT_REPLAYED),
             HeaderValue::from_static("true"),
         );
     }
@@ -277,7 +278,7 @@ fn event_key(
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
     };
-    let hashed = || hex::encode(Sha256::digest(body));
+    let hashed = || sha256_hex(body);
     let found = match &hook.event_id {
         EventId::Signed => signed.filter(|s| !s.trim().is_empty()),
         EventId::Header(h) => header(h),

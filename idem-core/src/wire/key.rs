@@ -1,15 +1,16 @@
-//! Step 2 of a covered request: `Idempotency-Key` field parsing (draft-ietf-httpapi-idempotency-key-header
-//! §2.1): an RFC 8941 sf-string, or (lenient) the bare value.
+//! The key field's syntax (draft-ietf-httpapi-idempotency-key-header
+//! §2.1): an RFC 8941 sf-string, or (lenient) the bare value. One codec for
+//! the server that reads the field and the client that writes it.
 
 use std::fmt;
 
-use idem_core::IdempotencyKey;
-use idem_core::error::KeyError;
+use crate::IdempotencyKey;
+use crate::error::KeyError;
 
 /// How strictly the key field is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum KeyHeaderSyntax {
+pub enum KeySyntax {
     /// The sf-string (`"k"`) and the bare value (`k`) are both accepted and
     /// name the same key (the default: most clients send bare keys).
     #[default]
@@ -40,8 +41,8 @@ pub enum KeyHeaderError {
     TooLong,
     /// A character the key syntax does not allow.
     InvalidCharacter,
-    /// Refused by the layer's [`key_validator`](crate::IdempotencyLayerBuilder::key_validator)
-    /// (its reason is the problem's `detail`).
+    /// Refused by the adapter's own key rules (idem-http's `key_validator`;
+    /// its reason is the problem's `detail`).
     RejectedByValidator,
 }
 
@@ -89,18 +90,32 @@ impl fmt::Display for KeyHeaderError {
 
 impl std::error::Error for KeyHeaderError {}
 
-/// Parses the field lines of the key header into a key (step 2 of a
-/// covered request): `lines` are the raw values of every field line with
-/// that name, in order; none is "no key" (`Ok(None)`). The sf-string and,
-/// when lenient, the bare value name the same key; a list, a repeated line
-/// or a bare value under `StructuredOnly` is refused.
+/// Parses the field lines of the key header into a key: `lines` are the raw
+/// values of every field line with that name, in order; none is "no key"
+/// (`Ok(None)`). The sf-string and, when lenient, the bare value name the
+/// same key; a list, a repeated line or a bare value under `StructuredOnly`
+/// is refused.
 ///
 /// # Errors
 ///
 /// [`KeyHeaderError`] for every form the draft and core refuse.
-pub(crate) fn parse_key_header(
+///
+/// # Examples
+///
+/// ```
+/// use idem_core::wire::{KeyHeaderError, KeySyntax, parse_key_field};
+///
+/// let quoted = parse_key_field(&[br#""ord-7""#], KeySyntax::Lenient).unwrap();
+/// let bare = parse_key_field(&[b"ord-7"], KeySyntax::Lenient).unwrap();
+/// assert_eq!(quoted, bare);
+/// assert_eq!(
+///     parse_key_field(&[b"ord-7"], KeySyntax::StructuredOnly),
+///     Err(KeyHeaderError::NotAString)
+/// );
+/// ```
+pub fn parse_key_field(
     lines: &[&[u8]],
-    syntax: KeyHeaderSyntax,
+    syntax: KeySyntax,
 ) -> Result<Option<IdempotencyKey>, KeyHeaderError> {
     let line = match lines {
         [] => return Ok(None),
@@ -115,9 +130,9 @@ pub(crate) fn parse_key_header(
         return Err(KeyHeaderError::NonAscii);
     }
     let key = if value.first() == Some(&b'"') {
-        parse_quoted(value)?
+        unquote(value)?
     } else {
-        if syntax == KeyHeaderSyntax::StructuredOnly {
+        if syntax == KeySyntax::StructuredOnly {
             return Err(KeyHeaderError::NotAString);
         }
         if value.contains(&b',') {
@@ -146,10 +161,44 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
     v
 }
 
-/// The quoted form through `sfv` (RFC 8941 Item: a String with optional
-/// parameters, which are parsed and ignored). When `sfv` refuses, a scan of
-/// the bytes names the reason.
-fn parse_quoted(value: &[u8]) -> Result<String, KeyHeaderError> {
+/// The key written as an RFC 8941 sf-string: `"` around it, `\` before
+/// every `"` and `\` in it. Every key is printable ASCII, so the result is
+/// always a valid field value.
+///
+/// ```
+/// use idem_core::IdempotencyKey;
+/// use idem_core::wire::quote;
+///
+/// let key = IdempotencyKey::parse(r#"a"b"#).unwrap();
+/// assert_eq!(quote(&key), r#""a\"b""#);
+/// ```
+#[must_use]
+pub fn quote(key: &IdempotencyKey) -> String {
+    quote_str(key.as_str())
+}
+
+/// [`quote`] over any printable-ASCII text.
+fn quote_str(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// Reads an RFC 8941 sf-string Item (a String with optional parameters,
+/// which are parsed and ignored) into its text, not yet checked as a key.
+///
+/// # Errors
+///
+/// [`KeyHeaderError`] naming why `value` is not one: when the parser
+/// refuses, a scan of the bytes names the reason.
+pub fn unquote(value: &[u8]) -> Result<String, KeyHeaderError> {
     let parsed = sfv::Parser::new(value)
         .with_version(sfv::Version::Rfc8941)
         .parse_item::<sfv::Item>();
@@ -193,7 +242,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn parse(v: &[u8]) -> Result<Option<String>, KeyHeaderError> {
-        parse_key_header(&[v], KeyHeaderSyntax::Lenient).map(|k| k.map(|k| k.as_str().to_owned()))
+        parse_key_field(&[v], KeySyntax::Lenient).map(|k| k.map(|k| k.as_str().to_owned()))
     }
 
     #[test]
@@ -224,10 +273,10 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_key_header(&[b"a", b"b"], KeyHeaderSyntax::Lenient),
+            parse_key_field(&[b"a", b"b"], KeySyntax::Lenient),
             Err(Repeated)
         );
-        assert_eq!(parse_key_header(&[], KeyHeaderSyntax::Lenient), Ok(None));
+        assert_eq!(parse_key_field(&[], KeySyntax::Lenient), Ok(None));
         let long = "k".repeat(255);
         assert_eq!(parse(long.as_bytes()), Ok(Some(long.clone())));
         assert_eq!(parse(format!("{long}k").as_bytes()), Err(TooLong));
@@ -236,13 +285,41 @@ mod tests {
 
     #[test]
     fn quoted_and_bare_name_one_key() {
-        let quoted = parse_key_header(&[br#""ab\"c""#], KeyHeaderSyntax::Lenient);
+        let quoted = parse_key_field(&[br#""ab\"c""#], KeySyntax::Lenient);
         assert_eq!(quoted.unwrap().unwrap().as_str(), "ab\"c");
-        let bare = parse_key_header(&[b"order-7"], KeyHeaderSyntax::Lenient);
+        let bare = parse_key_field(&[b"order-7"], KeySyntax::Lenient);
         assert_eq!(bare.unwrap().unwrap().as_str(), "order-7");
         assert_eq!(
-            parse_key_header(&[b"k"], KeyHeaderSyntax::StructuredOnly),
+            parse_key_field(&[b"k"], KeySyntax::StructuredOnly),
             Err(KeyHeaderError::NotAString)
+        );
+    }
+
+    #[test]
+    fn quote_round_trips_every_printable_ascii_key() {
+        for b in b' '..=b'~' {
+            let raw = format!("k{}k", b as char);
+            let key = IdempotencyKey::parse(&raw).expect("printable ASCII is a key");
+            let field = quote(&key);
+            let parsed = sfv::Parser::new(&field)
+                .with_version(sfv::Version::Rfc8941)
+                .parse_item::<sfv::Item>()
+                .expect("an sf-string");
+            let sfv::BareItem::String(s) = parsed.bare_item else {
+                panic!("not a string: {field}");
+            };
+            assert_eq!(s.as_str(), raw, "{field}");
+            assert_eq!(unquote(field.as_bytes()), Ok(raw.clone()));
+            assert_eq!(
+                parse_key_field(&[field.as_bytes()], KeySyntax::StructuredOnly),
+                Ok(Some(key))
+            );
+        }
+        let all: String = (b' '..=b'~').map(char::from).collect();
+        let key = IdempotencyKey::parse(&format!("x{all}")).expect("key");
+        assert_eq!(
+            parse_key_field(&[quote(&key).as_bytes()], KeySyntax::StructuredOnly),
+            Ok(Some(key))
         );
     }
 
@@ -253,24 +330,12 @@ mod tests {
         assert_eq!(parse(b"\"k\";"), Err(KeyHeaderError::InvalidCharacter));
     }
 
-    fn sf_string(key: &str) -> String {
-        let mut out = String::from("\"");
-        for c in key.chars() {
-            if c == '"' || c == '\\' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out.push('"');
-        out
-    }
-
     proptest! {
         #[test]
         fn quoted_round_trip_and_bare_equivalence(key in "[ -~]{1,255}") {
             let trimmed = key.trim_matches([' ', '\t']);
             prop_assume!(!trimmed.is_empty());
-            let quoted = parse(sf_string(&key).as_bytes());
+            let quoted = parse(quote_str(&key).as_bytes());
             prop_assert_eq!(quoted.clone(), Ok(Some(trimmed.to_owned())));
             if !key.contains([',', '"']) {
                 prop_assert_eq!(parse(key.as_bytes()), quoted);
@@ -280,8 +345,8 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(lines in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..3)) {
             let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-            let _ = parse_key_header(&refs, KeyHeaderSyntax::Lenient);
-            let _ = parse_key_header(&refs, KeyHeaderSyntax::StructuredOnly);
+            let _ = parse_key_field(&refs, KeySyntax::Lenient);
+            let _ = parse_key_field(&refs, KeySyntax::StructuredOnly);
         }
     }
 }
