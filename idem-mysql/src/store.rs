@@ -14,7 +14,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{ConnectionError, PoolConfig};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
@@ -28,7 +28,7 @@ use crate::sql::{Statements, TableName, q};
 /// Runs `$call`, a future of `Result<_, StoreError>` on
 /// `$conn: &mut MySqlConnection`, on one checkout of the connections the
 /// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
+/// [`idem_sql::Conn`]) or, for a store over your pool, that pool's. A
 /// checkout that fails returns early (through `?`).
 macro_rules! on_conn {
     ($store:expr, |$conn:ident| $call:expr) => {
@@ -98,7 +98,7 @@ impl ConnectionError for Detecting {
 /// with this error: sound when every statement was answered and the session
 /// goes on (the server's own errors, except those that end the session;
 /// decoding, which reads rows a statement already returned in full),
-/// otherwise re-validated or replaced (see [`idem_sqlx::Conn`]).
+/// otherwise re-validated or replaced (see [`idem_sql::Conn`]).
 fn leaves_connection_sound(e: &Error) -> bool {
     match e {
         Error::Sqlx(e @ sqlx::Error::Database(db)) => {
@@ -134,7 +134,7 @@ fn leaves_connection_sound(e: &Error) -> bool {
 ///
 /// A store built by [`MySqlStore::connect`] or [`MySqlStore::connect_with`]
 /// runs its calls (claim, completion, release, saved resource id, lease
-/// extension, fetch, purge) on a pool of its own ([`idem_sqlx::Pool`]) that
+/// extension, fetch, purge) on a pool of its own ([`idem_sql::Pool`]) that
 /// pings a connection neither before a call nor after it. A connection is
 /// re-validated only when a call may have left it unsound (a dropped future:
 /// its answer is awaited off the caller's path, then a ping), and replaced
@@ -154,7 +154,7 @@ pub struct MySqlStore {
     pool: MySqlPool,
     /// The calls' own pool (built by `connect`); `None`: the calls run on
     /// `pool` (a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+    calls: Option<idem_sql::Pool<MySqlConnection>>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     server: Server,
@@ -166,7 +166,7 @@ impl std::fmt::Debug for MySqlStore {
         f.debug_struct("MySqlStore")
             .field("table", &self.name.table)
             .field("server", &self.server)
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
+            .field("calls", &self.calls.as_ref().map(idem_sql::Pool::stats))
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .finish_non_exhaustive()
@@ -220,7 +220,7 @@ impl MySqlStore {
 
     fn with_server_of(
         pool: MySqlPool,
-        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+        calls: Option<idem_sql::Pool<MySqlConnection>>,
         server: Server,
     ) -> Self {
         let name = TableName {
@@ -264,7 +264,7 @@ impl MySqlStore {
         pool: MySqlPoolOptions,
         options: MySqlConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
+        let calls = idem_sql::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         let server = {
             let mut conn = calls.get().await?;
             conn.run(|c| async { detect(c).await.map_err(Detecting) })
@@ -318,7 +318,7 @@ impl MySqlStore {
 
     fn build(
         pool: MySqlPool,
-        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+        calls: Option<idem_sql::Pool<MySqlConnection>>,
         name: TableName,
         server: Server,
         tx_lock_timeout: Duration,

@@ -13,7 +13,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{ConnectionError, PoolConfig};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
 use tracing::debug;
@@ -29,7 +29,7 @@ use crate::sql::{Statements, TableName, q};
 /// Runs `$call`, a future of `Result<_, Error>` on
 /// `$conn: &mut PgConnection`, on one checkout of the connections the
 /// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
+/// [`idem_sql::Conn`]) or, for a store over your pool, that pool's. A
 /// checkout that fails returns early with [`Error::Sqlx`] (through `?`).
 macro_rules! on_conn {
     ($store:expr, |$conn:ident| $call:expr) => {
@@ -75,7 +75,7 @@ macro_rules! on_conn {
 /// A store built by [`PgStore::connect`] or [`PgStore::connect_with`] runs
 /// its calls (claim, completion, release, saved resource id, lease
 /// extension, fetch, purge and the replication check) on a pool of its own
-/// ([`idem_sqlx::Pool`]) that neither pings a connection before a call nor
+/// ([`idem_sql::Pool`]) that neither pings a connection before a call nor
 /// after it: a claim, a completion or a replay is one round trip. A
 /// connection is re-validated only when a call may have left it unsound (a
 /// call cut short by [`PgStore::with_call_timeout`] or a dropped future: its
@@ -96,7 +96,7 @@ pub struct PgStore {
     pool: PgPool,
     /// The calls' own pool (built by `connect`); `None`: the calls run on
     /// `pool` (a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<PgConnection>>,
+    calls: Option<idem_sql::Pool<PgConnection>>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     tx_lock_timeout: Duration,
@@ -108,7 +108,7 @@ impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
             .field("table", &self.name.qualified())
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
+            .field("calls", &self.calls.as_ref().map(idem_sql::Pool::stats))
             .field("pool_size", &self.pool.size())
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .field("call_timeout", &self.call_timeout)
@@ -209,7 +209,7 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
+        let calls = idem_sql::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         let pool = pool
             .test_before_acquire(false)
             .min_connections(0)
@@ -375,7 +375,7 @@ impl PgStore {
 
     fn build(
         pool: PgPool,
-        calls: Option<idem_sqlx::Pool<PgConnection>>,
+        calls: Option<idem_sql::Pool<PgConnection>>,
         name: TableName,
         tx_lock_timeout: Duration,
         guard: Arc<Guard>,
@@ -701,7 +701,7 @@ struct CallError(Error);
 /// session goes on (the server's own errors, except those that end the
 /// session; decoding, which reads rows a statement already returned in
 /// full; the replication check's verdicts), otherwise re-validated or
-/// replaced (see [`idem_sqlx::Conn`]).
+/// replaced (see [`idem_sql::Conn`]).
 impl ConnectionError for CallError {
     fn leaves_connection_sound(&self) -> bool {
         match &self.0 {

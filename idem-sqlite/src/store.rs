@@ -14,7 +14,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{ConnectionError, PoolConfig};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -30,7 +30,7 @@ use crate::sql::{Statements, q};
 /// Runs `$call`, a future of `Result<_, StoreError>` on
 /// `$conn: &mut SqliteConnection`, on one checkout of the connections the
 /// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over a sqlx pool, that pool's. A
+/// [`idem_sql::Conn`]) or, for a store over a sqlx pool, that pool's. A
 /// checkout that fails returns early (through `?`).
 macro_rules! on_conn {
     ($store:expr, |$conn:ident| $call:expr) => {
@@ -104,7 +104,7 @@ impl ConnectionError for CallError {
 ///
 /// A file store built by [`SqliteStore::open`], [`SqliteStore::connect`] or
 /// [`SqliteStore::connect_with`] runs its calls on a pool of its own
-/// ([`idem_sqlx::Pool`]) that sends no ping to a connection's worker thread
+/// ([`idem_sql::Pool`]) that sends no ping to a connection's worker thread
 /// before or after a call: a fresh key is its three statements and a replay
 /// its one read, with no other hop. A connection is re-validated only when a
 /// call may have left it unsound (a dropped future: its statement is waited
@@ -125,7 +125,7 @@ pub struct SqliteStore {
     pool: SqlitePool,
     /// The calls' own pool (a file database built here); `None`: the calls
     /// run on `pool` (a memory database, or a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<SqliteConnection>>,
+    calls: Option<idem_sql::Pool<SqliteConnection>>,
     table: Arc<str>,
     sql: Arc<Statements>,
 }
@@ -134,7 +134,7 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
             .field("table", &self.table)
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
+            .field("calls", &self.calls.as_ref().map(idem_sql::Pool::stats))
             .field("pool_size", &self.pool.size())
             .finish_non_exhaustive()
     }
@@ -242,7 +242,7 @@ impl SqliteStore {
         pool: SqlitePoolOptions,
         options: SqliteConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
+        let calls = idem_sql::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
         // Opened now, so that a file that cannot be opened fails here.
         drop(calls.get().await?);
         let pool = pool
@@ -330,7 +330,7 @@ impl SqliteStore {
 
     fn build(
         pool: SqlitePool,
-        calls: Option<idem_sqlx::Pool<SqliteConnection>>,
+        calls: Option<idem_sql::Pool<SqliteConnection>>,
         table: Arc<str>,
     ) -> Self {
         Self {
