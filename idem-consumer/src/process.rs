@@ -109,13 +109,13 @@ fn tagged(tag: &[u8], operation: &str, bytes: &[u8]) -> Fingerprint {
 }
 
 impl<'a, S: Store> Delivered<'a, S> {
-    // Only the transactional inbox (feature `postgres`) reads these.
-    #[cfg(feature = "postgres")]
+    // Only the transactional inbox (feature `sql`) reads these.
+    #[cfg(feature = "sql")]
     pub(crate) fn consumer(&self) -> &'a Consumer<S> {
         self.consumer
     }
 
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "sql")]
     pub(crate) fn count(&self) -> u32 {
         self.count
     }

@@ -61,11 +61,10 @@ impl AdminStore for MySqlStore {
                 .bind(a.operation)
                 .bind(a.key),
         };
-        let rows = query
-            .bind(i64::from(limit) + 1)
-            .fetch_all(self.pool())
-            .await
-            .map_err(store_error)?;
+        let query = query.bind(i64::from(limit) + 1);
+        let rows = on_conn!(self, |conn| async {
+            query.fetch_all(conn).await.map_err(store_error)
+        })?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -81,7 +80,7 @@ impl AdminStore for MySqlStore {
     ) -> Result<bool, StoreError> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
         let now = now.as_unix_millis();
-        let done = q(&self.sql().release_in_flight)
+        let query = q(&self.sql().release_in_flight)
             .bind(now)
             .bind(now)
             .bind(id.owner())
@@ -89,32 +88,31 @@ impl AdminStore for MySqlStore {
             .bind(id.key().as_str())
             .bind(now)
             .bind(attempt)
-            .bind(attempt)
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
+            .bind(attempt);
+        let done = on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(store_error)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
+        let query = q(&self.sql().delete_completed)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
+            .bind(now.as_unix_millis());
+        let done = on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(store_error)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
         let now = now.as_unix_millis();
-        let row = (0..6)
-            .fold(q(&self.sql().count_states), |q, _| q.bind(now))
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
+        let query = (0..6).fold(q(&self.sql().count_states), |q, _| q.bind(now));
+        let row = on_conn!(self, |conn| async {
+            query.fetch_one(conn).await.map_err(store_error)
+        })?;
         let n = |col: &str| -> Result<u64, StoreError> {
             let v: i64 = row.try_get(col).map_err(store_error)?;
             Ok(u64::try_from(v).unwrap_or(0))

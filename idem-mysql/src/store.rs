@@ -14,83 +14,31 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{ConnectionError, PoolConfig};
+use idem_sql::{ConnectionError, Conns, TxConnection, TxStore};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
-use sqlx::{Executor, MySqlConnection, MySqlExecutor, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, Executor, MySql, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
 
 use crate::config::{
     DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server, validate_identifier,
 };
-use crate::error::{BACKEND, Error, code, number, store_error};
+use crate::error::{self, BACKEND, Error, code, number, store_error};
 use crate::sql::{Statements, TableName, q};
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut MySqlConnection`, on one checkout of the connections the
-/// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sql::Conn`]) or, for a store over your pool, that pool's. A
-/// checkout that fails returns early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        match &$store.calls {
-            Some(calls) => {
-                let mut checkout = calls.get().await.map_err(store_error)?;
-                checkout
-                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
-                    .await
-                    .map_err(|CallError(e)| e)
-            }
-            None => {
-                // Boxed: sqlx's acquire future is large, and would sit
-                // inline in every call's future, on either pool.
-                let acquire = Box::pin($store.pool.acquire());
-                let mut checkout = acquire.await.map_err(store_error)?;
-                let $conn: &mut MySqlConnection = &mut checkout;
-                $call.await
-            }
-        }
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: the driver's error inside a [`StoreError`] says whether
+/// the connection is still sound; every other failure (a lost lease, a
+/// corrupt row) comes after complete answers.
+pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
+    let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = e else {
+        return true;
     };
-}
-
-/// A call's error, as its connection sees it: the driver's error inside a
-/// [`StoreError`] says whether the connection is still sound; every other
-/// failure (a lost lease, a corrupt row) comes after complete answers.
-struct CallError(StoreError);
-
-impl From<StoreError> for CallError {
-    fn from(e: StoreError) -> Self {
-        Self(e)
-    }
-}
-
-impl From<Error> for CallError {
-    fn from(e: Error) -> Self {
-        Self(e.into())
-    }
-}
-
-impl ConnectionError for CallError {
-    fn leaves_connection_sound(&self) -> bool {
-        let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = &self.0
-        else {
-            return true;
-        };
-        if let Some(e) = source.downcast_ref::<Error>() {
-            leaves_connection_sound(e)
-        } else {
-            source
-                .downcast_ref::<sqlx::Error>()
-                .is_none_or(ConnectionError::leaves_connection_sound)
-        }
-    }
-}
-
-/// The server detection's error, as its connection sees it.
-struct Detecting(Error);
-
-impl ConnectionError for Detecting {
-    fn leaves_connection_sound(&self) -> bool {
-        leaves_connection_sound(&self.0)
+    if let Some(e) = source.downcast_ref::<Error>() {
+        leaves_connection_sound(e)
+    } else {
+        source
+            .downcast_ref::<sqlx::Error>()
+            .is_none_or(sqlx_leaves_connection_sound)
     }
 }
 
@@ -101,7 +49,15 @@ impl ConnectionError for Detecting {
 /// otherwise re-validated or replaced (see [`idem_sql::Conn`]).
 fn leaves_connection_sound(e: &Error) -> bool {
     match e {
-        Error::Sqlx(e @ sqlx::Error::Database(db)) => {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        _ => true,
+    }
+}
+
+/// [`leaves_connection_sound`] for the driver's error.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
             // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
             // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
             // connection exception (SQLSTATE class 08): the server ends
@@ -110,15 +66,12 @@ fn leaves_connection_sound(e: &Error) -> bool {
                 || db.code().is_some_and(|c| c.starts_with("08"));
             !ends
         }
-        Error::Sqlx(
-            sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::ColumnIndexOutOfBounds { .. }
-            | sqlx::Error::TypeNotFound { .. },
-        ) => true,
-        Error::Sqlx(e) => e.leaves_connection_sound(),
-        _ => true,
+        sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::TypeNotFound { .. } => true,
+        e => e.leaves_connection_sound(),
     }
 }
 
@@ -133,17 +86,17 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// # Connections
 ///
 /// A store built by [`MySqlStore::connect`] or [`MySqlStore::connect_with`]
-/// runs its calls (claim, completion, release, saved resource id, lease
-/// extension, fetch, purge) on a pool of its own ([`idem_sql::Pool`]) that
+/// runs everything (claim, completion, release, saved resource id, lease
+/// extension, fetch, purge, [`MySqlStore::migrate`], the transactional mode
+/// and the operator API) on one pool of its own ([`idem_sql::Pool`]) that
 /// pings a connection neither before a call nor after it. A connection is
 /// re-validated only when a call may have left it unsound (a dropped future:
 /// its answer is awaited off the caller's path, then a ping), and replaced
 /// when a call failed on the wire or the server ended the session (`KILL`, a
-/// shutdown). Up to `max_connections` of the pool options serve the calls,
-/// most recently used first; [`MySqlStore::pool`], a sqlx pool opened lazily
-/// with the same options, serves [`MySqlStore::migrate`], the transactional
-/// mode, the operator API and your own queries, and holds up to
-/// `max_connections` more while they run.
+/// shutdown). Up to `max_connections` of the pool options serve them, most
+/// recently used first (a transaction holds one for as long as it runs);
+/// [`MySqlStore::pool`], a sqlx pool opened lazily with the same options, is
+/// for your own queries only: it opens no connection unless you use it.
 ///
 /// A store over your pool ([`MySqlStore::new`]) runs everything on that
 /// pool, which pings each connection as it takes it back (sqlx does so
@@ -151,10 +104,7 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// holding the connection until it is answered.
 #[derive(Clone)]
 pub struct MySqlStore {
-    pool: MySqlPool,
-    /// The calls' own pool (built by `connect`); `None`: the calls run on
-    /// `pool` (a store over the user's pool).
-    calls: Option<idem_sql::Pool<MySqlConnection>>,
+    conns: Conns<MySql>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     server: Server,
@@ -166,8 +116,7 @@ impl std::fmt::Debug for MySqlStore {
         f.debug_struct("MySqlStore")
             .field("table", &self.name.table)
             .field("server", &self.server)
-            .field("calls", &self.calls.as_ref().map(idem_sql::Pool::stats))
-            .field("pool_size", &self.pool.size())
+            .field("conns", &self.conns)
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .finish_non_exhaustive()
     }
@@ -215,18 +164,14 @@ impl MySqlStore {
     /// ```
     pub async fn new(pool: MySqlPool) -> Result<Self, Error> {
         let server = detect(&pool).await?;
-        Ok(Self::with_server_of(pool, None, server))
+        Ok(Self::with_server_of(Conns::yours(pool), server))
     }
 
-    fn with_server_of(
-        pool: MySqlPool,
-        calls: Option<idem_sql::Pool<MySqlConnection>>,
-        server: Server,
-    ) -> Self {
+    fn with_server_of(conns: Conns<MySql>, server: Server) -> Self {
         let name = TableName {
             table: DEFAULT_TABLE.to_owned(),
         };
-        Self::build(pool, calls, name, server, DEFAULT_TX_LOCK_TIMEOUT)
+        Self::build(conns, name, server, DEFAULT_TX_LOCK_TIMEOUT)
     }
 
     /// Connects to `url` (`mysql://` or `mariadb://`) and returns a store
@@ -264,18 +209,10 @@ impl MySqlStore {
         pool: MySqlPoolOptions,
         options: MySqlConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sql::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
-        let server = {
-            let mut conn = calls.get().await?;
-            conn.run(|c| async { detect(c).await.map_err(Detecting) })
-                .await
-                .map_err(|Detecting(e)| e)?
-        };
-        let pool = pool
-            .test_before_acquire(false)
-            .min_connections(0)
-            .connect_lazy_with(options);
-        Ok(Self::with_server_of(pool, Some(calls), server))
+        let conns = Conns::own(pool, options);
+        let server =
+            idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |c| detect(c))?;
+        Ok(Self::with_server_of(conns, server))
     }
 
     /// Uses another table name (default `idem_records`), in the pool's
@@ -288,8 +225,7 @@ impl MySqlStore {
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
         Ok(Self::build(
-            self.pool,
-            self.calls,
+            self.conns,
             TableName { table },
             self.server,
             self.tx_lock_timeout,
@@ -317,15 +253,13 @@ impl MySqlStore {
     }
 
     fn build(
-        pool: MySqlPool,
-        calls: Option<idem_sql::Pool<MySqlConnection>>,
+        conns: Conns<MySql>,
         name: TableName,
         server: Server,
         tx_lock_timeout: Duration,
     ) -> Self {
         Self {
-            pool,
-            calls,
+            conns,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             server,
@@ -351,7 +285,13 @@ impl MySqlStore {
     /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege,
     /// or the lock not granted within 60 s).
     pub async fn migrate(&self) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await?;
+        idem_sql::on_conn!(self.conns, Error::Sqlx, leaves_connection_sound, |conn| {
+            self.migrate_on(conn)
+        })
+    }
+
+    /// The migration on one connection, under the named lock.
+    async fn migrate_on(&self, conn: &mut MySqlConnection) -> Result<(), Error> {
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
             .bind(crate::schema::MIGRATE_LOCK)
             .fetch_one(&mut *conn)
@@ -374,27 +314,22 @@ impl MySqlStore {
     }
 
     /// The sqlx pool of the store, for your own queries on the same
-    /// database, for its size and idle connections. The transactional mode,
-    /// [`MySqlStore::migrate`] and the operator API run on it; the store's
-    /// calls do too for a store over your pool ([`MySqlStore::new`]), and
-    /// otherwise run on a pool of their own (see
-    /// [Connections](MySqlStore#connections)). To close the store, call
-    /// [`MySqlStore::close`].
+    /// database, for its size and idle connections. A store over your pool
+    /// ([`MySqlStore::new`]) runs everything on it; a store built by
+    /// [`MySqlStore::connect`] runs on a pool of its own and opens this one
+    /// lazily, for you only (see [Connections](MySqlStore#connections)). To
+    /// close the store, call [`MySqlStore::close`].
     #[must_use]
     pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the store's connections: the calls' own pool (its idle
-    /// connections now, the others as their calls end) and
-    /// [`MySqlStore::pool`], which for a store over your pool is yours.
-    /// Every call after it fails with
+    /// Closes the store's connections: its own pool (its idle connections
+    /// now, the others as their calls end) and [`MySqlStore::pool`], which
+    /// for a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`], on every clone.
     pub async fn close(&self) {
-        if let Some(calls) = &self.calls {
-            calls.close();
-        }
-        self.pool.close().await;
+        self.conns.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -408,10 +343,6 @@ impl MySqlStore {
     #[must_use]
     pub fn server(&self) -> Server {
         self.server
-    }
-
-    pub(crate) fn tx_lock_timeout(&self) -> Duration {
-        self.tx_lock_timeout
     }
 
     pub(crate) fn sql(&self) -> &Statements {
@@ -836,5 +767,76 @@ impl Store for MySqlStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+/// The transactional mode ([`MySqlIdemExt`](crate::MySqlIdemExt)) on MySQL
+/// and MariaDB.
+///
+/// MySQL has no `SET LOCAL`: the bound on the wait for a concurrent
+/// duplicate is set with `SET SESSION innodb_lock_wait_timeout` in the same
+/// round trip as `BEGIN`, and stays on that pooled connection afterwards,
+/// where it also bounds the plain claims that connection runs. Plain calls
+/// on the same key wait the same way, bounded by their connection's
+/// `innodb_lock_wait_timeout` (server default 50 s). Only InnoDB tables take
+/// part in the transaction.
+///
+/// InnoDB rolls a deadlock's victim back whole; the claim is the
+/// transaction's first statement, so a deadlock (or a record changed
+/// between two statements of the claim) starts the transaction again, at
+/// most 8 times, before the work ever ran. The claim is one round trip on
+/// MariaDB, one or two on MySQL.
+impl TxStore for MySqlStore {
+    type Db = MySql;
+    type Error = Error;
+
+    fn conns(&self) -> &Conns<MySql> {
+        &self.conns
+    }
+
+    fn begin_statement(&self) -> String {
+        // An integer from a `Duration`: nothing to escape.
+        let secs = self.tx_lock_timeout.as_millis().div_ceil(1000).max(1);
+        format!("SET SESSION innodb_lock_wait_timeout = {secs}; BEGIN")
+    }
+
+    async fn claim_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        self.claim_once(conn, req).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        self.complete_on(conn, id, token, completion).await
+    }
+
+    async fn restart_tx(&self, conn: &mut TxConnection<Self>) -> Result<bool, sqlx::Error> {
+        let restart = format!("ROLLBACK; {}", self.begin_statement());
+        sqlx::raw_sql(AssertSqlSafe(restart)).execute(conn).await?;
+        Ok(true)
+    }
+
+    fn is_lock_timeout(e: &Error) -> bool {
+        matches!(e, Error::Sqlx(e) if number(e) == Some(code::LOCK_WAIT_TIMEOUT))
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        Error::ClaimContention { tries }.into()
+    }
+
+    fn store_error(e: sqlx::Error) -> StoreError {
+        error::store_error(e)
+    }
+
+    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
     }
 }

@@ -57,7 +57,9 @@ impl AdminStore for PgStore {
                 .bind(a.operation)
                 .bind(a.key),
         };
-        let rows = query.fetch_all(self.pool()).await.map_err(store_error)?;
+        let rows: Result<Vec<PgRow>, Error> =
+            on_conn!(self, |conn| async { Ok(query.fetch_all(conn).await?) });
+        let rows = rows?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -72,36 +74,42 @@ impl AdminStore for PgStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let done = q(&self.sql().release_in_flight)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .bind(attempt)
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
+        let done: Result<_, Error> = on_conn!(self, |conn| async {
+            let done = q(&self.sql().release_in_flight)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now.as_unix_millis())
+                .bind(attempt)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        });
+        Ok(done?)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
+        let done: Result<_, Error> = on_conn!(self, |conn| async {
+            let done = q(&self.sql().delete_completed)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now.as_unix_millis())
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        });
+        Ok(done?)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = q(&self.sql().count_states)
-            .bind(now.as_unix_millis())
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
+        let row: Result<PgRow, Error> = on_conn!(self, |conn| async {
+            Ok(q(&self.sql().count_states)
+                .bind(now.as_unix_millis())
+                .fetch_one(conn)
+                .await?)
+        });
+        let row = row?;
         let n = |col: &str| -> Result<u64, StoreError> {
             let v: i64 = row.try_get(col).map_err(store_error)?;
             Ok(u64::try_from(v).unwrap_or(0))
