@@ -64,7 +64,9 @@ impl AdminStore for SqliteStore {
                 .bind(a.operation.as_str())
                 .bind(a.key.as_str()),
         };
-        let rows = query.fetch_all(self.pool()).await.map_err(map)?;
+        let rows = on_conn!(self, |conn| async {
+            query.fetch_all(conn).await.map_err(map)
+        })?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -78,36 +80,35 @@ impl AdminStore for SqliteStore {
         attempt: Option<u32>,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let done = q(&self.sql().release_in_flight)
+        let query = q(&self.sql().release_in_flight)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(ms(now))
-            .bind(attempt.map(i64::from))
-            .execute(self.pool())
-            .await
-            .map_err(map)?;
+            .bind(attempt.map(i64::from));
+        let done = on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(map)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
+        let query = q(&self.sql().delete_completed)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
-            .bind(ms(now))
-            .execute(self.pool())
-            .await
-            .map_err(map)?;
+            .bind(ms(now));
+        let done = on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(map)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = q(&self.sql().count_states)
-            .bind(ms(now))
-            .fetch_one(self.pool())
-            .await
-            .map_err(map)?;
+        let query = q(&self.sql().count_states).bind(ms(now));
+        let row = on_conn!(self, |conn| async {
+            query.fetch_one(conn).await.map_err(map)
+        })?;
         let n = |col: &str| -> Result<u64, StoreError> {
             let v: i64 = row.try_get(col).map_err(map)?;
             Ok(u64::try_from(v).unwrap_or(0))

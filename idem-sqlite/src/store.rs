@@ -14,7 +14,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{ConnectionError, PoolConfig};
+use idem_sql::{ConnectionError, Conns};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -27,53 +27,25 @@ use crate::config::{
 use crate::error::{BACKEND, Error, corrupt, map};
 use crate::sql::{Statements, q};
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut SqliteConnection`, on one checkout of the connections the
-/// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sql::Conn`]) or, for a store over a sqlx pool, that pool's. A
-/// checkout that fails returns early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        match &$store.calls {
-            Some(calls) => {
-                let mut checkout = calls.get().await.map_err(map)?;
-                checkout
-                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
-                    .await
-                    .map_err(|CallError(e)| e)
-            }
-            None => {
-                // Boxed: sqlx's acquire future is large, and would sit
-                // inline in every call's future, on either pool.
-                let acquire = Box::pin($store.pool.acquire());
-                let mut checkout = acquire.await.map_err(map)?;
-                let $conn: &mut SqliteConnection = &mut checkout;
-                $call.await
-            }
-        }
-    };
-}
-
-/// A call's error, as its connection sees it: the driver's error inside a
-/// [`StoreError`] says whether the connection is still sound; every other
-/// failure (a lost lease, a corrupt row, SQLite's own errors such as
-/// `SQLITE_BUSY`) comes after complete answers.
-struct CallError(StoreError);
-
-impl From<StoreError> for CallError {
-    fn from(e: StoreError) -> Self {
-        Self(e)
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: the driver's error inside a [`StoreError`] says whether
+/// the connection is still sound; every other failure (a lost lease, a
+/// corrupt row, SQLite's own errors such as `SQLITE_BUSY`) comes after
+/// complete answers.
+pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
+    match e {
+        StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .is_none_or(ConnectionError::leaves_connection_sound),
+        _ => true,
     }
 }
 
-impl ConnectionError for CallError {
-    fn leaves_connection_sound(&self) -> bool {
-        match &self.0 {
-            StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
-                .downcast_ref::<sqlx::Error>()
-                .is_none_or(ConnectionError::leaves_connection_sound),
-            _ => true,
-        }
+/// [`call_leaves_connection_sound`] for the crate's error.
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => e.leaves_connection_sound(),
+        _ => true,
     }
 }
 
@@ -111,8 +83,9 @@ impl ConnectionError for CallError {
 /// for, then a ping), and replaced when its worker failed. The most recently
 /// used connection is handed out first, so the completion of a short work
 /// usually runs on the connection (and the page cache) its claim used.
-/// [`SqliteStore::pool`], a sqlx pool on the same file opened lazily, serves
-/// [`SqliteStore::migrate`], the operator API and your own queries.
+/// The same pool serves [`SqliteStore::migrate`] and the operator API;
+/// [`SqliteStore::pool`], a sqlx pool on the same file opened lazily, is for
+/// your own queries only.
 ///
 /// An in-memory database ([`SqliteStore::memory`], or an in-memory URL given
 /// to [`SqliteStore::connect`]) lives exactly as long as its one connection,
@@ -122,10 +95,9 @@ impl ConnectionError for CallError {
 /// ([`SqliteStore::new`]).
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    /// The calls' own pool (a file database built here); `None`: the calls
-    /// run on `pool` (a memory database, or a store over the user's pool).
-    calls: Option<idem_sql::Pool<SqliteConnection>>,
+    /// A pool of its own for a file database built here; the user's pool,
+    /// or the one connection of a memory database, otherwise.
+    conns: Conns<Sqlite>,
     table: Arc<str>,
     sql: Arc<Statements>,
 }
@@ -134,8 +106,7 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
             .field("table", &self.table)
-            .field("calls", &self.calls.as_ref().map(idem_sql::Pool::stats))
-            .field("pool_size", &self.pool.size())
+            .field("conns", &self.conns)
             .finish_non_exhaustive()
     }
 }
@@ -161,7 +132,7 @@ impl SqliteStore {
     /// ```
     #[must_use]
     pub fn new(pool: SqlitePool) -> Self {
-        Self::build(pool, None, Arc::from(DEFAULT_TABLE))
+        Self::build(Conns::yours(pool), Arc::from(DEFAULT_TABLE))
     }
 
     /// Connects a pool to the database `url` names (`sqlite://path`,
@@ -242,14 +213,12 @@ impl SqliteStore {
         pool: SqlitePoolOptions,
         options: SqliteConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sql::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
-        // Opened now, so that a file that cannot be opened fails here.
-        drop(calls.get().await?);
-        let pool = pool
-            .test_before_acquire(false)
-            .min_connections(0)
-            .connect_lazy_with(options);
-        Ok(Self::build(pool, Some(calls), Arc::from(DEFAULT_TABLE)))
+        let conns = Conns::own(pool, options);
+        if let Some(own) = conns.own_pool() {
+            // Opened now, so that a file that cannot be opened fails here.
+            drop(own.get().await?);
+        }
+        Ok(Self::build(conns, Arc::from(DEFAULT_TABLE)))
     }
 
     /// A store on one in-memory connection, shared by everything.
@@ -325,44 +294,34 @@ impl SqliteStore {
     /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_table_name(table)?;
-        Ok(Self::build(self.pool, self.calls, Arc::from(table)))
+        Ok(Self::build(self.conns, Arc::from(table)))
     }
 
-    fn build(
-        pool: SqlitePool,
-        calls: Option<idem_sql::Pool<SqliteConnection>>,
-        table: Arc<str>,
-    ) -> Self {
+    fn build(conns: Conns<Sqlite>, table: Arc<str>) -> Self {
         Self {
-            pool,
-            calls,
+            conns,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
     }
 
     /// The sqlx pool of the store, for your own queries on the same
-    /// database, or for its size and idle connections.
-    /// [`SqliteStore::migrate`] and the operator API run on it; the store's
-    /// calls do too for a memory database and a store over your pool, and
-    /// otherwise run on a pool of their own (see
-    /// [Connections](SqliteStore#connections)). To close the store (before
-    /// the file is removed, say), call [`SqliteStore::close`].
+    /// database, or for its size and idle connections. A memory database
+    /// and a store over your pool run everything on it; a file store built
+    /// here runs on a pool of its own and opens this one lazily, for you
+    /// only (see [Connections](SqliteStore#connections)). To close the store
+    /// (before the file is removed, say), call [`SqliteStore::close`].
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the store's connections: the calls' own pool (its idle
-    /// connections now, the others as their calls end) and
-    /// [`SqliteStore::pool`], which for a store over your pool is yours.
-    /// Every call after it fails with
+    /// Closes the store's connections: its own pool (its idle connections
+    /// now, the others as their calls end) and [`SqliteStore::pool`], which
+    /// for a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`], on every clone.
     pub async fn close(&self) {
-        if let Some(calls) = &self.calls {
-            calls.close();
-        }
-        self.pool.close().await;
+        self.conns.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -392,11 +351,17 @@ impl SqliteStore {
     /// [`Error::Sqlx`] when the DDL fails (e.g. a read-only file without the
     /// table).
     pub async fn migrate(&self) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await?;
-        if self.has_sweep(&mut conn).await? {
+        idem_sql::on_conn!(self.conns, Error::Sqlx, leaves_connection_sound, |conn| {
+            self.migrate_on(conn)
+        })
+    }
+
+    /// The migration on one connection.
+    async fn migrate_on(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        if self.has_sweep(&mut *conn).await? {
             return Ok(());
         }
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
         // Asked again under the write lock: another process may have
         // migrated in between.
         if !self.has_sweep(&mut tx).await? {
@@ -419,6 +384,10 @@ impl SqliteStore {
         sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.has_sweep)))
             .fetch_one(conn)
             .await
+    }
+
+    pub(crate) fn conns(&self) -> &Conns<Sqlite> {
+        &self.conns
     }
 
     pub(crate) fn sql(&self) -> &Statements {
