@@ -2,6 +2,7 @@
 //! [`idem_core::store::StoreError`].
 
 use idem_core::store::StoreError;
+use idem_sql::Class;
 use sqlx::mysql::MySqlDatabaseError;
 
 /// The backend's name in [`StoreError`]s.
@@ -99,40 +100,18 @@ fn is_unavailable_database(e: &sqlx::Error) -> bool {
 
 impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
-        let unavailable = |source: Error| Self::Unavailable {
-            backend: BACKEND,
-            source: Box::new(source),
-        };
-        match e {
-            Error::Corrupt { detail } => Self::Corrupt {
+        if let Error::Corrupt { detail } = e {
+            return Self::Corrupt {
                 backend: BACKEND,
                 detail,
-            },
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::TypeNotFound { .. },
-            ) => Self::Corrupt {
-                backend: BACKEND,
-                detail: e.to_string(),
-            },
-            Error::Sqlx(
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed,
-            )
-            | Error::ClaimContention { .. } => unavailable(e),
-            Error::Sqlx(ref s) if is_unavailable_database(s) => unavailable(e),
-            other => Self::Backend {
-                backend: BACKEND,
-                source: Box::new(other),
-            },
+            };
         }
+        let class = match &e {
+            Error::Sqlx(s) => idem_sql::classify(s, is_unavailable_database),
+            Error::ClaimContention { .. } => Class::Unavailable,
+            _ => Class::Backend,
+        };
+        idem_sql::to_store_error(BACKEND, class, e)
     }
 }
 

@@ -14,7 +14,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{ConnectionError, Conns, TxConnection, TxStore};
+use idem_sql::{Conns, TxConnection, TxStore};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
@@ -54,25 +54,15 @@ fn leaves_connection_sound(e: &Error) -> bool {
     }
 }
 
-/// [`leaves_connection_sound`] for the driver's error.
+/// [`leaves_connection_sound`] for the driver's error: a shutdown
+/// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
+/// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
+/// 08): the server ends the session.
 fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => {
-            // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
-            // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
-            // connection exception (SQLSTATE class 08): the server ends
-            // the session.
-            let ends = matches!(number(e), Some(1053 | 1927 | 4031))
-                || db.code().is_some_and(|c| c.starts_with("08"));
-            !ends
-        }
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. }
-        | sqlx::Error::TypeNotFound { .. } => true,
-        e => e.leaves_connection_sound(),
-    }
+    idem_sql::leaves_connection_sound(e, |e| {
+        matches!(number(e), Some(1053 | 1927 | 4031))
+            || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("08")))
+    })
 }
 
 /// The MySQL / MariaDB idempotency store. Cheap to clone (pools and a few

@@ -2,7 +2,7 @@
 //! [`idem_core::store::StoreError`].
 
 use idem_core::store::StoreError;
-use sqlx::error::DatabaseError;
+use idem_sql::Class;
 
 /// The backend's name in [`StoreError`]s.
 pub(crate) const BACKEND: &str = "postgres";
@@ -131,51 +131,26 @@ pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-fn classify_database(db: &dyn DatabaseError) -> bool {
-    db.code().as_deref().is_some_and(is_unavailable_state)
-}
-
 impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
-        let unavailable = |source: Error| Self::Unavailable {
-            backend: BACKEND,
-            source: Box::new(source),
-        };
-        match e {
-            Error::Corrupt { detail } => Self::Corrupt {
+        if let Error::Corrupt { detail } = e {
+            return Self::Corrupt {
                 backend: BACKEND,
                 detail,
-            },
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::TypeNotFound { .. },
-            ) => Self::Corrupt {
-                backend: BACKEND,
-                detail: e.to_string(),
-            },
-            Error::Sqlx(
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed,
-            )
-            | Error::ClaimContention { .. }
+            };
+        }
+        let class = match &e {
+            Error::Corrupt { .. } | Error::InvalidIdentifier { .. } => Class::Backend,
+            Error::Sqlx(s) => idem_sql::classify(
+                s,
+                |s| matches!(s, sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_unavailable_state)),
+            ),
+            Error::ClaimContention { .. }
             | Error::Standby
             | Error::NotSynchronous { .. }
-            | Error::Timeout { .. } => unavailable(e),
-            Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => {
-                unavailable(e)
-            }
-            other => Self::Backend {
-                backend: BACKEND,
-                source: Box::new(other),
-            },
-        }
+            | Error::Timeout { .. } => Class::Unavailable,
+        };
+        idem_sql::to_store_error(BACKEND, class, e)
     }
 }
 

@@ -13,7 +13,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{ConnectionError, Conns, TxConnection, TxStore};
+use idem_sql::{Conns, TxConnection, TxStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tracing::debug;
@@ -653,14 +653,10 @@ pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
 
 /// [`leaves_connection_sound`] for the driver's error.
 fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => !ends_session(db.as_ref()),
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::ColumnIndexOutOfBounds { .. } => true,
-        e => e.leaves_connection_sound(),
-    }
+    idem_sql::leaves_connection_sound(
+        e,
+        |e| matches!(e, sqlx::Error::Database(db) if ends_session(db.as_ref())),
+    )
 }
 
 /// Whether the server ends the session after this error: a `FATAL` or

@@ -139,13 +139,13 @@ macro_rules! on_conn {
             Some(own) => {
                 let mut checkout = own.get().await.map_err($checkout_error)?;
                 checkout
-                                    .run(|$conn| async move {
-                                        $call
+                                            .run(|$conn| async move {
+                                                $call
+                                                    .await
+                                                    .map_err(|e| $crate::Judged::new(e, $sound))
+                                            })
                                             .await
-                                            .map_err(|e| $crate::Judged::new(e, $sound))
-                                    })
-                                    .await
-                                    .map_err($crate::Judged::into_inner)
+                                            .map_err($crate::Judged::into_inner)
             }
             None => {
                 // Boxed: sqlx's acquire future is large, and would sit

@@ -2,9 +2,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod conns;
+mod error;
+mod ident;
 mod pool;
 mod tx;
 
 pub use conns::{Conns, Judged};
+pub use error::{Class, classify, leaves_connection_sound, to_store_error};
+pub use ident::check_identifier;
 pub use pool::{Conn, ConnectionError, Pool, PoolConfig, Stats};
 pub use tx::{SqlIdemExt, TxConnection, TxFuture, TxStore};

@@ -14,7 +14,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{ConnectionError, Conns};
+use idem_sql::Conns;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -36,7 +36,7 @@ pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
     match e {
         StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
             .downcast_ref::<sqlx::Error>()
-            .is_none_or(ConnectionError::leaves_connection_sound),
+            .is_none_or(sqlx_leaves_connection_sound),
         _ => true,
     }
 }
@@ -44,9 +44,15 @@ pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
 /// [`call_leaves_connection_sound`] for the crate's error.
 fn leaves_connection_sound(e: &Error) -> bool {
     match e {
-        Error::Sqlx(e) => e.leaves_connection_sound(),
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
         _ => true,
     }
+}
+
+/// [`leaves_connection_sound`] for the driver's error: SQLite's own errors
+/// never end the session.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |_| false)
 }
 
 /// An idempotency store in one SQLite table (`idem_records` unless
