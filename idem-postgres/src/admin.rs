@@ -1,38 +1,18 @@
 //! The operator API ([`AdminStore`]) of [`PgStore`]: indexed listing with
 //! keyset pagination, release, delete and counts, one statement each.
 
+use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
+use idem_core::ops::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
-use idem_core::{IdempotencyKey, RecordId, Scope};
-use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::error::{Error, store_error};
 use crate::sql::q;
-use crate::store::{PgStore, truncate};
+use crate::store::PgStore;
 
 fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let scope = Scope::new(
-        row.try_get::<String, _>("owner")?,
-        row.try_get::<String, _>("operation")?,
-    )
-    .map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(row.try_get::<&str, _>("key")?)
-        .map_err(|e| corrupt(format!("stored key: {e}")))?;
-    let state: String = row.try_get("state")?;
-    let attempt: i32 = row.try_get("attempt")?;
-    Ok(RecordSummary {
-        id: RecordId::new(scope, key),
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("negative attempt {attempt}")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    })
+    Ok(idem_sql::decode_summary::<_, i32>(row, idem_sql::text)?)
 }
 
 /// Indexed listing with keyset pagination (the `_sweep_idx` index, where an
@@ -110,16 +90,6 @@ impl AdminStore for PgStore {
                 .await?)
         });
         let row = row?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        idem_sql::decode_counts(&row).map_err(store_error)
     }
 }

@@ -154,6 +154,15 @@ impl From<Error> for StoreError {
     }
 }
 
+impl From<idem_sql::RowError> for Error {
+    fn from(e: idem_sql::RowError) -> Self {
+        match e {
+            idem_sql::RowError::Sqlx(e) => Self::Sqlx(e),
+            idem_sql::RowError::Corrupt(detail) => Self::Corrupt { detail },
+        }
+    }
+}
+
 impl From<Error> for idem_core::Error {
     fn from(e: Error) -> Self {
         StoreError::from(e).into()

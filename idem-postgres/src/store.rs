@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::RecordId;
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::ops::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
@@ -676,54 +675,12 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
 
 /// Reads a record from the row, refusing anything a record cannot hold.
 fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state")?;
-    let state = RecordState::parse(&state)
-        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
-    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
-        None => None,
-        Some(o) => Some(
-            OutcomeKind::parse(&o)
-                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
-        ),
-    };
-    let attempt: i32 = row.try_get("attempt")?;
-    let attempt =
-        u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        outcome,
-        response: row.try_get("response")?,
-        response_expires_at: row
-            .try_get::<Option<i64>, _>("response_expires_at")?
-            .map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    }
-    .validate(BACKEND)
-    .map_err(|e| match e {
-        StoreError::Corrupt { detail, .. } => corrupt(detail),
-        other => corrupt(other.to_string()),
-    })
-}
-
-/// Enough of a corrupted value to recognise it in a log, not more.
-pub(crate) fn truncate(s: &str) -> &str {
-    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 
 /// The `attempt` column, refusing a negative one.
 fn attempt_of(row: &PgRow) -> Result<u32, Error> {
-    let attempt: i32 = row.try_get("attempt")?;
-    u32::try_from(attempt).map_err(|_| Error::Corrupt {
-        detail: format!("negative attempt {attempt}"),
-    })
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
 enum GuardedValue<'a> {

@@ -1,14 +1,13 @@
 //! The operator API ([`AdminStore`]) of [`SqliteStore`]: indexed listing
 //! with keyset pagination, release, delete and counts, one statement each.
 
+use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{Cursor, Page, RecordState, RecordSummary, StateCounts};
+use idem_core::ops::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
-use idem_core::{IdempotencyKey, RecordId, Scope};
-use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::error::{corrupt, map};
+use crate::error::{map, row_error};
 use crate::sql::q;
 use crate::store::SqliteStore;
 
@@ -16,31 +15,8 @@ fn ms(t: Timestamp) -> i64 {
     t.as_unix_millis()
 }
 
-/// Rebuilds a record's identity from its stored columns.
-fn decode_id(owner: String, operation: String, key: &str) -> Result<RecordId, StoreError> {
-    let scope = Scope::new(owner, operation).map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(key).map_err(|e| corrupt(format!("stored key: {e}")))?;
-    Ok(RecordId::new(scope, key))
-}
-
 fn decode_summary(row: &SqliteRow) -> Result<RecordSummary, StoreError> {
-    let id = decode_id(
-        row.try_get("owner").map_err(map)?,
-        row.try_get("operation").map_err(map)?,
-        row.try_get("key").map_err(map)?,
-    )?;
-    let state: String = row.try_get("state").map_err(map)?;
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    Ok(RecordSummary {
-        id,
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {state:?}")))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("attempt {attempt} out of range")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until").map_err(map)?),
-        resource_id: row.try_get("resource_id").map_err(map)?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    })
+    idem_sql::decode_summary::<_, i64>(row, idem_sql::text).map_err(row_error)
 }
 
 /// Indexed listing, keyset pagination; release, delete and counts are one
@@ -109,16 +85,6 @@ impl AdminStore for SqliteStore {
         let row = on_conn!(self, |conn| async {
             query.fetch_one(conn).await.map_err(map)
         })?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(map)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        idem_sql::decode_counts(&row).map_err(map)
     }
 }

@@ -62,6 +62,14 @@ fn is_busy(code: Option<&str>) -> bool {
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
+/// A row that could not be decoded, as a [`StoreError`].
+pub(crate) fn row_error(e: idem_sql::RowError) -> StoreError {
+    match e {
+        idem_sql::RowError::Sqlx(e) => map(e),
+        idem_sql::RowError::Corrupt(detail) => corrupt(detail),
+    }
+}
+
 pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
         backend: BACKEND,

@@ -6,9 +6,8 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use idem_core::adapter::Fingerprint;
 use idem_core::clock::Timestamp;
-use idem_core::ops::{OutcomeKind, PurgeReport, RecordState};
+use idem_core::ops::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
@@ -24,7 +23,7 @@ use sqlx::{Row, Sqlite, SqlitePool};
 use crate::config::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, validate_table_name,
 };
-use crate::error::{BACKEND, Error, corrupt, map};
+use crate::error::{BACKEND, Error, corrupt, map, row_error};
 use crate::sql::{Statements, q};
 
 /// What a connection of the store's own pool is after a call that failed
@@ -468,9 +467,7 @@ fn ms(t: Timestamp) -> i64 {
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    let attempt =
-        u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt} out of range")))?;
+    let attempt = idem_sql::attempt_of::<_, i64>(row).map_err(row_error)?;
     let takeover: Option<String> = row.try_get("takeover").map_err(map)?;
     let reason = takeover
         .map(|t| {
@@ -489,31 +486,7 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
 
 /// Decodes a row of the `fetch` statement, refusing anything malformed.
 fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map)?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state").map_err(map)?;
-    let state =
-        RecordState::parse(&state).ok_or_else(|| corrupt(format!("unknown state {state:?}")))?;
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    let outcome: Option<String> = row.try_get("outcome").map_err(map)?;
-    let outcome = outcome
-        .map(|o| OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {o:?}"))))
-        .transpose()?;
-    let response_expires_at: Option<i64> = row.try_get("response_expires_at").map_err(map)?;
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("attempt {attempt} out of range")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until").map_err(map)?),
-        resource_id: row.try_get("resource_id").map_err(map)?,
-        outcome,
-        response: row.try_get("response").map_err(map)?,
-        response_expires_at: response_expires_at.map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    }
-    .validate(BACKEND)
+    idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
 }
 
 impl SqliteStore {
