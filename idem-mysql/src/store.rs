@@ -3,7 +3,7 @@
 //! except the claim on MySQL (an insert, then a read when the key exists)
 //! and a takeover (the claim, then a guarded update).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::RecordId;
@@ -70,7 +70,8 @@ fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
 /// Build it with [`MySqlStore::new`] (your pool) or [`MySqlStore::connect`],
 /// pick the table with [`MySqlStore::with_table_name`], and create it with
 /// [`MySqlStore::migrate`]. The server's flavour ([`Server`]), which decides
-/// the claim statement, is detected when the store is built.
+/// the claim statement, is detected by [`MySqlStore::connect`], or for a
+/// store over your pool by [`MySqlStore::migrate`] or its first call.
 ///
 /// # Connections
 ///
@@ -96,7 +97,8 @@ pub struct MySqlStore {
     conns: Conns<MySql>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
-    server: Server,
+    /// Named by `with_server`, or detected once and shared by clones.
+    server: Arc<OnceLock<Server>>,
     tx_lock_timeout: Duration,
 }
 
@@ -104,7 +106,7 @@ impl std::fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MySqlStore")
             .field("table", &self.name.table)
-            .field("server", &self.server)
+            .field("server", &self.server.get())
             .field("conns", &self.conns)
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .finish_non_exhaustive()
@@ -113,8 +115,10 @@ impl std::fmt::Debug for MySqlStore {
 
 impl MySqlStore {
     /// A store over an existing pool, using the table `idem_records` of the
-    /// pool's database. Asks the server `SELECT VERSION()` once, to pick the
-    /// claim statement ([`Server`]).
+    /// pool's database. Nothing is asked here (no connection is used): the
+    /// server's flavour, which picks the claim statement ([`Server`]), is
+    /// detected (`SELECT VERSION()`, once) by [`MySqlStore::migrate`] or
+    /// else by the first call, unless [`MySqlStore::with_server`] names it.
     ///
     /// Every call runs on this pool, as given. If you build it yourself,
     /// consider
@@ -133,10 +137,6 @@ impl MySqlStore {
     /// Run [`MySqlStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
     /// yourself) before the first call.
     ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlx`] when the server cannot be asked its version.
-    ///
     /// # Examples
     ///
     /// ```no_run
@@ -147,16 +147,16 @@ impl MySqlStore {
     ///     .test_before_acquire(false)
     ///     .connect("mysql://root@127.0.0.1:3306/test")
     ///     .await?;
-    /// let store = MySqlStore::new(pool).await?.with_table_name("payments_idem")?;
+    /// let store = MySqlStore::new(pool).with_table_name("payments_idem")?;
     /// store.migrate().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn new(pool: MySqlPool) -> Result<Self, Error> {
-        let server = detect(&pool).await?;
-        Ok(Self::with_server_of(Conns::yours(pool), server))
+    #[must_use]
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::with_server_of(Conns::yours(pool), Arc::new(OnceLock::new()))
     }
 
-    fn with_server_of(conns: Conns<MySql>, server: Server) -> Self {
+    fn with_server_of(conns: Conns<MySql>, server: Arc<OnceLock<Server>>) -> Self {
         let name = TableName {
             table: DEFAULT_TABLE.to_owned(),
         };
@@ -201,7 +201,10 @@ impl MySqlStore {
         let conns = Conns::own(pool, options);
         let server =
             idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |c| detect(c))?;
-        Ok(Self::with_server_of(conns, server))
+        Ok(Self::with_server_of(
+            conns,
+            Arc::new(OnceLock::from(server)),
+        ))
     }
 
     /// Uses another table name (default `idem_records`), in the pool's
@@ -226,7 +229,7 @@ impl MySqlStore {
     /// them too: the tests do, to run the MySQL path somewhere).
     #[must_use]
     pub fn with_server(mut self, server: Server) -> Self {
-        self.server = server;
+        self.server = Arc::new(OnceLock::from(server));
         self
     }
 
@@ -244,7 +247,7 @@ impl MySqlStore {
     fn build(
         conns: Conns<MySql>,
         name: TableName,
-        server: Server,
+        server: Arc<OnceLock<Server>>,
         tx_lock_timeout: Duration,
     ) -> Self {
         Self {
@@ -281,6 +284,8 @@ impl MySqlStore {
 
     /// The migration on one connection, under the named lock.
     async fn migrate_on(&self, conn: &mut MySqlConnection) -> Result<(), Error> {
+        // Detected now (if not yet), so that the first call does not ask.
+        self.server_on(&mut *conn).await?;
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
             .bind(crate::schema::MIGRATE_LOCK)
             .fetch_one(&mut *conn)
@@ -328,10 +333,24 @@ impl MySqlStore {
         &self.name.table
     }
 
-    /// The server flavour whose statements the store runs.
+    /// The server flavour whose statements the store runs: named by
+    /// [`MySqlStore::with_server`], or detected by [`MySqlStore::connect`],
+    /// [`MySqlStore::migrate`] or the first call; `None` before that (a
+    /// store over your pool that has not run yet).
     #[must_use]
-    pub fn server(&self) -> Server {
-        self.server
+    pub fn server(&self) -> Option<Server> {
+        self.server.get().copied()
+    }
+
+    /// The server flavour, detected on `conn` (once for the store and its
+    /// clones) if nothing named or detected it yet.
+    async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        // Boxed: the rare path keeps its future out of every claim's.
+        let server = Box::pin(detect(conn)).await?;
+        Ok(*self.server.get_or_init(|| server))
     }
 
     pub(crate) fn sql(&self) -> &Statements {
@@ -360,7 +379,7 @@ impl MySqlStore {
                 .bind(lease)
         };
         let now = req.now.as_unix_millis();
-        let row = match self.server {
+        let row = match self.server_on(&mut *conn).await? {
             Server::MariaDb => {
                 match insert(&self.sql.claim_returning)
                     .bind(now)

@@ -57,8 +57,6 @@ async fn measure(server: Server, own_pool: bool) -> Costs {
         support::connect(1, support::via(&proxy)).await
     } else {
         MySqlStore::new(support::pool(1, support::via(&proxy)).await)
-            .await
-            .expect("version")
     };
     let store = store
         .with_table_name(&table)
