@@ -71,17 +71,9 @@ mod tests {
                 "{ok}"
             );
         }
-        for bad in [
-            "",
-            "1abc",
-            "a-b",
-            "a b",
-            "x`; DROP TABLE y; --",
-            "t;",
-            "é",
-            "a\0",
-            "a".repeat(49).as_str(),
-        ] {
+        // The plain-identifier rule itself is `idem_sql::check_identifier`'s
+        // (tested there); here, that it applies.
+        for bad in ["", "x`; DROP TABLE y; --", "a".repeat(49).as_str()] {
             assert!(
                 matches!(
                     validate_identifier("table", bad, MAX_TABLE_NAME_LEN),

@@ -13,7 +13,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{Conns, TxConnection, TxStore};
+use idem_sql::{Conns, TxConnection, TxStore, fenced};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
@@ -21,7 +21,7 @@ use tracing::debug;
 use crate::config::{
     DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server, validate_identifier,
 };
-use crate::error::{self, BACKEND, Error, code, number, store_error};
+use crate::error::{BACKEND, Error, code, number, store_error};
 use crate::sql::{Statements, TableName, q};
 
 /// What a connection of the store's own pool is after a call that failed
@@ -501,6 +501,8 @@ impl MySqlStore {
             .execute(conn)
             .await
             .map_err(store_error)?;
+        // One row matched (sqlx connects with `CLIENT_FOUND_ROWS`, so an
+        // update that matched but changed nothing counts too).
         fenced(done.rows_affected())
     }
 
@@ -633,17 +635,6 @@ fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
 enum GuardedValue<'a> {
     Int(i64, usize),
     Text(&'a str),
-}
-
-/// One row matched (sqlx connects with `CLIENT_FOUND_ROWS`, so an update
-/// that matched but changed nothing counts too): the token held. None: the
-/// lease is lost (or the record is gone, or no longer in flight).
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
 }
 
 impl Store for MySqlStore {
@@ -799,10 +790,6 @@ impl TxStore for MySqlStore {
 
     fn contention(tries: u32) -> StoreError {
         Error::ClaimContention { tries }.into()
-    }
-
-    fn store_error(e: sqlx::Error) -> StoreError {
-        error::store_error(e)
     }
 
     fn leaves_connection_sound(e: &sqlx::Error) -> bool {

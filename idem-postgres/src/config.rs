@@ -48,16 +48,12 @@ mod tests {
                 "{ok}"
             );
         }
+        // The plain-identifier rule itself is `idem_sql::check_identifier`'s
+        // (tested there); here, that it applies, and the reserved prefix.
         for bad in [
             "",
-            "1abc",
-            "a-b",
-            "a b",
             "x\"; DROP TABLE y; --",
-            "t;",
-            "é",
             "pg_catalog",
-            "a\0",
             "a".repeat(41).as_str(),
         ] {
             assert!(

@@ -12,7 +12,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{Conns, TxConnection, TxStore};
+use idem_sql::{Conns, TxConnection, TxStore, fenced};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tracing::debug;
@@ -21,7 +21,7 @@ use crate::config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
     MAX_TABLE_NAME_LEN, validate_identifier,
 };
-use crate::error::{self, BACKEND, Error, is_lock_timeout, may_have_switched};
+use crate::error::{BACKEND, Error, is_lock_timeout, may_have_switched};
 use crate::replication::{self, Guard, Replication};
 use crate::sql::{Statements, TableName, q};
 
@@ -688,16 +688,6 @@ enum GuardedValue<'a> {
     Text(&'a str),
 }
 
-/// One row changed: the token held. None: the lease is lost (or the record
-/// is gone, or no longer in flight).
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
-}
-
 impl Store for PgStore {
     /// One statement on one checkout (two for a takeover); run again (at
     /// most 8 times in all) only when it lost a race to a concurrent writer
@@ -878,10 +868,6 @@ impl TxStore for PgStore {
 
     fn contention(tries: u32) -> StoreError {
         Error::ClaimContention { tries }.into()
-    }
-
-    fn store_error(e: sqlx::Error) -> StoreError {
-        error::store_error(e)
     }
 
     fn leaves_connection_sound(e: &sqlx::Error) -> bool {

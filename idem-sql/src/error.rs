@@ -64,6 +64,21 @@ where
     }
 }
 
+/// A statement guarded by the fencing token: one row changed (or matched)
+/// means the token held; none means the lease is lost (or the record is
+/// gone, or no longer in flight).
+///
+/// # Errors
+///
+/// [`StoreError::LeaseLost`] unless exactly one row changed.
+pub fn fenced(rows: u64) -> Result<(), StoreError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
 /// Whether the connection a driver error came from is still sound (see
 /// [`ConnectionError`]): a server error is an answer unless `ends_session`
 /// says the server ends the session after it (a shutdown, a `KILL`, a

@@ -9,7 +9,7 @@ mod row;
 mod tx;
 
 pub use conns::{Conns, Judged};
-pub use error::{Class, classify, leaves_connection_sound, to_store_error};
+pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;
 pub use pool::{Conn, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};

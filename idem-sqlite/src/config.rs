@@ -57,18 +57,14 @@ mod tests {
         ] {
             assert_eq!(validate_table_name(ok).ok().as_deref(), Some(ok));
         }
+        // The plain-identifier rule itself is `idem_sql::check_identifier`'s
+        // (tested there); here, that it applies, and the reserved prefix in
+        // any case.
         for bad in [
             "",
-            "1abc",
-            "a-b",
-            "a b",
             "x\"; DROP TABLE y; --",
-            "t'",
-            "t;",
-            "é",
             "sqlite_master",
             "SQLite_x",
-            "a\0",
             "a".repeat(65).as_str(),
         ] {
             assert!(

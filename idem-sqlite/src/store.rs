@@ -412,11 +412,7 @@ impl SqliteStore {
         + Send,
     ) -> Result<(), StoreError> {
         let rows = on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
-        if rows == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
+        idem_sql::fenced(rows)
     }
 
     /// The guarded statement on `conn`; the rows it changed.
