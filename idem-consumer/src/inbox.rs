@@ -1,7 +1,7 @@
 //! The transactional inbox on a SQL store (feature `sql`: Postgres, MySQL,
-//! MariaDB): the claim, the work's own writes and the stored outcome commit
-//! in one transaction, and the broker is told what to do only after the
-//! commit.
+//! MariaDB, SQLite): the claim, the work's own writes and the stored outcome
+//! commit in one transaction, and the broker is told what to do only after
+//! the commit.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::process::{Delivered, rejected};
 
 impl<S: TxStore> Consumer<S> {
     /// [`Consumer::process`] inside one transaction of a SQL store (Postgres,
-    /// MySQL, MariaDB): the claim, every write `work` makes on the connection
+    /// MySQL, MariaDB, SQLite): the claim, every write `work` makes on the connection
     /// it is given, and the stored outcome commit together
     /// ([`SqlIdemExt::execute_in_tx`]), so a message's
     /// local effect is applied exactly once. Tell the broker the returned

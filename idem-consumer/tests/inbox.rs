@@ -1,4 +1,4 @@
-//! The transactional inbox on Postgres and on MariaDB: the claim, the
+//! The transactional inbox on Postgres, MariaDB and SQLite: the claim, the
 //! work's own write and the stored outcome commit together, so a
 //! redelivered message's effect is applied once, and a transient failure
 //! leaves neither the record nor the write behind.
@@ -128,5 +128,10 @@ inbox_scenario!(
 inbox_scenario!(
     the_inbox_on_mariadb_commits_the_effect_once_and_rolls_back_a_transient_failure,
     support::mysql,
+    "?"
+);
+inbox_scenario!(
+    the_inbox_on_sqlite_commits_the_effect_once_and_rolls_back_a_transient_failure,
+    support::sqlite_file,
     "?"
 );

@@ -792,6 +792,10 @@ impl TxStore for MySqlStore {
         Error::ClaimContention { tries }.into()
     }
 
+    fn store_error(e: sqlx::Error) -> StoreError {
+        Error::Sqlx(e).into()
+    }
+
     fn leaves_connection_sound(e: &sqlx::Error) -> bool {
         sqlx_leaves_connection_sound(e)
     }

@@ -870,6 +870,10 @@ impl TxStore for PgStore {
         Error::ClaimContention { tries }.into()
     }
 
+    fn store_error(e: sqlx::Error) -> StoreError {
+        Error::Sqlx(e).into()
+    }
+
     fn leaves_connection_sound(e: &sqlx::Error) -> bool {
         sqlx_leaves_connection_sound(e)
     }

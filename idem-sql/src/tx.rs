@@ -42,7 +42,7 @@ pub trait TxStore: Store + Sized {
     /// The database.
     type Db: Database;
     /// The error of [`TxStore::claim_in_tx`].
-    type Error: From<sqlx::Error> + Into<StoreError> + Send;
+    type Error: Into<StoreError> + Send;
 
     /// The store's connections.
     fn conns(&self) -> &Conns<Self::Db>;
@@ -88,9 +88,7 @@ pub trait TxStore: Store + Sized {
     fn contention(tries: u32) -> StoreError;
 
     /// The driver's error as the store reports it.
-    fn store_error(e: sqlx::Error) -> StoreError {
-        Self::Error::from(e).into()
-    }
+    fn store_error(e: sqlx::Error) -> StoreError;
 
     /// Whether the connection is still sound after the driver's error `e`
     /// (see [`ConnectionError`]).

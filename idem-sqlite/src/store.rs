@@ -13,7 +13,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::Conns;
+use idem_sql::{Conns, TxStore};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -690,6 +690,70 @@ impl Store for SqliteStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+/// The transactional mode ([`SqliteIdemExt`](crate::SqliteIdemExt)) on
+/// SQLite: `BEGIN IMMEDIATE` takes the database's one write lock before the
+/// claim, so the claim (a read, then a write) cannot lose a race, and a
+/// concurrent transactional call waits for that lock up to the busy timeout
+/// (5 s by default), then fails with
+/// [`StoreError::Unavailable`] (503). Plain calls that write wait the same
+/// way; reads do not (WAL). Keep transactional work short: every writer of
+/// the file waits for it.
+impl TxStore for SqliteStore {
+    type Db = Sqlite;
+    type Error = StoreError;
+
+    fn conns(&self) -> &Conns<Sqlite> {
+        &self.conns
+    }
+
+    fn begin_statement(&self) -> String {
+        "BEGIN IMMEDIATE".to_owned()
+    }
+
+    async fn claim_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        self.claim_once(conn, req).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        self.complete_on(conn, id, token, completion).await
+    }
+
+    async fn restart_tx(&self, _: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
+    /// The write lock is taken by `BEGIN IMMEDIATE`, before the claim: the
+    /// claim itself never waits for a lock.
+    fn is_lock_timeout(_: &StoreError) -> bool {
+        false
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        StoreError::Unavailable {
+            backend: BACKEND,
+            source: format!("the claim lost {tries} races in a row").into(),
+        }
+    }
+
+    fn store_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
     }
 }
 
