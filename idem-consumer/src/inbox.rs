@@ -16,10 +16,10 @@ use crate::process::{Delivered, rejected};
 
 impl<S: TxStore> Consumer<S> {
     /// [`Consumer::process`] inside one transaction of a SQL store (Postgres,
-    /// MySQL, MariaDB, SQLite): the claim, every write `work` makes on the connection
-    /// it is given, and the stored outcome commit together
-    /// ([`SqlIdemExt::execute_in_tx`]), so a message's
-    /// local effect is applied exactly once. Tell the broker the returned
+    /// MySQL, MariaDB, SQLite): the claim, every write `work` makes on the
+    /// connection it is given, and the stored outcome commit together
+    /// ([`SqlIdemExt::execute_in_tx`]), so a message's local effect is
+    /// applied exactly once. Tell the broker the returned
     /// [`Disposition`] only after this returns: the commit has happened (or
     /// the transaction rolled back, and the disposition is a retry).
     ///

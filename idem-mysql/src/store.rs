@@ -59,8 +59,11 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// 08): the server ends the session.
 fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
     idem_sql::leaves_connection_sound(e, |e| {
-        matches!(number(e), Some(1053 | 1927 | 4031))
-            || matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("08")))
+        let state = match e {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
     })
 }
 
