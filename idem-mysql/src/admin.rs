@@ -47,7 +47,7 @@ impl AdminStore for MySqlStore {
                 .bind(a.key),
         };
         let query = query.bind(i64::from(limit) + 1);
-        let rows = on_conn!(self, |conn| async {
+        let rows = idem_sql::on_conn!(self, |conn| async {
             query.fetch_all(conn).await.map_err(store_error)
         })?;
         let records = rows
@@ -74,7 +74,7 @@ impl AdminStore for MySqlStore {
             .bind(now)
             .bind(attempt)
             .bind(attempt);
-        let done = on_conn!(self, |conn| async {
+        let done = idem_sql::on_conn!(self, |conn| async {
             query.execute(conn).await.map_err(store_error)
         })?;
         Ok(done.rows_affected() == 1)
@@ -86,7 +86,7 @@ impl AdminStore for MySqlStore {
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(now.as_unix_millis());
-        let done = on_conn!(self, |conn| async {
+        let done = idem_sql::on_conn!(self, |conn| async {
             query.execute(conn).await.map_err(store_error)
         })?;
         Ok(done.rows_affected() == 1)
@@ -95,7 +95,7 @@ impl AdminStore for MySqlStore {
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
         let now = now.as_unix_millis();
         let query = (0..6).fold(q(&self.sql().count_states), |q, _| q.bind(now));
-        let row = on_conn!(self, |conn| async {
+        let row = idem_sql::on_conn!(self, |conn| async {
             query.fetch_one(conn).await.map_err(store_error)
         })?;
         idem_sql::decode_counts(&row).map_err(store_error)

@@ -1,21 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut MySqlConnection`, on one checkout of the store's
-/// connections ([`idem_sql::on_conn!`]). A checkout that fails returns
-/// early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        idem_sql::on_conn!(
-            idem_sql::TxStore::conns($store),
-            $crate::error::store_error,
-            $crate::store::call_leaves_connection_sound,
-            |$conn| $call
-        )
-    };
-}
-
 mod admin;
 mod config;
 mod error;

@@ -13,7 +13,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{Conns, TxConnection, TxStore, fenced};
+use idem_sql::{Conns, SqlStore, TxConnection, TxStore, fenced};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{AssertSqlSafe, Executor, MySql, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
@@ -28,7 +28,7 @@ use crate::sql::{Statements, TableName, q};
 /// with this error: the driver's error inside a [`StoreError`] says whether
 /// the connection is still sound; every other failure (a lost lease, a
 /// corrupt row) comes after complete answers.
-pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
+fn call_leaves_connection_sound(e: &StoreError) -> bool {
     let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = e else {
         return true;
     };
@@ -517,7 +517,7 @@ impl MySqlStore {
         token: Token,
         value: GuardedValue<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, value))
+        idem_sql::on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, value))
     }
 
     async fn guarded_on(
@@ -648,7 +648,7 @@ impl Store for MySqlStore {
     /// duplicate key, a record changed between the read and the takeover).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            let outcome = on_conn!(self, |conn| async {
+            let outcome = idem_sql::on_conn!(self, |conn| async {
                 Ok::<_, StoreError>(self.claim_once(conn, req).await?)
             })?;
             if outcome.is_none() {
@@ -667,7 +667,7 @@ impl Store for MySqlStore {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.complete_once(conn, id, token, completion))
+        idem_sql::on_conn!(self, |conn| self.complete_once(conn, id, token, completion))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -702,7 +702,7 @@ impl Store for MySqlStore {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
         let now = now.as_unix_millis();
-        on_conn!(self, |conn| async {
+        idem_sql::on_conn!(self, |conn| async {
             let row = q(&self.sql.fetch)
                 .bind(now)
                 .bind(id.owner())
@@ -725,7 +725,7 @@ impl Store for MySqlStore {
     /// the round runs again until it removes something or finds nothing due.
     /// Each round moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        on_conn!(self, |conn| self.purge_on(conn, now, limit))
+        idem_sql::on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -749,13 +749,25 @@ impl Store for MySqlStore {
 /// between two statements of the claim) starts the transaction again, at
 /// most 8 times, before the work ever ran. The claim is one round trip on
 /// MariaDB, one or two on MySQL.
-impl TxStore for MySqlStore {
+impl SqlStore for MySqlStore {
     type Db = MySql;
-    type Error = Error;
+    type CallError = StoreError;
 
     fn conns(&self) -> &Conns<MySql> {
         &self.conns
     }
+
+    fn checkout_error(e: sqlx::Error) -> StoreError {
+        store_error(e)
+    }
+
+    fn call_leaves_connection_sound(e: &StoreError) -> bool {
+        call_leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for MySqlStore {
+    type Error = Error;
 
     fn begin_statement(&self) -> String {
         // An integer from a `Duration`: nothing to escape.

@@ -38,7 +38,7 @@ impl AdminStore for PgStore {
                 .bind(a.key),
         };
         let rows: Result<Vec<PgRow>, Error> =
-            on_conn!(self, |conn| async { Ok(query.fetch_all(conn).await?) });
+            idem_sql::on_conn!(self, |conn| async { Ok(query.fetch_all(conn).await?) });
         let rows = rows?;
         let records = rows
             .iter()
@@ -54,7 +54,7 @@ impl AdminStore for PgStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let done: Result<_, Error> = on_conn!(self, |conn| async {
+        let done: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
             let done = q(&self.sql().release_in_flight)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -69,7 +69,7 @@ impl AdminStore for PgStore {
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done: Result<_, Error> = on_conn!(self, |conn| async {
+        let done: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
             let done = q(&self.sql().delete_completed)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -83,7 +83,7 @@ impl AdminStore for PgStore {
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row: Result<PgRow, Error> = on_conn!(self, |conn| async {
+        let row: Result<PgRow, Error> = idem_sql::on_conn!(self, |conn| async {
             Ok(q(&self.sql().count_states)
                 .bind(now.as_unix_millis())
                 .fetch_one(conn)

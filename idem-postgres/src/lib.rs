@@ -1,21 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// Runs `$call`, a future of `Result<_, Error>` on
-/// `$conn: &mut PgConnection`, on one checkout of the store's connections
-/// ([`idem_sql::on_conn!`]). A checkout that fails returns early with
-/// [`Error::Sqlx`] (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        idem_sql::on_conn!(
-            idem_sql::TxStore::conns($store),
-            $crate::Error::Sqlx,
-            $crate::store::leaves_connection_sound,
-            |$conn| $call
-        )
-    };
-}
-
 mod admin;
 mod config;
 mod error;

@@ -12,7 +12,7 @@ use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_sql::{Conns, TxConnection, TxStore, fenced};
+use idem_sql::{Conns, SqlStore, TxConnection, TxStore, fenced};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tracing::debug;
@@ -259,7 +259,7 @@ impl PgStore {
     /// [`Error::Sqlx`] when the server cannot be reached.
     pub async fn check_replication(&self) -> Result<Replication, Error> {
         let found: Result<Replication, Error> =
-            on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
+            idem_sql::on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
         let found = found?;
         self.guard.judge(&found)?;
         Ok(found)
@@ -433,7 +433,7 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<Replication, Error> {
         let found = self.check_replication().await?;
         replication::report(&found);
-        let migrated: Result<(), Error> = on_conn!(self, |conn| async {
+        let migrated: Result<(), Error> = idem_sql::on_conn!(self, |conn| async {
             let mut tx = conn.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(crate::schema::MIGRATE_LOCK)
@@ -627,7 +627,7 @@ impl PgStore {
         value: GuardedValue<'_>,
     ) -> Result<(), StoreError> {
         let rows: Result<u64, Error> =
-            on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
+            idem_sql::on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
         fenced(rows?)
     }
 }
@@ -638,7 +638,7 @@ impl PgStore {
 /// session; decoding, which reads rows a statement already returned in
 /// full; the replication check's verdicts), otherwise re-validated or
 /// replaced (see [`idem_sql::Conn`]).
-pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
+fn leaves_connection_sound(e: &Error) -> bool {
     match e {
         Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
         Error::Corrupt { .. }
@@ -695,7 +695,8 @@ impl Store for PgStore {
     /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.guarded_call(retry_claim_race(BACKEND, || async {
-            let outcome: Result<_, Error> = on_conn!(self, |conn| self.claim_once(conn, req));
+            let outcome: Result<_, Error> =
+                idem_sql::on_conn!(self, |conn| self.claim_once(conn, req));
             let outcome = outcome?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
@@ -716,7 +717,7 @@ impl Store for PgStore {
     ) -> Result<(), StoreError> {
         self.guarded_call(async {
             let applied: Result<bool, Error> =
-                on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
+                idem_sql::on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
             if applied? {
                 Ok(())
             } else {
@@ -759,7 +760,7 @@ impl Store for PgStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        let record: Result<_, Error> = on_conn!(self, |conn| async {
+        let record: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
             let row = q(&self.sql.fetch)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -781,7 +782,7 @@ impl Store for PgStore {
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
         self.guarded_call(async {
             let report: Result<_, Error> =
-                on_conn!(self, |conn| self.purge_batches(conn, now, limit));
+                idem_sql::on_conn!(self, |conn| self.purge_batches(conn, now, limit));
             Ok(report?)
         })
         .await
@@ -826,13 +827,25 @@ impl PgStore {
 /// `SET LOCAL lock_timeout` bounds the wait for a concurrent duplicate, a
 /// lost race runs the claim again in the same transaction, the replication
 /// check runs first, and the call timeout bounds the commit.
-impl TxStore for PgStore {
+impl SqlStore for PgStore {
     type Db = Postgres;
-    type Error = Error;
+    type CallError = Error;
 
     fn conns(&self) -> &Conns<Postgres> {
         &self.conns
     }
+
+    fn checkout_error(e: sqlx::Error) -> Error {
+        Error::Sqlx(e)
+    }
+
+    fn call_leaves_connection_sound(e: &Error) -> bool {
+        leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for PgStore {
+    type Error = Error;
 
     fn begin_statement(&self) -> String {
         // An integer from a `Duration`: nothing to escape.

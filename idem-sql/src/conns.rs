@@ -93,6 +93,38 @@ impl<DB: Database> Conns<DB> {
     }
 }
 
+/// A SQL store as [`on_conn!`](crate::on_conn) sees it: its connections,
+/// and how its calls' errors read.
+pub trait SqlStore: Send + Sync {
+    /// The database.
+    type Db: Database;
+    /// The error a store call returns.
+    type CallError;
+
+    /// The store's connections.
+    fn conns(&self) -> &Conns<Self::Db>;
+
+    /// A checkout that failed, as a call's error.
+    fn checkout_error(e: sqlx::Error) -> Self::CallError;
+
+    /// Whether the connection is still sound after a call failed with `e`
+    /// (see [`ConnectionError`]).
+    fn call_leaves_connection_sound(e: &Self::CallError) -> bool;
+}
+
+/// [`SqlStore::checkout_error`] of the store `_` (for
+/// [`on_conn!`](crate::on_conn), which names the store, not its type).
+#[doc(hidden)]
+pub fn checkout_error_of<S: SqlStore>(_: &S) -> fn(sqlx::Error) -> S::CallError {
+    S::checkout_error
+}
+
+/// [`SqlStore::call_leaves_connection_sound`] of the store `_`.
+#[doc(hidden)]
+pub fn call_sound_of<S: SqlStore>(_: &S) -> fn(&S::CallError) -> bool {
+    S::call_leaves_connection_sound
+}
+
 /// A store call's error with the verdict on its connection: whether every
 /// statement of the call was answered ([`ConnectionError`]). The verdict is
 /// the dialect's, taken when the call fails; [`on_conn!`](crate::on_conn)
@@ -129,11 +161,22 @@ impl<E> ConnectionError for Judged<E> {
 /// `?`, with `$checkout_error(sqlx::Error)`; a call that fails leaves its
 /// connection sound or not as `$sound(&E)` says.
 ///
+/// `on_conn!(store, |conn| call)` takes all three from the store's
+/// [`SqlStore`] impl (`E` is its `CallError`).
+///
 /// A macro rather than a function: the call borrows the connection, the
 /// store and its arguments, and a function would need a boxed,
 /// higher-ranked closure for each call.
 #[macro_export]
 macro_rules! on_conn {
+    ($store:expr, |$conn:ident| $call:expr) => {
+        $crate::on_conn!(
+            $crate::SqlStore::conns($store),
+            $crate::checkout_error_of($store),
+            $crate::call_sound_of($store),
+            |$conn| $call
+        )
+    };
     ($conns:expr, $checkout_error:expr, $sound:expr, |$conn:ident| $call:expr) => {
         match $conns.own_pool() {
             Some(own) => {

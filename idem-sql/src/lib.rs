@@ -8,7 +8,7 @@ mod pool;
 mod row;
 mod tx;
 
-pub use conns::{Conns, Judged};
+pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;
 pub use pool::{Conn, ConnectionError, Pool, PoolConfig, Stats};

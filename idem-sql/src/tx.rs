@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Connection, Database, Transaction};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
-use crate::conns::Conns;
+use crate::conns::SqlStore;
 use crate::pool::ConnectionError;
 
 /// The future a transactional work returns: boxed, because it borrows the
@@ -34,18 +34,13 @@ use crate::pool::ConnectionError;
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
 /// The connection a transactional work writes on, for store `S`.
-pub type TxConnection<S> = <<S as TxStore>::Db as Database>::Connection;
+pub type TxConnection<S> = <<S as SqlStore>::Db as Database>::Connection;
 
 /// A SQL store that can hold a claim inside a transaction: what the one
 /// transactional mode ([`SqlIdemExt`]) needs of a dialect.
-pub trait TxStore: Store + Sized {
-    /// The database.
-    type Db: Database;
+pub trait TxStore: Store + SqlStore + Sized {
     /// The error of [`TxStore::claim_in_tx`].
     type Error: Into<StoreError> + Send;
-
-    /// The store's connections.
-    fn conns(&self) -> &Conns<Self::Db>;
 
     /// The statement that begins the transaction and bounds how long it
     /// waits for a concurrent duplicate's lock.

@@ -40,7 +40,7 @@ impl AdminStore for SqliteStore {
                 .bind(a.operation.as_str())
                 .bind(a.key.as_str()),
         };
-        let rows = on_conn!(self, |conn| async {
+        let rows = idem_sql::on_conn!(self, |conn| async {
             query.fetch_all(conn).await.map_err(map)
         })?;
         let records = rows
@@ -62,7 +62,7 @@ impl AdminStore for SqliteStore {
             .bind(id.key().as_str())
             .bind(ms(now))
             .bind(attempt.map(i64::from));
-        let done = on_conn!(self, |conn| async {
+        let done = idem_sql::on_conn!(self, |conn| async {
             query.execute(conn).await.map_err(map)
         })?;
         Ok(done.rows_affected() == 1)
@@ -74,7 +74,7 @@ impl AdminStore for SqliteStore {
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(ms(now));
-        let done = on_conn!(self, |conn| async {
+        let done = idem_sql::on_conn!(self, |conn| async {
             query.execute(conn).await.map_err(map)
         })?;
         Ok(done.rows_affected() == 1)
@@ -82,7 +82,7 @@ impl AdminStore for SqliteStore {
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
         let query = q(&self.sql().count_states).bind(ms(now));
-        let row = on_conn!(self, |conn| async {
+        let row = idem_sql::on_conn!(self, |conn| async {
             query.fetch_one(conn).await.map_err(map)
         })?;
         idem_sql::decode_counts(&row).map_err(map)

@@ -1,21 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut SqliteConnection`, on one checkout of the store's
-/// connections ([`idem_sql::on_conn!`]). A checkout that fails returns
-/// early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        idem_sql::on_conn!(
-            $store.conns(),
-            $crate::error::map,
-            $crate::store::call_leaves_connection_sound,
-            |$conn| $call
-        )
-    };
-}
-
 mod admin;
 mod config;
 mod error;

@@ -13,7 +13,7 @@ use idem_core::store::{
     StoredRecord, Token, retry_claim_race,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{Conns, TxStore};
+use idem_sql::{Conns, SqlStore, TxStore};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -31,7 +31,7 @@ use crate::sql::{Statements, q};
 /// the connection is still sound; every other failure (a lost lease, a
 /// corrupt row, SQLite's own errors such as `SQLITE_BUSY`) comes after
 /// complete answers.
-pub(crate) fn call_leaves_connection_sound(e: &StoreError) -> bool {
+fn call_leaves_connection_sound(e: &StoreError) -> bool {
     match e {
         StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
             .downcast_ref::<sqlx::Error>()
@@ -391,10 +391,6 @@ impl SqliteStore {
             .await
     }
 
-    pub(crate) fn conns(&self) -> &Conns<Sqlite> {
-        &self.conns
-    }
-
     pub(crate) fn sql(&self) -> &Statements {
         &self.sql
     }
@@ -411,7 +407,7 @@ impl SqliteStore {
         ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>
         + Send,
     ) -> Result<(), StoreError> {
-        let rows = on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
+        let rows = idem_sql::on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
         idem_sql::fenced(rows)
     }
 
@@ -628,7 +624,7 @@ impl Store for SqliteStore {
     /// writer got there first), the record is read again.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            on_conn!(self, |conn| self.claim_once(conn, req))
+            idem_sql::on_conn!(self, |conn| self.claim_once(conn, req))
         })
         .await
     }
@@ -641,7 +637,7 @@ impl Store for SqliteStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.complete_on(conn, id, token, c))
+        idem_sql::on_conn!(self, |conn| self.complete_on(conn, id, token, c))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -678,14 +674,14 @@ impl Store for SqliteStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        on_conn!(self, |conn| self.fetch_on(conn, id, now))
+        idem_sql::on_conn!(self, |conn| self.fetch_on(conn, id, now))
     }
 
     /// One batch of each purge statement, in one transaction; batches that
     /// only re-filed records run again, so an empty report means nothing
     /// is left to purge.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        on_conn!(self, |conn| self.purge_on(conn, now, limit))
+        idem_sql::on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -701,13 +697,25 @@ impl Store for SqliteStore {
 /// [`StoreError::Unavailable`] (503). Plain calls that write wait the same
 /// way; reads do not (WAL). Keep transactional work short: every writer of
 /// the file waits for it.
-impl TxStore for SqliteStore {
+impl SqlStore for SqliteStore {
     type Db = Sqlite;
-    type Error = StoreError;
+    type CallError = StoreError;
 
     fn conns(&self) -> &Conns<Sqlite> {
         &self.conns
     }
+
+    fn checkout_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn call_leaves_connection_sound(e: &StoreError) -> bool {
+        call_leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for SqliteStore {
+    type Error = StoreError;
 
     fn begin_statement(&self) -> String {
         "BEGIN IMMEDIATE".to_owned()
