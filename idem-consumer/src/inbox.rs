@@ -1,24 +1,25 @@
-//! The transactional inbox on Postgres (feature `postgres`): the claim, the
-//! work's own writes and the stored outcome commit in one transaction, and
-//! the broker is told what to do only after the commit.
+//! The transactional inbox on a SQL store (feature `sql`: Postgres, MySQL,
+//! MariaDB, SQLite): the claim, the work's own writes and the stored outcome
+//! commit in one transaction, and the broker is told what to do only after
+//! the commit.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use idem_core::{Attempt, Outcome, Storable};
-use idem_postgres::sqlx::PgConnection;
-use idem_postgres::{PgIdemExt, PgStore, TxFuture};
+use idem_sql::{SqlIdemExt, TxConnection, TxFuture, TxStore};
 
 use crate::config::Consumer;
 use crate::disposition::{Disposition, Processed};
 use crate::process::{Delivered, rejected};
 
-impl Consumer<PgStore> {
-    /// [`Consumer::process`] inside one Postgres transaction: the claim, every
-    /// write `work` makes on the connection it is given, and the stored
-    /// outcome commit together ([`PgIdemExt::execute_in_tx`]), so a message's
-    /// local effect is applied exactly once. Tell the broker the returned
+impl<S: TxStore> Consumer<S> {
+    /// [`Consumer::process`] inside one transaction of a SQL store (Postgres,
+    /// MySQL, MariaDB, SQLite): the claim, every write `work` makes on the
+    /// connection it is given, and the stored outcome commit together
+    /// ([`SqlIdemExt::execute_in_tx`]), so a message's local effect is
+    /// applied exactly once. Tell the broker the returned
     /// [`Disposition`] only after this returns: the commit has happened (or
     /// the transaction rolled back, and the disposition is a retry).
     ///
@@ -35,7 +36,7 @@ impl Consumer<PgStore> {
         T: Storable,
         E: Storable + fmt::Debug,
         O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
     {
         self.delivery(1)
             .process_in_tx(message_id, payload, work)
@@ -43,7 +44,7 @@ impl Consumer<PgStore> {
     }
 }
 
-impl Delivered<'_, PgStore> {
+impl<S: TxStore> Delivered<'_, S> {
     /// [`Consumer::process_in_tx`] for this delivery (its count sets a
     /// retry's backoff).
     pub async fn process_in_tx<T, E, O, F>(
@@ -56,7 +57,7 @@ impl Delivered<'_, PgStore> {
         T: Storable,
         E: Storable + fmt::Debug,
         O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, O> + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
     {
         let consumer = self.consumer();
         let retry = Disposition::Retry {

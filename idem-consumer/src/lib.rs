@@ -4,7 +4,7 @@
 mod backoff;
 mod config;
 mod disposition;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "sql")]
 mod inbox;
 mod process;
 

@@ -243,7 +243,7 @@ impl<S: Store> NatsConsumer<S> {
     /// Acknowledges `msg` per `processed.disposition`, as
     /// [`NatsConsumer::handle`] does after its processing: for a
     /// [`Processed`] made some other way, above all by the transactional
-    /// inbox (`consumer.delivery(n).process_in_tx(..)`, feature `postgres`),
+    /// inbox (`consumer.delivery(n).process_in_tx(..)`, feature `sql`),
     /// whose disposition must reach JetStream only after its commit.
     /// Returns `processed` with the action taken (a dead letter whose hook
     /// failed comes back as the `Retry` that was sent).

@@ -98,13 +98,13 @@ impl<S: Store> Consumer<S> {
 }
 
 impl<'a, S: Store> Delivered<'a, S> {
-    // Only the transactional inbox (feature `postgres`) reads these.
-    #[cfg(feature = "postgres")]
+    // Only the transactional inbox (feature `sql`) reads these.
+    #[cfg(feature = "sql")]
     pub(crate) fn consumer(&self) -> &'a Consumer<S> {
         self.consumer
     }
 
-    #[cfg(feature = "postgres")]
+    #[cfg(feature = "sql")]
     pub(crate) fn count(&self) -> u32 {
         self.count
     }

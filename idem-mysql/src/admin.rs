@@ -1,41 +1,26 @@
 //! The operator API ([`AdminStore`]) of [`MySqlStore`]: indexed listing with
 //! keyset pagination, release, delete and counts, one statement each.
 
+use idem_core::RecordId;
 use idem_core::clock::Timestamp;
+use idem_core::store::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
-use idem_core::store::{Cursor, Page, RecordState, RecordSummary, StateCounts};
-use idem_core::{IdempotencyKey, RecordId, Scope};
 use sqlx::Row;
 use sqlx::mysql::MySqlRow;
 
 use crate::error::{Error, store_error};
 use crate::sql::q;
-use crate::store::{MySqlStore, attempt_of, truncate};
+use crate::store::MySqlStore;
 
 /// A VARBINARY identity column as text (what was stored was text).
-fn text(row: &MySqlRow, col: &str) -> Result<String, Error> {
+fn text(row: &MySqlRow, col: &'static str) -> Result<String, idem_sql::RowError> {
     let bytes: Vec<u8> = row.try_get(col)?;
-    String::from_utf8(bytes).map_err(|_| Error::Corrupt {
-        detail: format!("stored {col} is not UTF-8"),
-    })
+    String::from_utf8(bytes)
+        .map_err(|_| idem_sql::RowError::Corrupt(format!("stored {col} is not UTF-8")))
 }
 
 fn decode_summary(row: &MySqlRow) -> Result<RecordSummary, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let scope = Scope::new(text(row, "owner")?, text(row, "operation")?)
-        .map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(&text(row, "key")?)
-        .map_err(|e| corrupt(format!("stored key: {e}")))?;
-    let state: String = row.try_get("state")?;
-    Ok(RecordSummary {
-        id: RecordId::new(scope, key),
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
-        attempt: attempt_of(row)?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    })
+    Ok(idem_sql::decode_summary::<_, i32>(row, text)?)
 }
 
 /// Indexed listing with keyset pagination (the `sweep_idx` index, where an
@@ -61,11 +46,10 @@ impl AdminStore for MySqlStore {
                 .bind(a.operation)
                 .bind(a.key),
         };
-        let rows = query
-            .bind(i64::from(limit) + 1)
-            .fetch_all(self.pool())
-            .await
-            .map_err(store_error)?;
+        let query = query.bind(i64::from(limit) + 1);
+        let rows = idem_sql::on_conn!(self, |conn| async {
+            query.fetch_all(conn).await.map_err(store_error)
+        })?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -81,7 +65,7 @@ impl AdminStore for MySqlStore {
     ) -> Result<bool, StoreError> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
         let now = now.as_unix_millis();
-        let done = q(&self.sql().release_in_flight)
+        let query = q(&self.sql().release_in_flight)
             .bind(now)
             .bind(now)
             .bind(id.owner())
@@ -89,42 +73,31 @@ impl AdminStore for MySqlStore {
             .bind(id.key().as_str())
             .bind(now)
             .bind(attempt)
-            .bind(attempt)
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
+            .bind(attempt);
+        let done = idem_sql::on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(store_error)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
+        let query = q(&self.sql().delete_completed)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
+            .bind(now.as_unix_millis());
+        let done = idem_sql::on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(store_error)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
         let now = now.as_unix_millis();
-        let row = (0..6)
-            .fold(q(&self.sql().count_states), |q, _| q.bind(now))
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        let query = (0..6).fold(q(&self.sql().count_states), |q, _| q.bind(now));
+        let row = idem_sql::on_conn!(self, |conn| async {
+            query.fetch_one(conn).await.map_err(store_error)
+        })?;
+        idem_sql::decode_counts(&row).map_err(store_error)
     }
 }

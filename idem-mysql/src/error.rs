@@ -2,6 +2,7 @@
 //! [`idem_core::store::StoreError`].
 
 use idem_core::store::StoreError;
+use idem_sql::Class;
 use sqlx::mysql::MySqlDatabaseError;
 
 /// The backend's name in [`StoreError`]s.
@@ -99,39 +100,26 @@ fn is_unavailable_database(e: &sqlx::Error) -> bool {
 
 impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
-        let unavailable = |source: Error| Self::Unavailable {
-            backend: BACKEND,
-            source: Box::new(source),
-        };
-        match e {
-            Error::Corrupt { detail } => Self::Corrupt {
+        if let Error::Corrupt { detail } = e {
+            return Self::Corrupt {
                 backend: BACKEND,
                 detail,
-            },
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::TypeNotFound { .. },
-            ) => Self::Corrupt {
-                backend: BACKEND,
-                detail: e.to_string(),
-            },
-            Error::Sqlx(
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed,
-            )
-            | Error::ClaimContention { .. } => unavailable(e),
-            Error::Sqlx(ref s) if is_unavailable_database(s) => unavailable(e),
-            other => Self::Backend {
-                backend: BACKEND,
-                source: Box::new(other),
-            },
+            };
+        }
+        let class = match &e {
+            Error::Sqlx(s) => idem_sql::classify(s, is_unavailable_database),
+            Error::ClaimContention { .. } => Class::Unavailable,
+            _ => Class::Backend,
+        };
+        idem_sql::to_store_error(BACKEND, class, e)
+    }
+}
+
+impl From<idem_sql::RowError> for Error {
+    fn from(e: idem_sql::RowError) -> Self {
+        match e {
+            idem_sql::RowError::Sqlx(e) => Self::Sqlx(e),
+            idem_sql::RowError::Corrupt(detail) => Self::Corrupt { detail },
         }
     }
 }
@@ -153,14 +141,8 @@ mod tests {
 
     #[test]
     fn mapping_classifies_driver_errors() {
-        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(matches!(store_error(io), StoreError::Unavailable { .. }));
-        assert!(matches!(
-            store_error(sqlx::Error::PoolTimedOut),
-            StoreError::Unavailable { .. }
-        ));
-        let decode = sqlx::Error::Decode("bad".into());
-        assert!(matches!(store_error(decode), StoreError::Corrupt { .. }));
+        // The driver's own errors are classified by `idem_sql::classify`
+        // (tested there); here, this backend's.
         let corrupt = Error::Corrupt { detail: "x".into() };
         assert!(matches!(
             StoreError::from(corrupt),
@@ -169,10 +151,6 @@ mod tests {
         assert!(matches!(
             StoreError::from(Error::ClaimContention { tries: 8 }),
             StoreError::Unavailable { .. }
-        ));
-        assert!(matches!(
-            store_error(sqlx::Error::RowNotFound),
-            StoreError::Backend { .. }
         ));
         assert!(is_unavailable_number(1213));
         assert!(is_unavailable_number(1927));

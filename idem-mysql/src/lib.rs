@@ -7,14 +7,20 @@ mod error;
 mod schema;
 mod sql;
 mod store;
-mod transactional;
 
 pub use config::{DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server};
 pub use error::Error;
+/// [`Idem`](idem_core::Idem) methods that only a SQL store has: the
+/// transactional mode ([`execute_in_tx`](MySqlIdemExt::execute_in_tx)), one
+/// implementation for every SQL dialect. On MySQL and MariaDB the wait for a
+/// concurrent duplicate is bounded with `innodb_lock_wait_timeout` (see
+/// [`MySqlStore::with_tx_lock_timeout`]), and only InnoDB tables take part
+/// in the transaction.
+pub use idem_sql::SqlIdemExt as MySqlIdemExt;
+pub use idem_sql::TxFuture;
 pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::MySqlStore;
-pub use transactional::{MySqlIdemExt, TxFuture};
 
 /// The statements a [`MySqlStore`] runs, exactly as it runs them, for
 /// review, `EXPLAIN` or a raw-driver baseline (the benches use them). Not

@@ -3,20 +3,19 @@
 //! except the claim on MySQL (an insert, then a read when the key exists)
 //! and a takeover (the claim, then a guarded update).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::store::Fingerprint;
+use idem_core::store::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{Conns, SqlStore, TxConnection, TxStore, fenced};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
-use sqlx::{Executor, MySqlConnection, MySqlExecutor, MySqlPool, Row};
+use sqlx::{AssertSqlSafe, Executor, MySql, MySqlConnection, MySqlExecutor, MySqlPool, Row};
 use tracing::debug;
 
 use crate::config::{
@@ -25,72 +24,20 @@ use crate::config::{
 use crate::error::{BACKEND, Error, code, number, store_error};
 use crate::sql::{Statements, TableName, q};
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut MySqlConnection`, on one checkout of the connections the
-/// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
-/// checkout that fails returns early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        match &$store.calls {
-            Some(calls) => {
-                let mut checkout = calls.get().await.map_err(store_error)?;
-                checkout
-                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
-                    .await
-                    .map_err(|CallError(e)| e)
-            }
-            None => {
-                // Boxed: sqlx's acquire future is large, and would sit
-                // inline in every call's future, on either pool.
-                let acquire = Box::pin($store.pool.acquire());
-                let mut checkout = acquire.await.map_err(store_error)?;
-                let $conn: &mut MySqlConnection = &mut checkout;
-                $call.await
-            }
-        }
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: the driver's error inside a [`StoreError`] says whether
+/// the connection is still sound; every other failure (a lost lease, a
+/// corrupt row) comes after complete answers.
+fn call_leaves_connection_sound(e: &StoreError) -> bool {
+    let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = e else {
+        return true;
     };
-}
-
-/// A call's error, as its connection sees it: the driver's error inside a
-/// [`StoreError`] says whether the connection is still sound; every other
-/// failure (a lost lease, a corrupt row) comes after complete answers.
-struct CallError(StoreError);
-
-impl From<StoreError> for CallError {
-    fn from(e: StoreError) -> Self {
-        Self(e)
-    }
-}
-
-impl From<Error> for CallError {
-    fn from(e: Error) -> Self {
-        Self(e.into())
-    }
-}
-
-impl ConnectionError for CallError {
-    fn leaves_connection_sound(&self) -> bool {
-        let (StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. }) = &self.0
-        else {
-            return true;
-        };
-        if let Some(e) = source.downcast_ref::<Error>() {
-            leaves_connection_sound(e)
-        } else {
-            source
-                .downcast_ref::<sqlx::Error>()
-                .is_none_or(ConnectionError::leaves_connection_sound)
-        }
-    }
-}
-
-/// The server detection's error, as its connection sees it.
-struct Detecting(Error);
-
-impl ConnectionError for Detecting {
-    fn leaves_connection_sound(&self) -> bool {
-        leaves_connection_sound(&self.0)
+    if let Some(e) = source.downcast_ref::<Error>() {
+        leaves_connection_sound(e)
+    } else {
+        source
+            .downcast_ref::<sqlx::Error>()
+            .is_none_or(sqlx_leaves_connection_sound)
     }
 }
 
@@ -98,28 +45,26 @@ impl ConnectionError for Detecting {
 /// with this error: sound when every statement was answered and the session
 /// goes on (the server's own errors, except those that end the session;
 /// decoding, which reads rows a statement already returned in full),
-/// otherwise re-validated or replaced (see [`idem_sqlx::Conn`]).
+/// otherwise re-validated or replaced (see [`idem_sql::Conn`]).
 fn leaves_connection_sound(e: &Error) -> bool {
     match e {
-        Error::Sqlx(e @ sqlx::Error::Database(db)) => {
-            // A shutdown (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's
-            // `ER_CONNECTION_KILLED`), MySQL's inactivity disconnect, a
-            // connection exception (SQLSTATE class 08): the server ends
-            // the session.
-            let ends = matches!(number(e), Some(1053 | 1927 | 4031))
-                || db.code().is_some_and(|c| c.starts_with("08"));
-            !ends
-        }
-        Error::Sqlx(
-            sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::ColumnIndexOutOfBounds { .. }
-            | sqlx::Error::TypeNotFound { .. },
-        ) => true,
-        Error::Sqlx(e) => e.leaves_connection_sound(),
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
         _ => true,
     }
+}
+
+/// [`leaves_connection_sound`] for the driver's error: a shutdown
+/// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
+/// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
+/// 08): the server ends the session.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |e| {
+        let state = match e {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
+    })
 }
 
 /// The MySQL / MariaDB idempotency store. Cheap to clone (pools and a few
@@ -128,22 +73,23 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// Build it with [`MySqlStore::new`] (your pool) or [`MySqlStore::connect`],
 /// pick the table with [`MySqlStore::with_table_name`], and create it with
 /// [`MySqlStore::migrate`]. The server's flavour ([`Server`]), which decides
-/// the claim statement, is detected when the store is built.
+/// the claim statement, is detected by [`MySqlStore::connect`], or for a
+/// store over your pool by [`MySqlStore::migrate`] or its first call.
 ///
 /// # Connections
 ///
 /// A store built by [`MySqlStore::connect`] or [`MySqlStore::connect_with`]
-/// runs its calls (claim, completion, release, saved resource id, lease
-/// extension, fetch, purge) on a pool of its own ([`idem_sqlx::Pool`]) that
+/// runs everything (claim, completion, release, saved resource id, lease
+/// extension, fetch, purge, [`MySqlStore::migrate`], the transactional mode
+/// and the operator API) on one pool of its own ([`idem_sql::Pool`]) that
 /// pings a connection neither before a call nor after it. A connection is
 /// re-validated only when a call may have left it unsound (a dropped future:
 /// its answer is awaited off the caller's path, then a ping), and replaced
 /// when a call failed on the wire or the server ended the session (`KILL`, a
-/// shutdown). Up to `max_connections` of the pool options serve the calls,
-/// most recently used first; [`MySqlStore::pool`], a sqlx pool opened lazily
-/// with the same options, serves [`MySqlStore::migrate`], the transactional
-/// mode, the operator API and your own queries, and holds up to
-/// `max_connections` more while they run.
+/// shutdown). Up to `max_connections` of the pool options serve them, most
+/// recently used first (a transaction holds one for as long as it runs);
+/// [`MySqlStore::pool`], a sqlx pool opened lazily with the same options, is
+/// for your own queries only: it opens no connection unless you use it.
 ///
 /// A store over your pool ([`MySqlStore::new`]) runs everything on that
 /// pool, which pings each connection as it takes it back (sqlx does so
@@ -151,13 +97,11 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// holding the connection until it is answered.
 #[derive(Clone)]
 pub struct MySqlStore {
-    pool: MySqlPool,
-    /// The calls' own pool (built by `connect`); `None`: the calls run on
-    /// `pool` (a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+    conns: Conns<MySql>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
-    server: Server,
+    /// Named by `with_server`, or detected once and shared by clones.
+    server: Arc<OnceLock<Server>>,
     tx_lock_timeout: Duration,
 }
 
@@ -165,9 +109,8 @@ impl std::fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MySqlStore")
             .field("table", &self.name.table)
-            .field("server", &self.server)
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
-            .field("pool_size", &self.pool.size())
+            .field("server", &self.server.get())
+            .field("conns", &self.conns)
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .finish_non_exhaustive()
     }
@@ -175,8 +118,10 @@ impl std::fmt::Debug for MySqlStore {
 
 impl MySqlStore {
     /// A store over an existing pool, using the table `idem_records` of the
-    /// pool's database. Asks the server `SELECT VERSION()` once, to pick the
-    /// claim statement ([`Server`]).
+    /// pool's database. Nothing is asked here (no connection is used): the
+    /// server's flavour, which picks the claim statement ([`Server`]), is
+    /// detected (`SELECT VERSION()`, once) by [`MySqlStore::migrate`] or
+    /// else by the first call, unless [`MySqlStore::with_server`] names it.
     ///
     /// Every call runs on this pool, as given. If you build it yourself,
     /// consider
@@ -195,10 +140,6 @@ impl MySqlStore {
     /// Run [`MySqlStore::migrate`] (or apply [`MIGRATION`](crate::MIGRATION)
     /// yourself) before the first call.
     ///
-    /// # Errors
-    ///
-    /// [`Error::Sqlx`] when the server cannot be asked its version.
-    ///
     /// # Examples
     ///
     /// ```no_run
@@ -209,24 +150,20 @@ impl MySqlStore {
     ///     .test_before_acquire(false)
     ///     .connect("mysql://root@127.0.0.1:3306/test")
     ///     .await?;
-    /// let store = MySqlStore::new(pool).await?.with_table_name("payments_idem")?;
+    /// let store = MySqlStore::new(pool).with_table_name("payments_idem")?;
     /// store.migrate().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn new(pool: MySqlPool) -> Result<Self, Error> {
-        let server = detect(&pool).await?;
-        Ok(Self::with_server_of(pool, None, server))
+    #[must_use]
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::with_server_of(Conns::yours(pool), Arc::new(OnceLock::new()))
     }
 
-    fn with_server_of(
-        pool: MySqlPool,
-        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
-        server: Server,
-    ) -> Self {
+    fn with_server_of(conns: Conns<MySql>, server: Arc<OnceLock<Server>>) -> Self {
         let name = TableName {
             table: DEFAULT_TABLE.to_owned(),
         };
-        Self::build(pool, calls, name, server, DEFAULT_TX_LOCK_TIMEOUT)
+        Self::build(conns, name, server, DEFAULT_TX_LOCK_TIMEOUT)
     }
 
     /// Connects to `url` (`mysql://` or `mariadb://`) and returns a store
@@ -264,18 +201,13 @@ impl MySqlStore {
         pool: MySqlPoolOptions,
         options: MySqlConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
-        let server = {
-            let mut conn = calls.get().await?;
-            conn.run(|c| async { detect(c).await.map_err(Detecting) })
-                .await
-                .map_err(|Detecting(e)| e)?
-        };
-        let pool = pool
-            .test_before_acquire(false)
-            .min_connections(0)
-            .connect_lazy_with(options);
-        Ok(Self::with_server_of(pool, Some(calls), server))
+        let conns = Conns::own(pool, options);
+        let server =
+            idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |c| detect(c))?;
+        Ok(Self::with_server_of(
+            conns,
+            Arc::new(OnceLock::from(server)),
+        ))
     }
 
     /// Uses another table name (default `idem_records`), in the pool's
@@ -288,8 +220,7 @@ impl MySqlStore {
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
         Ok(Self::build(
-            self.pool,
-            self.calls,
+            self.conns,
             TableName { table },
             self.server,
             self.tx_lock_timeout,
@@ -301,7 +232,7 @@ impl MySqlStore {
     /// them too: the tests do, to run the MySQL path somewhere).
     #[must_use]
     pub fn with_server(mut self, server: Server) -> Self {
-        self.server = server;
+        self.server = Arc::new(OnceLock::from(server));
         self
     }
 
@@ -317,15 +248,13 @@ impl MySqlStore {
     }
 
     fn build(
-        pool: MySqlPool,
-        calls: Option<idem_sqlx::Pool<MySqlConnection>>,
+        conns: Conns<MySql>,
         name: TableName,
-        server: Server,
+        server: Arc<OnceLock<Server>>,
         tx_lock_timeout: Duration,
     ) -> Self {
         Self {
-            pool,
-            calls,
+            conns,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             server,
@@ -351,7 +280,15 @@ impl MySqlStore {
     /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege,
     /// or the lock not granted within 60 s).
     pub async fn migrate(&self) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await?;
+        idem_sql::on_conn!(self.conns, Error::Sqlx, leaves_connection_sound, |conn| {
+            self.migrate_on(conn)
+        })
+    }
+
+    /// The migration on one connection, under the named lock.
+    async fn migrate_on(&self, conn: &mut MySqlConnection) -> Result<(), Error> {
+        // Detected now (if not yet), so that the first call does not ask.
+        self.server_on(&mut *conn).await?;
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)")
             .bind(crate::schema::MIGRATE_LOCK)
             .fetch_one(&mut *conn)
@@ -374,27 +311,22 @@ impl MySqlStore {
     }
 
     /// The sqlx pool of the store, for your own queries on the same
-    /// database, for its size and idle connections. The transactional mode,
-    /// [`MySqlStore::migrate`] and the operator API run on it; the store's
-    /// calls do too for a store over your pool ([`MySqlStore::new`]), and
-    /// otherwise run on a pool of their own (see
-    /// [Connections](MySqlStore#connections)). To close the store, call
-    /// [`MySqlStore::close`].
+    /// database, for its size and idle connections. A store over your pool
+    /// ([`MySqlStore::new`]) runs everything on it; a store built by
+    /// [`MySqlStore::connect`] runs on a pool of its own and opens this one
+    /// lazily, for you only (see [Connections](MySqlStore#connections)). To
+    /// close the store, call [`MySqlStore::close`].
     #[must_use]
     pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the store's connections: the calls' own pool (its idle
-    /// connections now, the others as their calls end) and
-    /// [`MySqlStore::pool`], which for a store over your pool is yours.
-    /// Every call after it fails with
+    /// Closes the store's connections: its own pool (its idle connections
+    /// now, the others as their calls end) and [`MySqlStore::pool`], which
+    /// for a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`], on every clone.
     pub async fn close(&self) {
-        if let Some(calls) = &self.calls {
-            calls.close();
-        }
-        self.pool.close().await;
+        self.conns.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -404,14 +336,24 @@ impl MySqlStore {
         &self.name.table
     }
 
-    /// The server flavour whose statements the store runs.
+    /// The server flavour whose statements the store runs: named by
+    /// [`MySqlStore::with_server`], or detected by [`MySqlStore::connect`],
+    /// [`MySqlStore::migrate`] or the first call; `None` before that (a
+    /// store over your pool that has not run yet).
     #[must_use]
-    pub fn server(&self) -> Server {
-        self.server
+    pub fn server(&self) -> Option<Server> {
+        self.server.get().copied()
     }
 
-    pub(crate) fn tx_lock_timeout(&self) -> Duration {
-        self.tx_lock_timeout
+    /// The server flavour, detected on `conn` (once for the store and its
+    /// clones) if nothing named or detected it yet.
+    async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        // Boxed: the rare path keeps its future out of every claim's.
+        let server = Box::pin(detect(conn)).await?;
+        Ok(*self.server.get_or_init(|| server))
     }
 
     pub(crate) fn sql(&self) -> &Statements {
@@ -440,7 +382,7 @@ impl MySqlStore {
                 .bind(lease)
         };
         let now = req.now.as_unix_millis();
-        let row = match self.server {
+        let row = match self.server_on(&mut *conn).await? {
             Server::MariaDb => {
                 match insert(&self.sql.claim_returning)
                     .bind(now)
@@ -562,6 +504,8 @@ impl MySqlStore {
             .execute(conn)
             .await
             .map_err(store_error)?;
+        // One row matched (sqlx connects with `CLIENT_FOUND_ROWS`, so an
+        // update that matched but changed nothing counts too).
         fenced(done.rows_affected())
     }
 
@@ -573,7 +517,7 @@ impl MySqlStore {
         token: Token,
         value: GuardedValue<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, value))
+        idem_sql::on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, value))
     }
 
     async fn guarded_on(
@@ -682,68 +626,18 @@ fn is_race(e: &sqlx::Error) -> bool {
 
 /// Reads a record from the row, refusing anything a record cannot hold.
 fn decode_record(row: &MySqlRow) -> Result<StoredRecord, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state")?;
-    let state = RecordState::parse(&state)
-        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
-    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
-        None => None,
-        Some(o) => Some(
-            OutcomeKind::parse(&o)
-                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
-        ),
-    };
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt: attempt_of(row)?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        outcome,
-        response: row.try_get("response")?,
-        response_expires_at: row
-            .try_get::<Option<i64>, _>("response_expires_at")?
-            .map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    }
-    .validate(BACKEND)
-    .map_err(|e| match e {
-        StoreError::Corrupt { detail, .. } => corrupt(detail),
-        other => corrupt(other.to_string()),
-    })
-}
-
-/// Enough of a corrupted value to recognise it in a log, not more.
-pub(crate) fn truncate(s: &str) -> &str {
-    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 
 /// The `attempt` column, refusing a negative one.
-pub(crate) fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
-    let attempt: i32 = row.try_get("attempt")?;
-    u32::try_from(attempt).map_err(|_| Error::Corrupt {
-        detail: format!("negative attempt {attempt}"),
-    })
+fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
 /// The value(s) a guarded update sets: an integer bound `n` times, or text.
 enum GuardedValue<'a> {
     Int(i64, usize),
     Text(&'a str),
-}
-
-/// One row matched (sqlx connects with `CLIENT_FOUND_ROWS`, so an update
-/// that matched but changed nothing counts too): the token held. None: the
-/// lease is lost (or the record is gone, or no longer in flight).
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
 }
 
 impl Store for MySqlStore {
@@ -754,7 +648,7 @@ impl Store for MySqlStore {
     /// duplicate key, a record changed between the read and the takeover).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            let outcome = on_conn!(self, |conn| async {
+            let outcome = idem_sql::on_conn!(self, |conn| async {
                 Ok::<_, StoreError>(self.claim_once(conn, req).await?)
             })?;
             if outcome.is_none() {
@@ -773,7 +667,7 @@ impl Store for MySqlStore {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.complete_once(conn, id, token, completion))
+        idem_sql::on_conn!(self, |conn| self.complete_once(conn, id, token, completion))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -808,7 +702,7 @@ impl Store for MySqlStore {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
         let now = now.as_unix_millis();
-        on_conn!(self, |conn| async {
+        idem_sql::on_conn!(self, |conn| async {
             let row = q(&self.sql.fetch)
                 .bind(now)
                 .bind(id.owner())
@@ -831,10 +725,93 @@ impl Store for MySqlStore {
     /// the round runs again until it removes something or finds nothing due.
     /// Each round moves every row it re-files past `now`, so this ends.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        on_conn!(self, |conn| self.purge_on(conn, now, limit))
+        idem_sql::on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+/// The transactional mode ([`MySqlIdemExt`](crate::MySqlIdemExt)) on MySQL
+/// and MariaDB.
+///
+/// MySQL has no `SET LOCAL`: the bound on the wait for a concurrent
+/// duplicate is set with `SET SESSION innodb_lock_wait_timeout` in the same
+/// round trip as `BEGIN`, and stays on that pooled connection afterwards,
+/// where it also bounds the plain claims that connection runs. Plain calls
+/// on the same key wait the same way, bounded by their connection's
+/// `innodb_lock_wait_timeout` (server default 50 s). Only InnoDB tables take
+/// part in the transaction.
+///
+/// InnoDB rolls a deadlock's victim back whole; the claim is the
+/// transaction's first statement, so a deadlock (or a record changed
+/// between two statements of the claim) starts the transaction again, at
+/// most 8 times, before the work ever ran. The claim is one round trip on
+/// MariaDB, one or two on MySQL.
+impl SqlStore for MySqlStore {
+    type Db = MySql;
+    type CallError = StoreError;
+
+    fn conns(&self) -> &Conns<MySql> {
+        &self.conns
+    }
+
+    fn checkout_error(e: sqlx::Error) -> StoreError {
+        store_error(e)
+    }
+
+    fn call_leaves_connection_sound(e: &StoreError) -> bool {
+        call_leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for MySqlStore {
+    type Error = Error;
+
+    fn begin_statement(&self) -> String {
+        // An integer from a `Duration`: nothing to escape.
+        let secs = self.tx_lock_timeout.as_millis().div_ceil(1000).max(1);
+        format!("SET SESSION innodb_lock_wait_timeout = {secs}; BEGIN")
+    }
+
+    async fn claim_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        self.claim_once(conn, req).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        self.complete_on(conn, id, token, completion).await
+    }
+
+    async fn restart_tx(&self, conn: &mut TxConnection<Self>) -> Result<bool, sqlx::Error> {
+        let restart = format!("ROLLBACK; {}", self.begin_statement());
+        sqlx::raw_sql(AssertSqlSafe(restart)).execute(conn).await?;
+        Ok(true)
+    }
+
+    fn is_lock_timeout(e: &Error) -> bool {
+        matches!(e, Error::Sqlx(e) if number(e) == Some(code::LOCK_WAIT_TIMEOUT))
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        Error::ClaimContention { tries }.into()
+    }
+
+    fn store_error(e: sqlx::Error) -> StoreError {
+        Error::Sqlx(e).into()
+    }
+
+    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
     }
 }

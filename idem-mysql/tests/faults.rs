@@ -27,10 +27,7 @@ async fn store_on(url: &str, max: u32, server: Server) -> MySqlStore {
         .connect(url)
         .await
         .expect("connect to the throwaway server");
-    let store = MySqlStore::new(pool)
-        .await
-        .expect("version")
-        .with_server(server);
+    let store = MySqlStore::new(pool).with_server(server);
     store.migrate().await.expect("migrate");
     store
 }

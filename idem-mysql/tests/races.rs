@@ -35,8 +35,6 @@ async fn stores(
     let mut stores = Vec::new();
     for _ in 0..n {
         let store = MySqlStore::new(support::pool_at(8, isolation).await)
-            .await
-            .expect("version")
             .with_table_name(&fx.table)
             .expect("table")
             .with_server(server);

@@ -1,38 +1,18 @@
 //! The operator API ([`AdminStore`]) of [`PgStore`]: indexed listing with
 //! keyset pagination, release, delete and counts, one statement each.
 
+use idem_core::RecordId;
 use idem_core::clock::Timestamp;
+use idem_core::store::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
-use idem_core::store::{Cursor, Page, RecordState, RecordSummary, StateCounts};
-use idem_core::{IdempotencyKey, RecordId, Scope};
-use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::error::{Error, store_error};
 use crate::sql::q;
-use crate::store::{PgStore, truncate};
+use crate::store::PgStore;
 
 fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let scope = Scope::new(
-        row.try_get::<String, _>("owner")?,
-        row.try_get::<String, _>("operation")?,
-    )
-    .map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(row.try_get::<&str, _>("key")?)
-        .map_err(|e| corrupt(format!("stored key: {e}")))?;
-    let state: String = row.try_get("state")?;
-    let attempt: i32 = row.try_get("attempt")?;
-    Ok(RecordSummary {
-        id: RecordId::new(scope, key),
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("negative attempt {attempt}")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    })
+    Ok(idem_sql::decode_summary::<_, i32>(row, idem_sql::text)?)
 }
 
 /// Indexed listing with keyset pagination (the `_sweep_idx` index, where an
@@ -57,7 +37,9 @@ impl AdminStore for PgStore {
                 .bind(a.operation)
                 .bind(a.key),
         };
-        let rows = query.fetch_all(self.pool()).await.map_err(store_error)?;
+        let rows: Result<Vec<PgRow>, Error> =
+            idem_sql::on_conn!(self, |conn| async { Ok(query.fetch_all(conn).await?) });
+        let rows = rows?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -72,46 +54,42 @@ impl AdminStore for PgStore {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let done = q(&self.sql().release_in_flight)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .bind(attempt)
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
+        let done: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
+            let done = q(&self.sql().release_in_flight)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now.as_unix_millis())
+                .bind(attempt)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        });
+        Ok(done?)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(now.as_unix_millis())
-            .execute(self.pool())
-            .await
-            .map_err(store_error)?;
-        Ok(done.rows_affected() == 1)
+        let done: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
+            let done = q(&self.sql().delete_completed)
+                .bind(id.owner())
+                .bind(id.operation())
+                .bind(id.key().as_str())
+                .bind(now.as_unix_millis())
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        });
+        Ok(done?)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = q(&self.sql().count_states)
-            .bind(now.as_unix_millis())
-            .fetch_one(self.pool())
-            .await
-            .map_err(store_error)?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(store_error)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        let row: Result<PgRow, Error> = idem_sql::on_conn!(self, |conn| async {
+            Ok(q(&self.sql().count_states)
+                .bind(now.as_unix_millis())
+                .fetch_one(conn)
+                .await?)
+        });
+        let row = row?;
+        idem_sql::decode_counts(&row).map_err(store_error)
     }
 }

@@ -28,22 +28,10 @@ pub(crate) fn validate_identifier(
     name: &str,
     max: usize,
 ) -> Result<String, Error> {
-    let invalid = |reason| Err(Error::InvalidIdentifier { what, reason });
-    let mut chars = name.chars();
-    let Some(first) = chars.next() else {
-        return invalid("it is empty");
-    };
-    if name.len() > max {
-        return invalid("it is too long");
-    }
-    if !(first.is_ascii_alphabetic() || first == '_') {
-        return invalid("it must start with an ASCII letter or '_'");
-    }
-    if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return invalid("only ASCII letters, digits and '_' are allowed");
-    }
+    let invalid = |reason| Error::InvalidIdentifier { what, reason };
+    idem_sql::check_identifier(name, max).map_err(invalid)?;
     if name.starts_with("pg_") {
-        return invalid("the pg_ prefix is reserved by PostgreSQL");
+        return Err(invalid("the pg_ prefix is reserved by PostgreSQL"));
     }
     Ok(name.to_owned())
 }
@@ -60,16 +48,12 @@ mod tests {
                 "{ok}"
             );
         }
+        // The plain-identifier rule itself is `idem_sql::check_identifier`'s
+        // (tested there); here, that it applies, and the reserved prefix.
         for bad in [
             "",
-            "1abc",
-            "a-b",
-            "a b",
             "x\"; DROP TABLE y; --",
-            "t;",
-            "é",
             "pg_catalog",
-            "a\0",
             "a".repeat(41).as_str(),
         ] {
             assert!(

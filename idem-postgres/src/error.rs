@@ -2,7 +2,7 @@
 //! [`idem_core::store::StoreError`].
 
 use idem_core::store::StoreError;
-use sqlx::error::DatabaseError;
+use idem_sql::Class;
 
 /// The backend's name in [`StoreError`]s.
 pub(crate) const BACKEND: &str = "postgres";
@@ -131,50 +131,34 @@ pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-fn classify_database(db: &dyn DatabaseError) -> bool {
-    db.code().as_deref().is_some_and(is_unavailable_state)
-}
-
 impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
-        let unavailable = |source: Error| Self::Unavailable {
-            backend: BACKEND,
-            source: Box::new(source),
-        };
-        match e {
-            Error::Corrupt { detail } => Self::Corrupt {
+        if let Error::Corrupt { detail } = e {
+            return Self::Corrupt {
                 backend: BACKEND,
                 detail,
-            },
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::TypeNotFound { .. },
-            ) => Self::Corrupt {
-                backend: BACKEND,
-                detail: e.to_string(),
-            },
-            Error::Sqlx(
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed,
-            )
-            | Error::ClaimContention { .. }
+            };
+        }
+        let class = match &e {
+            Error::Corrupt { .. } | Error::InvalidIdentifier { .. } => Class::Backend,
+            Error::Sqlx(s) => idem_sql::classify(
+                s,
+                |s| matches!(s, sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_unavailable_state)),
+            ),
+            Error::ClaimContention { .. }
             | Error::Standby
             | Error::NotSynchronous { .. }
-            | Error::Timeout { .. } => unavailable(e),
-            Error::Sqlx(sqlx::Error::Database(ref db)) if classify_database(db.as_ref()) => {
-                unavailable(e)
-            }
-            other => Self::Backend {
-                backend: BACKEND,
-                source: Box::new(other),
-            },
+            | Error::Timeout { .. } => Class::Unavailable,
+        };
+        idem_sql::to_store_error(BACKEND, class, e)
+    }
+}
+
+impl From<idem_sql::RowError> for Error {
+    fn from(e: idem_sql::RowError) -> Self {
+        match e {
+            idem_sql::RowError::Sqlx(e) => Self::Sqlx(e),
+            idem_sql::RowError::Corrupt(detail) => Self::Corrupt { detail },
         }
     }
 }
@@ -196,22 +180,12 @@ mod tests {
 
     #[test]
     fn mapping_classifies_driver_errors() {
-        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert!(matches!(store_error(io), StoreError::Unavailable { .. }));
-        assert!(matches!(
-            store_error(sqlx::Error::PoolTimedOut),
-            StoreError::Unavailable { .. }
-        ));
-        let decode = sqlx::Error::Decode("bad".into());
-        assert!(matches!(store_error(decode), StoreError::Corrupt { .. }));
+        // The driver's own errors are classified by `idem_sql::classify`
+        // (tested there); here, this backend's.
         let corrupt = Error::Corrupt { detail: "x".into() };
         assert!(matches!(
             StoreError::from(corrupt),
             StoreError::Corrupt { .. }
-        ));
-        assert!(matches!(
-            store_error(sqlx::Error::RowNotFound),
-            StoreError::Backend { .. }
         ));
         assert!(is_unavailable_state("08006"));
         assert!(is_unavailable_state("57P01"));

@@ -8,17 +8,23 @@ mod replication;
 mod schema;
 mod sql;
 mod store;
-mod transactional;
 
 pub use config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN, MAX_TABLE_NAME_LEN,
 };
 pub use error::Error;
+/// [`Idem`](idem_core::Idem) methods that only a SQL store has: the
+/// transactional mode ([`execute_in_tx`](PgIdemExt::execute_in_tx)), one
+/// implementation for every SQL dialect. On Postgres the wait for a
+/// concurrent duplicate is bounded with `SET LOCAL lock_timeout` (see
+/// [`PgStore::with_tx_lock_timeout`]), the replication check runs first,
+/// and [`PgStore::with_call_timeout`] bounds the commit.
+pub use idem_sql::SqlIdemExt as PgIdemExt;
+pub use idem_sql::TxFuture;
 pub use replication::Replication;
 pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::PgStore;
-pub use transactional::{PgIdemExt, TxFuture};
 
 /// The statements a [`PgStore`] runs, exactly as it runs them, for review,
 /// `EXPLAIN` or a raw-driver baseline (the benches use them). Not part of

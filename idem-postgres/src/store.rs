@@ -7,51 +7,23 @@ use std::time::Duration;
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::store::Fingerprint;
+use idem_core::store::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{Conns, SqlStore, TxConnection, TxStore, fenced};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Row};
+use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
 use tracing::debug;
 
 use crate::config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
     MAX_TABLE_NAME_LEN, validate_identifier,
 };
-use crate::error::{BACKEND, Error, may_have_switched};
+use crate::error::{BACKEND, Error, is_lock_timeout, may_have_switched};
 use crate::replication::{self, Guard, Replication};
 use crate::sql::{Statements, TableName, q};
-
-/// Runs `$call`, a future of `Result<_, Error>` on
-/// `$conn: &mut PgConnection`, on one checkout of the connections the
-/// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over your pool, that pool's. A
-/// checkout that fails returns early with [`Error::Sqlx`] (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        match &$store.calls {
-            Some(calls) => {
-                let mut checkout = calls.get().await.map_err(Error::Sqlx)?;
-                checkout
-                    .run(|$conn| async move { $call.await.map_err(CallError) })
-                    .await
-                    .map_err(|CallError(e)| e)
-            }
-            None => {
-                // Boxed: sqlx's acquire future is large, and would sit
-                // inline in every call's future, on either pool.
-                let acquire = Box::pin($store.pool.acquire());
-                let mut checkout = acquire.await.map_err(Error::Sqlx)?;
-                let $conn: &mut PgConnection = &mut checkout;
-                $call.await
-            }
-        }
-    };
-}
 
 /// The PostgreSQL idempotency store. Cheap to clone (two pools and a few
 /// `Arc`s; clones share them).
@@ -73,19 +45,19 @@ macro_rules! on_conn {
 /// # Connections
 ///
 /// A store built by [`PgStore::connect`] or [`PgStore::connect_with`] runs
-/// its calls (claim, completion, release, saved resource id, lease
-/// extension, fetch, purge and the replication check) on a pool of its own
-/// ([`idem_sqlx::Pool`]) that neither pings a connection before a call nor
-/// after it: a claim, a completion or a replay is one round trip. A
-/// connection is re-validated only when a call may have left it unsound (a
-/// call cut short by [`PgStore::with_call_timeout`] or a dropped future: its
-/// answer is awaited, off the caller's path, then a ping), and replaced when
-/// a call failed on the wire. Up to `max_connections` of the pool options
-/// serve the calls, most recently used first; [`PgStore::pool`], a sqlx
-/// pool opened lazily with the same options, serves [`PgStore::migrate`],
-/// the [transactional mode](crate::PgIdemExt::execute_in_tx), the operator
-/// API and your own queries, and holds up to `max_connections` more while
-/// they run (closed after its `idle_timeout`).
+/// everything (claim, completion, release, saved resource id, lease
+/// extension, fetch, purge, the replication check, [`PgStore::migrate`], the
+/// [transactional mode](crate::PgIdemExt::execute_in_tx) and the operator
+/// API) on one pool of its own ([`idem_sql::Pool`]) that neither pings a
+/// connection before a call nor after it: a claim, a completion or a replay
+/// is one round trip. A connection is re-validated only when a call may
+/// have left it unsound (a call cut short by [`PgStore::with_call_timeout`]
+/// or a dropped future: its answer is awaited, off the caller's path, then
+/// a ping), and replaced when a call failed on the wire. Up to
+/// `max_connections` of the pool options serve them, most recently used
+/// first (a transaction holds one for as long as it runs).
+/// [`PgStore::pool`], a sqlx pool opened lazily with the same options, is
+/// for your own queries only: it opens no connection unless you use it.
 ///
 /// A store over your pool ([`PgStore::new`]) runs everything on that pool,
 /// which pings each connection as it takes it back (sqlx does so
@@ -93,10 +65,7 @@ macro_rules! on_conn {
 /// but holding the connection until it is answered.
 #[derive(Clone)]
 pub struct PgStore {
-    pool: PgPool,
-    /// The calls' own pool (built by `connect`); `None`: the calls run on
-    /// `pool` (a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<PgConnection>>,
+    conns: Conns<Postgres>,
     name: Arc<TableName>,
     sql: Arc<Statements>,
     tx_lock_timeout: Duration,
@@ -108,8 +77,7 @@ impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
             .field("table", &self.name.qualified())
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
-            .field("pool_size", &self.pool.size())
+            .field("conns", &self.conns)
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("require_synchronous_replication", &self.guard.require)
@@ -160,8 +128,7 @@ impl PgStore {
             table: DEFAULT_TABLE.to_owned(),
         };
         Self::build(
-            pool,
-            None,
+            Conns::yours(pool),
             name,
             DEFAULT_TX_LOCK_TIMEOUT,
             Arc::new(Guard::new(false, false)),
@@ -209,18 +176,12 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
-        let pool = pool
-            .test_before_acquire(false)
-            .min_connections(0)
-            .connect_lazy_with(options);
         let name = TableName {
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
         };
         let store = Self::build(
-            pool,
-            Some(calls),
+            Conns::own(pool, options),
             name,
             DEFAULT_TX_LOCK_TIMEOUT,
             Arc::new(Guard::new(false, false)),
@@ -298,7 +259,7 @@ impl PgStore {
     /// [`Error::Sqlx`] when the server cannot be reached.
     pub async fn check_replication(&self) -> Result<Replication, Error> {
         let found: Result<Replication, Error> =
-            on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
+            idem_sql::on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
         let found = found?;
         self.guard.judge(&found)?;
         Ok(found)
@@ -374,15 +335,13 @@ impl PgStore {
     }
 
     fn build(
-        pool: PgPool,
-        calls: Option<idem_sqlx::Pool<PgConnection>>,
+        conns: Conns<Postgres>,
         name: TableName,
         tx_lock_timeout: Duration,
         guard: Arc<Guard>,
     ) -> Self {
         Self {
-            pool,
-            calls,
+            conns,
             sql: Arc::new(Statements::new(&name)),
             name: Arc::new(name),
             tx_lock_timeout,
@@ -474,44 +433,42 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<Replication, Error> {
         let found = self.check_replication().await?;
         replication::report(&found);
-        let mut conn = self.pool().acquire().await?;
-        let mut tx = conn.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(crate::schema::MIGRATE_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        // Several statements in one simple-protocol query; the text is the
-        // shipped file with validated identifiers spliced in.
-        sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        let migrated: Result<(), Error> = idem_sql::on_conn!(self, |conn| async {
+            let mut tx = conn.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(crate::schema::MIGRATE_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            // Several statements in one simple-protocol query; the text is
+            // the shipped file with validated identifiers spliced in.
+            sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        });
+        migrated?;
         Ok(found)
     }
 
     /// The sqlx pool of the store, for your own queries on the same
-    /// database, for its size and idle connections. The transactional mode,
-    /// [`PgStore::migrate`] and the operator API run on it; the store's
-    /// calls do too for a store over your pool ([`PgStore::new`]), and
-    /// otherwise run on a pool of their own (see
-    /// [Connections](PgStore#connections)). To close the store, call
-    /// [`PgStore::close`].
+    /// database, for its size and idle connections. A store over your pool
+    /// ([`PgStore::new`]) runs everything on it; a store built by
+    /// [`PgStore::connect`] runs on a pool of its own and opens this one
+    /// lazily, for you only (see [Connections](PgStore#connections)). To
+    /// close the store, call [`PgStore::close`].
     #[must_use]
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the store's connections: the calls' own pool (its idle
-    /// connections now, the others as their calls end) and
-    /// [`PgStore::pool`], which for a store over your pool is yours. Every
-    /// call after it fails with
+    /// Closes the store's connections: its own pool (its idle connections
+    /// now, the others as their calls end) and [`PgStore::pool`], which for
+    /// a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
     /// clone.
     pub async fn close(&self) {
-        if let Some(calls) = &self.calls {
-            calls.close();
-        }
-        self.pool.close().await;
+        self.conns.close().await;
     }
 
     /// The schema holding the table (default `public`), as validated by
@@ -530,10 +487,6 @@ impl PgStore {
 
     pub(crate) fn name(&self) -> &TableName {
         &self.name
-    }
-
-    pub(crate) fn tx_lock_timeout(&self) -> Duration {
-        self.tx_lock_timeout
     }
 
     pub(crate) fn sql(&self) -> &Statements {
@@ -595,19 +548,6 @@ impl PgStore {
             _ => None,
         };
         Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
-    }
-
-    /// The completion (with the transactional mode's transaction, or a
-    /// connection): `Ok` when it applied, [`StoreError::LeaseLost`] when no
-    /// row changed.
-    pub(crate) async fn complete_on<'c>(
-        &self,
-        conn: impl PgExecutor<'c>,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        fenced(self.complete_rows(conn, id, token, c).await?)
     }
 
     /// The completion's statement; the rows it changed.
@@ -687,40 +627,35 @@ impl PgStore {
         value: GuardedValue<'_>,
     ) -> Result<(), StoreError> {
         let rows: Result<u64, Error> =
-            on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
+            idem_sql::on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
         fenced(rows?)
     }
 }
-
-/// A call's error, as its connection sees it (a private wrapper, so that
-/// the classification stays out of the crate's public API).
-struct CallError(Error);
 
 /// What a connection of the store's own pool is after a call that failed
 /// with this error: sound when every statement was answered and the
 /// session goes on (the server's own errors, except those that end the
 /// session; decoding, which reads rows a statement already returned in
 /// full; the replication check's verdicts), otherwise re-validated or
-/// replaced (see [`idem_sqlx::Conn`]).
-impl ConnectionError for CallError {
-    fn leaves_connection_sound(&self) -> bool {
-        match &self.0 {
-            Error::Sqlx(sqlx::Error::Database(db)) => !ends_session(db.as_ref()),
-            Error::Sqlx(
-                sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnIndexOutOfBounds { .. },
-            )
-            | Error::Corrupt { .. }
-            | Error::Standby
-            | Error::NotSynchronous { .. }
-            | Error::ClaimContention { .. }
-            | Error::InvalidIdentifier { .. } => true,
-            Error::Sqlx(e) => e.leaves_connection_sound(),
-            Error::Timeout { .. } => false,
-        }
+/// replaced (see [`idem_sql::Conn`]).
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        Error::Corrupt { .. }
+        | Error::Standby
+        | Error::NotSynchronous { .. }
+        | Error::ClaimContention { .. }
+        | Error::InvalidIdentifier { .. } => true,
+        Error::Timeout { .. } => false,
     }
+}
+
+/// [`leaves_connection_sound`] for the driver's error.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(
+        e,
+        |e| matches!(e, sqlx::Error::Database(db) if ends_session(db.as_ref())),
+    )
 }
 
 /// Whether the server ends the session after this error: a `FATAL` or
@@ -740,69 +675,17 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
 
 /// Reads a record from the row, refusing anything a record cannot hold.
 fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
-    let corrupt = |detail: String| Error::Corrupt { detail };
-    let fp: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state")?;
-    let state = RecordState::parse(&state)
-        .ok_or_else(|| corrupt(format!("unknown state {:?}", truncate(&state))))?;
-    let outcome = match row.try_get::<Option<String>, _>("outcome")? {
-        None => None,
-        Some(o) => Some(
-            OutcomeKind::parse(&o)
-                .ok_or_else(|| corrupt(format!("unknown outcome {:?}", truncate(&o))))?,
-        ),
-    };
-    let attempt: i32 = row.try_get("attempt")?;
-    let attempt =
-        u32::try_from(attempt).map_err(|_| corrupt(format!("negative attempt {attempt}")))?;
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until")?),
-        resource_id: row.try_get("resource_id")?,
-        outcome,
-        response: row.try_get("response")?,
-        response_expires_at: row
-            .try_get::<Option<i64>, _>("response_expires_at")?
-            .map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
-    }
-    .validate(BACKEND)
-    .map_err(|e| match e {
-        StoreError::Corrupt { detail, .. } => corrupt(detail),
-        other => corrupt(other.to_string()),
-    })
-}
-
-/// Enough of a corrupted value to recognise it in a log, not more.
-pub(crate) fn truncate(s: &str) -> &str {
-    s.char_indices().nth(32).map_or(s, |(i, _)| &s[..i])
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 
 /// The `attempt` column, refusing a negative one.
 fn attempt_of(row: &PgRow) -> Result<u32, Error> {
-    let attempt: i32 = row.try_get("attempt")?;
-    u32::try_from(attempt).map_err(|_| Error::Corrupt {
-        detail: format!("negative attempt {attempt}"),
-    })
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
 enum GuardedValue<'a> {
     Int(i64),
     Text(&'a str),
-}
-
-/// One row changed: the token held. None: the lease is lost (or the record
-/// is gone, or no longer in flight).
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
 }
 
 impl Store for PgStore {
@@ -812,7 +695,8 @@ impl Store for PgStore {
     /// committed.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         self.guarded_call(retry_claim_race(BACKEND, || async {
-            let outcome: Result<_, Error> = on_conn!(self, |conn| self.claim_once(conn, req));
+            let outcome: Result<_, Error> =
+                idem_sql::on_conn!(self, |conn| self.claim_once(conn, req));
             let outcome = outcome?;
             if outcome.is_none() {
                 debug!("claim lost a race; running it again with a fresh snapshot");
@@ -833,7 +717,7 @@ impl Store for PgStore {
     ) -> Result<(), StoreError> {
         self.guarded_call(async {
             let applied: Result<bool, Error> =
-                on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
+                idem_sql::on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
             if applied? {
                 Ok(())
             } else {
@@ -876,7 +760,7 @@ impl Store for PgStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        let record: Result<_, Error> = on_conn!(self, |conn| async {
+        let record: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
             let row = q(&self.sql.fetch)
                 .bind(id.owner())
                 .bind(id.operation())
@@ -898,7 +782,7 @@ impl Store for PgStore {
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
         self.guarded_call(async {
             let report: Result<_, Error> =
-                on_conn!(self, |conn| self.purge_batches(conn, now, limit));
+                idem_sql::on_conn!(self, |conn| self.purge_batches(conn, now, limit));
             Ok(report?)
         })
         .await
@@ -936,5 +820,91 @@ impl PgStore {
                 return Ok(report);
             }
         }
+    }
+}
+
+/// The transactional mode ([`PgIdemExt`](crate::PgIdemExt)) on Postgres:
+/// `SET LOCAL lock_timeout` bounds the wait for a concurrent duplicate, a
+/// lost race runs the claim again in the same transaction, the replication
+/// check runs first, and the call timeout bounds the commit.
+impl SqlStore for PgStore {
+    type Db = Postgres;
+    type CallError = Error;
+
+    fn conns(&self) -> &Conns<Postgres> {
+        &self.conns
+    }
+
+    fn checkout_error(e: sqlx::Error) -> Error {
+        Error::Sqlx(e)
+    }
+
+    fn call_leaves_connection_sound(e: &Error) -> bool {
+        leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for PgStore {
+    type Error = Error;
+
+    fn begin_statement(&self) -> String {
+        // An integer from a `Duration`: nothing to escape.
+        let ms = self.tx_lock_timeout.as_millis().max(1);
+        format!("BEGIN; SET LOCAL lock_timeout = {ms}")
+    }
+
+    async fn claim_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        self.claim_once(conn, req).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        fenced(self.complete_rows(conn, id, token, completion).await?)
+    }
+
+    async fn restart_tx(&self, _: &mut TxConnection<Self>) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
+    fn is_lock_timeout(e: &Error) -> bool {
+        matches!(e, Error::Sqlx(e) if is_lock_timeout(e))
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        Error::ClaimContention { tries }.into()
+    }
+
+    fn store_error(e: sqlx::Error) -> StoreError {
+        Error::Sqlx(e).into()
+    }
+
+    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
+    }
+
+    async fn before_tx(&self) -> Result<(), StoreError> {
+        // The replication check (after a lost connection, or for a store
+        // that never checked), as for the store's own calls.
+        self.ensure_checked().await
+    }
+
+    fn observe(&self, e: &StoreError) {
+        PgStore::observe(self, e);
+    }
+
+    async fn bounded<T: Send>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        PgStore::bounded(self, fut).await
     }
 }

@@ -20,9 +20,9 @@ use support::scenario::{LEASE, Out, engine, request, scope, with_fixture};
 
 /// Counts the statements and round trips each transition sends, through a
 /// counting proxy, on a warm connection (statements already prepared), for
-/// a store with pools of its own (`PgStore::connect_with`): no ping on the
-/// wire, before, between or after the calls (only the transactional mode,
-/// which runs on the sqlx pool, pays sqlx's).
+/// a store with a pool of its own (`PgStore::connect_with`): no ping on the
+/// wire, before, between or after the calls (the transactional mode
+/// included, which runs on the same pool).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_per_transition() {
     let proxy = Proxy::start(support::upstream().await).await;
@@ -212,7 +212,7 @@ async fn transitions(store: PgStore, proxy: Proxy, pings: Pings) {
                 // BEGIN+SET LOCAL, claim, ROLLBACK.
                 assert_eq!((tx_replay.statements(), tx_replay.round_trips()), (3, 3));
                 // Between the statements: nothing, or sqlx's ping per checkout
-                // (the transactional mode runs on the sqlx pool either way).
+                // (the transactional mode runs on the store's one pool too).
                 let per_checkout = u64::from(pings == Pings::OnePerCheckout);
                 for d in [
                     claim,
@@ -229,7 +229,10 @@ async fn transitions(store: PgStore, proxy: Proxy, pings: Pings) {
                     assert_eq!(d.ping, per_checkout, "{d:?}\n{}", r.join("\n"));
                 }
                 assert_eq!(fresh.ping, 2 * per_checkout, "{}", r.join("\n"));
-                assert_eq!((tx_fresh.ping, tx_replay.ping), (1, 1));
+                assert_eq!(
+                    (tx_fresh.ping, tx_replay.ping),
+                    (per_checkout, per_checkout)
+                );
                 rows = r;
             }
         }

@@ -1,14 +1,13 @@
 //! The operator API ([`AdminStore`]) of [`SqliteStore`]: indexed listing
 //! with keyset pagination, release, delete and counts, one statement each.
 
+use idem_core::RecordId;
 use idem_core::clock::Timestamp;
+use idem_core::store::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
-use idem_core::store::{Cursor, Page, RecordState, RecordSummary, StateCounts};
-use idem_core::{IdempotencyKey, RecordId, Scope};
-use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use crate::error::{corrupt, map};
+use crate::error::{map, row_error};
 use crate::sql::q;
 use crate::store::SqliteStore;
 
@@ -16,31 +15,8 @@ fn ms(t: Timestamp) -> i64 {
     t.as_unix_millis()
 }
 
-/// Rebuilds a record's identity from its stored columns.
-fn decode_id(owner: String, operation: String, key: &str) -> Result<RecordId, StoreError> {
-    let scope = Scope::new(owner, operation).map_err(|e| corrupt(format!("stored scope: {e}")))?;
-    let key = IdempotencyKey::parse(key).map_err(|e| corrupt(format!("stored key: {e}")))?;
-    Ok(RecordId::new(scope, key))
-}
-
 fn decode_summary(row: &SqliteRow) -> Result<RecordSummary, StoreError> {
-    let id = decode_id(
-        row.try_get("owner").map_err(map)?,
-        row.try_get("operation").map_err(map)?,
-        row.try_get("key").map_err(map)?,
-    )?;
-    let state: String = row.try_get("state").map_err(map)?;
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    Ok(RecordSummary {
-        id,
-        state: RecordState::parse(&state)
-            .ok_or_else(|| corrupt(format!("unknown state {state:?}")))?,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("attempt {attempt} out of range")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until").map_err(map)?),
-        resource_id: row.try_get("resource_id").map_err(map)?,
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    })
+    idem_sql::decode_summary::<_, i64>(row, idem_sql::text).map_err(row_error)
 }
 
 /// Indexed listing, keyset pagination; release, delete and counts are one
@@ -64,7 +40,9 @@ impl AdminStore for SqliteStore {
                 .bind(a.operation.as_str())
                 .bind(a.key.as_str()),
         };
-        let rows = query.fetch_all(self.pool()).await.map_err(map)?;
+        let rows = idem_sql::on_conn!(self, |conn| async {
+            query.fetch_all(conn).await.map_err(map)
+        })?;
         let records = rows
             .iter()
             .map(decode_summary)
@@ -78,46 +56,35 @@ impl AdminStore for SqliteStore {
         attempt: Option<u32>,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let done = q(&self.sql().release_in_flight)
+        let query = q(&self.sql().release_in_flight)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
             .bind(ms(now))
-            .bind(attempt.map(i64::from))
-            .execute(self.pool())
-            .await
-            .map_err(map)?;
+            .bind(attempt.map(i64::from));
+        let done = idem_sql::on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(map)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        let done = q(&self.sql().delete_completed)
+        let query = q(&self.sql().delete_completed)
             .bind(id.owner())
             .bind(id.operation())
             .bind(id.key().as_str())
-            .bind(ms(now))
-            .execute(self.pool())
-            .await
-            .map_err(map)?;
+            .bind(ms(now));
+        let done = idem_sql::on_conn!(self, |conn| async {
+            query.execute(conn).await.map_err(map)
+        })?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        let row = q(&self.sql().count_states)
-            .bind(ms(now))
-            .fetch_one(self.pool())
-            .await
-            .map_err(map)?;
-        let n = |col: &str| -> Result<u64, StoreError> {
-            let v: i64 = row.try_get(col).map_err(map)?;
-            Ok(u64::try_from(v).unwrap_or(0))
-        };
-        Ok(StateCounts {
-            in_flight: n("in_flight")?,
-            stuck: n("stuck")?,
-            released: n("released")?,
-            completed: n("completed")?,
-            expired: n("expired")?,
-        })
+        let query = q(&self.sql().count_states).bind(ms(now));
+        let row = idem_sql::on_conn!(self, |conn| async {
+            query.fetch_one(conn).await.map_err(map)
+        })?;
+        idem_sql::decode_counts(&row).map_err(map)
     }
 }

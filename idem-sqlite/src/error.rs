@@ -44,41 +44,30 @@ impl From<Error> for idem_core::Error {
     }
 }
 
-/// Maps a sqlx error to the engine's classification.
+/// Maps a sqlx error to the engine's classification: could not reach the
+/// database, or it is busy past the busy timeout, is unavailable (a retry
+/// may succeed); a value edited by hand into the wrong type (SQLite is
+/// dynamically typed) is corrupt.
 pub(crate) fn map(e: sqlx::Error) -> StoreError {
-    match e {
-        // Could not reach the database, or it is busy past the busy timeout:
-        // a retry may succeed.
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StoreError::Unavailable {
-            backend: BACKEND,
-            source: Box::new(e),
-        },
-        sqlx::Error::Database(ref db) if is_busy(db.code().as_deref()) => StoreError::Unavailable {
-            backend: BACKEND,
-            source: Box::new(e),
-        },
-        // SQLite is dynamically typed: a value edited by hand into the wrong
-        // type surfaces here.
-        sqlx::Error::ColumnDecode { .. }
-        | sqlx::Error::Decode(_)
-        | sqlx::Error::ColumnNotFound(_) => StoreError::Corrupt {
-            backend: BACKEND,
-            detail: e.to_string(),
-        },
-        other => StoreError::Backend {
-            backend: BACKEND,
-            source: Box::new(other),
-        },
-    }
+    let class = idem_sql::classify(
+        &e,
+        |e| matches!(e, sqlx::Error::Database(db) if is_busy(db.code().as_deref())),
+    );
+    idem_sql::to_store_error(BACKEND, class, e)
 }
 
 /// SQLITE_BUSY (5) and SQLITE_LOCKED (6), including their extended codes.
 fn is_busy(code: Option<&str>) -> bool {
     code.and_then(|c| c.parse::<i32>().ok())
         .is_some_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+/// A row that could not be decoded, as a [`StoreError`].
+pub(crate) fn row_error(e: idem_sql::RowError) -> StoreError {
+    match e {
+        idem_sql::RowError::Sqlx(e) => map(e),
+        idem_sql::RowError::Corrupt(detail) => corrupt(detail),
+    }
 }
 
 pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {

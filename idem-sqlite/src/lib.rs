@@ -16,6 +16,15 @@ pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::SqliteStore;
 
+/// [`Idem`](idem_core::Idem) methods that only a SQL store has: the
+/// transactional mode ([`execute_in_tx`](SqliteIdemExt::execute_in_tx)), one
+/// implementation for every SQL dialect. On SQLite the transaction begins
+/// with `BEGIN IMMEDIATE`: it holds the database's one write lock from the
+/// claim to the commit, and a concurrent writer waits for it up to the busy
+/// timeout.
+pub use idem_sql::SqlIdemExt as SqliteIdemExt;
+pub use idem_sql::TxFuture;
+
 /// The statements a [`SqliteStore`] runs, exactly as it runs them on its
 /// table, for review, `EXPLAIN QUERY PLAN` or a raw-driver baseline (the
 /// benches use them). Not part of the stable API, like the Postgres and

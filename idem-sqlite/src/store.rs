@@ -7,14 +7,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use idem_core::clock::Timestamp;
-use idem_core::store::Fingerprint;
+use idem_core::store::PurgeReport;
 use idem_core::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
     StoredRecord, Token, retry_claim_race,
 };
-use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
 use idem_core::{RecordId, TakeoverReason};
-use idem_sqlx::{ConnectionError, PoolConfig};
+use idem_sql::{Conns, SqlStore, TxStore};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -24,57 +23,35 @@ use sqlx::{Row, Sqlite, SqlitePool};
 use crate::config::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, validate_table_name,
 };
-use crate::error::{BACKEND, Error, corrupt, map};
+use crate::error::{BACKEND, Error, corrupt, map, row_error};
 use crate::sql::{Statements, q};
 
-/// Runs `$call`, a future of `Result<_, StoreError>` on
-/// `$conn: &mut SqliteConnection`, on one checkout of the connections the
-/// store's calls use: its own pool's (tracked: no ping, see
-/// [`idem_sqlx::Conn`]) or, for a store over a sqlx pool, that pool's. A
-/// checkout that fails returns early (through `?`).
-macro_rules! on_conn {
-    ($store:expr, |$conn:ident| $call:expr) => {
-        match &$store.calls {
-            Some(calls) => {
-                let mut checkout = calls.get().await.map_err(map)?;
-                checkout
-                    .run(|$conn| async move { Ok::<_, CallError>($call.await?) })
-                    .await
-                    .map_err(|CallError(e)| e)
-            }
-            None => {
-                // Boxed: sqlx's acquire future is large, and would sit
-                // inline in every call's future, on either pool.
-                let acquire = Box::pin($store.pool.acquire());
-                let mut checkout = acquire.await.map_err(map)?;
-                let $conn: &mut SqliteConnection = &mut checkout;
-                $call.await
-            }
-        }
-    };
-}
-
-/// A call's error, as its connection sees it: the driver's error inside a
-/// [`StoreError`] says whether the connection is still sound; every other
-/// failure (a lost lease, a corrupt row, SQLite's own errors such as
-/// `SQLITE_BUSY`) comes after complete answers.
-struct CallError(StoreError);
-
-impl From<StoreError> for CallError {
-    fn from(e: StoreError) -> Self {
-        Self(e)
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: the driver's error inside a [`StoreError`] says whether
+/// the connection is still sound; every other failure (a lost lease, a
+/// corrupt row, SQLite's own errors such as `SQLITE_BUSY`) comes after
+/// complete answers.
+fn call_leaves_connection_sound(e: &StoreError) -> bool {
+    match e {
+        StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .is_none_or(sqlx_leaves_connection_sound),
+        _ => true,
     }
 }
 
-impl ConnectionError for CallError {
-    fn leaves_connection_sound(&self) -> bool {
-        match &self.0 {
-            StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
-                .downcast_ref::<sqlx::Error>()
-                .is_none_or(ConnectionError::leaves_connection_sound),
-            _ => true,
-        }
+/// [`call_leaves_connection_sound`] for the crate's error.
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        _ => true,
     }
+}
+
+/// [`leaves_connection_sound`] for the driver's error: SQLite's own errors
+/// never end the session.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |_| false)
 }
 
 /// An idempotency store in one SQLite table (`idem_records` unless
@@ -104,15 +81,16 @@ impl ConnectionError for CallError {
 ///
 /// A file store built by [`SqliteStore::open`], [`SqliteStore::connect`] or
 /// [`SqliteStore::connect_with`] runs its calls on a pool of its own
-/// ([`idem_sqlx::Pool`]) that sends no ping to a connection's worker thread
+/// ([`idem_sql::Pool`]) that sends no ping to a connection's worker thread
 /// before or after a call: a fresh key is its three statements and a replay
 /// its one read, with no other hop. A connection is re-validated only when a
 /// call may have left it unsound (a dropped future: its statement is waited
 /// for, then a ping), and replaced when its worker failed. The most recently
 /// used connection is handed out first, so the completion of a short work
 /// usually runs on the connection (and the page cache) its claim used.
-/// [`SqliteStore::pool`], a sqlx pool on the same file opened lazily, serves
-/// [`SqliteStore::migrate`], the operator API and your own queries.
+/// The same pool serves [`SqliteStore::migrate`] and the operator API;
+/// [`SqliteStore::pool`], a sqlx pool on the same file opened lazily, is for
+/// your own queries only.
 ///
 /// An in-memory database ([`SqliteStore::memory`], or an in-memory URL given
 /// to [`SqliteStore::connect`]) lives exactly as long as its one connection,
@@ -122,10 +100,9 @@ impl ConnectionError for CallError {
 /// ([`SqliteStore::new`]).
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    /// The calls' own pool (a file database built here); `None`: the calls
-    /// run on `pool` (a memory database, or a store over the user's pool).
-    calls: Option<idem_sqlx::Pool<SqliteConnection>>,
+    /// A pool of its own for a file database built here; the user's pool,
+    /// or the one connection of a memory database, otherwise.
+    conns: Conns<Sqlite>,
     table: Arc<str>,
     sql: Arc<Statements>,
 }
@@ -134,8 +111,7 @@ impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
             .field("table", &self.table)
-            .field("calls", &self.calls.as_ref().map(idem_sqlx::Pool::stats))
-            .field("pool_size", &self.pool.size())
+            .field("conns", &self.conns)
             .finish_non_exhaustive()
     }
 }
@@ -161,7 +137,7 @@ impl SqliteStore {
     /// ```
     #[must_use]
     pub fn new(pool: SqlitePool) -> Self {
-        Self::build(pool, None, Arc::from(DEFAULT_TABLE))
+        Self::build(Conns::yours(pool), Arc::from(DEFAULT_TABLE))
     }
 
     /// Connects a pool to the database `url` names (`sqlite://path`,
@@ -242,14 +218,12 @@ impl SqliteStore {
         pool: SqlitePoolOptions,
         options: SqliteConnectOptions,
     ) -> Result<Self, Error> {
-        let calls = idem_sqlx::Pool::new(options.clone(), PoolConfig::from_pool_options(&pool));
-        // Opened now, so that a file that cannot be opened fails here.
-        drop(calls.get().await?);
-        let pool = pool
-            .test_before_acquire(false)
-            .min_connections(0)
-            .connect_lazy_with(options);
-        Ok(Self::build(pool, Some(calls), Arc::from(DEFAULT_TABLE)))
+        let conns = Conns::own(pool, options);
+        if let Some(own) = conns.own_pool() {
+            // Opened now, so that a file that cannot be opened fails here.
+            drop(own.get().await?);
+        }
+        Ok(Self::build(conns, Arc::from(DEFAULT_TABLE)))
     }
 
     /// A store on one in-memory connection, shared by everything.
@@ -325,44 +299,34 @@ impl SqliteStore {
     /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_table_name(table)?;
-        Ok(Self::build(self.pool, self.calls, Arc::from(table)))
+        Ok(Self::build(self.conns, Arc::from(table)))
     }
 
-    fn build(
-        pool: SqlitePool,
-        calls: Option<idem_sqlx::Pool<SqliteConnection>>,
-        table: Arc<str>,
-    ) -> Self {
+    fn build(conns: Conns<Sqlite>, table: Arc<str>) -> Self {
         Self {
-            pool,
-            calls,
+            conns,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
     }
 
     /// The sqlx pool of the store, for your own queries on the same
-    /// database, or for its size and idle connections.
-    /// [`SqliteStore::migrate`] and the operator API run on it; the store's
-    /// calls do too for a memory database and a store over your pool, and
-    /// otherwise run on a pool of their own (see
-    /// [Connections](SqliteStore#connections)). To close the store (before
-    /// the file is removed, say), call [`SqliteStore::close`].
+    /// database, or for its size and idle connections. A memory database
+    /// and a store over your pool run everything on it; a file store built
+    /// here runs on a pool of its own and opens this one lazily, for you
+    /// only (see [Connections](SqliteStore#connections)). To close the store
+    /// (before the file is removed, say), call [`SqliteStore::close`].
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        self.conns.pool()
     }
 
-    /// Closes the store's connections: the calls' own pool (its idle
-    /// connections now, the others as their calls end) and
-    /// [`SqliteStore::pool`], which for a store over your pool is yours.
-    /// Every call after it fails with
+    /// Closes the store's connections: its own pool (its idle connections
+    /// now, the others as their calls end) and [`SqliteStore::pool`], which
+    /// for a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`], on every clone.
     pub async fn close(&self) {
-        if let Some(calls) = &self.calls {
-            calls.close();
-        }
-        self.pool.close().await;
+        self.conns.close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
@@ -392,11 +356,17 @@ impl SqliteStore {
     /// [`Error::Sqlx`] when the DDL fails (e.g. a read-only file without the
     /// table).
     pub async fn migrate(&self) -> Result<(), Error> {
-        let mut conn = self.pool.acquire().await?;
-        if self.has_sweep(&mut conn).await? {
+        idem_sql::on_conn!(self.conns, Error::Sqlx, leaves_connection_sound, |conn| {
+            self.migrate_on(conn)
+        })
+    }
+
+    /// The migration on one connection.
+    async fn migrate_on(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
+        if self.has_sweep(&mut *conn).await? {
             return Ok(());
         }
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
         // Asked again under the write lock: another process may have
         // migrated in between.
         if !self.has_sweep(&mut tx).await? {
@@ -437,12 +407,8 @@ impl SqliteStore {
         ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>
         + Send,
     ) -> Result<(), StoreError> {
-        let rows = on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
-        if rows == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
+        let rows = idem_sql::on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
+        idem_sql::fenced(rows)
     }
 
     /// The guarded statement on `conn`; the rows it changed.
@@ -493,9 +459,7 @@ fn ms(t: Timestamp) -> i64 {
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    let attempt =
-        u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt} out of range")))?;
+    let attempt = idem_sql::attempt_of::<_, i64>(row).map_err(row_error)?;
     let takeover: Option<String> = row.try_get("takeover").map_err(map)?;
     let reason = takeover
         .map(|t| {
@@ -514,31 +478,7 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
 
 /// Decodes a row of the `fetch` statement, refusing anything malformed.
 fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map)?;
-    let fingerprint = Fingerprint::from_slice(&fp)
-        .map_err(|len| corrupt(format!("fingerprint is {len} bytes, not 32")))?;
-    let state: String = row.try_get("state").map_err(map)?;
-    let state =
-        RecordState::parse(&state).ok_or_else(|| corrupt(format!("unknown state {state:?}")))?;
-    let attempt: i64 = row.try_get("attempt").map_err(map)?;
-    let outcome: Option<String> = row.try_get("outcome").map_err(map)?;
-    let outcome = outcome
-        .map(|o| OutcomeKind::parse(&o).ok_or_else(|| corrupt(format!("unknown outcome {o:?}"))))
-        .transpose()?;
-    let response_expires_at: Option<i64> = row.try_get("response_expires_at").map_err(map)?;
-    StoredRecord {
-        fingerprint,
-        state,
-        attempt: u32::try_from(attempt)
-            .map_err(|_| corrupt(format!("attempt {attempt} out of range")))?,
-        lease_until: Timestamp::from_unix_millis(row.try_get("lease_until").map_err(map)?),
-        resource_id: row.try_get("resource_id").map_err(map)?,
-        outcome,
-        response: row.try_get("response").map_err(map)?,
-        response_expires_at: response_expires_at.map(Timestamp::from_unix_millis),
-        key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at").map_err(map)?),
-    }
-    .validate(BACKEND)
+    idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
 }
 
 impl SqliteStore {
@@ -684,7 +624,7 @@ impl Store for SqliteStore {
     /// writer got there first), the record is read again.
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         retry_claim_race(BACKEND, || async {
-            on_conn!(self, |conn| self.claim_once(conn, req))
+            idem_sql::on_conn!(self, |conn| self.claim_once(conn, req))
         })
         .await
     }
@@ -697,7 +637,7 @@ impl Store for SqliteStore {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        on_conn!(self, |conn| self.complete_on(conn, id, token, c))
+        idem_sql::on_conn!(self, |conn| self.complete_on(conn, id, token, c))
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
@@ -734,18 +674,94 @@ impl Store for SqliteStore {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, StoreError> {
-        on_conn!(self, |conn| self.fetch_on(conn, id, now))
+        idem_sql::on_conn!(self, |conn| self.fetch_on(conn, id, now))
     }
 
     /// One batch of each purge statement, in one transaction; batches that
     /// only re-filed records run again, so an empty report means nothing
     /// is left to purge.
     async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        on_conn!(self, |conn| self.purge_on(conn, now, limit))
+        idem_sql::on_conn!(self, |conn| self.purge_on(conn, now, limit))
     }
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::none()
+    }
+}
+
+/// The transactional mode ([`SqliteIdemExt`](crate::SqliteIdemExt)) on
+/// SQLite: `BEGIN IMMEDIATE` takes the database's one write lock before the
+/// claim, so the claim (a read, then a write) cannot lose a race, and a
+/// concurrent transactional call waits for that lock up to the busy timeout
+/// (5 s by default), then fails with
+/// [`StoreError::Unavailable`] (503). Plain calls that write wait the same
+/// way; reads do not (WAL). Keep transactional work short: every writer of
+/// the file waits for it.
+impl SqlStore for SqliteStore {
+    type Db = Sqlite;
+    type CallError = StoreError;
+
+    fn conns(&self) -> &Conns<Sqlite> {
+        &self.conns
+    }
+
+    fn checkout_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn call_leaves_connection_sound(e: &StoreError) -> bool {
+        call_leaves_connection_sound(e)
+    }
+}
+
+impl TxStore for SqliteStore {
+    type Error = StoreError;
+
+    fn begin_statement(&self) -> String {
+        "BEGIN IMMEDIATE".to_owned()
+    }
+
+    async fn claim_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        self.claim_once(conn, req).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        self.complete_on(conn, id, token, completion).await
+    }
+
+    async fn restart_tx(&self, _: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+        Ok(false)
+    }
+
+    /// The write lock is taken by `BEGIN IMMEDIATE`, before the claim: the
+    /// claim itself never waits for a lock.
+    fn is_lock_timeout(_: &StoreError) -> bool {
+        false
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        StoreError::Unavailable {
+            backend: BACKEND,
+            source: format!("the claim lost {tries} races in a row").into(),
+        }
+    }
+
+    fn store_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
     }
 }
 

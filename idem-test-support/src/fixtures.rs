@@ -173,8 +173,6 @@ pub async fn mysql() -> MySql {
         .await
         .unwrap_or_else(|e| mysql_down(&e));
     let store = idem_mysql::MySqlStore::new(pool)
-        .await
-        .unwrap_or_else(|e| mysql_down(&e))
         .with_table_name(&table)
         .expect("table name");
     store.migrate().await.expect("migrate");

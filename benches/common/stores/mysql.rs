@@ -33,7 +33,7 @@ impl RawMySql {
     pub(crate) fn new(store: &MySqlStore, body_len: usize) -> Self {
         Self {
             pool: store.pool().clone(),
-            server: store.server(),
+            server: store.server().expect("detected by connect or migrate"),
             claim: idem_mysql::statements::claim_returning(store).to_owned(),
             insert: idem_mysql::statements::insert(store).to_owned(),
             read: idem_mysql::statements::read(store).to_owned(),

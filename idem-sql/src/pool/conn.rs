@@ -1,15 +1,14 @@
 //! A checked-out connection ([`Conn`]) and what it records: whether every
 //! statement sent on it was answered ([`ConnectionError`] says which errors
-//! are answers).
+//! are answers); the deadpool [`Manager`](managed::Manager) that opens a
+//! connection and lets a checkout reuse it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use deadpool::managed::Object;
-use sqlx::Connection;
-
-use crate::pool::{Counters, Manager};
+use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult};
+use sqlx::{ConnectOptions, Connection};
 
 /// An error that can tell whether the connection it came from is still in
 /// step with the server: whether the server answered the statement
@@ -38,7 +37,7 @@ impl ConnectionError for sqlx::Error {
 
 /// What is known of a connection's protocol state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
+pub(super) enum State {
     /// Every statement sent on it was answered: it is reused as it is.
     Sound,
     /// A statement was sent and its answer not read (its future is
@@ -49,15 +48,15 @@ pub(crate) enum State {
 }
 
 /// A pooled connection and what the pool knows of it.
-pub(crate) struct Tracked<C> {
-    pub(crate) conn: C,
-    pub(crate) state: State,
-    pub(crate) opened: Instant,
+pub(super) struct Tracked<C> {
+    pub(super) conn: C,
+    pub(super) state: State,
+    pub(super) opened: Instant,
     /// When it last went back to the pool.
-    pub(crate) returned: Instant,
+    pub(super) returned: Instant,
     /// How long a dropped statement's answers and the ping may take.
-    pub(crate) revalidate_timeout: Option<Duration>,
-    pub(crate) counters: Arc<Counters>,
+    pub(super) revalidate_timeout: Option<Duration>,
+    pub(super) counters: Arc<Counters>,
 }
 
 /// A connection checked out of a [`Pool`](crate::Pool), returned to it when
@@ -91,7 +90,7 @@ impl<C: Connection + 'static> std::fmt::Debug for Conn<C> {
 }
 
 impl<C: Connection + 'static> Conn<C> {
-    pub(crate) fn new(obj: Object<Manager<C>>) -> Self {
+    pub(super) fn new(obj: Object<Manager<C>>) -> Self {
         Self { obj: Some(obj) }
     }
 
@@ -113,7 +112,7 @@ impl<C: Connection + 'static> Conn<C> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), sqlx::Error> {
-    /// use idem_sqlx::{Pool, PoolConfig};
+    /// use idem_sql::{Pool, PoolConfig};
     /// use sqlx::SqliteConnection;
     /// use sqlx::sqlite::SqliteConnectOptions;
     ///
@@ -190,4 +189,60 @@ async fn revalidate<C: Connection + 'static>(mut obj: Object<Manager<C>>) {
 fn discard<C: Connection + 'static>(obj: Object<Manager<C>>) {
     obj.counters.discarded.fetch_add(1, Ordering::Relaxed);
     drop(Object::take(obj));
+}
+
+/// What the pool did so far, counted by its connections.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) opened: AtomicU64,
+    pub(super) reused: AtomicU64,
+    pub(super) revalidated: AtomicU64,
+    pub(super) discarded: AtomicU64,
+}
+
+/// Opens connections with the options it holds, and lets a checkout reuse
+/// an idle one only when it is sound (no round trip) and neither too old
+/// nor idle too long.
+pub(super) struct Manager<C: Connection + 'static> {
+    pub(super) options: C::Options,
+    pub(super) max_lifetime: Option<Duration>,
+    pub(super) idle_timeout: Option<Duration>,
+    pub(super) revalidate_timeout: Option<Duration>,
+    pub(super) counters: Arc<Counters>,
+}
+
+impl<C: Connection + 'static> managed::Manager for Manager<C> {
+    type Type = Tracked<C>;
+    type Error = sqlx::Error;
+
+    async fn create(&self) -> Result<Tracked<C>, sqlx::Error> {
+        // Boxed: a driver's handshake future is large (TLS, authentication),
+        // and every checkout's future would otherwise carry it inline for
+        // the rare checkout that connects.
+        let conn = Box::pin(self.options.connect()).await?;
+        self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        Ok(Tracked {
+            conn,
+            state: State::Sound,
+            opened: now,
+            returned: now,
+            revalidate_timeout: self.revalidate_timeout,
+            counters: Arc::clone(&self.counters),
+        })
+    }
+
+    async fn recycle(&self, t: &mut Tracked<C>, _: &Metrics) -> RecycleResult<sqlx::Error> {
+        let stale =
+            |limit: Option<Duration>, since: Instant| limit.is_some_and(|l| since.elapsed() >= l);
+        if t.state != State::Sound
+            || stale(self.max_lifetime, t.opened)
+            || stale(self.idle_timeout, t.returned)
+        {
+            self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            return Err(RecycleError::message("unsound, too old or idle too long"));
+        }
+        self.counters.reused.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 }

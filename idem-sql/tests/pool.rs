@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_sqlx::{ConnectionError, Pool, PoolConfig, Stats};
+use idem_sql::{ConnectionError, Pool, PoolConfig, Stats};
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteConnectOptions;
 
@@ -16,7 +16,7 @@ impl TempDb {
     fn new() -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
         Self(std::env::temp_dir().join(format!(
-            "idem-sqlx-test-{}-{}.db",
+            "idem-sql-test-{}-{}.db",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         )))

@@ -1,15 +1,18 @@
 //! The pool ([`Pool`]), its settings ([`PoolConfig`]) and its counters
-//! ([`Stats`]); the deadpool [`Manager`](deadpool::managed::Manager) that
-//! opens and recycles connections.
+//! ([`Stats`]). What a connection is and how one is opened, recycled and
+//! re-validated is in `conn` (which knows nothing of this module).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, PoolError, QueueMode, RecycleError, RecycleResult};
-use sqlx::{ConnectOptions, Connection};
+use deadpool::managed::{self, PoolError, QueueMode};
+use sqlx::Connection;
 
-use crate::conn::{Conn, State, Tracked};
+mod conn;
+
+pub use conn::{Conn, ConnectionError};
+use conn::{Counters, Manager};
 
 /// How long a connection whose statement was dropped mid-flight may take to
 /// answer it and a ping before it is closed, unless configured otherwise.
@@ -129,59 +132,6 @@ pub struct Stats {
     pub discarded: u64,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    opened: AtomicU64,
-    reused: AtomicU64,
-    pub(crate) revalidated: AtomicU64,
-    pub(crate) discarded: AtomicU64,
-}
-
-/// Opens connections with the options it holds, and lets a checkout reuse
-/// an idle one only when it is sound (no round trip) and neither too old
-/// nor idle too long.
-pub(crate) struct Manager<C: Connection + 'static> {
-    options: C::Options,
-    config: PoolConfig,
-    counters: Arc<Counters>,
-}
-
-impl<C: Connection + 'static> managed::Manager for Manager<C> {
-    type Type = Tracked<C>;
-    type Error = sqlx::Error;
-
-    async fn create(&self) -> Result<Tracked<C>, sqlx::Error> {
-        // Boxed: a driver's handshake future is large (TLS, authentication),
-        // and every checkout's future would otherwise carry it inline for
-        // the rare checkout that connects.
-        let conn = Box::pin(self.options.connect()).await?;
-        self.counters.opened.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        Ok(Tracked {
-            conn,
-            state: State::Sound,
-            opened: now,
-            returned: now,
-            revalidate_timeout: self.config.revalidate_timeout,
-            counters: Arc::clone(&self.counters),
-        })
-    }
-
-    async fn recycle(&self, t: &mut Tracked<C>, _: &Metrics) -> RecycleResult<sqlx::Error> {
-        let stale =
-            |limit: Option<Duration>, since: Instant| limit.is_some_and(|l| since.elapsed() >= l);
-        if t.state != State::Sound
-            || stale(self.config.max_lifetime, t.opened)
-            || stale(self.config.idle_timeout, t.returned)
-        {
-            self.counters.discarded.fetch_add(1, Ordering::Relaxed);
-            return Err(RecycleError::message("unsound, too old or idle too long"));
-        }
-        self.counters.reused.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// A pool of sqlx connections of type `C` that never pings a connection it
 /// takes back or hands out: a connection is re-validated only when a
 /// statement may have left it unsound (see [`Conn`]).
@@ -225,7 +175,9 @@ impl<C: Connection + 'static> Pool<C> {
         let counters = Arc::new(Counters::default());
         let manager = Manager {
             options,
-            config,
+            max_lifetime: config.max_lifetime,
+            idle_timeout: config.idle_timeout,
+            revalidate_timeout: config.revalidate_timeout,
             counters: Arc::clone(&counters),
         };
         let inner = managed::Pool::builder(manager)

@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod conns;
+mod error;
+mod ident;
+mod pool;
+mod row;
+mod tx;
+
+pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
+pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
+pub use ident::check_identifier;
+pub use pool::{Conn, ConnectionError, Pool, PoolConfig, Stats};
+pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
+pub use tx::{SqlIdemExt, TxConnection, TxFuture, TxStore};
