@@ -13,6 +13,8 @@
 //! | `idem_recoveries_total` | counter | `operation`, `reason` | a claim took over a record: `lease_expired` (a crash, or an operator release) or `released` (after a transient failure) |
 //! | `idem_transient_releases_total` | counter | `operation` | the work failed transiently and the key was released ([`Claim::complete`](crate::Claim::complete) with `Transient`) |
 //! | `idem_responses_not_stored_total` | counter | `operation` | the work finished but its outcome was not stored (too large, not encodable, or the store failed): retries get 409 or a recovery |
+//! | `idem_background_completions_total` | counter | `operation`, `result` | a completion whose write failed after the store retries, kept and written again in the background: `stored`, `fenced` (a newer attempt took the record over), `expired` (the lease ended first: left to recovery), `failed` (refused by the store), `dropped` (not kept: the backlog was full) |
+//! | `idem_completions_pending` | gauge | | completions kept in the background now (see [`Idem::drain_completions`](crate::Idem::drain_completions)) |
 //! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch` (an operator's inspect), `purge`; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
 //! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
 //! | `idem_work_seconds` | histogram | `operation` | how long the work ran: from the won claim to its completion, release or hand-over to a transaction (every path) |
@@ -76,6 +78,22 @@ mod on {
     pub(crate) fn record_not_stored(op: &Arc<str>) {
         metrics::counter!("idem_responses_not_stored_total", "operation" => operation(op))
             .increment(1);
+    }
+
+    /// What became of a completion kept in the background.
+    pub(crate) fn record_background_completion(op: &Arc<str>, result: &'static str) {
+        metrics::counter!(
+            "idem_background_completions_total",
+            "operation" => operation(op),
+            "result" => result
+        )
+        .increment(1);
+    }
+
+    /// Completions kept in the background now.
+    #[allow(clippy::cast_precision_loss)]
+    pub(crate) fn set_completions_pending(n: usize) {
+        metrics::gauge!("idem_completions_pending").set(n as f64);
     }
 
     pub(crate) fn record_recovery(op: &Arc<str>, reason: TakeoverReason) {
@@ -204,6 +222,12 @@ mod on {
 
     #[inline(always)]
     pub(crate) fn record_not_stored(_op: &Arc<str>) {}
+
+    #[inline(always)]
+    pub(crate) fn record_background_completion(_op: &Arc<str>, _result: &'static str) {}
+
+    #[inline(always)]
+    pub(crate) fn set_completions_pending(_n: usize) {}
 
     #[inline(always)]
     pub(crate) fn record_recovery(_op: &Arc<str>, _reason: TakeoverReason) {}

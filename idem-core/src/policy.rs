@@ -32,6 +32,7 @@ pub enum InFlightMode {
 /// | `max_response_bytes` | 1 MiB |
 /// | `fields` | [`FieldFilter::All`] |
 /// | `store_retries` | 3 tries, 50 ms apart, for the completion write |
+/// | `completion_backlog` | 1024 completions kept and written again in the background when that write still fails |
 ///
 /// # Examples
 ///
@@ -60,6 +61,7 @@ pub struct Policy {
     fields: FieldFilter,
     store_retries: u32,
     store_retry_backoff: Duration,
+    completion_backlog: usize,
 }
 
 impl Default for Policy {
@@ -73,6 +75,7 @@ impl Default for Policy {
             fields: FieldFilter::All,
             store_retries: 3,
             store_retry_backoff: Duration::from_millis(50),
+            completion_backlog: 1024,
         }
     }
 }
@@ -176,6 +179,13 @@ impl Policy {
     pub fn store_retry_backoff(&self) -> Duration {
         self.store_retry_backoff
     }
+    /// How many completions whose write still failed after
+    /// [`store_retries`](Self::store_retries) are kept and written again in
+    /// the background (see [`Idem::drain_completions`](crate::Idem::drain_completions)).
+    #[must_use]
+    pub fn completion_backlog(&self) -> usize {
+        self.completion_backlog
+    }
 }
 
 /// Builds a [`Policy`]; see its defaults table.
@@ -235,6 +245,20 @@ impl PolicyBuilder {
     pub fn store_retries(mut self, tries: u32, backoff: Duration) -> Self {
         self.0.store_retries = tries;
         self.0.store_retry_backoff = backoff;
+        self
+    }
+    /// How many completions whose write still fails after the store retries
+    /// are kept and written again in the background, under their fencing
+    /// token, until stored, fenced off by a newer attempt, or their lease
+    /// ends (default 1024 per engine and its clones; 0 keeps none: such a
+    /// completion is left to lease expiry and recovery). A database that
+    /// fails over while a completion is pending then gets it within
+    /// seconds of the promotion, and the client's retry replays it instead
+    /// of running the work again. See
+    /// [`Idem::drain_completions`](crate::Idem::drain_completions).
+    #[must_use]
+    pub fn completion_backlog(mut self, n: usize) -> Self {
+        self.0.completion_backlog = n;
         self
     }
 

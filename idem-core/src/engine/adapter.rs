@@ -233,6 +233,7 @@ impl<S: Store> Idem<S> {
             claimed.previous,
             Arc::clone(&self.clock),
             control,
+            ticket.lease_until,
         );
         Ok(Begin::Run(Claim::new(self.clone(), attempt)))
     }

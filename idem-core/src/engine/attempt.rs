@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::store::any::DynStore;
 use crate::store::{Previous, Token};
 use crate::{Error, RecordId, TakeoverReason};
@@ -51,6 +51,9 @@ struct Inner {
     /// `None` when the writes are deferred (a claim held by a transaction).
     control: Option<Arc<dyn DynStore>>,
     resource_id: Mutex<Option<String>>,
+    /// The lease's end as this attempt last set it (the claim's, then each
+    /// extension's).
+    lease_until: Mutex<Timestamp>,
 }
 
 impl fmt::Debug for Attempt {
@@ -72,6 +75,7 @@ impl Attempt {
         previous: Option<Previous>,
         clock: Arc<dyn Clock>,
         control: Option<Arc<dyn DynStore>>,
+        lease_until: Timestamp,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -82,6 +86,7 @@ impl Attempt {
                 clock,
                 control,
                 resource_id: Mutex::new(None),
+                lease_until: Mutex::new(lease_until),
             }),
         }
     }
@@ -166,7 +171,18 @@ impl Attempt {
             .extend_lease(&i.id, i.token, until)
             .await
             .map_err(Error::from)?;
+        if let Ok(mut end) = i.lease_until.lock() {
+            *end = until;
+        }
         Ok(())
+    }
+
+    /// The lease's end as this attempt last set it.
+    pub(crate) fn lease_until(&self) -> Timestamp {
+        self.inner
+            .lease_until
+            .lock()
+            .map_or_else(|poisoned| *poisoned.into_inner(), |end| *end)
     }
 
     /// Names the resource the work created, saved with the outcome at no

@@ -175,7 +175,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
                 Err(self.lease_lost())
             }
             Err(e) => {
-                warn!(error = %e, "completion not stored; left to lease expiry and recovery");
+                self.keep(&pending.completion(), &e);
                 Ok(pending.not_written())
             }
         }
@@ -213,7 +213,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             }
             Err(StoreError::LeaseLost) => Err(self.lease_lost()),
             Err(e) => {
-                warn!(error = %e, "completion not stored; left to lease expiry and recovery");
+                self.keep(&completion, &e);
                 crate::metrics::record_not_stored(op);
                 Ok(false)
             }
@@ -273,6 +273,23 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
                 done
             })
             .await
+    }
+
+    /// A completion whose write failed with `e` after the policy's retries:
+    /// kept and written again in the background (see
+    /// [`Idem::drain_completions`]), else left to lease expiry and recovery.
+    fn keep(&self, completion: &Completion<'_>, e: &StoreError) {
+        let (id, token) = (self.attempt.record(), self.attempt.token());
+        let lease_until = self.attempt.lease_until();
+        if e.is_retryable()
+            && self
+                .idem
+                .keep_completion(id, token, completion, lease_until)
+        {
+            warn!(error = %e, "completion not stored yet; written again in the background until stored or the lease ends");
+        } else {
+            warn!(error = %e, "completion not stored; left to lease expiry and recovery");
+        }
     }
 
     /// The lost lease, counted as a rejection like every refusal.

@@ -10,6 +10,7 @@ use tracing::debug;
 
 use crate::Policy;
 use crate::clock::{Clock, SystemClock};
+use crate::engine::backlog::Backlog;
 use crate::store::any::DynStore;
 use crate::store::{Store, StoreError};
 
@@ -51,6 +52,8 @@ pub struct Idem<S> {
     /// The store's token-guarded writes for attempts, made once (not per
     /// claim).
     pub(crate) control: Arc<dyn DynStore>,
+    /// Completions written again in the background, shared by the clones.
+    pub(crate) backlog: Arc<Backlog>,
 }
 
 impl<S> Clone for Idem<S> {
@@ -60,6 +63,7 @@ impl<S> Clone for Idem<S> {
             policy: Arc::clone(&self.policy),
             clock: Arc::clone(&self.clock),
             control: Arc::clone(&self.control),
+            backlog: Arc::clone(&self.backlog),
         }
     }
 }
@@ -86,6 +90,7 @@ impl<S: Store> Idem<S> {
             store,
             policy: Arc::new(Policy::default()),
             clock: Arc::new(SystemClock),
+            backlog: Arc::default(),
         }
     }
 

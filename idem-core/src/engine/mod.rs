@@ -6,6 +6,7 @@
 
 pub(crate) mod adapter;
 pub(crate) mod attempt;
+pub(crate) mod backlog;
 pub(crate) mod claim;
 pub(crate) mod codec;
 pub(crate) mod core;

@@ -9,8 +9,16 @@ use crate::store::Store;
 use crate::{Error, Idem};
 
 use super::support::{
-    Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, scope,
+    Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, policy_builder, scope,
 };
+
+/// The test policy, keeping no completion in the background.
+fn no_backlog() -> crate::Policy {
+    policy_builder(crate::InFlightMode::Reject)
+        .completion_backlog(0)
+        .build()
+        .expect("valid policy")
+}
 
 /// An engine on `store` behind a [`FailingStore`] (returned too, to switch
 /// its failures), on `clock`, in reject mode.
@@ -25,14 +33,17 @@ fn failing_engine<S: Store>(
     (failing, idem)
 }
 
-/// If the outcome cannot be stored after the work succeeded, the caller still
-/// gets the work's result (marked not stored), duplicates get 409 (never a
-/// second run while the lease holds), and after the lease the next attempt is
-/// a recovery that finds the saved resource id and reconciles. A store that is down
-/// before the claim gives a typed 503 and runs nothing.
+/// If the outcome cannot be stored after the work succeeded, and the engine
+/// keeps no completion in the background (`completion_backlog(0)`), the
+/// caller still gets the work's result (marked not stored), duplicates get
+/// 409 (never a second run while the lease holds), and after the lease the
+/// next attempt is a recovery that finds the saved resource id and
+/// reconciles. A store that is down before the claim gives a typed 503 and
+/// runs nothing.
 pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let (failing, idem) = failing_engine(&store, &clock);
+    let idem = idem.with_policy(no_backlog());
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
 
     failing.fail_all(true);
@@ -146,4 +157,138 @@ pub async fn completion_with_a_lost_reply_is_reported_stored<S: Store>(store: Ar
         .expect("record");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.attempt, 1);
+}
+
+/// How long a test waits for the engine's background completions.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// A completion whose write still fails after the store retries is kept and
+/// written again in the background under the attempt's token: while the
+/// store fails, duplicates get 409 (nothing runs); once the store answers,
+/// the completion is stored (the process survived its database's failover),
+/// and the retry replays the first outcome. The work runs once.
+pub async fn unstored_completion_is_written_in_the_background<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let (failing, idem) = failing_engine(&store, &clock);
+    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let work = |runs: Counter, id: &'static str| {
+        move |_| async move {
+            runs.hit();
+            Out::Success(Charge {
+                id: id.into(),
+                amount: 100,
+            })
+        }
+    };
+
+    failing.fail_complete(true);
+    let reply = idem
+        .execute(
+            &scope,
+            &key,
+            &charge_request(100),
+            work(runs.clone(), "ch_1"),
+        )
+        .await
+        .expect("the caller gets the work's result");
+    assert!(!reply.is_stored(), "not stored yet");
+    assert_eq!(idem.pending_completions(), 1, "kept in the background");
+    let err = idem
+        .execute(&scope, &key, &charge_request(100), work(runs.clone(), "no"))
+        .await
+        .expect_err("in flight while the store fails");
+    assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+
+    failing.fail_complete(false);
+    assert_eq!(
+        idem.drain_completions(DRAIN).await,
+        0,
+        "stored in the background"
+    );
+    let rec = store
+        .fetch(&super::support::record_id(&scope, &key), clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(rec.state, RecordState::Completed);
+    let replay = idem
+        .execute(&scope, &key, &charge_request(100), work(runs.clone(), "no"))
+        .await
+        .expect("replay");
+    assert!(replay.is_replay());
+    assert_eq!(replay.into_result().expect("ok").id, "ch_1");
+    assert_eq!(runs.get(), 1, "the work ran once");
+}
+
+/// A completion kept in the background is given up when the attempt's
+/// lease ends (the store never came back in time): the record is then left
+/// to recovery, which reconciles from the saved resource id; the late write
+/// never lands after the lease. And the backlog is bounded: over
+/// `completion_backlog`, a completion is not kept (left to recovery).
+pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) {
+    let clock = ManualClock::starting_now();
+    let (failing, idem) = failing_engine(&store, &clock);
+    let one = policy_builder(crate::InFlightMode::Reject)
+        .completion_backlog(1)
+        .build()
+        .expect("valid policy");
+    let idem = idem.with_policy(one);
+    let scope = scope("POST /charges");
+    let (key, other, runs) = (key(), super::support::key(), Counter::default());
+
+    failing.fail_complete(true);
+    for (k, id) in [(&key, "ch_1"), (&other, "ch_2")] {
+        let r = runs.clone();
+        let reply = idem
+            .execute(&scope, k, &charge_request(100), move |a| async move {
+                r.hit();
+                a.save_resource_id(id).await.expect("save_resource_id");
+                Out::Success(Charge {
+                    id: id.into(),
+                    amount: 100,
+                })
+            })
+            .await
+            .expect("the work's result");
+        assert!(!reply.is_stored());
+    }
+    assert_eq!(
+        idem.pending_completions(),
+        1,
+        "one kept, the second over the bound"
+    );
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    assert_eq!(
+        idem.drain_completions(DRAIN).await,
+        0,
+        "given up at the lease's end"
+    );
+    failing.fail_complete(false);
+    let rec = store
+        .fetch(&super::support::record_id(&scope, &key), clock.now())
+        .await
+        .expect("fetch")
+        .expect("record");
+    assert_eq!(
+        rec.state,
+        RecordState::InFlight,
+        "never written after the lease"
+    );
+    for (k, id) in [(&key, "ch_1"), (&other, "ch_2")] {
+        let reply = idem
+            .execute(&scope, k, &charge_request(100), |a| async move {
+                assert!(a.is_recovery());
+                let id = a
+                    .previous_resource_id()
+                    .expect("saved resource id")
+                    .to_owned();
+                Out::Success(Charge { id, amount: 100 })
+            })
+            .await
+            .expect("recovery");
+        assert!(reply.is_stored());
+        assert_eq!(reply.into_result().expect("ok").id, id);
+    }
+    assert_eq!(runs.get(), 2, "each ran once; the recoveries reconciled");
 }

@@ -142,6 +142,8 @@ macro_rules! store_conformance {
             claim_reports_existing_records,
             completion_failure_leaves_record_to_recovery,
             completion_with_a_lost_reply_is_reported_stored,
+            unstored_completion_is_written_in_the_background,
+            background_completion_ends_with_the_lease,
             extended_lease_outlives_key_ttl,
             takeover_lease_outlives_key_ttl,
             claim_checks_the_lease_before_key_expiry,

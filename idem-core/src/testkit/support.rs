@@ -39,6 +39,13 @@ pub(crate) const KEY_TTL: Duration = Duration::from_secs(86_400);
 pub(crate) const MAX_RESPONSE: usize = 64 * 1024;
 
 pub(crate) fn policy(in_flight: InFlightMode) -> Policy {
+    policy_builder(in_flight)
+        .build()
+        .expect("test policy is valid")
+}
+
+/// The test policy's builder, for a scenario that changes one setting.
+pub(crate) fn policy_builder(in_flight: InFlightMode) -> crate::PolicyBuilder {
     Policy::builder()
         .lease(LEASE)
         .response_ttl(RESPONSE_TTL)
@@ -46,8 +53,6 @@ pub(crate) fn policy(in_flight: InFlightMode) -> Policy {
         .max_response_bytes(MAX_RESPONSE)
         .in_flight(in_flight)
         .store_retries(2, Duration::from_millis(5))
-        .build()
-        .expect("test policy is valid")
 }
 
 pub(crate) fn engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<Arc<S>> {
