@@ -127,10 +127,22 @@ where
                     if let Err(e) = claim.release().await {
                         warn!(error = %e, "transient answer: release failed; left to lease expiry");
                     }
-                    Ok(false)
+                    Ok(Finished::Released)
                 }
-                Capture::NotStored => claim.complete_not_stored().await.map(|_| true),
-                Capture::Store(outcome) => claim.complete(outcome).await.map(|_| true),
+                Capture::NotStored => claim
+                    .complete_not_stored()
+                    .await
+                    .map(|written| Finished::stored_unless(!written)),
+                Capture::Store(outcome) => claim
+                    .complete(outcome)
+                    .await
+                    .map(|reply| Finished::stored_unless(reply.is_pending())),
+            };
+            // A pending completion may still answer "done" when a later
+            // recovery will find the resource id the handler saved.
+            let finished = match finished {
+                Ok(Finished::Pending) if attempt.has_saved_resource_id() => Ok(Finished::Stored),
+                other => other,
             };
             (finished, done)
         }
@@ -166,8 +178,31 @@ where
     match finished {
         Err(e @ Error::LeaseLost { .. }) => return Ok(Answer::Reject(Rejection::Engine(e))),
         Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
-        Ok(stored) => {
-            span.record("outcome", if stored { "executed" } else { "released" });
+        Ok(Finished::Pending) => {
+            // The handler ran but its outcome is not stored yet (the store
+            // failed: a failover, a call timeout), and it saved no resource
+            // id a recovery could reconcile from. Its answer would tell the
+            // client "done" for work that a retry after the lease could run
+            // again, so the client is told to retry instead: 503 with
+            // `Retry-After`. The engine keeps writing the outcome in the
+            // background; once it is stored, the retry replays it.
+            span.record("outcome", "pending");
+            warn!("outcome not stored yet: answered 503 so that the retry replays it");
+            let pending = idem_core::store::StoreError::Unavailable {
+                backend: "idem",
+                source: "the outcome is not stored yet".into(),
+            };
+            return Ok(Answer::Reject(Rejection::Engine(Error::Store(pending))));
+        }
+        Ok(f) => {
+            span.record(
+                "outcome",
+                if f == Finished::Released {
+                    "released"
+                } else {
+                    "executed"
+                },
+            );
         }
     }
     match done {
@@ -177,6 +212,24 @@ where
         }
         Done::Err(e) => Err(e),
         Done::Reject(r) => Ok(Answer::Reject(r)),
+    }
+}
+
+/// How a claim was finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finished {
+    /// The outcome is stored (or completed without its body).
+    Stored,
+    /// A transient answer: the key was released.
+    Released,
+    /// The completion's write failed: kept and written again in the
+    /// background.
+    Pending,
+}
+
+impl Finished {
+    fn stored_unless(pending: bool) -> Self {
+        if pending { Self::Pending } else { Self::Stored }
     }
 }
 

@@ -12,6 +12,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 
+/// How long a shutdown waits for the outcomes the engine is still writing
+/// in the background ([`Idem::drain_completions`]).
+const DRAIN_COMPLETIONS: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The shutdown state a layer hands to the layers built from it
 /// (`to_builder`): its tracker of detached handlers and its closed flag.
 pub(crate) type Link = (TaskTracker, Arc<AtomicBool>);
@@ -65,5 +69,14 @@ impl<S, M> Shared<S, M> {
     {
         self.close();
         self.tracker.wait().await;
+        // Outcomes whose completion is still being written in the
+        // background (the store failed when their handler finished).
+        let left = self.idem.drain_completions(DRAIN_COMPLETIONS).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "shutdown: completions still unstored, left to recovery"
+            );
+        }
     }
 }

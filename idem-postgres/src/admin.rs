@@ -3,8 +3,8 @@
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::store::{Cursor, Page, RecordSummary, StateCounts};
 use idem_core::store::{AdminStore, InFlightQuery, StoreError};
+use idem_core::store::{Cursor, Page, RecordSummary, StateCounts};
 use sqlx::postgres::PgRow;
 
 use crate::error::{Error, store_error};

@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, SystemClock, Timestamp};
-use idem_core::store::{Fingerprint, OutcomeKind};
 use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, Store, Token};
+use idem_core::store::{Fingerprint, OutcomeKind};
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::aio::MultiplexedConnection;

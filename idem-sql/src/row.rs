@@ -4,8 +4,8 @@
 
 use std::fmt::Display;
 
-use idem_core::store::Fingerprint;
 use idem_core::clock::Timestamp;
+use idem_core::store::Fingerprint;
 use idem_core::store::{OutcomeKind, RecordState, RecordSummary, StateCounts};
 use idem_core::store::{StoreError, StoredRecord};
 use idem_core::{IdempotencyKey, RecordId, Scope};

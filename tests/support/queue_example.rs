@@ -222,7 +222,6 @@ impl Db {
     }
 }
 
-
 /// The `<ms>` of a `retry <id> after <ms>` line.
 pub(crate) fn retry_ms(line: &str, id: &str) -> u64 {
     let prefix = format!("retry {id} after ");

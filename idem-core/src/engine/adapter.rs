@@ -435,6 +435,7 @@ impl<T, E> PendingCompletion<T, E> {
             replayed: false,
             attempt: self.attempt.number(),
             stored,
+            pending: false,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,6 +52,8 @@ struct Inner {
     /// `None` when the writes are deferred (a claim held by a transaction).
     control: Option<Arc<dyn DynStore>>,
     resource_id: Mutex<Option<String>>,
+    /// Whether [`Attempt::save_resource_id`] wrote a resource id.
+    saved: AtomicBool,
     /// The lease's end as this attempt last set it (the claim's, then each
     /// extension's).
     lease_until: Mutex<Timestamp>,
@@ -86,6 +89,7 @@ impl Attempt {
                 clock,
                 control,
                 resource_id: Mutex::new(None),
+                saved: AtomicBool::new(false),
                 lease_until: Mutex::new(lease_until),
             }),
         }
@@ -152,7 +156,19 @@ impl Attempt {
             .save_resource_id(&i.id, i.token, resource_id)
             .await
             .map_err(Error::from)?;
+        i.saved.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether [`Attempt::save_resource_id`] wrote a resource id to the
+    /// store in this attempt: a later recovery will be given it
+    /// ([`Attempt::previous_resource_id`]), so it can reconcile instead of
+    /// acting twice. An adapter whose completion is not stored yet
+    /// ([`Reply::is_pending`](crate::Reply::is_pending)) may still answer
+    /// "done" when this is `true`.
+    #[must_use]
+    pub fn has_saved_resource_id(&self) -> bool {
+        self.inner.saved.load(Ordering::Acquire)
     }
 
     /// Extends the lease to `now + by` (the engine's clock), for long work.

@@ -32,7 +32,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::engine::core::Idem;
 use crate::store::OutcomeKind;
 use crate::store::any::DynStore;
-use crate::store::{Completion, Store, StoreError, Token};
+use crate::store::{Completion, StoreError, Token};
 
 /// The longest pause between two background writes of one completion.
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -201,7 +201,7 @@ impl Job {
     }
 }
 
-impl<S: Store> Idem<S> {
+impl<S> Idem<S> {
     /// Keeps `completion` of the attempt on `id` under `token`, whose lease
     /// ends at `lease_until`, and writes it again in the background. `false`
     /// when it is not kept (the backlog is full, the policy keeps none, or

@@ -160,6 +160,7 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
                 replayed: false,
                 attempt: number,
                 stored: false,
+                pending: false,
             });
         }
         let pending =
@@ -176,7 +177,9 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
             }
             Err(e) => {
                 self.keep(&pending.completion(), &e);
-                Ok(pending.not_written())
+                let mut reply = pending.not_written();
+                reply.pending = true;
+                Ok(reply)
             }
         }
     }

@@ -264,6 +264,7 @@ pub(crate) fn existing<T: Storable, E: Storable>(
                 replayed: true,
                 attempt: record.attempt,
                 stored: true,
+                pending: false,
             })
         }
     }

@@ -95,6 +95,9 @@ pub struct Reply<T, E> {
     pub(crate) replayed: bool,
     pub(crate) attempt: u32,
     pub(crate) stored: bool,
+    /// The completion's write failed: the engine writes it again in the
+    /// background (or left it to recovery).
+    pub(crate) pending: bool,
 }
 
 impl<T, E> Reply<T, E> {
@@ -143,5 +146,20 @@ impl<T, E> Reply<T, E> {
     #[must_use]
     pub fn is_stored(&self) -> bool {
         self.stored
+    }
+
+    /// Whether the outcome's completion could not be written when the work
+    /// finished (the store failed after the policy's retries): the engine
+    /// keeps writing it in the background until it is stored, fenced off,
+    /// or the lease ends (see [`Idem::drain_completions`](crate::Idem::drain_completions)).
+    /// Until it is stored, a retry gets [`Error::InFlight`](crate::Error::InFlight);
+    /// if it never is, the retry after the lease runs the work again as a
+    /// recovery, given the resource id the work saved
+    /// ([`Attempt::save_resource_id`](crate::Attempt::save_resource_id)).
+    /// An adapter must not tell its client "done" for such an outcome
+    /// unless the work saved its resource id.
+    #[must_use]
+    pub fn is_pending(&self) -> bool {
+        self.pending
     }
 }

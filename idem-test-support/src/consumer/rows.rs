@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::support::{
     BASE, LEASE, RESPONSE_TTL, backend_error, builder, consumer, corrupt_error, message_id,
 };
-use idem_consumer::{Cause, DeadLetterReason, Disposition, ConsumerPermanentFailure, Processed};
+use idem_consumer::{Cause, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;
@@ -450,8 +450,10 @@ pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>)
 }
 
 /// C12: the work done but its outcome not stored: acknowledged with the
-/// outcome (the work must not run again because of the store); the record
-/// waits for its lease, so a redelivery meanwhile is in flight.
+/// outcome (the work must not run again because of the store). The engine
+/// writes the outcome again in the background: a redelivery while the
+/// store still fails is in flight, and once it is stored a redelivery is a
+/// replay. The work ran once.
 pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let failing = FailingStore::new(store);
@@ -464,12 +466,24 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
         (Disposition::Ack, Cause::NotStored)
     );
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
-    failing.fail_complete(false);
     let p: P = consumer
         .delivery(2)
         .process(&id, PAYLOAD, succeed(&runs))
         .await;
     assert_eq!(p.cause, Cause::InFlight);
+    failing.fail_complete(false);
+    let left = consumer
+        .idem()
+        .drain_completions(std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(left, 0, "stored in the background");
+    let p: P = consumer
+        .delivery(3)
+        .process(&id, PAYLOAD, succeed(&runs))
+        .await;
+    assert_eq!(p.disposition, Disposition::Ack);
+    assert!(p.replayed, "{:?}", p.cause);
+    assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
     assert_eq!(runs.get(), 1);
 }
 

@@ -429,7 +429,9 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// The test handler. Behaviour comes from request headers (not part of the
 /// fingerprint): `x-hold`, `x-panic`, `x-status`, `x-size`, `x-chunked`,
 /// `x-sse`, `x-sse-live`, `x-stream`, `x-bin`, `x-cookie`, `x-nonutf8`,
-/// `x-resource`, `x-class`, `x-body-error`.
+/// `x-resource`, `x-save-resource` (saved at once with
+/// `Attempt::save_resource_id`), `x-class`, `x-body-error`. The answer's
+/// `x-previous-resource` is the resource id a recovery was given.
 async fn order(
     State(counts): State<Arc<Counts>>,
     attempt: Option<IdemAttempt>,
@@ -447,6 +449,9 @@ async fn order(
     assert!(!headers.contains_key("x-panic"), "handler panic (test)");
     if let (Some(a), Some(r)) = (&attempt, header(&headers, "x-resource")) {
         a.0.set_resource_id(r);
+    }
+    if let (Some(a), Some(r)) = (&attempt, header(&headers, "x-save-resource")) {
+        a.0.save_resource_id(r).await.expect("save_resource_id");
     }
     let status = header(&headers, "x-status")
         .and_then(|s| s.parse().ok())
@@ -539,6 +544,11 @@ async fn order(
         HeaderValue::from_static(if recovery { "true" } else { "false" }),
     );
     h.insert("x-execution", HeaderValue::from(n));
+    if let Some(previous) = attempt.as_ref().and_then(|a| a.0.previous_resource_id())
+        && let Ok(v) = HeaderValue::from_str(previous)
+    {
+        h.insert("x-previous-resource", v);
+    }
     h.insert("date", HeaderValue::from_static(STALE_DATE));
     h.append("link", HeaderValue::from_static("</a>; rel=\"a\""));
     h.append("link", HeaderValue::from_static("</b>; rel=\"b\""));

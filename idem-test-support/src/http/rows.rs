@@ -608,24 +608,61 @@ pub async fn row_19_store_down_at_claim_is_503<S: Store>(store: Arc<S>) {
         .assert_executed(201);
 }
 
-/// Row 20: the store fails at completion: the caller still gets the
-/// handler's response; the record stays in flight until the lease ends,
-/// then the retry is a recovery.
-pub async fn row_20_store_down_at_completion_leaves_record_to_recovery<S: Store>(store: Arc<S>) {
+/// Row 20: the store fails at completion (a failover, a call timeout).
+/// The handler saved no resource id, so its answer is not sent as "done":
+/// 503 `store_unavailable` with `Retry-After`, and the engine writes the
+/// outcome again in the background. While it is not stored, a retry gets
+/// 409 `in_flight` (nothing runs); once it is, the retry replays the
+/// handler's 201. The handler ran once.
+pub async fn row_20_store_down_at_completion_is_retried_then_replayed<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     let k = key();
     app.store.fail_complete(true);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
-    app.store.fail_complete(false);
+    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    g.assert_problem(503, "store_unavailable", Some(&k));
+    assert!(g.header("retry-after").is_some(), "{g:?}");
     send(app.post("/orders", Some(&k), "{}"))
         .await
         .assert_problem(409, "in_flight", Some(&k));
+    app.store.fail_complete(false);
+    let left = app
+        .layer
+        .idem()
+        .drain_completions(std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(left, 0, "stored in the background");
+    let r = send(app.post("/orders", Some(&k), "{}")).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert!(r.is_replay(), "{r:?}");
+    assert_eq!(app.counts.executions(), 1);
+}
+
+/// Row 20b: the store fails at completion after the handler saved its
+/// resource id: the handler's answer is sent (a recovery would reconcile
+/// from the saved id), and if the outcome is never stored before the lease
+/// ends, the retry after it is a recovery given that id.
+pub async fn row_20b_store_down_at_completion_after_a_saved_resource_id<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    let k = key();
+    app.store.fail_complete(true);
+    send(
+        app.post("/orders", Some(&k), "{}")
+            .header("x-save-resource", "ord_1"),
+    )
+    .await
+    .assert_executed(201);
     app.expire_lease();
+    app.store.fail_complete(false);
+    let left = app
+        .layer
+        .idem()
+        .drain_completions(std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(left, 0, "given up at the lease's end");
     let g = send(app.post("/orders", Some(&k), "{}")).await;
     g.assert_executed(201);
     assert_eq!(g.header("x-recovery"), Some("true"));
+    assert_eq!(g.header("x-previous-resource"), Some("ord_1"));
     assert_eq!(app.counts.executions(), 2);
 }
 
