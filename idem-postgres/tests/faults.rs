@@ -11,10 +11,16 @@ use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::RecordState;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
 use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, RecordId};
-use idem_postgres::{PgStore, sqlx};
+use idem_postgres::sqlx;
+use idem_test_support::sql::claim_request;
 use support::PgFixture;
-use support::proxy::Proxy;
-use support::scenario::{Counter, LEASE, Out, engine, policy, request, scope, with_fixture};
+use support::proxy::{Protocol, Proxy};
+use support::scenario::{Counter, LEASE, Out, policy, request, scope, with_fixture};
+
+idem_test_support::sql_suite!(crate::support::Pg;
+    pool_recovers_after_connections_are_dropped,
+    a_sqlx_pool_recovers_after_connections_are_dropped,
+);
 
 async fn terminate_when_waiting(app: String) -> i32 {
     let admin = support::pool(1, support::options()).await;
@@ -171,99 +177,6 @@ async fn terminated_backend_mid_call_is_a_typed_error_and_never_a_second_run() {
     .await;
 }
 
-fn recovery_pool_options() -> idem_postgres::sqlx::postgres::PgPoolOptions {
-    idem_postgres::sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .test_before_acquire(false)
-        .acquire_timeout(Duration::from_secs(2))
-}
-
-/// Every connection dropped (a server restart, a failover): calls fail
-/// with a typed 503 while the server is away, never run the work twice, and
-/// the store's own pool recovers on its own once it is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pool_recovers_after_connections_are_dropped() {
-    let proxy = Proxy::start(support::upstream().await).await;
-    let store = PgStore::connect_with(recovery_pool_options(), support::via(&proxy))
-        .await
-        .expect("connect through proxy");
-    recovers_after_connections_are_dropped(store, proxy).await;
-}
-
-/// The same for a store over the caller's sqlx pool.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sqlx_pool_recovers_after_connections_are_dropped() {
-    let proxy = Proxy::start(support::upstream().await).await;
-    let pool = recovery_pool_options()
-        .connect_with(support::via(&proxy))
-        .await
-        .expect("connect through proxy");
-    recovers_after_connections_are_dropped(PgStore::new(pool), proxy).await;
-}
-
-async fn recovers_after_connections_are_dropped(store: PgStore, proxy: Proxy) {
-    let schema = support::schema_name();
-    let store = store.with_schema_name(&schema).expect("schema");
-    store.migrate().await.expect("migrate");
-    let fx = PgFixture { store, schema };
-    with_fixture(fx, move |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let (scope, runs) = (scope(), Counter::default());
-        let call = |key: String| {
-            let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
-            async move {
-                idem.execute(&scope, key, &request(), move |_| async move {
-                    runs.hit();
-                    Out::Success("ok".into())
-                })
-                .await
-            }
-        };
-        for i in 0..4 {
-            call(format!("before-{i}")).await.expect("healthy");
-        }
-        proxy.set_down(true);
-        proxy.kill_all();
-        for i in 0..3 {
-            let err = call(format!("down-{i}")).await.expect_err("server away");
-            assert!(
-                matches!(err, Error::Store(StoreError::Unavailable { .. })),
-                "{err:?}"
-            );
-        }
-        proxy.set_down(false);
-        let mut failures = 0;
-        let mut i = 0;
-        while call(format!("after-{i}")).await.is_err() {
-            failures += 1;
-            i += 1;
-            assert!(failures <= 5, "the pool did not recover");
-        }
-        for j in 0..10 {
-            call(format!("steady-{j}")).await.expect("recovered");
-        }
-        assert_eq!(runs.get(), 4 + 1 + 10, "every key ran once, none twice");
-        // A key whose first call failed is retried and runs once.
-        call("down-0".into()).await.expect("retry after recovery");
-        assert_eq!(runs.get(), 16);
-    })
-    .await;
-}
-
-/// A claim request for `id` at `now` with a fresh token.
-fn claim_request(id: &RecordId, now: idem_core::clock::Timestamp) -> ClaimRequest<'_> {
-    let fp = fingerprint(id.operation(), &request(), &FieldFilter::All).expect("fp");
-    ClaimRequest::new(
-        id,
-        fp,
-        Token::random(),
-        now,
-        now.plus(LEASE),
-        now.plus(Duration::from_secs(86_400)),
-    )
-}
-
 /// A statement cut short (the call's timeout passed while the proxy held
 /// its bytes) leaves its connection in flight: it keeps its place in the
 /// store's pool (of one), is waited for and pinged once the server answers,
@@ -272,7 +185,7 @@ fn claim_request(id: &RecordId, now: idem_core::clock::Timestamp) -> ClaimReques
 /// on the wire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_cut_short_is_awaited_and_pinged_before_its_connection_serves_again() {
-    let proxy = Proxy::start(support::upstream().await).await;
+    let proxy = Proxy::start(support::upstream().await, Protocol::Postgres).await;
     let fx = PgFixture::with_options(1, support::via(&proxy)).await;
     with_fixture(fx, move |fx| async move {
         let store = fx

@@ -3,5 +3,8 @@
 
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
+pub mod process;
 pub mod redis_cluster;
 pub mod redis_server;
+#[cfg(feature = "sql")]
+pub mod sql;

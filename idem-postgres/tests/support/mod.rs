@@ -1,16 +1,32 @@
-//! Shared test setup: a real server, one fresh schema per test.
+//! Shared test setup: a real server, one fresh schema per test, and the
+//! Postgres glue of the SQL suite ([`Pg`]): the one place that knows how the
+//! suite's stores are built here.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-pub mod cluster;
-pub mod proxy;
-pub mod scenario;
+use std::time::Duration;
 
-use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
-use idem_postgres::PgStore;
+use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, Reply, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use idem_postgres::sqlx::{self, Executor, PgPool};
+use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Row};
+use idem_postgres::{PgIdemExt, PgStore};
+use idem_test_support::sql::proxy::{Protocol, Proxy};
+use idem_test_support::sql::{
+    CorruptDialect, Cost, Costs, Dialect, Out, Outage, OutageDialect, SqlFixture, TxDialect,
+    TxFuture, WireDialect,
+};
+
+pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
+
+/// What the backend tests share: a policy, an engine, identities, a
+/// counter, a fixture runner.
+pub mod scenario {
+    pub use super::count_rows;
+    pub use idem_test_support::sql::{
+        Counter, LEASE, Out, engine, policy, request, scope, with_fixture,
+    };
+}
 
 /// The server URL: `IDEM_POSTGRES_URL`, or the local default.
 pub fn url() -> String {
@@ -46,7 +62,7 @@ pub async fn upstream() -> std::net::SocketAddr {
 }
 
 /// Connect options that go through `proxy` (without TLS, so it can count).
-pub fn via(proxy: &proxy::Proxy) -> PgConnectOptions {
+pub fn via(proxy: &Proxy) -> PgConnectOptions {
     options()
         .host("127.0.0.1")
         .port(proxy.addr.port())
@@ -116,7 +132,8 @@ impl PgFixture {
         Self::migrated(PgStore::new(pool(max, options()).await)).await
     }
 
-    async fn migrated(store: PgStore) -> Self {
+    /// `store` over a new, migrated schema.
+    pub async fn migrated(store: PgStore) -> Self {
         let schema = schema_name();
         let store = store.with_schema_name(&schema).expect("valid schema name");
         store.migrate().await.expect("migrate");
@@ -150,5 +167,250 @@ impl Fixture for PgFixture {
     }
     async fn teardown(self) {
         self.drop_schema().await;
+    }
+}
+
+impl SqlFixture for PgFixture {
+    type Store = PgStore;
+    fn store(&self) -> &PgStore {
+        &self.store
+    }
+    async fn teardown(&self) {
+        self.drop_schema().await;
+    }
+}
+
+/// The rows of `table` in the fixture's schema.
+pub async fn count_rows(fx: &PgFixture, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".\"{table}\"",
+        fx.schema
+    )))
+    .fetch_one(fx.store.pool())
+    .await
+    .expect("count")
+}
+
+/// The Postgres dialect of the SQL suite.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pg;
+
+impl Dialect for Pg {
+    type Store = PgStore;
+    type Fixture = PgFixture;
+    async fn open(&self, max: u32) -> PgFixture {
+        PgFixture::new(max).await
+    }
+    async fn stores_on(&self, fx: &PgFixture, n: usize) -> Vec<PgStore> {
+        let mut stores = Vec::new();
+        for _ in 0..n {
+            stores.push(
+                connect(8, options())
+                    .await
+                    .with_schema_name(&fx.schema)
+                    .expect("schema"),
+            );
+        }
+        stores
+    }
+    async fn close(&self, store: &PgStore) {
+        store.close().await;
+    }
+    async fn count_records(&self, fx: &PgFixture) -> i64 {
+        count_rows(fx, fx.store.table_name()).await
+    }
+    async fn stored_identity(&self, fx: &PgFixture) -> [Vec<u8>; 3] {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT owner, operation, key FROM {}",
+            fx.table()
+        )))
+        .fetch_one(fx.store.pool())
+        .await
+        .expect("the table is still there, with one row");
+        ["owner", "operation", "key"].map(|c| row.get::<String, _>(c).into_bytes())
+    }
+}
+
+impl CorruptDialect for Pg {
+    async fn drop_checks(&self, fx: &PgFixture) {
+        let (t, p) = (fx.table(), fx.store.table_name());
+        for c in ["state_check", "fingerprint_check", "outcome_check"] {
+            fx.store
+                .pool()
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\""
+                )))
+                .await
+                .expect("drop check");
+        }
+    }
+    fn corruptions(&self) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("state", "state = 'exploded'"),
+            ("fingerprint", "fingerprint = '\\x0102'::bytea"),
+            ("outcome", "outcome = 'maybe'"),
+        ]
+    }
+    async fn corrupt(&self, fx: &PgFixture, set: &str, key: &str) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET {set} WHERE key = $1",
+            fx.table()
+        )))
+        .bind(key)
+        .execute(fx.store.pool())
+        .await
+        .expect("corrupt");
+    }
+}
+
+impl TxDialect for Pg {
+    type Conn = PgConnection;
+    fn execute_in_tx<K, F>(
+        &self,
+        idem: &Idem<PgStore>,
+        scope: &Scope,
+        key: K,
+        request: &serde_json::Value,
+        work: F,
+    ) -> impl Future<Output = Result<Reply<String, String>, Error>> + Send
+    where
+        K: IntoKey + Send,
+        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, Out> + Send,
+    {
+        idem.execute_in_tx(scope, key, request, work)
+    }
+    async fn create_orders(&self, fx: &PgFixture) {
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE \"{}\".orders (id bigserial PRIMARY KEY, note text NOT NULL)",
+                fx.schema
+            )))
+            .await
+            .expect("create orders");
+    }
+    fn insert_order_sql(&self, fx: &PgFixture) -> String {
+        format!("INSERT INTO \"{}\".orders (note) VALUES ($1)", fx.schema)
+    }
+    fn insert_order<'c>(
+        conn: &'c mut PgConnection,
+        sql: String,
+        note: &'static str,
+    ) -> TxFuture<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(note)
+                .execute(conn)
+                .await
+                .expect("insert");
+        })
+    }
+    async fn count_orders(&self, fx: &PgFixture) -> i64 {
+        count_rows(fx, "orders").await
+    }
+    fn with_tx_lock_timeout(&self, store: PgStore, timeout: Duration) -> PgStore {
+        store.with_tx_lock_timeout(timeout)
+    }
+    /// A backend whose statement names the fixture's schema, waiting on a
+    /// lock (`pg_stat_activity`).
+    async fn claim_waiting(&self, fx: &PgFixture) -> bool {
+        let admin = pool(1, options()).await;
+        let mut seen = false;
+        for _ in 0..2000 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+            )
+            .bind(format!("\"{}\".", fx.schema))
+            .fetch_one(&admin)
+            .await
+            .expect("pg_stat_activity");
+            if waiting > 0 {
+                seen = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        admin.close().await;
+        seen
+    }
+}
+
+impl WireDialect for Pg {
+    const PROTOCOL: Protocol = Protocol::Postgres;
+    async fn upstream(&self) -> std::net::SocketAddr {
+        upstream().await
+    }
+    async fn open_via(&self, proxy: &Proxy, own_pool: bool) -> PgFixture {
+        if own_pool {
+            PgFixture::with_options(1, via(proxy)).await
+        } else {
+            PgFixture::migrated(PgStore::new(pool(1, via(proxy)).await)).await
+        }
+    }
+    fn pool_idle(store: &PgStore) -> bool {
+        let pool = store.pool();
+        usize::try_from(pool.size()).ok() == Some(pool.num_idle())
+    }
+    fn expected_costs(&self) -> Costs<Cost> {
+        let one = (1, 1, 0);
+        Costs {
+            claim: one,
+            save_resource_id: one,
+            extend: one,
+            release: one,
+            // The rare path: the claim reads the released record, then
+            // takes it over (on the same checkout).
+            takeover: (2, 2, 0),
+            complete: one,
+            replay: one,
+            fetch: one,
+            purge: one,
+            fresh: (2, 2, 0),
+            replayed: one,
+            // BEGIN+SET LOCAL (one simple query), claim, complete, COMMIT.
+            tx_fresh: (4, 4, 0),
+            // BEGIN+SET LOCAL, claim, ROLLBACK.
+            tx_replay: (3, 3, 0),
+        }
+    }
+}
+
+/// Every connection dropped through a proxy, and new ones refused, until
+/// it lets them through again (a server restart, a failover).
+#[derive(Debug)]
+pub struct ProxyOutage(Proxy);
+
+impl Outage for ProxyOutage {
+    async fn down(&mut self) {
+        self.0.set_down(true);
+        self.0.kill_all();
+    }
+    async fn up(&mut self) {
+        self.0.set_down(false);
+    }
+}
+
+impl OutageDialect for Pg {
+    type Outage = ProxyOutage;
+    async fn outage(&self, own_pool: bool) -> (PgFixture, ProxyOutage) {
+        let proxy = Proxy::start(upstream().await, Protocol::Postgres).await;
+        let options = PgPoolOptions::new()
+            .max_connections(4)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2));
+        let store = if own_pool {
+            PgStore::connect_with(options, via(&proxy))
+                .await
+                .expect("connect through proxy")
+        } else {
+            PgStore::new(
+                options
+                    .connect_with(via(&proxy))
+                    .await
+                    .expect("connect through proxy"),
+            )
+        };
+        (PgFixture::migrated(store).await, ProxyOutage(proxy))
     }
 }
