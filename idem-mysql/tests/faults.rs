@@ -16,8 +16,17 @@ use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, RecordId};
 use idem_mysql::sqlx::mysql::MySqlPoolOptions;
 use idem_mysql::sqlx::{self, Acquire};
 use idem_mysql::{MySqlStore, Server};
-use support::scenario::{Counter, LEASE, Out, engine, policy, request, scope};
+use support::scenario::{Counter, LEASE, Out, policy, request, scope};
 use support::server::Throwaway;
+
+// The server stopped and restarted under the store (a throwaway
+// `mariadbd`): `idem_test_support::sql::faults`.
+mod mariadb {
+    idem_test_support::sql_suite!(crate::support::MySql::MARIADB;
+        pool_recovers_after_connections_are_dropped,
+        a_sqlx_pool_recovers_after_connections_are_dropped,
+    );
+}
 
 async fn store_on(url: &str, max: u32, server: Server) -> MySqlStore {
     let pool = MySqlPoolOptions::new()
@@ -232,63 +241,4 @@ async fn killed_connection_mid_statement_mariadb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_mid_statement_mysql_path() {
     killed_connection_mid_statement(Server::MySql).await;
-}
-
-/// The server restarted under the store: calls fail with a typed 503 while
-/// it is away and never run the work twice; once it is back, the pool
-/// recovers on its own and the records completed before the restart replay
-/// (InnoDB made them durable).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_recovers_after_a_server_restart() {
-    let mut db = Throwaway::start().await;
-    let store = store_on(&db.url(), 4, Server::MariaDb).await;
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, runs) = (scope(), Counter::default());
-    let call = |key: String| {
-        let (idem, scope, runs) = (idem.clone(), scope.clone(), runs.clone());
-        async move {
-            idem.execute(&scope, key, &request(), move |_| async move {
-                runs.hit();
-                Out::Success("ok".into())
-            })
-            .await
-        }
-    };
-    for i in 0..4 {
-        call(format!("before-{i}")).await.expect("healthy");
-    }
-    db.stop().await;
-    for i in 0..3 {
-        let err = call(format!("down-{i}")).await.expect_err("server away");
-        assert!(
-            matches!(err, Error::Store(StoreError::Unavailable { .. })),
-            "{err:?}"
-        );
-        assert!(err.is_retryable());
-    }
-    db.restart().await;
-    let mut failures = 0;
-    let mut i = 0;
-    while call(format!("after-{i}")).await.is_err() {
-        failures += 1;
-        i += 1;
-        assert!(failures <= 5, "the store did not recover");
-    }
-    for j in 0..10 {
-        call(format!("steady-{j}")).await.expect("recovered");
-    }
-    assert_eq!(runs.get(), 4 + 1 + 10, "every key ran once, none twice");
-    for i in 0..4 {
-        let r = call(format!("before-{i}")).await.expect("replay");
-        assert!(
-            r.is_replay(),
-            "completed before the restart, still there after"
-        );
-    }
-    // A key whose first call failed is retried and runs once.
-    call("down-0".into()).await.expect("retry after recovery");
-    assert_eq!(runs.get(), 16);
-    store.pool().close().await;
-    db.stop().await;
 }
