@@ -18,13 +18,16 @@
 //! );
 //! ```
 //!
-//! The throwaway servers the SQL crates start (a `mariadbd`, a Postgres
-//! primary and standby) live here too: [`mariadb`], [`pg_cluster`].
+//! The throwaway servers the SQL crates start live here too: a `mariadbd`
+//! (`mariadb`, feature `sql-mysql`) and a Postgres primary and standby
+//! (`pg_cluster`, feature `sql-postgres`).
 
 pub mod costs;
 pub mod faults;
+#[cfg(feature = "sql-mysql")]
 pub mod mariadb;
 pub mod metrics;
+#[cfg(feature = "sql-postgres")]
 pub mod pg_cluster;
 pub mod proxy;
 pub mod races;
