@@ -28,8 +28,8 @@ mod mysql_path {
 use idem_core::clock::ManualClock;
 use idem_mysql::sqlx;
 use idem_mysql::{MySqlStore, Server};
+use idem_test_support::sql::{Out, engine, request, scope};
 use support::MyFixture;
-use support::scenario::{Out, engine, request, scope};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_names_are_validated_and_configurable() {

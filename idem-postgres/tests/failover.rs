@@ -34,9 +34,9 @@ use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
+use idem_test_support::sql::{Counter, Out, policy, request, scope};
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
-use support::scenario::{Counter, Out, policy, request, scope};
 use tokio::sync::{Notify, watch};
 
 /// Acknowledged calls per phase.

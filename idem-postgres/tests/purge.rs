@@ -5,8 +5,9 @@ mod support;
 
 use idem_core::clock::ManualClock;
 use idem_postgres::sqlx::{self, Executor};
+use idem_test_support::sql::{engine, with_fixture};
 use support::PgFixture;
-use support::scenario::{count_rows, engine, with_fixture};
+use support::count_rows;
 
 /// The purge walks the sweep index, never the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,8 +17,9 @@ use std::time::Duration;
 use idem_core::clock::ManualClock;
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, Executor, Row};
+use idem_test_support::sql::{Out, engine, request, scope, with_fixture};
 use support::PgFixture;
-use support::scenario::{Out, count_rows, engine, request, scope, with_fixture};
+use support::count_rows;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_and_schema_names_are_validated_and_configurable() {

@@ -7,27 +7,19 @@
 use std::time::Duration;
 
 use idem_core::testkit::Fixture;
-use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, Reply, Scope};
+use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, RecordId, Reply, Scope};
 use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
-use idem_mysql::sqlx::{self, Executor, MySqlConnection, MySqlPool, Row};
+use idem_mysql::sqlx::pool::PoolConnection;
+use idem_mysql::sqlx::{self, Executor, MySqlConnection, MySqlPool, Row, Transaction};
 use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
 use idem_test_support::sql::mariadb::Throwaway;
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, Out, Outage, OutageDialect, SqlFixture, TxDialect,
-    TxFuture, WireDialect,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, SqlFixture,
+    TxDialect, TxFuture, WireDialect,
 };
 
 pub use idem_test_support::sql::{mariadb as server, proxy};
-
-/// What the backend tests share: a policy, an engine, identities, a
-/// counter, a fixture runner.
-pub mod scenario {
-    pub use super::count_rows;
-    pub use idem_test_support::sql::{
-        Counter, LEASE, Out, engine, policy, request, scope, with_fixture,
-    };
-}
 
 /// The server URL: `IDEM_MYSQL_URL`, or the local default.
 pub fn url() -> String {
@@ -507,6 +499,111 @@ impl WireDialect for MySql {
                 tx_replay: (4, 4, 0),
             },
         }
+    }
+}
+
+/// Kills (`KILL <id>`) the first connection found running a statement on
+/// `table`, except `spare`; returns its id.
+pub async fn kill_when_running(url: String, table: String, spare: u64) -> u64 {
+    let admin = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("admin");
+    let sql = format!(
+        "SELECT CAST(ID AS UNSIGNED) FROM information_schema.PROCESSLIST
+         WHERE COMMAND <> 'Sleep' AND INFO LIKE '%`{table}`%' AND ID <> CONNECTION_ID() AND ID <> {spare}
+         LIMIT 1"
+    );
+    for _ in 0..1000 {
+        let id: Option<u64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .fetch_optional(&admin)
+            .await
+            .expect("processlist");
+        if let Some(id) = id {
+            sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(&admin)
+                .await
+                .expect("KILL");
+            admin.close().await;
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no connection ever ran a statement on {table}");
+}
+
+/// A connection of a throwaway server's own, and its id.
+#[derive(Debug)]
+pub struct Blocker(PoolConnection<sqlx::MySql>, u64);
+
+impl KillDialect for MySql {
+    type Handle = Throwaway;
+    type Blocker = Blocker;
+    type Locked = Transaction<'static, sqlx::MySql>;
+    async fn open_killable(&self) -> (MyFixture, Throwaway) {
+        let db = Throwaway::start().await;
+        let admin: MySqlConnectOptions = db.url().parse().expect("url");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_with(admin.clone())
+            .await
+            .expect("connect to the throwaway server");
+        let store = MySqlStore::new(pool)
+            .await
+            .expect("version")
+            .with_server(self.server);
+        (MyFixture::migrated(store, admin).await, db)
+    }
+    async fn blocker(&self, _fx: &MyFixture, db: &Throwaway) -> Blocker {
+        let mut conn = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&db.url())
+            .await
+            .expect("blocker")
+            .acquire()
+            .await
+            .expect("conn");
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("id");
+        Blocker(conn, id)
+    }
+    fn killer(
+        &self,
+        fx: &MyFixture,
+        db: &Throwaway,
+        spare: &Blocker,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (url, table, spare) = (db.url(), fx.table.clone(), spare.1);
+        async move {
+            kill_when_running(url, table, spare).await;
+        }
+    }
+    async fn lock(
+        &self,
+        fx: &MyFixture,
+        blocker: Blocker,
+        id: &RecordId,
+    ) -> Transaction<'static, sqlx::MySql> {
+        let mut lock = Transaction::begin(blocker.0, None).await.expect("begin");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE owner = ? AND operation = ? AND `key` = ? FOR UPDATE",
+            fx.quoted()
+        )))
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+        lock
+    }
+    async fn unlock(&self, locked: Transaction<'static, sqlx::MySql>) {
+        locked.rollback().await.expect("rollback");
     }
 }
 

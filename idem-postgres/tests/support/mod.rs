@@ -7,26 +7,18 @@
 use std::time::Duration;
 
 use idem_core::testkit::Fixture;
-use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, Reply, Scope};
+use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, RecordId, Reply, Scope};
+use idem_postgres::sqlx::pool::PoolConnection;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Row};
+use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 use idem_postgres::{PgIdemExt, PgStore};
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, Out, Outage, OutageDialect, SqlFixture, TxDialect,
-    TxFuture, WireDialect,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, SqlFixture,
+    TxDialect, TxFuture, WireDialect,
 };
 
 pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
-
-/// What the backend tests share: a policy, an engine, identities, a
-/// counter, a fixture runner.
-pub mod scenario {
-    pub use super::count_rows;
-    pub use idem_test_support::sql::{
-        Counter, LEASE, Out, engine, policy, request, scope, with_fixture,
-    };
-}
 
 /// The server URL: `IDEM_POSTGRES_URL`, or the local default.
 pub fn url() -> String {
@@ -373,6 +365,86 @@ impl WireDialect for Pg {
             // BEGIN+SET LOCAL, claim, ROLLBACK.
             tx_replay: (3, 3, 0),
         }
+    }
+}
+
+/// A name of its own for a store's connections (`application_name`).
+pub fn app_name() -> String {
+    format!("idem-test-{}", &IdempotencyKey::random().as_str()[..12])
+}
+
+/// Terminates (`pg_terminate_backend`) the first backend of `app` seen
+/// waiting on a lock; its pid.
+pub async fn terminate_when_waiting(app: String) -> i32 {
+    let admin = pool(1, options()).await;
+    for _ in 0..200 {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock' LIMIT 1",
+        )
+        .bind(&app)
+        .fetch_optional(&admin)
+        .await
+        .expect("pg_stat_activity");
+        if let Some(pid) = pid {
+            let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(&admin)
+                .await
+                .expect("kill");
+            assert!(killed);
+            admin.close().await;
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no backend of {app} ever waited on a lock");
+}
+
+impl KillDialect for Pg {
+    /// The store's connections' `application_name`.
+    type Handle = String;
+    type Blocker = PoolConnection<Postgres>;
+    type Locked = Transaction<'static, Postgres>;
+    async fn open_killable(&self) -> (PgFixture, String) {
+        let app = app_name();
+        let fx = PgFixture::with_options(2, options().application_name(&app)).await;
+        (fx, app)
+    }
+    async fn blocker(&self, _fx: &PgFixture, _app: &String) -> PoolConnection<Postgres> {
+        pool(1, options()).await.acquire().await.expect("blocker")
+    }
+    fn killer(
+        &self,
+        _fx: &PgFixture,
+        app: &String,
+        _spare: &PoolConnection<Postgres>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let app = app.clone();
+        async move {
+            terminate_when_waiting(app).await;
+        }
+    }
+    async fn lock(
+        &self,
+        fx: &PgFixture,
+        blocker: PoolConnection<Postgres>,
+        id: &RecordId,
+    ) -> Transaction<'static, Postgres> {
+        let mut lock = Transaction::begin(blocker, None).await.expect("begin");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE owner = $1 AND operation = $2 AND key = $3 FOR UPDATE",
+            fx.table()
+        )))
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+        lock
+    }
+    async fn unlock(&self, locked: Transaction<'static, Postgres>) {
+        locked.rollback().await.expect("rollback");
     }
 }
 

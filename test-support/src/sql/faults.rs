@@ -1,17 +1,138 @@
-//! The server goes away under the store (every connection dropped, a
-//! restart, a failover): typed retryable errors while it is away, never a
-//! second execution, and a pool that recovers by itself.
+//! Faults against the real server: one of the store's connections killed
+//! in the middle of a statement, and the server gone away under the store
+//! (every connection dropped, a restart, a failover). Typed retryable
+//! errors, nothing reported stored that was not, never a second execution,
+//! and a pool that recovers by itself.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use idem_core::Error;
-use idem_core::clock::ManualClock;
-use idem_core::store::StoreError;
+use idem_core::clock::{Clock, ManualClock};
+use idem_core::ops::RecordState;
+use idem_core::store::{ClaimOutcome, Store, StoreError};
+use idem_core::{Error, Idem, IdempotencyKey, RecordId};
 use tokio::sync::Mutex;
 
 use super::{
-    Counter, Out, Outage, OutageDialect, SqlFixture, engine, request, scope, with_fixture,
+    Counter, KillDialect, LEASE, Out, Outage, OutageDialect, SqlFixture, claim_request, engine,
+    policy, request, scope, with_fixture,
 };
+
+/// A connection killed while its claim waits on a row lock: a typed,
+/// retryable 503, nothing ran. Killed while its completion waits: the caller
+/// gets the work's result marked not stored, the record is still in flight
+/// (it was not stored), duplicates get 409 (no second run), and after the
+/// lease the record is recovered.
+pub async fn killed_connection_mid_statement<D: KillDialect>(d: D) {
+    let (fx, handle) = d.open_killable().await;
+    // The handle (a throwaway server) outlives the fixture's teardown.
+    let handle = Arc::new(handle);
+    let h = Arc::clone(&handle);
+    with_fixture(fx, move |fx| async move {
+        let clock = ManualClock::starting_now();
+        let idem = Idem::new(fx.store().clone())
+            .with_clock(clock.clone())
+            .with_policy(policy(1));
+        let (scope, runs) = (scope(), Counter::default());
+        let id = RecordId::new(scope.clone(), IdempotencyKey::parse("k").expect("key"));
+
+        // 1. Mid-claim: a released record, row-locked by someone else, so the
+        //    claim waits; its connection is killed while it waits.
+        let req = claim_request(&id, clock.now());
+        assert!(matches!(
+            fx.store().claim(&req).await.expect("claim"),
+            ClaimOutcome::Claimed(_)
+        ));
+        fx.store()
+            .release(&id, req.token, clock.now())
+            .await
+            .expect("release");
+        let blocker = d.blocker(&fx, &h).await;
+        let killer = tokio::spawn(d.killer(&fx, &h, &blocker));
+        let lock = d.lock(&fx, blocker, &id).await;
+        let r = runs.clone();
+        let err = idem
+            .execute(&scope, "k", &request(), move |_| async move {
+                r.hit();
+                Out::Success("no".into())
+            })
+            .await
+            .expect_err("killed mid-claim");
+        killer.await.expect("killer");
+        assert!(
+            matches!(err, Error::Store(StoreError::Unavailable { .. })),
+            "{err:?}"
+        );
+        assert!(err.is_retryable());
+        assert_eq!(err.http_status(), 503);
+        assert_eq!(runs.get(), 0, "nothing ran");
+        d.unlock(lock).await;
+
+        // 2. Mid-completion: the work locks its own record (from another
+        //    connection) before returning, so the completion waits and is
+        //    killed. The killer starts looking only once the work runs: the
+        //    claim before it is a statement on the table too, and a loaded
+        //    machine can be caught running it.
+        let blocker = d.blocker(&fx, &h).await;
+        let looking = d.killer(&fx, &h, &blocker);
+        let (ran_tx, ran) = tokio::sync::oneshot::channel::<()>();
+        let killer = tokio::spawn(async move {
+            ran.await.expect("the work ran");
+            looking.await;
+        });
+        let (hold_tx, hold) = tokio::sync::oneshot::channel();
+        let (r, d2, fx2) = (runs.clone(), d.clone(), Arc::clone(&fx));
+        let reply = idem
+            .execute(&scope, "k", &request(), move |a| async move {
+                r.hit();
+                let _ = ran_tx.send(());
+                let lock = d2.lock(&fx2, blocker, a.record()).await;
+                let _ = hold_tx.send(lock);
+                Out::Success("ch_1".into())
+            })
+            .await
+            .expect("the caller gets the work's result");
+        killer.await.expect("killer");
+        assert!(
+            !reply.is_stored(),
+            "the completion was killed: not reported stored"
+        );
+        assert_eq!(reply.into_result(), Ok("ch_1".to_owned()));
+        d.unlock(hold.await.expect("lock")).await;
+        let rec = fx
+            .store()
+            .fetch(&id, clock.now())
+            .await
+            .expect("fetch")
+            .expect("record");
+        assert_eq!(
+            rec.state,
+            RecordState::InFlight,
+            "indeed not stored: left to lease expiry"
+        );
+        let r = runs.clone();
+        let err = idem
+            .execute(&scope, "k", &request(), move |_| async move {
+                r.hit();
+                Out::Success("no".into())
+            })
+            .await
+            .expect_err("lease still held");
+        assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
+        assert_eq!(runs.get(), 1, "no second execution while the lease holds");
+        clock.advance(LEASE + Duration::from_secs(1));
+        let reply = idem
+            .execute(&scope, "k", &request(), |a| async move {
+                assert!(a.is_recovery());
+                Out::Success("ch_1 (reconciled)".into())
+            })
+            .await
+            .expect("recovery");
+        assert!(reply.is_stored());
+    })
+    .await;
+    drop(handle);
+}
 
 /// For a store with pools of its own: see [`recovers_after_an_outage`].
 pub async fn pool_recovers_after_connections_are_dropped<D: OutageDialect>(d: D) {

@@ -282,6 +282,46 @@ pub trait OutageDialect: Dialect {
     fn outage(&self, own_pool: bool) -> impl Future<Output = (Self::Fixture, Self::Outage)> + Send;
 }
 
+/// A dialect whose server can kill one of the store's connections in the
+/// middle of a statement (`pg_terminate_backend`, `KILL <id>`).
+pub trait KillDialect: Dialect {
+    /// What [`open_killable`](KillDialect::open_killable) returns besides
+    /// the fixture (a throwaway server, kept until after the teardown, or
+    /// the name the store's connections go by).
+    type Handle: Send + Sync + 'static;
+    /// A connection of its own, not the store's.
+    type Blocker: Send + 'static;
+    /// A transaction holding a row lock on a blocker.
+    type Locked: Send + 'static;
+    /// A migrated store of two connections whose connections the killer can
+    /// find.
+    fn open_killable(&self) -> impl Future<Output = (Self::Fixture, Self::Handle)> + Send;
+    /// A fresh blocker.
+    fn blocker(
+        &self,
+        fx: &Self::Fixture,
+        handle: &Self::Handle,
+    ) -> impl Future<Output = Self::Blocker> + Send;
+    /// Kills, once, the first of the store's connections seen waiting on a
+    /// lock or running a statement on the fixture's table (never `spare`'s),
+    /// polling for a while; panics if there is none.
+    fn killer(
+        &self,
+        fx: &Self::Fixture,
+        handle: &Self::Handle,
+        spare: &Self::Blocker,
+    ) -> impl Future<Output = ()> + Send + 'static;
+    /// Begins a transaction on `blocker` and locks `id`'s row (`FOR UPDATE`).
+    fn lock(
+        &self,
+        fx: &Self::Fixture,
+        blocker: Self::Blocker,
+        id: &RecordId,
+    ) -> impl Future<Output = Self::Locked> + Send;
+    /// Rolls the lock's transaction back.
+    fn unlock(&self, locked: Self::Locked) -> impl Future<Output = ()> + Send;
+}
+
 /// A server taken away and brought back.
 pub trait Outage: Send + Sync + 'static {
     /// Every connection is dropped and no new one gets through.
