@@ -15,16 +15,15 @@ use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
 use idem_test_support::sql::mariadb::Throwaway;
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, SqlFixture,
-    TxDialect, TxFuture, WireDialect,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Out, Outage, OutageDialect,
+    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{mariadb as server, proxy};
 
 /// The server URL: `IDEM_MYSQL_URL`, or the local default.
 pub fn url() -> String {
-    std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    MYSQL.url()
 }
 
 /// Connect options for the test server; panics with what to start if the
@@ -36,22 +35,13 @@ pub fn options() -> MySqlConnectOptions {
 }
 
 pub fn unreachable(e: &dyn std::fmt::Display) -> ! {
-    panic!(
-        "cannot reach MySQL/MariaDB at {}: {e}\n\
-         Start the local server with:\n    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql\n\
-         or point IDEM_MYSQL_URL at a server (these tests never skip).",
-        url()
-    )
+    MYSQL.unreachable(e)
 }
 
 /// The server's socket address (for the proxy).
 pub async fn upstream() -> std::net::SocketAddr {
     let o = options();
-    tokio::net::lookup_host((o.get_host(), o.get_port()))
-        .await
-        .unwrap_or_else(|e| unreachable(&e))
-        .next()
-        .unwrap_or_else(|| unreachable(&"the host name resolves to no address"))
+    MYSQL.addr(o.get_host(), o.get_port()).await
 }
 
 /// Connect options that go through `proxy` (without TLS, so it can count).
@@ -412,20 +402,16 @@ impl TxDialect for MySql {
             fx.table
         );
         let pool = pool(1, options()).await;
-        let mut seen = false;
-        for _ in 0..2000 {
+        let seen = poll(2000, Duration::from_millis(5), || async {
             let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
                 .fetch_one(&pool)
                 .await
                 .expect("processlist");
-            if waiting > 0 {
-                seen = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            (waiting > 0).then_some(())
+        })
+        .await;
         pool.close().await;
-        seen
+        seen.is_some()
     }
     /// The session keeps the transactional mode's bound (no `SET LOCAL` in
     /// MySQL): documented, and checked here.
@@ -515,22 +501,20 @@ pub async fn kill_when_running(url: String, table: String, spare: u64) -> u64 {
          WHERE COMMAND <> 'Sleep' AND INFO LIKE '%`{table}`%' AND ID <> CONNECTION_ID() AND ID <> {spare}
          LIMIT 1"
     );
-    for _ in 0..1000 {
-        let id: Option<u64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+    let id = poll(1000, Duration::from_millis(10), || async {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
             .fetch_optional(&admin)
             .await
-            .expect("processlist");
-        if let Some(id) = id {
-            sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
-                .execute(&admin)
-                .await
-                .expect("KILL");
-            admin.close().await;
-            return id;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no connection ever ran a statement on {table}");
+            .expect("processlist")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no connection ever ran a statement on {table}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(&admin)
+        .await
+        .expect("KILL");
+    admin.close().await;
+    id
 }
 
 /// A connection of a throwaway server's own, and its id.

@@ -14,16 +14,15 @@ use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, T
 use idem_postgres::{PgIdemExt, PgStore};
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, SqlFixture,
-    TxDialect, TxFuture, WireDialect,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, POSTGRES,
+    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
 
 /// The server URL: `IDEM_POSTGRES_URL`, or the local default.
 pub fn url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    POSTGRES.url()
 }
 
 /// Connect options for the test server; panics with what to start if the
@@ -35,22 +34,13 @@ pub fn options() -> PgConnectOptions {
 }
 
 fn unreachable(e: &dyn std::fmt::Display) -> ! {
-    panic!(
-        "cannot reach PostgreSQL at {}: {e}\n\
-         Start the local server with:\n    pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
-         or point IDEM_POSTGRES_URL at a server (these tests never skip).",
-        url()
-    )
+    POSTGRES.unreachable(e)
 }
 
 /// The server's socket address (for the proxy).
 pub async fn upstream() -> std::net::SocketAddr {
     let o = options();
-    tokio::net::lookup_host((o.get_host(), o.get_port()))
-        .await
-        .unwrap_or_else(|e| unreachable(&e))
-        .next()
-        .unwrap_or_else(|| unreachable(&"the host name resolves to no address"))
+    POSTGRES.addr(o.get_host(), o.get_port()).await
 }
 
 /// Connect options that go through `proxy` (without TLS, so it can count).
@@ -307,24 +297,21 @@ impl TxDialect for Pg {
     /// lock (`pg_stat_activity`).
     async fn claim_waiting(&self, fx: &PgFixture) -> bool {
         let admin = pool(1, options()).await;
-        let mut seen = false;
-        for _ in 0..2000 {
+        let schema = format!("\"{}\".", fx.schema);
+        let seen = poll(2000, Duration::from_millis(5), || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
             )
-            .bind(format!("\"{}\".", fx.schema))
+            .bind(&schema)
             .fetch_one(&admin)
             .await
             .expect("pg_stat_activity");
-            if waiting > 0 {
-                seen = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            (waiting > 0).then_some(())
+        })
+        .await;
         admin.close().await;
-        seen
+        seen.is_some()
     }
 }
 
@@ -377,27 +364,25 @@ pub fn app_name() -> String {
 /// waiting on a lock; its pid.
 pub async fn terminate_when_waiting(app: String) -> i32 {
     let admin = pool(1, options()).await;
-    for _ in 0..200 {
-        let pid: Option<i32> = sqlx::query_scalar(
+    let pid = poll(200, Duration::from_millis(10), || async {
+        sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock' LIMIT 1",
         )
         .bind(&app)
         .fetch_optional(&admin)
         .await
-        .expect("pg_stat_activity");
-        if let Some(pid) = pid {
-            let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-                .bind(pid)
-                .fetch_one(&admin)
-                .await
-                .expect("kill");
-            assert!(killed);
-            admin.close().await;
-            return pid;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no backend of {app} ever waited on a lock");
+        .expect("pg_stat_activity")
+    })
+    .await
+    .unwrap_or_else(|| panic!("no backend of {app} ever waited on a lock"));
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&admin)
+        .await
+        .expect("kill");
+    assert!(killed);
+    admin.close().await;
+    pid
 }
 
 impl KillDialect for Pg {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
 use idem_core::ops::RecordState;
-use idem_core::store::{ClaimOutcome, Store, StoreError};
-use idem_core::{Error, Idem, IdempotencyKey, RecordId};
+use idem_core::store::{AdminStore, ClaimOutcome, Store, StoreError};
+use idem_core::{Error, Idem, IdempotencyKey, RecordId, Scope};
 use tokio::sync::Mutex;
 
 use super::{
@@ -50,14 +50,7 @@ pub async fn killed_connection_mid_statement<D: KillDialect>(d: D) {
         let blocker = d.blocker(&fx, &h).await;
         let killer = tokio::spawn(d.killer(&fx, &h, &blocker));
         let lock = d.lock(&fx, blocker, &id).await;
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, "k", &request(), move |_| async move {
-                r.hit();
-                Out::Success("no".into())
-            })
-            .await
-            .expect_err("killed mid-claim");
+        let err = refused(&idem, &scope, &runs, "killed mid-claim").await;
         killer.await.expect("killer");
         assert!(
             matches!(err, Error::Store(StoreError::Unavailable { .. })),
@@ -110,14 +103,7 @@ pub async fn killed_connection_mid_statement<D: KillDialect>(d: D) {
             RecordState::InFlight,
             "indeed not stored: left to lease expiry"
         );
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, "k", &request(), move |_| async move {
-                r.hit();
-                Out::Success("no".into())
-            })
-            .await
-            .expect_err("lease still held");
+        let err = refused(&idem, &scope, &runs, "lease still held").await;
         assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
         assert_eq!(runs.get(), 1, "no second execution while the lease holds");
         clock.advance(LEASE + Duration::from_secs(1));
@@ -132,6 +118,23 @@ pub async fn killed_connection_mid_statement<D: KillDialect>(d: D) {
     })
     .await;
     drop(handle);
+}
+
+/// Calls `k` with a work that counts its run and expects the call to fail
+/// (`why`); the error.
+async fn refused<S: AdminStore + Clone>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    runs: &Counter,
+    why: &str,
+) -> Error {
+    let r = runs.clone();
+    idem.execute(scope, "k", &request(), move |_| async move {
+        r.hit();
+        Out::Success("no".into())
+    })
+    .await
+    .expect_err(why)
 }
 
 /// For a store with pools of its own: see [`recovers_after_an_outage`].

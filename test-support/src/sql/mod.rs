@@ -32,6 +32,7 @@ pub mod pg_cluster;
 pub mod proxy;
 pub mod races;
 pub mod schema;
+pub mod server;
 pub mod transactional;
 
 use std::future::Future;
@@ -54,6 +55,7 @@ pub use faults::*;
 pub use metrics::*;
 pub use races::*;
 pub use schema::*;
+pub use server::*;
 pub use transactional::*;
 
 use proxy::{Protocol, Proxy};

@@ -6,9 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::Error;
 use idem_core::clock::ManualClock;
 use idem_core::ops::RecordState;
+use idem_core::{Error, Idem, Reply, Scope};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
 
 use super::{Counter, Out, SqlFixture, TxDialect, engine, request, scope, with_fixture};
 
@@ -152,43 +154,11 @@ pub async fn tx_duplicate_waits_for_the_winner_then_replays<D: TxDialect>(d: D) 
         let clock = ManualClock::starting_now();
         let idem = engine(fx.store(), &clock);
         let (scope, runs) = (scope(), Counter::default());
-        let (started_tx, started) = tokio::sync::oneshot::channel();
-        let go = Arc::new(tokio::sync::Notify::new());
-        let first = {
-            let (d, idem, scope, runs, go, insert) = (
-                d.clone(),
-                idem.clone(),
-                scope.clone(),
-                runs.clone(),
-                Arc::clone(&go),
-                d.insert_order_sql(&fx),
-            );
-            tokio::spawn(async move {
-                d.execute_in_tx(&idem, &scope, "k", &request(), move |_, conn| {
-                    Box::pin(async move {
-                        runs.hit();
-                        D::insert_order(conn, insert, "winner").await;
-                        let _ = started_tx.send(());
-                        go.notified().await;
-                        Out::Success("winner".into())
-                    })
-                })
-                .await
-            })
-        };
+        let write = Some((d.insert_order_sql(&fx), "winner"));
+        let winner = Out::Success("winner".into());
+        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k"), &runs, write, winner);
         started.await.expect("first is in its work");
-        let second = {
-            let (d, idem, scope, runs) = (d.clone(), idem.clone(), scope.clone(), runs.clone());
-            tokio::spawn(async move {
-                d.execute_in_tx(&idem, &scope, "k", &request(), move |_, _| {
-                    Box::pin(async move {
-                        runs.hit();
-                        Out::Success("second".into())
-                    })
-                })
-                .await
-            })
-        };
+        let second = duplicate_in_tx(&d, &idem, &scope, "k", &runs);
         let waited = d.claim_waiting(&fx).await && !second.is_finished();
         go.notify_one();
         assert!(waited, "the duplicate waits on the uncommitted record");
@@ -216,39 +186,11 @@ pub async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too<D: TxDi
         let clock = ManualClock::starting_now();
         let idem = engine(fx.store(), &clock);
         let (scope, runs) = (scope(), Counter::default());
-        let spawn_first = |key: &'static str, outcome: Out| {
-            let (d, idem, scope, runs) = (d.clone(), idem.clone(), scope.clone(), runs.clone());
-            let (started_tx, started) = tokio::sync::oneshot::channel();
-            let go = Arc::new(tokio::sync::Notify::new());
-            let g = Arc::clone(&go);
-            let task = tokio::spawn(async move {
-                d.execute_in_tx(&idem, &scope, key, &request(), move |_, _| {
-                    Box::pin(async move {
-                        runs.hit();
-                        let _ = started_tx.send(());
-                        g.notified().await;
-                        outcome
-                    })
-                })
-                .await
-            });
-            (task, started, go)
-        };
         // 1. The first rolls back: the waiting duplicate runs.
-        let (first, started, go) = spawn_first("k", Out::Transient("provider 503".into()));
+        let transient = Out::Transient("provider 503".into());
+        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k"), &runs, None, transient);
         started.await.expect("started");
-        let second = {
-            let (d, idem, scope, runs) = (d.clone(), idem.clone(), scope.clone(), runs.clone());
-            tokio::spawn(async move {
-                d.execute_in_tx(&idem, &scope, "k", &request(), move |attempt, _| {
-                    Box::pin(async move {
-                        runs.hit();
-                        Out::Success(format!("second, attempt {}", attempt.number()))
-                    })
-                })
-                .await
-            })
-        };
+        let second = duplicate_in_tx(&d, &idem, &scope, "k", &runs);
         let waited = d.claim_waiting(&fx).await && !second.is_finished();
         go.notify_one();
         assert!(waited, "waits on the uncommitted claim");
@@ -271,7 +213,8 @@ pub async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too<D: TxDi
         // 2. A plain `Idem::execute` behind an open transaction on a new key.
         let scope2 = scope.clone();
         let (idem2, runs2) = (idem.clone(), runs.clone());
-        let (first, started, go) = spawn_first("k2", Out::Success("tx winner".into()));
+        let winner = Out::Success("tx winner".into());
+        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k2"), &runs, None, winner);
         started.await.expect("started");
         let plain = tokio::spawn(async move {
             idem2
@@ -303,21 +246,9 @@ pub async fn tx_duplicate_gets_409_after_the_lock_timeout<D: TxDialect>(d: D) {
         let store = d.with_tx_lock_timeout(fx.store().clone(), Duration::from_millis(200));
         let idem = engine(&store, &clock);
         let scope = scope();
-        let (started_tx, started) = tokio::sync::oneshot::channel();
-        let go = Arc::new(tokio::sync::Notify::new());
-        let first = {
-            let (d, idem, scope, go) = (d.clone(), idem.clone(), scope.clone(), Arc::clone(&go));
-            tokio::spawn(async move {
-                d.execute_in_tx(&idem, &scope, "k", &request(), move |_, _| {
-                    Box::pin(async move {
-                        let _ = started_tx.send(());
-                        go.notified().await;
-                        Out::Success("winner".into())
-                    })
-                })
-                .await
-            })
-        };
+        let winner = Out::Success("winner".into());
+        let runs = Counter::default();
+        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k"), &runs, None, winner);
         started.await.expect("started");
         let t0 = Instant::now();
         let err = d
@@ -344,4 +275,60 @@ pub async fn tx_duplicate_gets_409_after_the_lock_timeout<D: TxDialect>(d: D) {
         d.after_tx_lock_timeout(&store).await;
     })
     .await;
+}
+
+/// What a transactional call answers.
+type TxReply = Result<Reply<String, String>, Error>;
+
+/// Spawns a transactional call on `key` whose work counts its run, writes
+/// `write` (an insert and its note) on its transaction, says it started, and
+/// holds its transaction open until `go` before returning `outcome`.
+fn hold_in_tx<D: TxDialect>(
+    d: &D,
+    idem: &Idem<D::Store>,
+    (scope, key): (&Scope, &'static str),
+    runs: &Counter,
+    write: Option<(String, &'static str)>,
+    outcome: Out,
+) -> (JoinHandle<TxReply>, oneshot::Receiver<()>, Arc<Notify>) {
+    let (d, idem, scope, runs) = (d.clone(), idem.clone(), scope.clone(), runs.clone());
+    let (started_tx, started) = oneshot::channel();
+    let go = Arc::new(Notify::new());
+    let g = Arc::clone(&go);
+    let task = tokio::spawn(async move {
+        d.execute_in_tx(&idem, &scope, key, &request(), move |_, conn| {
+            Box::pin(async move {
+                runs.hit();
+                if let Some((sql, note)) = write {
+                    D::insert_order(conn, sql, note).await;
+                }
+                let _ = started_tx.send(());
+                g.notified().await;
+                outcome
+            })
+        })
+        .await
+    });
+    (task, started, go)
+}
+
+/// Spawns a transactional duplicate on `key` whose work counts its run and
+/// answers with its attempt number.
+fn duplicate_in_tx<D: TxDialect>(
+    d: &D,
+    idem: &Idem<D::Store>,
+    scope: &Scope,
+    key: &'static str,
+    runs: &Counter,
+) -> JoinHandle<TxReply> {
+    let (d, idem, scope, runs) = (d.clone(), idem.clone(), scope.clone(), runs.clone());
+    tokio::spawn(async move {
+        d.execute_in_tx(&idem, &scope, key, &request(), move |attempt, _| {
+            Box::pin(async move {
+                runs.hit();
+                Out::Success(format!("second, attempt {}", attempt.number()))
+            })
+        })
+        .await
+    })
 }
