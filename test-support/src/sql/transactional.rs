@@ -3,6 +3,7 @@
 //! and duplicates wait for the winner's transaction (seen waiting on the
 //! server, not by timing).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,10 +18,7 @@ use super::{Counter, Out, SqlFixture, TxDialect, engine, request, scope, with_fi
 /// The claim, the work's write and the outcome (with its resource id)
 /// commit together, once; the next calls replay.
 pub async fn tx_commits_claim_writes_and_response_together<D: TxDialect>(d: D) {
-    let fx = d.open(4).await;
-    with_fixture(fx, move |fx| async move {
-        d.create_orders(&fx).await;
-        let clock = ManualClock::starting_now();
+    with_orders(d, true, |d, fx, clock| async move {
         let idem = engine(fx.store(), &clock);
         let (scope, runs) = (scope(), Counter::default());
         for i in 0..3 {
@@ -73,10 +71,7 @@ pub async fn tx_commits_claim_writes_and_response_together<D: TxDialect>(d: D) {
 /// A transient failure rolls back the claim and the work's write; so does a
 /// future dropped mid-work, after which a retry claims afresh.
 pub async fn tx_transient_failure_or_dropped_future_leaves_nothing<D: TxDialect>(d: D) {
-    let fx = d.open(4).await;
-    with_fixture(fx, move |fx| async move {
-        d.create_orders(&fx).await;
-        let clock = ManualClock::starting_now();
+    with_orders(d, true, |d, fx, clock| async move {
         let idem = engine(fx.store(), &clock);
         let scope = scope();
         let insert = d.insert_order_sql(&fx);
@@ -148,10 +143,7 @@ pub async fn tx_transient_failure_or_dropped_future_leaves_nothing<D: TxDialect>
 /// A duplicate waits on the winner's uncommitted record, then replays the
 /// committed outcome; the work ran once.
 pub async fn tx_duplicate_waits_for_the_winner_then_replays<D: TxDialect>(d: D) {
-    let fx = d.open(4).await;
-    with_fixture(fx, move |fx| async move {
-        d.create_orders(&fx).await;
-        let clock = ManualClock::starting_now();
+    with_orders(d, true, |d, fx, clock| async move {
         let idem = engine(fx.store(), &clock);
         let (scope, runs) = (scope(), Counter::default());
         let write = Some((d.insert_order_sql(&fx), "winner"));
@@ -181,9 +173,7 @@ pub async fn tx_duplicate_waits_for_the_winner_then_replays<D: TxDialect>(d: D) 
 /// duplicate waits behind an open transaction the same way and replays once
 /// it commits.
 pub async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too<D: TxDialect>(d: D) {
-    let fx = d.open(4).await;
-    with_fixture(fx, move |fx| async move {
-        let clock = ManualClock::starting_now();
+    with_orders(d, false, |d, fx, clock| async move {
         let idem = engine(fx.store(), &clock);
         let (scope, runs) = (scope(), Counter::default());
         // 1. The first rolls back: the waiting duplicate runs.
@@ -240,9 +230,7 @@ pub async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too<D: TxDi
 /// comparing fingerprints (after waiting for the lock first); once the
 /// winner commits, the same call replays.
 pub async fn tx_duplicate_gets_409_after_the_lock_timeout<D: TxDialect>(d: D) {
-    let fx = d.open(4).await;
-    with_fixture(fx, move |fx| async move {
-        let clock = ManualClock::starting_now();
+    with_orders(d, false, |d, fx, clock| async move {
         let store = d.with_tx_lock_timeout(fx.store().clone(), Duration::from_millis(200));
         let idem = engine(&store, &clock);
         let scope = scope();
@@ -273,6 +261,24 @@ pub async fn tx_duplicate_gets_409_after_the_lock_timeout<D: TxDialect>(d: D) {
             .expect("replay");
         assert_eq!(replay.into_result(), Ok("winner".to_owned()));
         d.after_tx_lock_timeout(&store).await;
+    })
+    .await;
+}
+
+/// Runs `body` on a fixture of four connections (with the caller's own
+/// `orders` table if `orders`) and a clock starting now.
+async fn with_orders<D, F, Fut>(d: D, orders: bool, body: F)
+where
+    D: TxDialect,
+    F: FnOnce(D, Arc<D::Fixture>, ManualClock) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let fx = d.open(4).await;
+    with_fixture(fx, move |fx| async move {
+        if orders {
+            d.create_orders(&fx).await;
+        }
+        body(d, fx, ManualClock::starting_now()).await;
     })
     .await;
 }
