@@ -7,6 +7,12 @@
 
 mod support;
 
+use idem_core::clock::ManualClock;
+use idem_mysql::sqlx;
+use idem_mysql::{MySqlStore, Server};
+use idem_test_support::sql::{Out, engine, request, scope};
+use support::MyFixture;
+
 mod mariadb {
     idem_test_support::sql_suite!(crate::support::MySql::MARIADB;
         identities_are_byte_exact,
@@ -24,12 +30,6 @@ mod mysql_path {
         corrupted_rows_are_typed_errors_not_panics,
     );
 }
-
-use idem_core::clock::ManualClock;
-use idem_mysql::sqlx;
-use idem_mysql::{MySqlStore, Server};
-use idem_test_support::sql::{Out, engine, request, scope};
-use support::MyFixture;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_names_are_validated_and_configurable() {

@@ -11,9 +11,8 @@ use std::time::Duration;
 use idem_core::clock::ManualClock;
 use idem_core::{Error, IdempotencyKey};
 use idem_test_support::sql::{Counter, Out, engine, request, scope, with_fixture};
-use support::PgFixture;
-use support::count_rows;
 use support::proxy::{Protocol, Proxy};
+use support::{PgFixture, count_rows};
 
 idem_test_support::sql_suite!(crate::support::Pg;
     sixty_four_racers,

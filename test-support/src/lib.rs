@@ -6,5 +6,7 @@ pub mod fixtures;
 pub mod process;
 pub mod redis_cluster;
 pub mod redis_server;
+#[cfg(any(feature = "sql", feature = "fixtures"))]
+pub mod servers;
 #[cfg(feature = "sql")]
 pub mod sql;

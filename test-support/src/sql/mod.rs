@@ -32,7 +32,6 @@ pub mod pg_cluster;
 pub mod proxy;
 pub mod races;
 pub mod schema;
-pub mod server;
 pub mod transactional;
 
 use std::future::Future;
@@ -55,8 +54,9 @@ pub use faults::*;
 pub use metrics::*;
 pub use races::*;
 pub use schema::*;
-pub use server::*;
 pub use transactional::*;
+
+pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
 
 use proxy::{Protocol, Proxy};
 

@@ -1,9 +1,8 @@
-//! The shared servers the SQL tests reach (never skipped: an unreachable
-//! server fails the test with what to start), and polling the server for
-//! what a test waits to see.
+//! The shared SQL servers the tests reach (never skipped: an unreachable
+//! server fails the test with what to start), and polling a server for what
+//! a test waits to see.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// A shared SQL server: where it is, and how to start it.
@@ -58,11 +57,12 @@ impl SharedServer {
     }
 
     /// The socket address of `host:port` (for a proxy in front of it).
+    #[cfg(feature = "sql")]
     ///
     /// # Panics
     ///
     /// When it does not resolve.
-    pub async fn addr(&self, host: &str, port: u16) -> SocketAddr {
+    pub async fn addr(&self, host: &str, port: u16) -> std::net::SocketAddr {
         tokio::net::lookup_host((host, port))
             .await
             .unwrap_or_else(|e| self.unreachable(&e))
