@@ -75,6 +75,12 @@ pub async fn connect(max: u32, options: MySqlConnectOptions) -> MySqlStore {
         .unwrap_or_else(|e| unreachable(&e))
 }
 
+/// A store over `pool` (`MySqlStore::new`, which reads the server's
+/// version): the one place that builds one over a sqlx pool.
+pub async fn over(pool: MySqlPool) -> MySqlStore {
+    MySqlStore::new(pool).await.expect("version")
+}
+
 /// A pool whose connections run every transaction at `isolation`
 /// (`"REPEATABLE READ"`, InnoDB's default, or `"READ COMMITTED"`).
 pub async fn pool_at(max: u32, isolation: &'static str) -> MySqlPool {
@@ -243,9 +249,8 @@ impl Dialect for MySql {
     async fn stores_on(&self, fx: &MyFixture, n: usize) -> Vec<MySqlStore> {
         let mut stores = Vec::new();
         for _ in 0..n {
-            let store = MySqlStore::new(pool_at(8, self.isolation).await)
+            let store = over(pool_at(8, self.isolation).await)
                 .await
-                .expect("version")
                 .with_table_name(&fx.table)
                 .expect("table")
                 .with_server(self.server);
@@ -433,9 +438,7 @@ impl WireDialect for MySql {
         let store = if own_pool {
             connect(1, via(proxy)).await
         } else {
-            MySqlStore::new(pool(1, via(proxy)).await)
-                .await
-                .expect("version")
+            over(pool(1, via(proxy)).await).await
         };
         MyFixture::migrated(store.with_server(self.server), options()).await
     }
@@ -535,10 +538,7 @@ impl KillDialect for MySql {
             .connect_with(admin.clone())
             .await
             .expect("connect to the throwaway server");
-        let store = MySqlStore::new(pool)
-            .await
-            .expect("version")
-            .with_server(self.server);
+        let store = over(pool).await.with_server(self.server);
         (MyFixture::migrated(store, admin).await, db)
     }
     async fn blocker(&self, _fx: &MyFixture, db: &Throwaway) -> Blocker {
@@ -619,14 +619,13 @@ impl OutageDialect for MySql {
                 .await
                 .expect("connect to the throwaway server")
         } else {
-            MySqlStore::new(
+            over(
                 options
                     .connect_with(admin.clone())
                     .await
                     .expect("connect to the throwaway server"),
             )
             .await
-            .expect("version")
         };
         let fx = MyFixture::migrated(store.with_server(self.server), admin).await;
         (fx, Restart(db))

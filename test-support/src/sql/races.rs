@@ -25,17 +25,21 @@ pub async fn sixty_four_racers<D: Dialect>(d: D) {
         let engines: Vec<Idem<D::Store>> = stores.iter().map(|s| engine(s, &clock)).collect();
         let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
         let go = Arc::new(tokio::sync::Semaphore::new(0));
+        // Said by a work as it starts (the winner's claim returns before its
+        // work runs, so the losers' answers can come first).
+        let started = Arc::new(tokio::sync::Notify::new());
         let race = |round: usize| {
             let barrier = Arc::new(tokio::sync::Barrier::new(64));
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             for i in 0..64 {
                 let idem = engines[i % 8].clone();
-                let (scope, key, runs, barrier, go, tx) = (
+                let (scope, key, runs, barrier, go, started, tx) = (
                     scope.clone(),
                     key.clone(),
                     runs.clone(),
                     Arc::clone(&barrier),
                     Arc::clone(&go),
+                    Arc::clone(&started),
                     tx.clone(),
                 );
                 tokio::spawn(async move {
@@ -43,6 +47,7 @@ pub async fn sixty_four_racers<D: Dialect>(d: D) {
                     let r = idem
                         .execute(&scope, &key, &request(), move |_| async move {
                             runs.hit();
+                            started.notify_one();
                             go.acquire().await.expect("open").forget();
                             Out::Success(format!("ch_{round}_{i}"))
                         })
@@ -59,6 +64,7 @@ pub async fn sixty_four_racers<D: Dialect>(d: D) {
                 other => panic!("while the work is held, a duplicate gets 409: {other:?}"),
             }
         }
+        started.notified().await;
         assert_eq!(runs.get(), 1, "one claim won");
         go.add_permits(1);
         let first = results.recv().await.expect("the winner").expect("executed");
