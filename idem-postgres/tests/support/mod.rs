@@ -183,11 +183,14 @@ impl Dialect for Pg {
     async fn open(&self, max: u32) -> PgFixture {
         PgFixture::new(max).await
     }
+    /// Each with two connections: the shared server allows 100 in all, and
+    /// the 64 racers of `races.rs` over eight pools of eight run next to
+    /// these.
     async fn stores_on(&self, fx: &PgFixture, n: usize) -> Vec<PgStore> {
         let mut stores = Vec::new();
         for _ in 0..n {
             stores.push(
-                connect(8, options())
+                connect(2, options())
                     .await
                     .with_schema_name(&fx.schema)
                     .expect("schema"),
