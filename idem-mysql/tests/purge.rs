@@ -13,8 +13,8 @@ use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 use idem_mysql::sqlx::{self, Executor, Row};
 use idem_mysql::statements;
-use support::MyFixture;
-use support::scenario::{LEASE, count_rows, request, scope, with_fixture};
+use idem_test_support::sql::{LEASE, request, scope, with_fixture};
+use support::{MyFixture, count_rows};
 
 /// The plan of `sql` with `binds` (Unix ms and limits) spliced in as
 /// literals: (access type, key used, extra) per table row.

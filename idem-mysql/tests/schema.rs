@@ -1,194 +1,34 @@
-//! The table as the migration builds it: byte-exact identities, values only
-//! through bind parameters, validated names, corrupted rows as typed errors,
-//! and a migration that can run again, from several instances at once.
+//! The table as the migration builds it, on both claim paths: the SQL
+//! suite's byte-exact identities, bodies of any bytes, values only through
+//! bind parameters and corrupted rows as typed errors
+//! (`idem_test_support::sql::schema`); then validated names, the server's
+//! detection, and a migration that can run again, from several instances at
+//! once.
 
 mod support;
 
-use idem_core::clock::{Clock, ManualClock};
-use idem_core::store::{Store, StoreError};
-use idem_core::{Error, IdempotencyKey, RecordId, Scope};
-use idem_mysql::sqlx::{self, Executor, Row};
+use idem_core::clock::ManualClock;
+use idem_mysql::sqlx;
 use idem_mysql::{MySqlStore, Server};
+use idem_test_support::sql::{Out, engine, request, scope};
 use support::MyFixture;
-use support::scenario::{Counter, Out, count_rows, engine, request, scope, with_fixture};
 
-/// Keys, owners and operations compare byte for byte: case and trailing
-/// spaces make other records (a `_bin` collation with `PAD SPACE`, as
-/// MariaDB's `utf8mb4_bin`, would merge `a` and `a `). Both claim paths.
-async fn identities_are_byte_exact(server: Server) {
-    with_fixture(MyFixture::new(4).await, move |fx| async move {
-        let store = fx.store.clone().with_server(server);
-        let clock = ManualClock::starting_now();
-        let idem = engine(&store, &clock);
-        let owner = format!("acct-{}", IdempotencyKey::random());
-        let pairs: [(String, &str, &str); 6] = [
-            (owner.clone(), "POST /orders", "order-A"),
-            (owner.clone(), "POST /orders", "order-a"),
-            (format!("{owner} "), "POST /orders", "order-A"),
-            (owner.clone(), "POST /orders ", "order-A"),
-            (owner.clone(), "post /orders", "order-A"),
-            (owner.to_uppercase(), "POST /orders", "order-A"),
-        ];
-        for (i, (o, op, k)) in pairs.iter().enumerate() {
-            let scope = Scope::new(o.clone(), *op).expect("scope");
-            let r = idem
-                .execute(&scope, *k, &request(), |_| async move {
-                    Out::Success(format!("r{i}"))
-                })
-                .await
-                .expect("execute");
-            assert!(!r.is_replay(), "{i}: {o:?} {op:?} {k:?} is a record of its own");
-        }
-        for (i, (o, op, k)) in pairs.iter().enumerate() {
-            let scope = Scope::new(o.clone(), *op).expect("scope");
-            let r = idem
-                .execute(&scope, *k, &request(), |_| async {
-                    Out::Success("again".into())
-                })
-                .await
-                .expect("replay");
-            assert!(r.is_replay());
-            assert_eq!(r.into_result(), Ok(format!("r{i}")), "{o:?} {op:?} {k:?}");
-        }
-        assert_eq!(count_rows(&fx, &fx.table).await, 6);
-        // The columns are binary, whatever the server's default collation.
-        let types: Vec<(String, String)> = sqlx::query_as(
-            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?
-               AND COLUMN_NAME IN ('owner', 'operation', 'key', 'fingerprint', 'response')
-             ORDER BY COLUMN_NAME",
-        )
-        .bind(&fx.table)
-        .fetch_all(fx.store.pool())
-        .await
-        .expect("columns");
-        let types: Vec<(&str, &str)> = types.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
-        assert_eq!(
-            types,
-            [
-                ("fingerprint", "varbinary"),
-                ("key", "varbinary"),
-                ("operation", "varbinary"),
-                ("owner", "varbinary"),
-                ("response", "longblob"),
-            ]
-        );
-    })
-    .await;
+mod mariadb {
+    idem_test_support::sql_suite!(crate::support::MySql::MARIADB;
+        identities_are_byte_exact,
+        binary_bodies_round_trip,
+        hostile_values_go_through_bind_parameters_only,
+        corrupted_rows_are_typed_errors_not_panics,
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identities_are_byte_exact_mariadb() {
-    identities_are_byte_exact(Server::MariaDb).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identities_are_byte_exact_mysql_path() {
-    identities_are_byte_exact(Server::MySql).await;
-}
-
-/// A body of every byte value, and a large one (3 MiB, under a policy
-/// that stores up to 8 MiB), come back byte for byte.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_bodies_round_trip() {
-    with_fixture(MyFixture::new(2).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let policy = idem_core::Policy::builder()
-            .max_response_bytes(8 << 20)
-            .build()
-            .expect("policy");
-        let idem = idem_core::Idem::new(fx.store.clone())
-            .with_clock(clock.clone())
-            .with_policy(policy);
-        let scope = scope();
-        let all: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024).collect();
-        for (k, body) in [
-            ("all-bytes", (0..=255u8).collect::<Vec<u8>>()),
-            ("3mib", all),
-        ] {
-            let b = body.clone();
-            idem.execute(&scope, k, &request(), move |_| async move {
-                idem_core::Outcome::<Vec<u8>, String>::Success(b)
-            })
-            .await
-            .expect("execute");
-            let again = idem
-                .execute(&scope, k, &request(), |_| async {
-                    idem_core::Outcome::<Vec<u8>, String>::Success(Vec::new())
-                })
-                .await
-                .expect("replay");
-            assert!(again.is_replay());
-            assert_eq!(again.into_result(), Ok(body), "{k}");
-        }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_values_go_through_bind_parameters_only() {
-    with_fixture(MyFixture::new(4).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let owner = "o'; DROP TABLE idem_records; -- `x`";
-        let operation = "POST /\"x\"; SELECT SLEEP(10); \\";
-        let scope = Scope::new(owner, operation).expect("scope");
-        let long_key: String = (0..255)
-            .map(|i| ['\'', ';', '"', '\\', 'a', '%', '_', '`'][i % 8])
-            .collect();
-        let long_key = format!("k{}z", &long_key[2..]);
-        assert_eq!(long_key.len(), 255);
-        let first = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async {
-                Out::Success("one".into())
-            })
-            .await
-            .expect("hostile values are data");
-        assert!(!first.is_replay());
-        let again = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async {
-                Out::Success("two".into())
-            })
-            .await
-            .expect("replay");
-        assert_eq!(again.into_result(), Ok("one".to_owned()));
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT owner, operation, `key` FROM {}",
-            fx.quoted()
-        )))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("the table is still there, with one row");
-        assert_eq!(row.get::<Vec<u8>, _>("owner"), owner.as_bytes());
-        assert_eq!(row.get::<Vec<u8>, _>("operation"), operation.as_bytes());
-        assert_eq!(row.get::<Vec<u8>, _>("key"), long_key.as_bytes());
-        // A LIKE-ish neighbour owner never sees it.
-        let other = Scope::new("o'; DROP TABLE idem_records; -- `%`", operation).expect("scope");
-        let mine = idem
-            .execute(&other, long_key.as_str(), &request(), |_| async {
-                Out::Success("other".into())
-            })
-            .await
-            .expect("other owner");
-        assert!(!mine.is_replay());
-        let too_long = "k".repeat(256);
-        let err = idem
-            .execute(&scope, too_long.as_str(), &request(), |_| async {
-                Out::Success("x".into())
-            })
-            .await
-            .expect_err("256 characters");
-        assert_eq!(err.http_status(), 400);
-        // The longest parts a scope accepts fit the primary key.
-        let widest = Scope::new("o".repeat(1024), "p".repeat(1024)).expect("scope");
-        idem.execute(&widest, "k".repeat(255).as_str(), &request(), |_| async {
-            Out::Success("wide".into())
-        })
-        .await
-        .expect("1024 + 1024 + 255 bytes fit the key");
-        assert_eq!(count_rows(&fx, &fx.table).await, 3);
-    })
-    .await;
+mod mysql_path {
+    idem_test_support::sql_suite!(crate::support::MySql::MYSQL_PATH;
+        identities_are_byte_exact,
+        binary_bodies_round_trip,
+        hostile_values_go_through_bind_parameters_only,
+        corrupted_rows_are_typed_errors_not_panics,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,81 +91,6 @@ async fn migrate_is_idempotent_and_concurrent_starts_are_safe() {
         .expect("the table works");
     assert!(!r.is_replay());
     fx.drop_tables(&[&name]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupted_rows_are_typed_errors_not_panics() {
-    with_fixture(MyFixture::new(2).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let scope = scope();
-        for k in ["state", "fingerprint", "outcome", "attempt"] {
-            idem.execute(&scope, k, &request(), |_| async {
-                Out::Success("x".into())
-            })
-            .await
-            .expect("call");
-        }
-        let t = fx.quoted();
-        let checks: Vec<String> = sqlx::query_scalar(
-            "SELECT CAST(CONSTRAINT_NAME AS CHAR) FROM information_schema.TABLE_CONSTRAINTS
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND CONSTRAINT_TYPE = 'CHECK'",
-        )
-        .bind(&fx.table)
-        .fetch_all(fx.store.pool())
-        .await
-        .expect("checks");
-        assert_eq!(checks.len(), 3, "{checks:?}");
-        for c in checks {
-            fx.store
-                .pool()
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "ALTER TABLE {t} DROP CONSTRAINT `{c}`"
-                )))
-                .await
-                .expect("drop check");
-        }
-        for (k, set) in [
-            ("state", "state = 'exploded'"),
-            ("fingerprint", "fingerprint = X'0102'"),
-            ("outcome", "outcome = 'maybe'"),
-            ("attempt", "attempt = -1"),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {t} SET {set} WHERE `key` = ?"
-            )))
-            .bind(k)
-            .execute(fx.store.pool())
-            .await
-            .expect("corrupt");
-            let id = RecordId::new(scope.clone(), IdempotencyKey::parse(k).expect("key"));
-            let fetched = fx.store.fetch(&id, clock.now()).await;
-            assert!(
-                matches!(fetched, Err(StoreError::Corrupt { .. })),
-                "{k}: {fetched:?}"
-            );
-            for server in [Server::MariaDb, Server::MySql] {
-                let idem = engine(&fx.store.clone().with_server(server), &clock);
-                let runs = Counter::default();
-                let r = runs.clone();
-                let err = idem
-                    .execute(&scope, k, &request(), move |_| async move {
-                        r.hit();
-                        Out::Success("no".into())
-                    })
-                    .await
-                    .expect_err("corrupt");
-                assert!(matches!(err, Error::CorruptRecord { .. }), "{k}: {err:?}");
-                assert_eq!(err.http_status(), 500);
-                assert_eq!(
-                    runs.get(),
-                    0,
-                    "{k}: the work does not run over a corrupted record"
-                );
-            }
-        }
-    })
-    .await;
 }
 
 /// The version string decides the flavour; this server is MariaDB.

@@ -34,9 +34,9 @@ use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
+use idem_test_support::sql::{Counter, Out, policy, request, scope};
 use support::cluster::{Cluster, Mode};
-use support::proxy::Proxy;
-use support::scenario::{Counter, Out, policy, request, scope};
+use support::proxy::{Protocol, Proxy};
 use tokio::sync::{Notify, watch};
 
 /// Acknowledged calls per phase.
@@ -231,7 +231,7 @@ async fn asynchronous_replication_loses_what_the_standby_had_not_received() {
     assert_eq!(standby_runs.get(), 0);
     over_pool.pool().close().await;
 
-    let front = Proxy::start(cluster.primary.addr()).await;
+    let front = Proxy::start(cluster.primary.addr(), Protocol::Postgres).await;
     let store = store_via(&front, &cluster).await;
     let found = store.migrate().await.expect("migrate");
     assert!(!found.is_synchronous() && !found.in_recovery, "{found:?}");
@@ -313,7 +313,7 @@ async fn call_held(
 async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     let started = Instant::now();
     let cluster = Cluster::start(mode).await;
-    let front = Proxy::start(cluster.primary.addr()).await;
+    let front = Proxy::start(cluster.primary.addr(), Protocol::Postgres).await;
     let store = store_via(&front, &cluster)
         .await
         .require_synchronous_replication()

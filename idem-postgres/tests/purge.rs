@@ -5,8 +5,8 @@ mod support;
 
 use idem_core::clock::ManualClock;
 use idem_postgres::sqlx::{self, Executor};
-use support::PgFixture;
-use support::scenario::{count_rows, engine, with_fixture};
+use idem_test_support::sql::{engine, with_fixture};
+use support::{PgFixture, count_rows};
 
 /// The purge walks the sweep index, never the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

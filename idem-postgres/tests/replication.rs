@@ -13,7 +13,7 @@ use idem_core::clock::ManualClock;
 use idem_core::{Idem, IdempotencyKey};
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::{Error, PgStore};
-use support::scenario::{Out, policy, request, scope};
+use idem_test_support::sql::{Out, policy, request, scope};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 

@@ -1,82 +1,24 @@
-//! The table as the migration builds it: values only through bind
-//! parameters, validated names, corrupted rows as typed errors, completions
-//! as HOT updates, and upgrades of a first-version table that neither
-//! rebuild nor wait for writers.
+//! The table as the migration builds it: the SQL suite's values and
+//! corrupted rows (`idem_test_support::sql::schema`), then validated names,
+//! completions as HOT updates, and upgrades of a first-version table that
+//! neither rebuild nor wait for writers.
 
 mod support;
 
 use std::time::Duration;
 
-use idem_core::clock::{Clock, ManualClock};
-use idem_core::store::{Store, StoreError};
-use idem_core::{Error, IdempotencyKey, RecordId, Scope};
+use idem_core::clock::ManualClock;
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, Executor, Row};
-use support::PgFixture;
-use support::scenario::{Counter, Out, count_rows, engine, request, scope, with_fixture};
+use idem_test_support::sql::{Out, engine, request, scope, with_fixture};
+use support::{PgFixture, count_rows};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_values_go_through_bind_parameters_only() {
-    with_fixture(PgFixture::new(4).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let owner = "o'; DROP TABLE idem_records; --";
-        let operation = "POST /\"x\"; SELECT pg_sleep(10); \\";
-        let scope = Scope::new(owner, operation).expect("scope");
-        let long_key: String = (0..255)
-            .map(|i| ['\'', ';', '"', '\\', 'a', '%', '_', ' '][i % 8])
-            .collect();
-        let long_key = format!("k{}z", &long_key[2..]);
-        assert_eq!(long_key.len(), 255);
-        let first = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async {
-                Out::Success("one".into())
-            })
-            .await
-            .expect("hostile values are data");
-        assert!(!first.is_replay());
-        let again = idem
-            .execute(&scope, long_key.as_str(), &request(), |_| async {
-                Out::Success("two".into())
-            })
-            .await
-            .expect("replay");
-        assert_eq!(again.into_result(), Ok("one".to_owned()));
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT owner, operation, key FROM {}",
-            fx.table()
-        )))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("the table is still there, with one row");
-        assert_eq!(row.get::<String, _>("owner"), owner);
-        assert_eq!(row.get::<String, _>("operation"), operation);
-        assert_eq!(row.get::<String, _>("key"), long_key);
-        // A LIKE-ish neighbour owner never sees it.
-        let other = Scope::new("o'; DROP TABLE idem_records; -%", operation).expect("scope");
-        let mine = idem
-            .execute(&other, long_key.as_str(), &request(), |_| async {
-                Out::Success("other".into())
-            })
-            .await
-            .expect("other owner");
-        assert!(!mine.is_replay());
-        assert!(
-            Scope::new("own\0er", "op").is_err(),
-            "NUL is refused before any SQL"
-        );
-        let too_long = "k".repeat(256);
-        let err = idem
-            .execute(&scope, too_long.as_str(), &request(), |_| async {
-                Out::Success("x".into())
-            })
-            .await
-            .expect_err("256 characters");
-        assert_eq!(err.http_status(), 400);
-        assert_eq!(count_rows(&fx, "idem_records").await, 2);
-    })
-    .await;
-}
+idem_test_support::sql_suite!(crate::support::Pg;
+    hostile_values_go_through_bind_parameters_only,
+    identities_are_byte_exact,
+    binary_bodies_round_trip,
+    corrupted_rows_are_typed_errors_not_panics,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_and_schema_names_are_validated_and_configurable() {
@@ -126,69 +68,6 @@ async fn table_and_schema_names_are_validated_and_configurable() {
                 .contains("\"Payments_Idem_key_expires_idx\"")
         );
         custom.close().await;
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupted_rows_are_typed_errors_not_panics() {
-    with_fixture(PgFixture::new(2).await, |fx| async move {
-        let clock = ManualClock::starting_now();
-        let idem = engine(&fx.store, &clock);
-        let scope = scope();
-        for k in ["state", "fingerprint", "outcome"] {
-            idem.execute(&scope, k, &request(), |_| async {
-                Out::Success("x".into())
-            })
-            .await
-            .expect("call");
-        }
-        let t = fx.table();
-        let p = fx.store.table_name();
-        for c in ["state_check", "fingerprint_check", "outcome_check"] {
-            fx.store
-                .pool()
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\""
-                )))
-                .await
-                .expect("drop check");
-        }
-        for (k, set) in [
-            ("state", "state = 'exploded'"),
-            ("fingerprint", "fingerprint = '\\x0102'::bytea"),
-            ("outcome", "outcome = 'maybe'"),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {t} SET {set} WHERE key = $1"
-            )))
-            .bind(k)
-            .execute(fx.store.pool())
-            .await
-            .expect("corrupt");
-            let id = RecordId::new(scope.clone(), IdempotencyKey::parse(k).expect("key"));
-            let fetched = fx.store.fetch(&id, clock.now()).await;
-            assert!(
-                matches!(fetched, Err(StoreError::Corrupt { .. })),
-                "{k}: {fetched:?}"
-            );
-            let runs = Counter::default();
-            let r = runs.clone();
-            let err = idem
-                .execute(&scope, k, &request(), move |_| async move {
-                    r.hit();
-                    Out::Success("no".into())
-                })
-                .await
-                .expect_err("corrupt");
-            assert!(matches!(err, Error::CorruptRecord { .. }), "{k}: {err:?}");
-            assert_eq!(err.http_status(), 500);
-            assert_eq!(
-                runs.get(),
-                0,
-                "{k}: the work does not run over a corrupted record"
-            );
-        }
     })
     .await;
 }

@@ -12,6 +12,8 @@ use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use idem_sqlite::SqliteStore;
 
+use crate::servers::{MYSQL, POSTGRES};
+
 /// A fresh [`MemoryStore`].
 #[derive(Debug)]
 pub struct Memory(MemoryStore);
@@ -71,16 +73,11 @@ pub async fn sqlite_file() -> SqliteFile {
 }
 
 fn pg_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    POSTGRES.url()
 }
 
 fn pg_down(e: &dyn std::fmt::Display) -> ! {
-    panic!(
-        "cannot reach PostgreSQL at {}: {e}\nStart it with:\n    pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
-         or point IDEM_POSTGRES_URL at a server (these tests never skip).",
-        pg_url()
-    )
+    POSTGRES.unreachable(e)
 }
 
 /// A Postgres store in a schema of its own, dropped at teardown.
@@ -126,16 +123,11 @@ pub async fn postgres() -> Pg {
 }
 
 fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+    MYSQL.url()
 }
 
 fn mysql_down(e: &dyn std::fmt::Display) -> ! {
-    panic!(
-        "cannot reach MySQL/MariaDB at {}: {e}\nStart it with:\n    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql\n\
-         or point IDEM_MYSQL_URL at a server (these tests never skip).",
-        mysql_url()
-    )
+    MYSQL.unreachable(e)
 }
 
 /// A MySQL / MariaDB store in a table of its own, dropped at teardown.

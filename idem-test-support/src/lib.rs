@@ -8,8 +8,13 @@ pub mod fixtures;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod mariadb_server;
+pub mod process;
 #[cfg(feature = "redis")]
 pub mod redis_admin;
 pub mod redis_cluster;
 pub mod redis_server;
 mod scenarios;
+#[cfg(any(feature = "sql", feature = "fixtures"))]
+pub mod servers;
+#[cfg(feature = "sql")]
+pub mod sql;

@@ -31,19 +31,7 @@ pub fn free_port() -> u16 {
 ///
 /// When the directory cannot be created.
 pub fn scratch_dir(what: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!(
-        "idem-redis-{what}-{}-{nanos}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    crate::process::scratch_dir(&format!("idem-redis-{what}"))
 }
 
 /// Starts a daemonized `redis-server` on `port`, without persistence.
@@ -125,23 +113,12 @@ pub fn shutdown(port: u16) {
 /// when it panics or is killed.
 pub fn watchdog(ports: &[u16], dir: &std::path::Path) {
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.2; done; \
-         for p in {ports}; do redis-cli -h 127.0.0.1 -p $p shutdown nosave >/dev/null 2>&1; done; \
+    crate::process::watchdog(&format!(
+        "for p in {ports}; do redis-cli -h 127.0.0.1 -p $p shutdown nosave >/dev/null 2>&1; done; \
          rm -rf '{dir}'",
-        pid = std::process::id(),
         ports = ports.join(" "),
         dir = dir.display(),
-    );
-    // `( … ) &` detaches the loop, so the shell we wait for exits at once.
-    let status = Command::new("sh")
-        .args(["-c", &format!("( {script} ) >/dev/null 2>&1 &")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("spawn the watchdog shell");
-    assert!(status.success(), "the watchdog shell failed: {status}");
+    ));
 }
 
 /// A standalone server owned by one test, shut down when dropped.

@@ -1,4 +1,5 @@
-//! Fixtures: a fresh database file (or memory database) per test.
+//! Fixtures: a fresh database file (or memory database) per test, and the
+//! SQLite glue of the SQL suite ([`Sqlite`]).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -7,6 +8,8 @@ use std::path::PathBuf;
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
 use idem_sqlite::SqliteStore;
+use idem_sqlite::sqlx::{self, Row};
+use idem_test_support::sql::{Dialect, SqlFixture};
 
 /// A database file in the temp dir, deleted (with its WAL files) on teardown.
 pub struct FileDb {
@@ -76,4 +79,61 @@ impl Fixture for MemoryDb {
 
 pub async fn memory() -> MemoryDb {
     MemoryDb(SqliteStore::memory().await.expect("memory sqlite"))
+}
+
+impl SqlFixture for FileDb {
+    type Store = SqliteStore;
+    fn store(&self) -> &SqliteStore {
+        &self.store
+    }
+    async fn teardown(&self) {
+        self.store.close().await;
+        remove(&self.path);
+    }
+}
+
+/// The SQLite dialect of the SQL suite: a database file of its own per
+/// test; "several processes" are several stores opened on that file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sqlite;
+
+impl Dialect for Sqlite {
+    type Store = SqliteStore;
+    type Fixture = FileDb;
+    async fn open(&self, _max: u32) -> FileDb {
+        FileDb::new().await
+    }
+    async fn stores_on(&self, fx: &FileDb, n: usize) -> Vec<SqliteStore> {
+        let mut stores = Vec::new();
+        for _ in 0..n {
+            stores.push(
+                SqliteStore::open(&fx.path)
+                    .await
+                    .expect("open the file again"),
+            );
+        }
+        stores
+    }
+    async fn close(&self, store: &SqliteStore) {
+        store.close().await;
+    }
+    async fn count_records(&self, fx: &FileDb) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\"",
+            fx.store.table_name()
+        )))
+        .fetch_one(fx.store.pool())
+        .await
+        .expect("count")
+    }
+    async fn stored_identity(&self, fx: &FileDb) -> [Vec<u8>; 3] {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT owner, operation, key FROM \"{}\"",
+            fx.store.table_name()
+        )))
+        .fetch_one(fx.store.pool())
+        .await
+        .expect("the table is still there, with one row");
+        ["owner", "operation", "key"].map(|c| row.get::<String, _>(c).into_bytes())
+    }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use idem_postgres::sqlx::{self, PgPool};
 
-use super::proxy::Proxy;
+use super::proxy::{Protocol, Proxy};
 
 /// How the primary replicates its commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,7 @@ pub enum Mode {
 /// killed or stopped, so it is never signalled twice).
 #[derive(Debug)]
 pub struct Node {
+    /// Its loopback port.
     pub port: u16,
     data: PathBuf,
     pid: Mutex<Option<u32>>,
@@ -120,7 +121,9 @@ fn alive(pid: u32) -> bool {
 /// The primary, its standby and the standby's replication link.
 #[derive(Debug)]
 pub struct Cluster {
+    /// The primary.
     pub primary: Node,
+    /// Its streaming standby.
     pub standby: Node,
     /// The standby's replication connection goes through this.
     pub link: Proxy,
@@ -205,18 +208,7 @@ fn free_port() -> u16 {
 }
 
 fn scratch_dir() -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!(
-        "idem-pg-failover-{}-{nanos}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    let dir = crate::process::scratch_dir("idem-pg-failover");
     if is_root() {
         must(Command::new("chown").arg("postgres:").arg(&dir));
     }
@@ -226,14 +218,11 @@ fn scratch_dir() -> PathBuf {
 /// A shell that waits for this process to end, then kills whatever
 /// postmaster still runs in `dir` and removes it.
 fn watchdog(dir: &Path) {
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.2; done; \
-         for f in '{dir}'/*/postmaster.pid; do [ -f \"$f\" ] && kill -KILL $(head -1 \"$f\"); done; \
+    crate::process::watchdog(&format!(
+        "for f in '{dir}'/*/postmaster.pid; do [ -f \"$f\" ] && kill -KILL $(head -1 \"$f\"); done; \
          sleep 1; rm -rf '{dir}'",
-        pid = std::process::id(),
         dir = dir.display(),
-    );
-    must(Command::new("sh").args(["-c", &format!("( {script} ) >/dev/null 2>&1 &")]));
+    ));
 }
 
 /// A freshly initialized data directory, made once per test process (in
@@ -303,7 +292,7 @@ impl Cluster {
             data: dir.join("standby"),
             pid: Mutex::new(None),
         };
-        let link = Proxy::start(primary.addr()).await;
+        let link = Proxy::start(primary.addr(), Protocol::Postgres).await;
         let cluster = Self {
             primary,
             standby,

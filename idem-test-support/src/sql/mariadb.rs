@@ -9,8 +9,10 @@ use std::time::Duration;
 use idem_mysql::sqlx::mysql::MySqlPoolOptions;
 use idem_mysql::sqlx::{self, Executor};
 
+/// One `mariadbd`, killed and its directory removed when dropped.
 #[derive(Debug)]
 pub struct Throwaway {
+    /// Its loopback port.
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
@@ -34,10 +36,17 @@ fn free_port() -> u16 {
 impl Throwaway {
     /// Installs a data directory and starts the server on it, with a `test`
     /// database (root, no password, loopback only).
+    ///
+    /// # Panics
+    ///
+    /// When `mariadb-install-db` or `mariadbd` cannot be run or the server
+    /// does not answer (that is the test failing).
     pub async fn start() -> Self {
         let dir = std::env::temp_dir().join(format!(
             "idem-mariadb-{}",
-            idem_core::IdempotencyKey::random().as_str()
+            idem_core::IdempotencyKey::random()
+                .as_str()
+                .to_ascii_lowercase()
         ));
         // Its own tmpdir too: bootstraps running side by side in one /tmp
         // collide on their temporary tables' names and abort.
@@ -130,6 +139,10 @@ impl Throwaway {
 
     /// Stops the server (SIGTERM: a clean shutdown, by its pid) and waits
     /// for it to exit.
+    ///
+    /// # Panics
+    ///
+    /// When it does not exit.
     pub async fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
