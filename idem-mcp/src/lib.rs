@@ -1,0 +1,49 @@
+//! Idempotent MCP tool calls for [rmcp](https://docs.rs/rmcp) servers, and
+//! the client side for agent hosts.
+//!
+//! An agent host that loses a `tools/call` answer (a timeout, a dropped
+//! stream) cannot tell "never arrived" from "ran, answer lost", and calls
+//! again. [`IdempotentTools`] runs each keyed call at most once per
+//! (owner, tool, key) and answers every retry with the first result,
+//! marked `_meta.idempotentReplayed: true`.
+//!
+//! * **The key**: the request's `_meta.idempotencyKey`, else a tool
+//!   argument `idempotency_key` on tools that declare one
+//!   ([`ToolKeys::with_argument`]); `_meta` wins. A JSON string of 1 to 255
+//!   printable ASCII characters; anything else is `invalid_key` and nothing
+//!   runs. No key: the call runs unprotected, or is refused on a
+//!   [`ToolKeys::required`] tool.
+//! * **The scope**: the owner from the request context (a closure), the
+//!   tool name as the operation; the fingerprint is the RFC 8785 form of the
+//!   arguments without `idempotency_key`.
+//! * **The answers**: the stored `CallToolResult` replayed exactly; a
+//!   conflict (`fingerprint_mismatch`, `in_flight` with `retryAfterMs`,
+//!   `response_expired`, `invalid_key`, `store_unavailable`) as a JSON-RPC
+//!   error whose `data.code` is the HTTP layer's problem code.
+//! * **Failures**: a result with `isError: true` is a permanent failure,
+//!   stored and replayed; [`ToolOutcome::transient`] releases the key.
+//!
+//! The client side, [`ToolCaller`] (feature `client`), makes one key per
+//! intended call, sends it in `_meta` and retries `in_flight` and transport
+//! failures with it, under `idem::client`'s policy.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod vocab;
+
+#[cfg(feature = "server")]
+mod outcome;
+#[cfg(feature = "server")]
+mod server;
+
+#[cfg(feature = "client")]
+mod client;
+
+#[cfg(feature = "client")]
+pub use client::{Answer, CallOutcome, CallReport, ToolCaller, error_code, is_replayed};
+#[cfg(feature = "server")]
+pub use outcome::ToolOutcome;
+#[cfg(feature = "server")]
+pub use server::{IdempotentTools, ToolCall, ToolKeys};
+
+pub use rmcp;
