@@ -83,7 +83,14 @@ impl Default for ToolCaller {
 }
 
 impl ToolCaller {
-    /// A caller under `policy` (build one with
+    /// The builder of `idem::client`'s policy (attempt cap, backoff,
+    /// deadline, ...): `ToolCaller::new(ToolCaller::policy().deadline(d).build_policy()?)`.
+    #[must_use]
+    pub fn policy() -> idem_client::Builder {
+        idem_client::IdempotencyClientLayer::builder()
+    }
+
+    /// A caller under `policy` (build one with [`ToolCaller::policy`], i.e.
     /// `idem_client::IdempotencyClientLayer::builder()...build_policy()`, the one home of the policy's settings).
     #[must_use]
     pub fn new(policy: Policy) -> Self {
