@@ -85,7 +85,6 @@ impl Default for ToolCaller {
 impl ToolCaller {
     /// The builder of `idem::client`'s policy (attempt cap, backoff,
     /// deadline, ...): `ToolCaller::new(ToolCaller::policy().deadline(d).build_policy()?)`.
-    #[must_use]
     pub fn policy() -> idem_client::Builder {
         idem_client::IdempotencyClientLayer::builder()
     }

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use idem_core::adapter::EngineExt;
@@ -359,23 +358,20 @@ impl<S: Store> IdempotentTools<S> {
         // The work and its completion run in a task of their own: dropped by
         // a cancellation or a closed connection, this future lets go of the
         // answer, never of the outcome.
+        // A panic in the work ends this task with the claim dropped: the
+        // record stays in flight and the next attempt after the lease
+        // recovers it.
         let task = self.tracker.spawn(async move {
-            let outcome = AssertUnwindSafe(work(call));
-            let outcome = futures_catch(outcome).await;
-            let Some(outcome) = outcome else {
-                // The claim is dropped with the panic: the record stays in
-                // flight and the next attempt after the lease recovers it.
-                return None;
-            };
+            let outcome = work(call).await;
             let finished = match outcome.verdict() {
-                Verdict::Release => claim.release().await.map(|()| ()),
+                Verdict::Release => claim.release().await,
                 Verdict::Store(stored) => claim.complete(stored).await.map(|_| ()),
             };
-            Some((finished, outcome))
+            (finished, outcome)
         });
         let lease = self.idem.policy().lease();
         match task.await {
-            Ok(Some((finished, outcome))) => {
+            Ok((finished, outcome)) => {
                 match finished {
                     Err(e @ idem_core::Error::LeaseLost { .. }) => {
                         return Err(vocab::engine_error(&e));
@@ -387,7 +383,7 @@ impl<S: Store> IdempotentTools<S> {
                 }
                 outcome.into_answer()
             }
-            Ok(None) | Err(_) => Err(vocab::rpc_error(
+            Err(_) => Err(vocab::rpc_error(
                 code::HANDLER_PANICKED,
                 "the tool failed unexpectedly; retry after retryAfterMs".to_owned(),
                 Some(lease),
@@ -395,19 +391,6 @@ impl<S: Store> IdempotentTools<S> {
             )),
         }
     }
-}
-
-/// Runs `fut`, `None` when it panics.
-async fn futures_catch<F: Future>(fut: AssertUnwindSafe<F>) -> Option<F::Output> {
-    let mut fut = std::pin::pin!(fut);
-    let caught = std::future::poll_fn(move |cx| {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Some(v)),
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Err(_) => std::task::Poll::Ready(None),
-        }
-    });
-    caught.await
 }
 
 /// The key in the request's `_meta` (rmcp moves it into the context).

@@ -3,6 +3,13 @@
 //! (idem-core's key parser and errors, idem-http's `ProblemCode`), never
 //! copied. Every use in this crate goes through here, so the one home of
 //! that vocabulary is re-pointed in one place.
+#![cfg_attr(
+    not(all(feature = "server", feature = "client")),
+    allow(
+        dead_code,
+        reason = "the server and the client side each read their part"
+    )
+)]
 
 use std::time::Duration;
 

@@ -32,6 +32,7 @@ struct Orders<S: Store> {
     executions: Arc<AtomicU64>,
     gate: Arc<Notify>,
     started: Arc<Notify>,
+    panicked: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: Store> Orders<S> {
@@ -52,6 +53,7 @@ impl<S: Store> Orders<S> {
             executions: Arc::default(),
             gate: Arc::new(Notify::new()),
             started: Arc::new(Notify::new()),
+            panicked: Arc::default(),
         }
     }
 
@@ -75,6 +77,7 @@ impl<S: Store> ServerHandler for Orders<S> {
         let executions = Arc::clone(&self.executions);
         let (gate, started) = (Arc::clone(&self.gate), Arc::clone(&self.started));
         let stats = request.name == "stats";
+        let panicked = Arc::clone(&self.panicked);
         self.tools
             .call(request, &context, move |call| async move {
                 if stats {
@@ -87,7 +90,11 @@ impl<S: Store> ServerHandler for Orders<S> {
                     started.notify_one();
                     gate.notified().await;
                 }
+                let attempt = call.attempt().map(idem_core::Attempt::number);
                 match args.get("amount").and_then(Value::as_i64) {
+                    Some(99) if !panicked.swap(true, Ordering::SeqCst) => {
+                        panic!("the tool crashed mid-work")
+                    }
                     Some(7) => failed("insufficient_funds").into(),
                     Some(13) => ToolOutcome::transient(failed("provider_unavailable")),
                     amount => {
@@ -95,7 +102,10 @@ impl<S: Store> ServerHandler for Orders<S> {
                         if let Some(a) = call.attempt() {
                             a.set_resource_id(&id);
                         }
-                        structured(json!({ "id": id, "amount": amount, "run": n })).into()
+                        structured(
+                            json!({ "id": id, "amount": amount, "run": n, "attempt": attempt }),
+                        )
+                        .into()
                     }
                 }
             })
@@ -169,7 +179,8 @@ fn fresh_key() -> String {
 
 /// Every answer the issue lists, on one store.
 async fn answers<S: Store + Clone>(store: S) {
-    let server = Orders::new(Idem::new(store.clone()), None);
+    let clock = idem_core::clock::ManualClock::starting_now();
+    let server = Orders::new(Idem::new(store.clone()).with_clock(clock.clone()), None);
     let c = connect(server.clone()).await;
     let alice = json!({ "owner": "alice" });
     let with_key = |key: &str| json!({ "owner": "alice", "idempotencyKey": key });
@@ -405,6 +416,39 @@ async fn answers<S: Store + Clone>(store: S) {
     };
     assert!(replayed(&r), "the abandoned call's outcome was stored");
     assert_eq!(server.executions(), before + 1);
+
+    // A panic mid-work is a crash: `handler_panicked` with the lease to
+    // wait, the record in flight until then, and the retry after it a
+    // recovery (attempt 2) that runs the work again.
+    let kx = fresh_key();
+    let crash = json!({ "amount": 99, "currency": "EUR" });
+    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "handler_panicked", "{e:?}");
+    let lease = server.tools.idem().policy().lease();
+    assert_eq!(
+        e.data.as_ref().unwrap()["retryAfterMs"].as_u64(),
+        Some(lease.as_millis() as u64)
+    );
+    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "in_flight");
+    clock.advance(lease + Duration::from_secs(1));
+    let r = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap();
+    assert!(!replayed(&r));
+    assert_eq!(
+        r.structured_content.as_ref().unwrap()["attempt"],
+        2,
+        "{r:?}"
+    );
+    let r = call(&c, request("create_order", crash, with_key(&kx)))
+        .await
+        .unwrap();
+    assert!(replayed(&r));
 
     // The capability.
     let info = c.peer_info().unwrap();
