@@ -437,3 +437,25 @@ fn mcp_order_client_through_a_dropped_answer() {
         assert_eq!(fresh["attempts"], 1);
     });
 }
+
+/// An empty bearer token (which the Python SDK's HTTP client refuses to
+/// send) is a 401 like no token; nothing runs.
+#[test]
+fn an_empty_bearer_token_is_401() {
+    let server = HttpServer::start(&[("IDEM_STORE", "memory".to_owned())]);
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_order","arguments":{"amount":5,"currency":"EUR"}}}"#;
+    for auth in ["Bearer ", "Bearer \t ", "Bearer", "Basic YWxpY2U6eA=="] {
+        let mut s = TcpStream::connect(server.addr()).unwrap();
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            server.addr(),
+            body.len()
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 401"), "{auth:?}: {resp}");
+    }
+}
