@@ -26,7 +26,7 @@ use idem::IdempotencyKey;
 use idem::mcp::rmcp::model::{CallToolRequestParams, CallToolResult};
 use idem::mcp::rmcp::service::{RunningService, ServiceError};
 use idem::mcp::rmcp::{RoleClient, ServiceExt};
-use idem::mcp::{CallOutcome, ToolCaller, error_code};
+use idem::mcp::{ReportKind, ToolCaller, error_code};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -43,7 +43,7 @@ struct Args {
     server: Server,
     amount: i64,
     currency: String,
-    key: Option<String>,
+    key: Option<IdempotencyKey>,
     deadline: Option<Duration>,
 }
 
@@ -87,9 +87,23 @@ fn args() -> Result<Args, String> {
         server,
         amount,
         currency: take("--currency").ok_or("--currency is required")?,
-        key: take("--key"),
+        key: take("--key")
+            .map(|k| IdempotencyKey::parse(&k).map_err(|e| format!("--key: {e}")))
+            .transpose()?,
         deadline,
     })
+}
+
+/// The helper under `idem::client`'s policy, with `--deadline-ms`; an
+/// attempt whose answer is 5 s late counts as lost.
+fn caller(deadline: Option<Duration>) -> Result<ToolCaller, String> {
+    let builder = ToolCaller::policy();
+    let builder = match deadline {
+        Some(d) => builder.deadline(d),
+        None => builder,
+    };
+    let policy = builder.build_policy().map_err(|e| e.to_string())?;
+    Ok(ToolCaller::new(policy).attempt_timeout(Some(Duration::from_secs(5))))
 }
 
 type Client = RunningService<RoleClient, ()>;
@@ -140,32 +154,13 @@ async fn attempt(
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args = match args() {
-        Ok(a) => a,
+    let (args, caller) = match args().and_then(|a| caller(a.deadline).map(|c| (a, c))) {
+        Ok(set) => set,
         Err(e) => {
             eprintln!("{e}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
-    let key = match args.key.as_deref().map(IdempotencyKey::parse).transpose() {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!("--key: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut builder = ToolCaller::policy();
-    if let Some(d) = args.deadline {
-        builder = builder.deadline(d);
-    }
-    let policy = match builder.build_policy() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let caller = ToolCaller::new(policy).attempt_timeout(Some(Duration::from_secs(5)));
     let mut arguments = serde_json::Map::new();
     arguments.insert("amount".to_owned(), args.amount.into());
     arguments.insert("currency".to_owned(), args.currency.into());
@@ -175,7 +170,7 @@ async fn main() -> ExitCode {
         let slot = Arc::clone(&slot);
         let server = args.server.clone();
         caller
-            .call(request, key, move |r| {
+            .call(request, args.key, move |r| {
                 attempt(server.clone(), Arc::clone(&slot), r)
             })
             .await
@@ -184,9 +179,9 @@ async fn main() -> ExitCode {
         let _ = client.cancel().await;
     }
     let (outcome, ok) = match report.outcome {
-        CallOutcome::Fresh => ("fresh", true),
-        CallOutcome::Replayed => ("replayed", true),
-        CallOutcome::AlreadyProcessed => ("already_processed", true),
+        ReportKind::Fresh => ("fresh", true),
+        ReportKind::Replayed => ("replayed", true),
+        ReportKind::AlreadyProcessed => ("already_processed", true),
         _ => ("error", false),
     };
     let (result, code) = match &report.answer {
@@ -205,8 +200,8 @@ async fn main() -> ExitCode {
     });
     if !ok {
         let code = match report.outcome {
-            CallOutcome::Exhausted(reason) if report.answer.is_none() => reason.as_str().to_owned(),
-            CallOutcome::Exhausted(_) => "exhausted".to_owned(),
+            ReportKind::Exhausted(reason) if report.answer.is_none() => reason.as_str().to_owned(),
+            ReportKind::Exhausted(_) => "exhausted".to_owned(),
             _ => code.unwrap_or_else(|| report.outcome.as_str().to_owned()),
         };
         line["code"] = code.into();

@@ -45,8 +45,8 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use idem::mcp::rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use idem::mcp::rmcp::service::RequestContext;
 use idem::mcp::rmcp::{RoleServer, ServerHandler, ServiceExt};
@@ -90,7 +90,7 @@ impl ServerHandler for Orders {
         match request.name.as_ref() {
             "stats" => {
                 let n = executions.load(Ordering::SeqCst);
-                return Ok(structured(json!({ "executions": n })).into());
+                return Ok(CallToolResult::structured(json!({ "executions": n })).into());
             }
             "create_order" => {}
             other => {
@@ -143,7 +143,7 @@ async fn create_order(call: ToolCall, executions: Arc<AtomicU64>) -> ToolOutcome
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             eprintln!("created {id}");
-            structured(json!({
+            CallToolResult::structured(json!({
                 "id": id, "amount": amount, "currency": currency, "created_at_ms": now,
             }))
             .into()
@@ -179,16 +179,10 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
-fn structured(v: Value) -> CallToolResult {
-    let mut r = CallToolResult::success(vec![ContentBlock::text(v.to_string())]);
-    r.structured_content = Some(v);
-    r
-}
-
+/// A permanent or transient failure the host sees: `isError`, the word in
+/// `structuredContent.error` and in the text.
 fn failed(why: &str) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![ContentBlock::text(why)]);
-    r.structured_content = Some(json!({ "error": why }));
-    r
+    CallToolResult::structured_error(json!({ "error": why }))
 }
 
 /// The policy from `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS`.

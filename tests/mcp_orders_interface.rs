@@ -173,69 +173,77 @@ fn python_sdk_over_http_on_redis_with_the_store_down() {
     redis.stop();
 }
 
-/// A database of its own, dropped after.
+/// Runs `test` on a database of its own on the SQL server `admin` names
+/// (`$conn`: the sqlx connection type), created first and dropped after;
+/// `test` gets the database's URL.
+macro_rules! with_database {
+    ($sqlx:path, $conn:ty, $admin:expr, $drop:literal, $test:expr) => {{
+        use $sqlx::{self as sqlx, Connection, Executor};
+        let admin: String = $admin;
+        let db = format!("idem_mcp_orders_{}", random_id());
+        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let sql = |stmt: String| {
+            rt.block_on(async {
+                let mut c = <$conn>::connect(&admin).await.unwrap_or_else(|e| {
+                    panic!("cannot reach {admin} (this test never skips): {e}")
+                });
+                c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
+                c.close().await.unwrap();
+            });
+        };
+        sql(format!("CREATE DATABASE {db}"));
+        let result = std::panic::catch_unwind(|| $test(url));
+        sql(format!($drop, db = db));
+        if let Err(p) = result {
+            std::panic::resume_unwind(p);
+        }
+    }};
+}
+
+fn admin_url(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn python_sdk_over_stdio_on_postgres() {
-    use idem::postgres::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let db = format!("idem_mcp_orders_{}", random_id());
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sql = |stmt: String| {
-        rt.block_on(async {
-            let mut c = sqlx::PgConnection::connect(&admin)
-                .await
-                .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {admin}: {e}"));
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        });
-    };
-    sql(format!("CREATE DATABASE \"{db}\""));
-    let env = [
-        ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", url),
-    ];
-    let result = std::panic::catch_unwind(|| drive("stdio", &env));
-    sql(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"));
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    let admin = admin_url(
+        "IDEM_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    );
+    with_database!(
+        idem::postgres::sqlx,
+        sqlx::PgConnection,
+        admin,
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)",
+        |url| drive(
+            "stdio",
+            &[
+                ("IDEM_STORE", "postgres".to_owned()),
+                ("IDEM_POSTGRES_URL", url)
+            ]
+        )
+    );
 }
 
-/// A database of its own on MariaDB/MySQL, dropped after.
 #[cfg(feature = "mysql")]
 #[test]
 fn python_sdk_over_http_on_mysql() {
-    use idem::mysql::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let db = format!("idem_mcp_orders_{}", random_id());
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sql = |stmt: String| {
-        rt.block_on(async {
-            let mut c = sqlx::MySqlConnection::connect(&admin)
-                .await
-                .unwrap_or_else(|e| panic!("cannot reach MySQL/MariaDB at {admin}: {e}"));
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        });
-    };
-    sql(format!("CREATE DATABASE `{db}`"));
-    let env = [("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)];
-    let result = std::panic::catch_unwind(|| drive("http", &env));
-    sql(format!("DROP DATABASE IF EXISTS `{db}`"));
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    let admin = admin_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+    with_database!(
+        idem::mysql::sqlx,
+        sqlx::MySqlConnection,
+        admin,
+        "DROP DATABASE IF EXISTS {db}",
+        |url| drive(
+            "http",
+            &[("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)]
+        )
+    );
 }
 
 /// `mcp_orders` on HTTP with this store, killed when dropped.

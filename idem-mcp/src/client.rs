@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idem_client::policy::{
     AttemptView, Outcome, Policy, SendState, Step, TransportFailure, os_random,
 };
-use idem_client::{Problem, StopReason};
+use idem_client::{Problem, ReportKind, StopReason};
 use idem_core::IdempotencyKey;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorData, RequestMetaObject};
 use rmcp::service::ServiceError;
@@ -22,47 +22,19 @@ pub type Answer = Result<CallToolResult, ErrorData>;
 /// How a call ended, with its key and the attempts it took.
 #[derive(Debug)]
 pub struct CallReport {
-    /// What the call ended as.
-    pub outcome: CallOutcome,
+    /// What the call ended as, in `idem::client`'s words: `Fresh` (the
+    /// tool ran now: its result or its own error), `Replayed`
+    /// (`_meta.idempotentReplayed`), `AlreadyProcessed` (`response_expired`,
+    /// `response_not_stored`), `Rejected` (`fingerprint_mismatch`,
+    /// `invalid_key`, a server problem that will not pass; never retried),
+    /// `Exhausted` (still "later", or no answer, at a limit).
+    pub outcome: ReportKind,
     /// Attempts made (1 when the first answered).
     pub attempts: u32,
     /// The key every attempt carried.
     pub key: IdempotencyKey,
     /// The last answer, when one came.
     pub answer: Option<Answer>,
-}
-
-/// What a call ended as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CallOutcome {
-    /// The tool ran now: its result (or its own error).
-    Fresh,
-    /// The server replayed the stored result (`_meta.idempotentReplayed`).
-    Replayed,
-    /// The call ran earlier and its result is no longer kept
-    /// (`response_expired`, `response_not_stored`). Not an error.
-    AlreadyProcessed,
-    /// The server refused the call itself (`fingerprint_mismatch`,
-    /// `invalid_key`, a non-retryable server problem). Never retried.
-    Rejected,
-    /// The answers kept saying "later" (or none came) until a limit.
-    Exhausted(StopReason),
-}
-
-impl CallOutcome {
-    /// A stable name (`fresh`, `replayed`, `already_processed`, `rejected`,
-    /// `exhausted`).
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Fresh => "fresh",
-            Self::Replayed => "replayed",
-            Self::AlreadyProcessed => "already_processed",
-            Self::Rejected => "rejected",
-            Self::Exhausted(_) => "exhausted",
-        }
-    }
 }
 
 /// Makes one key per intended call, sends it as `_meta.idempotencyKey`,
@@ -186,12 +158,12 @@ impl ToolCaller {
                     tokio::time::sleep(delay).await;
                     continue;
                 }
-                Step::Return(Outcome::Fresh) => CallOutcome::Fresh,
-                Step::Return(Outcome::Replayed) => CallOutcome::Replayed,
-                Step::Return(Outcome::AlreadyProcessed) => CallOutcome::AlreadyProcessed,
-                Step::Return(_) => CallOutcome::Rejected,
-                Step::Stop(reason) => CallOutcome::Exhausted(reason),
-                _ => CallOutcome::Exhausted(StopReason::MaxAttempts),
+                Step::Return(Outcome::Fresh) => ReportKind::Fresh,
+                Step::Return(Outcome::Replayed) => ReportKind::Replayed,
+                Step::Return(Outcome::AlreadyProcessed) => ReportKind::AlreadyProcessed,
+                Step::Return(_) => ReportKind::Rejected,
+                Step::Stop(reason) => ReportKind::Exhausted(reason),
+                _ => ReportKind::Exhausted(StopReason::MaxAttempts),
             };
             return CallReport {
                 outcome,

@@ -40,7 +40,9 @@ mod server;
 mod client;
 
 #[cfg(feature = "client")]
-pub use client::{Answer, CallOutcome, CallReport, ToolCaller, error_code, is_replayed};
+pub use client::{Answer, CallReport, ToolCaller, error_code, is_replayed};
+#[cfg(feature = "client")]
+pub use idem_client::ReportKind;
 #[cfg(feature = "server")]
 pub use outcome::ToolOutcome;
 #[cfg(feature = "server")]

@@ -13,12 +13,12 @@ use std::time::Duration;
 use idem_core::testkit::Fixture;
 use idem_core::{Idem, IdempotencyKey, store::Store};
 use idem_mcp::rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData, JsonObject,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, JsonObject,
     RequestMetaObject, ServerCapabilities, ServerConfig,
 };
 use idem_mcp::rmcp::service::{RequestContext, RunningService, ServiceError};
 use idem_mcp::rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt};
-use idem_mcp::{CallOutcome, IdempotentTools, ToolCaller, ToolKeys, ToolOutcome, error_code};
+use idem_mcp::{IdempotentTools, ReportKind, ToolCaller, ToolKeys, ToolOutcome, error_code};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -82,7 +82,7 @@ impl<S: Store> ServerHandler for Orders<S> {
             .call(request, &context, move |call| async move {
                 if stats {
                     let n = executions.load(Ordering::SeqCst);
-                    return structured(json!({ "executions": n })).into();
+                    return CallToolResult::structured(json!({ "executions": n })).into();
                 }
                 let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
                 let args = call.arguments();
@@ -102,7 +102,7 @@ impl<S: Store> ServerHandler for Orders<S> {
                         if let Some(a) = call.attempt() {
                             a.set_resource_id(&id);
                         }
-                        structured(
+                        CallToolResult::structured(
                             json!({ "id": id, "amount": amount, "run": n, "attempt": attempt }),
                         )
                         .into()
@@ -114,16 +114,10 @@ impl<S: Store> ServerHandler for Orders<S> {
     }
 }
 
-fn structured(v: Value) -> CallToolResult {
-    let mut r = CallToolResult::success(vec![ContentBlock::text(v.to_string())]);
-    r.structured_content = Some(v);
-    r
-}
-
+/// A permanent or transient failure the host sees: `isError`, the word in
+/// `structuredContent.error` and in the text.
 fn failed(why: &str) -> CallToolResult {
-    let mut r = CallToolResult::error(vec![ContentBlock::text(why)]);
-    r.structured_content = Some(json!({ "error": why }));
-    r
+    CallToolResult::structured_error(json!({ "error": why }))
 }
 
 type Client = RunningService<RoleClient, ()>;
@@ -502,7 +496,7 @@ async fn caller<S: Store + Clone>(store: S) {
             }
         })
         .await;
-    assert_eq!(report.outcome, CallOutcome::Replayed, "{report:?}");
+    assert_eq!(report.outcome, ReportKind::Replayed, "{report:?}");
     assert_eq!(report.attempts, 2);
     assert_eq!(server.executions(), 1);
     assert!(replayed(report.answer.as_ref().unwrap().as_ref().unwrap()));
@@ -511,7 +505,7 @@ async fn caller<S: Store + Clone>(store: S) {
     let again = caller
         .call_peer(c.peer(), order.clone(), Some(report.key.clone()))
         .await;
-    assert_eq!((again.outcome, again.attempts), (CallOutcome::Replayed, 1));
+    assert_eq!((again.outcome, again.attempts), (ReportKind::Replayed, 1));
 
     // A mismatch is not retried.
     let other = request(
@@ -522,7 +516,7 @@ async fn caller<S: Store + Clone>(store: S) {
     let m = caller
         .call_peer(c.peer(), other, Some(report.key.clone()))
         .await;
-    assert_eq!((m.outcome, m.attempts), (CallOutcome::Rejected, 1));
+    assert_eq!((m.outcome, m.attempts), (ReportKind::Rejected, 1));
     assert_eq!(
         code(m.answer.unwrap().as_ref().unwrap_err()),
         "fingerprint_mismatch"
