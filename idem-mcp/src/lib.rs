@@ -23,6 +23,52 @@
 //! * **Failures**: a result with `isError: true` is a permanent failure,
 //!   stored and replayed; [`ToolOutcome::transient`] releases the key.
 //!
+//! ```no_run
+//! use idem_core::{Idem, MemoryStore};
+//! use idem_mcp::rmcp::model::{
+//!     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ServerCapabilities,
+//!     ServerConfig,
+//! };
+//! use idem_mcp::rmcp::service::RequestContext;
+//! use idem_mcp::rmcp::{RoleServer, ServerHandler};
+//! use idem_mcp::{IdempotentTools, ToolKeys, ToolOutcome};
+//! use serde_json::json;
+//!
+//! #[derive(Clone)]
+//! struct Payments {
+//!     tools: IdempotentTools<MemoryStore>,
+//! }
+//!
+//! impl ServerHandler for Payments {
+//!     fn get_info(&self) -> ServerConfig {
+//!         let mut caps = ServerCapabilities::builder().enable_tools().build();
+//!         self.tools.advertise(&mut caps);
+//!         ServerConfig::new(caps)
+//!     }
+//!
+//!     async fn call_tool(
+//!         &self,
+//!         request: CallToolRequestParams,
+//!         context: RequestContext<RoleServer>,
+//!     ) -> Result<CallToolResponse, ErrorData> {
+//!         self.tools
+//!             .call(request, &context, |call| async move {
+//!                 let amount = call.arguments().get("amount").cloned();
+//!                 // ... charge the card, once per key ...
+//!                 ToolOutcome::from(CallToolResult::structured(json!({ "charged": amount })))
+//!             })
+//!             .await
+//!             .map(Into::into)
+//!     }
+//! }
+//!
+//! let tools = IdempotentTools::with_owner(Idem::new(MemoryStore::new()), "local")
+//!     .tool("charge", ToolKeys::optional().with_argument());
+//! let server = Payments { tools };
+//! // server.serve(rmcp::transport::stdio()).await ...
+//! # let _ = server;
+//! ```
+//!
 //! The client side, [`ToolCaller`] (feature `client`), makes one key per
 //! intended call, sends it in `_meta` and retries `in_flight` and transport
 //! failures with it, under `idem::client`'s policy.

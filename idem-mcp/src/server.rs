@@ -128,8 +128,10 @@ impl ToolCall {
     }
 
     /// The engine's attempt, when keyed: its number, whether it recovers a
-    /// crashed one, and [`Attempt::set_resource_id`] for what it creates
-    /// (sent back with `response_expired`).
+    /// crashed one, [`Attempt::set_resource_id`] for what it creates (sent
+    /// back with `response_expired`), and [`Attempt::extend_lease`] for a
+    /// tool that may run longer than the policy's lease (nothing renews it
+    /// on its own: past the lease, a retry would take the record over).
     #[must_use]
     pub fn attempt(&self) -> Option<&Attempt> {
         self.attempt.as_ref()
