@@ -465,7 +465,8 @@ async fn answers<S: Store + Clone>(store: S) {
 /// attempt times out, the retry carries the same key and is replayed; the
 /// tool ran once. With the server gated, `in_flight` is retried too.
 async fn caller<S: Store + Clone>(store: S) {
-    let server = Orders::new(Idem::new(store), Some("host"));
+    let clock = idem_core::clock::ManualClock::starting_now();
+    let server = Orders::new(Idem::new(store).with_clock(clock.clone()), Some("host"));
     let c = connect(server.clone()).await;
     let caller = ToolCaller::new(
         idem_client::IdempotencyClientLayer::builder()
@@ -521,6 +522,22 @@ async fn caller<S: Store + Clone>(store: S) {
         code(m.answer.unwrap().as_ref().unwrap_err()),
         "fingerprint_mismatch"
     );
+    assert_eq!(server.executions(), 1);
+
+    // The result is no longer kept, the key still is: already processed,
+    // with what the first execution created; nothing runs again.
+    clock.advance(server.tools.idem().policy().response_ttl() + Duration::from_secs(1));
+    let gone = caller
+        .call_peer(c.peer(), order, Some(report.key.clone()))
+        .await;
+    assert_eq!(
+        (gone.outcome, gone.attempts),
+        (ReportKind::AlreadyProcessed, 1)
+    );
+    let e = gone.answer.unwrap().unwrap_err();
+    assert_eq!(code(&e), "response_expired");
+    let id = &report.answer.unwrap().unwrap().structured_content.unwrap()["id"];
+    assert_eq!(e.data.as_ref().unwrap()["resourceId"], *id, "{e:?}");
     assert_eq!(server.executions(), 1);
     let _ = c.cancel().await;
 }
