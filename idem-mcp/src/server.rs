@@ -333,10 +333,11 @@ impl<S: Store> IdempotentTools<S> {
         if self.tracker.is_closed() {
             return Err(shutting_down());
         }
-        let args = Value::Object(arguments);
+        // A JSON object serializes as itself: the fingerprint is the RFC
+        // 8785 form of these arguments.
         let prepared = self
             .idem
-            .prepare(&scope, key.clone(), &args)
+            .prepare(&scope, key.clone(), &arguments)
             .map_err(|e| vocab::engine_error(&e))?;
         let claim = match self.idem.begin_prepared::<Value, Value>(prepared).await {
             Err(e) => return Err(vocab::engine_error(&e)),
@@ -347,9 +348,6 @@ impl<S: Store> IdempotentTools<S> {
                 return replayed(stored);
             }
             Ok(Begin::Run(claim)) => claim,
-        };
-        let Value::Object(arguments) = args else {
-            unreachable!("built from an object above")
         };
         let call = ToolCall {
             name,

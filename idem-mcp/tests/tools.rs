@@ -444,6 +444,30 @@ async fn answers<S: Store + Clone>(store: S) {
         .unwrap();
     assert!(replayed(&r));
 
+    // A dropped connection: the host goes away mid-call; the work
+    // finishes and is stored, and a new connection's retry replays it.
+    let kd = fresh_key();
+    let before = server.executions();
+    {
+        let gone = connect(server.clone()).await;
+        let r = request("create_order", slow.clone(), with_key(&kd));
+        let peer = gone.peer().clone();
+        let pending = tokio::spawn(async move { peer.call_tool(r).await });
+        server.started.notified().await;
+        drop(gone);
+        pending.abort();
+        let _ = pending.await;
+    }
+    server.gate.notify_one();
+    let r = loop {
+        match call(&c, request("create_order", slow.clone(), with_key(&kd))).await {
+            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(replayed(&r), "the dropped connection's outcome was stored");
+    assert_eq!(server.executions(), before + 1);
+
     // The capability.
     let info = c.peer_info().unwrap();
     let cap = &info.capabilities.experimental.as_ref().unwrap()["idempotency"];
