@@ -128,6 +128,7 @@ async fn create_order(call: ToolCall, executions: Arc<AtomicU64>) -> ToolOutcome
     };
     executions.fetch_add(1, Ordering::SeqCst);
     if args.get("note").and_then(Value::as_str) == Some("slow") {
+        eprintln!("slow: working for 1 s");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     match amount {

@@ -91,6 +91,13 @@ class Server:
         if self.proc is not None:
             self.proc.wait()
 
+    async def wait_for(self, line, count):
+        """Until the server's stderr holds `line` `count` times (20 s at most)."""
+        deadline = time.monotonic() + 20
+        while self.log().count(line) < count:
+            assert time.monotonic() < deadline, self.log()
+            await asyncio.sleep(0.02)
+
     def log(self):
         with open(self.errlog.name) as f:
             return f.read()
@@ -163,8 +170,9 @@ async def answers(server):
         check("malformed keys")
 
         kf = key()
+        working = server.log().count("slow: working")
         slow = asyncio.create_task(call(s, "create_order", order(note="slow"), {"idempotencyKey": kf}))
-        await asyncio.sleep(0.4)
+        await server.wait_for("slow: working", working + 1)
         busy = await call(s, "create_order", order(note="slow"), {"idempotencyKey": kf})
         assert code(busy) == "in_flight" and busy.error.data["retryAfterMs"] > 0, busy
         done = await slow
@@ -216,16 +224,18 @@ async def two_owners(server, k, sc):
 
 
 async def unauthorized(server):
-    async with httpx2.AsyncClient(timeout=10) as http:
-        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                "params": {"name": "create_order", "arguments": order()}}
-        headers = {"Accept": "application/json, text/event-stream"}
-        for auth in [None, "Basic YWxpY2U6eA==", "Bearer", "Token alice"]:
-            h = dict(headers)
-            if auth is not None:
-                h["Authorization"] = auth
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "create_order", "arguments": order()}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    for auth in [None, "Basic YWxpY2U6eA==", "Bearer", "Token alice"]:
+        h = dict(headers)
+        if auth is not None:
+            h["Authorization"] = auth
+        # A connection per request: a server may close one whose request
+        # body it answered without reading.
+        async with httpx2.AsyncClient(timeout=10) as http:
             r = await http.post(server.url, json=body, headers=h)
-            assert r.status_code == 401, (auth, r.status_code, r.text)
+        assert r.status_code == 401, (auth, r.status_code, r.text)
     async with server.session() as s:
         assert await executions(s) == 9
     check("401 without a bearer token; nothing ran")
@@ -237,10 +247,7 @@ async def killed_between_work_and_answer():
     try:
         async with server.session() as s:
             pending = asyncio.create_task(call(s, "create_order", order(note="slow"), {"idempotencyKey": kk}))
-            deadline = time.monotonic() + 20
-            while "slow: outcome stored" not in server.log():
-                assert time.monotonic() < deadline, server.log()
-                await asyncio.sleep(0.05)
+            await server.wait_for("slow: outcome stored", 1)
             server.kill()
             try:
                 lost = await asyncio.wait_for(pending, 20)
