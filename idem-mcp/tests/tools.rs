@@ -499,7 +499,7 @@ async fn caller<S: Store + Clone>(store: S) {
             .build_policy()
             .unwrap(),
     )
-    .attempt_timeout(Some(Duration::from_millis(500)));
+    .attempt_timeout(Some(Duration::from_secs(2)));
     let order = request(
         "create_order",
         json!({ "amount": 5, "currency": "EUR" }),
