@@ -68,3 +68,12 @@ pub use idem_consumer as consumer;
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 #[doc(inline)]
 pub use idem_client as client;
+
+/// MCP tool calls (feature `mcp`): [`IdempotentTools`](idem_mcp::IdempotentTools)
+/// runs an rmcp server's `tools/call` at most once per key (from
+/// `_meta.idempotencyKey` or an `idempotency_key` argument) and replays the
+/// first result; [`ToolCaller`](idem_mcp::ToolCaller) is the agent host's side.
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+#[doc(inline)]
+pub use idem_mcp as mcp;

@@ -1,0 +1,602 @@
+//! `IdempotentTools` on the real engine over every backend, driven by an
+//! rmcp client through an in-process connection: the key locations, the
+//! answers (replay, mismatch, in flight, transient release, permanent
+//! replay, no key, invalid keys), owners, the capability, cancellation, and
+//! `ToolCaller` through a connection that drops the first answer.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_core::testkit::Fixture;
+use idem_core::{Idem, IdempotencyKey, store::Store};
+use idem_mcp::rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, JsonObject,
+    RequestMetaObject, ServerCapabilities, ServerConfig,
+};
+use idem_mcp::rmcp::service::{RequestContext, RunningService, ServiceError};
+use idem_mcp::rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt};
+use idem_mcp::{IdempotentTools, ReportKind, ToolCaller, ToolKeys, ToolOutcome, error_code};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// The orders server of the example, in miniature: `create_order` (keyed,
+/// reads the `idempotency_key` argument), `strict` (a key required),
+/// `stats` (never keyed). Amount 7 is a permanent failure, 13 a transient
+/// one; note `gate` waits for [`Orders::gate`].
+#[derive(Clone)]
+struct Orders<S: Store> {
+    tools: IdempotentTools<S>,
+    executions: Arc<AtomicU64>,
+    gate: Arc<Notify>,
+    started: Arc<Notify>,
+    panicked: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: Store> Orders<S> {
+    fn new(idem: Idem<S>, owner: Option<&'static str>) -> Self {
+        let tools = match owner {
+            Some(o) => IdempotentTools::with_owner(idem, o),
+            // The owner travels in the request's `_meta.owner` (a stand-in
+            // for a session's principal).
+            None => IdempotentTools::new(idem, |ctx: &RequestContext<RoleServer>| {
+                ctx.meta.0.0.get("owner")?.as_str().map(str::to_owned)
+            }),
+        };
+        Self {
+            tools: tools
+                .tool("create_order", ToolKeys::optional().with_argument())
+                .tool("strict", ToolKeys::required())
+                .tool("stats", ToolKeys::never()),
+            executions: Arc::default(),
+            gate: Arc::new(Notify::new()),
+            started: Arc::new(Notify::new()),
+            panicked: Arc::default(),
+        }
+    }
+
+    fn executions(&self) -> u64 {
+        self.executions.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Store> ServerHandler for Orders<S> {
+    fn get_info(&self) -> ServerConfig {
+        let mut caps = ServerCapabilities::builder().enable_tools().build();
+        self.tools.advertise(&mut caps);
+        ServerConfig::new(caps)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let executions = Arc::clone(&self.executions);
+        let (gate, started) = (Arc::clone(&self.gate), Arc::clone(&self.started));
+        let stats = request.name == "stats";
+        let panicked = Arc::clone(&self.panicked);
+        self.tools
+            .call(request, &context, move |call| async move {
+                if stats {
+                    let n = executions.load(Ordering::SeqCst);
+                    return CallToolResult::structured(json!({ "executions": n })).into();
+                }
+                let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
+                let args = call.arguments();
+                if args.get("note").and_then(Value::as_str) == Some("gate") {
+                    started.notify_one();
+                    gate.notified().await;
+                }
+                let attempt = call.attempt().map(idem_core::Attempt::number);
+                match args.get("amount").and_then(Value::as_i64) {
+                    Some(99) if !panicked.swap(true, Ordering::SeqCst) => {
+                        panic!("the tool crashed mid-work")
+                    }
+                    Some(7) => failed("insufficient_funds").into(),
+                    Some(13) => ToolOutcome::transient(failed("provider_unavailable")),
+                    amount => {
+                        let id = format!("ord_{n}");
+                        if let Some(a) = call.attempt() {
+                            a.set_resource_id(&id);
+                        }
+                        CallToolResult::structured(
+                            json!({ "id": id, "amount": amount, "run": n, "attempt": attempt }),
+                        )
+                        .into()
+                    }
+                }
+            })
+            .await
+            .map(Into::into)
+    }
+}
+
+/// A permanent or transient failure the host sees: `isError`, the word in
+/// `structuredContent.error` and in the text.
+fn failed(why: &str) -> CallToolResult {
+    CallToolResult::structured_error(json!({ "error": why }))
+}
+
+type Client = RunningService<RoleClient, ()>;
+
+/// A server and a client on an in-process connection.
+async fn connect<S: Store>(server: Orders<S>) -> Client {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(a).await {
+            let _ = running.waiting().await;
+        }
+    });
+    ().serve(b).await.unwrap()
+}
+
+fn args(v: Value) -> JsonObject {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("not an object"),
+    }
+}
+
+/// A `tools/call` with these arguments and `_meta` members.
+fn request(tool: &'static str, arguments: Value, meta: Value) -> CallToolRequestParams {
+    let mut r = CallToolRequestParams::new(tool).with_arguments(args(arguments));
+    if let Value::Object(m) = meta {
+        let mut rm = RequestMetaObject::default();
+        rm.0.0.extend(m);
+        r.meta = Some(rm);
+    }
+    r
+}
+
+async fn call(c: &Client, r: CallToolRequestParams) -> Result<CallToolResult, ErrorData> {
+    match c.call_tool(r).await {
+        Ok(res) => Ok(res),
+        Err(ServiceError::McpError(e)) => Err(e),
+        Err(e) => panic!("transport: {e}"),
+    }
+}
+
+fn replayed(r: &CallToolResult) -> bool {
+    idem_mcp::is_replayed(r)
+}
+
+fn code(e: &ErrorData) -> &str {
+    error_code(e).unwrap_or("<none>")
+}
+
+fn fresh_key() -> String {
+    IdempotencyKey::random().as_str().to_owned()
+}
+
+/// Every answer the issue lists, on one store.
+async fn answers<S: Store + Clone>(store: S) {
+    let clock = idem_core::clock::ManualClock::starting_now();
+    let server = Orders::new(Idem::new(store.clone()).with_clock(clock.clone()), None);
+    let c = connect(server.clone()).await;
+    let alice = json!({ "owner": "alice" });
+    let with_key = |key: &str| json!({ "owner": "alice", "idempotencyKey": key });
+
+    // First call, then the replay with the marker; the stored result exactly.
+    let k = fresh_key();
+    let order = json!({ "amount": 5, "currency": "EUR" });
+    let first = call(&c, request("create_order", order.clone(), with_key(&k)))
+        .await
+        .unwrap();
+    assert!(!replayed(&first), "{first:?}");
+    assert!(first.meta.is_none(), "no marker on a first execution");
+    let again = call(&c, request("create_order", order.clone(), with_key(&k)))
+        .await
+        .unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.structured_content, first.structured_content);
+    assert_eq!(again.content, first.content);
+    assert_eq!(again.is_error, first.is_error);
+    assert_eq!(server.executions(), 1);
+
+    // The key as an argument names the same record; `_meta` wins over it.
+    let by_arg = json!({ "amount": 5, "currency": "EUR", "idempotency_key": k });
+    let r = call(&c, request("create_order", by_arg, alice.clone()))
+        .await
+        .unwrap();
+    assert!(
+        replayed(&r),
+        "the argument key replays the _meta key's record"
+    );
+    let other = fresh_key();
+    let both = json!({ "amount": 5, "currency": "EUR", "idempotency_key": other });
+    let r = call(&c, request("create_order", both, with_key(&k)))
+        .await
+        .unwrap();
+    assert!(replayed(&r), "_meta wins");
+    assert_eq!(server.executions(), 1);
+    let k2 = fresh_key();
+    let arg_only = json!({ "amount": 6, "currency": "EUR", "idempotency_key": k2 });
+    let r1 = call(&c, request("create_order", arg_only.clone(), alice.clone()))
+        .await
+        .unwrap();
+    let r2 = call(&c, request("create_order", arg_only, alice.clone()))
+        .await
+        .unwrap();
+    assert!(!replayed(&r1) && replayed(&r2));
+    assert_eq!(server.executions(), 2);
+
+    // Same key, other arguments.
+    let e = call(
+        &c,
+        request(
+            "create_order",
+            json!({ "amount": 9, "currency": "EUR" }),
+            with_key(&k),
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&e), "fingerprint_mismatch", "{e:?}");
+    assert_eq!(server.executions(), 2);
+
+    // Permanent failure: stored and replayed.
+    let kp = fresh_key();
+    let seven = json!({ "amount": 7, "currency": "EUR" });
+    let p1 = call(&c, request("create_order", seven.clone(), with_key(&kp)))
+        .await
+        .unwrap();
+    assert_eq!(p1.is_error, Some(true));
+    let p2 = call(&c, request("create_order", seven, with_key(&kp)))
+        .await
+        .unwrap();
+    assert!(replayed(&p2));
+    assert_eq!(p2.is_error, Some(true));
+    assert_eq!(
+        p2.structured_content,
+        Some(json!({ "error": "insufficient_funds" }))
+    );
+    assert_eq!(server.executions(), 3);
+
+    // Transient failure: released, the retry runs again.
+    let kt = fresh_key();
+    let thirteen = json!({ "amount": 13, "currency": "EUR" });
+    for run in 4..=5 {
+        let t = call(&c, request("create_order", thirteen.clone(), with_key(&kt)))
+            .await
+            .unwrap();
+        assert!(!replayed(&t));
+        assert_eq!(
+            t.structured_content,
+            Some(json!({ "error": "provider_unavailable" }))
+        );
+        assert_eq!(server.executions(), run);
+    }
+
+    // No key: runs each time. `stats` is never keyed.
+    for run in 6..=7 {
+        let r = call(
+            &c,
+            request(
+                "create_order",
+                json!({ "amount": 1, "currency": "EUR" }),
+                alice.clone(),
+            ),
+        )
+        .await
+        .unwrap();
+        assert!(!replayed(&r));
+        assert_eq!(server.executions(), run);
+    }
+    let s = call(&c, request("stats", json!({}), with_key(&k)))
+        .await
+        .unwrap();
+    assert_eq!(s.structured_content, Some(json!({ "executions": 7 })));
+    let s = call(&c, request("stats", json!({}), with_key(&k)))
+        .await
+        .unwrap();
+    assert!(!replayed(&s), "a key sent to stats is ignored");
+
+    // A tool that requires a key.
+    let e = call(&c, request("strict", json!({ "amount": 1 }), alice.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "missing_key");
+
+    // Malformed keys: nothing runs.
+    for bad in [
+        json!(""),
+        json!("x".repeat(256)),
+        json!("caf\u{e9}"),
+        json!(42),
+        json!(null),
+    ] {
+        let meta = json!({ "owner": "alice", "idempotencyKey": bad });
+        let e = call(
+            &c,
+            request(
+                "create_order",
+                json!({ "amount": 1, "currency": "EUR" }),
+                meta,
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(code(&e), "invalid_key", "{bad}: {e:?}");
+        let by_arg = json!({ "amount": 1, "currency": "EUR", "idempotency_key": bad });
+        let e = call(&c, request("create_order", by_arg, alice.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "invalid_key", "{bad}: {e:?}");
+    }
+    assert_eq!(
+        call(
+            &c,
+            request(
+                "create_order",
+                json!({"amount": 1, "currency": "EUR", "idempotency_key": "x".repeat(255)}),
+                alice.clone()
+            )
+        )
+        .await
+        .unwrap()
+        .is_error,
+        Some(false)
+    );
+    assert_eq!(server.executions(), 8);
+
+    // Two owners, one key: two executions, no cross-owner replay.
+    let bob = json!({ "owner": "bob", "idempotencyKey": k });
+    let b = call(&c, request("create_order", order.clone(), bob))
+        .await
+        .unwrap();
+    assert!(!replayed(&b));
+    assert_ne!(b.structured_content, first.structured_content);
+    assert_eq!(server.executions(), 9);
+    // No owner: refused.
+    let e = call(
+        &c,
+        request(
+            "create_order",
+            order.clone(),
+            json!({ "idempotencyKey": k }),
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&e), "owner_unavailable");
+
+    // In flight: the first call holds the record until the gate opens.
+    let kf = fresh_key();
+    let slow = json!({ "amount": 2, "currency": "EUR", "note": "gate" });
+    let first = {
+        let r = request("create_order", slow.clone(), with_key(&kf));
+        let peer = c.peer().clone();
+        tokio::spawn(async move { peer.call_tool(r).await })
+    };
+    server.started.notified().await;
+    let e = call(&c, request("create_order", slow.clone(), with_key(&kf)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "in_flight");
+    assert!(
+        e.data.as_ref().unwrap()["retryAfterMs"].as_u64().unwrap() > 0,
+        "{e:?}"
+    );
+    server.gate.notify_one();
+    let done = first.await.unwrap().unwrap();
+    assert!(!replayed(&done));
+    let r = call(&c, request("create_order", slow.clone(), with_key(&kf)))
+        .await
+        .unwrap();
+    assert!(replayed(&r));
+    assert_eq!(r.structured_content, done.structured_content);
+
+    // Cancellation: the caller gives up (its future dropped, the server is
+    // told `notifications/cancelled`); the work finishes and is stored.
+    let kc = fresh_key();
+    let before = server.executions();
+    {
+        let r = request("create_order", slow.clone(), with_key(&kc));
+        let peer = c.peer().clone();
+        let abandoned = tokio::spawn(async move { peer.call_tool(r).await });
+        server.started.notified().await;
+        abandoned.abort();
+        let _ = abandoned.await;
+    }
+    server.gate.notify_one();
+    let r = loop {
+        match call(&c, request("create_order", slow.clone(), with_key(&kc))).await {
+            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(replayed(&r), "the abandoned call's outcome was stored");
+    assert_eq!(server.executions(), before + 1);
+
+    // A panic mid-work is a crash: `handler_panicked` with the lease to
+    // wait, the record in flight until then, and the retry after it a
+    // recovery (attempt 2) that runs the work again.
+    let kx = fresh_key();
+    let crash = json!({ "amount": 99, "currency": "EUR" });
+    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "handler_panicked", "{e:?}");
+    let lease = server.tools.idem().policy().lease();
+    assert_eq!(
+        e.data.as_ref().unwrap()["retryAfterMs"].as_u64(),
+        Some(lease.as_millis() as u64)
+    );
+    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "in_flight");
+    clock.advance(lease + Duration::from_secs(1));
+    let r = call(&c, request("create_order", crash.clone(), with_key(&kx)))
+        .await
+        .unwrap();
+    assert!(!replayed(&r));
+    assert_eq!(
+        r.structured_content.as_ref().unwrap()["attempt"],
+        2,
+        "{r:?}"
+    );
+    let r = call(&c, request("create_order", crash, with_key(&kx)))
+        .await
+        .unwrap();
+    assert!(replayed(&r));
+
+    // A dropped connection: the host goes away mid-call; the work
+    // finishes and is stored, and a new connection's retry replays it.
+    let kd = fresh_key();
+    let before = server.executions();
+    {
+        let gone = connect(server.clone()).await;
+        let r = request("create_order", slow.clone(), with_key(&kd));
+        let peer = gone.peer().clone();
+        let pending = tokio::spawn(async move { peer.call_tool(r).await });
+        server.started.notified().await;
+        drop(gone);
+        pending.abort();
+        let _ = pending.await;
+    }
+    server.gate.notify_one();
+    let r = loop {
+        match call(&c, request("create_order", slow.clone(), with_key(&kd))).await {
+            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(replayed(&r), "the dropped connection's outcome was stored");
+    assert_eq!(server.executions(), before + 1);
+
+    // The capability.
+    let info = c.peer_info().unwrap();
+    let cap = &info.capabilities.experimental.as_ref().unwrap()["idempotency"];
+    assert_eq!(
+        cap["keyLocations"],
+        json!(["_meta.idempotencyKey", "arguments.idempotency_key"])
+    );
+    let policy = server.tools.idem().policy();
+    assert_eq!(
+        cap["responseTtlMs"],
+        json!(policy.response_ttl().as_millis() as u64)
+    );
+    assert_eq!(cap["keyTtlMs"], json!(policy.key_ttl().as_millis() as u64));
+
+    let _ = c.cancel().await;
+}
+
+/// `ToolCaller` through a connection whose first answer is lost: the
+/// attempt times out, the retry carries the same key and is replayed; the
+/// tool ran once. With the server gated, `in_flight` is retried too.
+async fn caller<S: Store + Clone>(store: S) {
+    let clock = idem_core::clock::ManualClock::starting_now();
+    let server = Orders::new(Idem::new(store).with_clock(clock.clone()), Some("host"));
+    let c = connect(server.clone()).await;
+    let caller = ToolCaller::new(
+        idem_client::IdempotencyClientLayer::builder()
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .deadline(Duration::from_secs(20))
+            .build_policy()
+            .unwrap(),
+    )
+    .attempt_timeout(Some(Duration::from_secs(2)));
+    let order = request(
+        "create_order",
+        json!({ "amount": 5, "currency": "EUR" }),
+        json!({}),
+    );
+    let mut sent = 0;
+    let report = caller
+        .call(order.clone(), None, |r| {
+            sent += 1;
+            let peer = c.peer().clone();
+            let lose = sent == 1;
+            async move {
+                let answer = peer.call_tool(r).await;
+                if lose {
+                    // The answer arrived and is dropped on the floor.
+                    std::future::pending::<()>().await;
+                }
+                answer
+            }
+        })
+        .await;
+    assert_eq!(report.outcome, ReportKind::Replayed, "{report:?}");
+    assert_eq!(report.attempts, 2);
+    assert_eq!(server.executions(), 1);
+    assert!(replayed(report.answer.as_ref().unwrap().as_ref().unwrap()));
+
+    // The same intent again later: its key, replayed.
+    let again = caller
+        .call_peer(c.peer(), order.clone(), Some(report.key.clone()))
+        .await;
+    assert_eq!((again.outcome, again.attempts), (ReportKind::Replayed, 1));
+
+    // A mismatch is not retried.
+    let other = request(
+        "create_order",
+        json!({ "amount": 6, "currency": "EUR" }),
+        json!({}),
+    );
+    let m = caller
+        .call_peer(c.peer(), other, Some(report.key.clone()))
+        .await;
+    assert_eq!((m.outcome, m.attempts), (ReportKind::Rejected, 1));
+    assert_eq!(
+        code(m.answer.unwrap().as_ref().unwrap_err()),
+        "fingerprint_mismatch"
+    );
+    assert_eq!(server.executions(), 1);
+
+    // The result is no longer kept, the key still is: already processed,
+    // with what the first execution created; nothing runs again.
+    clock.advance(server.tools.idem().policy().response_ttl() + Duration::from_secs(1));
+    let gone = caller
+        .call_peer(c.peer(), order, Some(report.key.clone()))
+        .await;
+    assert_eq!(
+        (gone.outcome, gone.attempts),
+        (ReportKind::AlreadyProcessed, 1)
+    );
+    let e = gone.answer.unwrap().unwrap_err();
+    assert_eq!(code(&e), "response_expired");
+    let id = &report.answer.unwrap().unwrap().structured_content.unwrap()["id"];
+    assert_eq!(e.data.as_ref().unwrap()["resourceId"], *id, "{e:?}");
+    assert_eq!(server.executions(), 1);
+    let _ = c.cancel().await;
+}
+
+async fn on<F: Fixture>(fixture: F)
+where
+    F::Store: Clone,
+{
+    let store = fixture.store();
+    answers(store.clone()).await;
+    caller(store).await;
+    fixture.teardown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_memory() {
+    on(idem_test_support::fixtures::memory().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite() {
+    on(idem_test_support::fixtures::sqlite_file().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres() {
+    on(idem_test_support::fixtures::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql() {
+    on(idem_test_support::fixtures::mysql().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    on(idem_test_support::fixtures::redis().await).await;
+}
