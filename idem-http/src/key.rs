@@ -98,7 +98,7 @@ impl std::error::Error for KeyHeaderError {}
 /// # Errors
 ///
 /// [`KeyHeaderError`] for every form the draft and core refuse.
-pub(crate) fn parse_key_header(
+pub fn parse_key_header(
     lines: &[&[u8]],
     syntax: KeySyntax,
 ) -> Result<Option<IdempotencyKey>, KeyHeaderError> {

@@ -56,6 +56,10 @@ pub use envelope::{BodyFingerprint, FingerprintSpec, PathSource};
 pub use extract::NotCovered;
 pub use extract::{IdemAttempt, IdemKey};
 pub use headers::{Class, HeaderPolicy};
+// The key field's parser, for the sibling adapters (idem-grpc reads the
+// `idempotency-key` metadata with it): one syntax for every protocol.
+#[doc(hidden)]
+pub use key::parse_key_header;
 pub use key::{KeyHeaderError, KeySyntax};
 pub use layer::{Builder, ConfigError, IdempotencyLayer};
 pub use owner::{ExtensionOwner, FixedOwner, NoOwner, OwnerId, OwnerSource};

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+// The wire vocabulary shared with the HTTP adapter, in one place.
+mod vocab;
+
+// The server layer: its builder, the service, the gRPC framing, the answers.
+mod layer;
+
+mod service;
+
+mod wire;
+
+mod status;
+
+pub use idem_http::{
+    Class, ExtensionOwner, FixedOwner, IdemAttempt, IdemKey, NoOwner, OwnerId, OwnerSource,
+};
+pub use layer::{Builder, ClassifyFn, ConfigError, GrpcIdempotencyLayer, default_class};
+pub use service::{GrpcIdempotencyService, ResponseFuture};
+pub use status::{code_of, status_of};

@@ -1,0 +1,38 @@
+//! The wire vocabulary this adapter shares with the HTTP one: the key
+//! syntax and its parser, the problem codes (an `ErrorInfo` reason is the
+//! code in upper case), the rejections, the owner sources and the response
+//! classes. Every use in this crate goes through here, so the day these move
+//! to their protocol-neutral home in idem-core, only this file changes.
+
+pub(crate) use idem_http::{
+    Class, IdemAttempt, IdemKey, KeyHeaderError, KeySyntax, NoOwner, OwnerSource, ProblemCode,
+    Rejection, parse_key_header,
+};
+
+/// The `ErrorInfo.domain` of every answer the layer gives on its own.
+pub(crate) const DOMAIN: &str = "idem";
+
+/// The metadata that marks a replay (the HTTP header's name, lowercase).
+pub(crate) const REPLAYED: &str = "idempotent-replayed";
+
+/// The metadata that carries the first attempt's resource id on an
+/// "already done" answer.
+pub(crate) const RESOURCE_ID: &str = "idempotency-resource-id";
+
+/// The default key metadata (the HTTP header's name, lowercase).
+pub(crate) const KEY_METADATA: &str = "idempotency-key";
+
+/// The `ErrorInfo.reason` of `code`: the HTTP problem code in upper case
+/// (`invalid_key` → `INVALID_KEY`).
+pub(crate) fn reason(code: ProblemCode) -> String {
+    code.as_str().to_ascii_uppercase()
+}
+
+/// Parses the values of the key metadata with the HTTP header's parser:
+/// the same syntax and limits, and two entries refused, never the first one
+/// taken silently.
+pub(crate) fn parse_key(
+    values: &[&[u8]],
+) -> Result<Option<idem_core::IdempotencyKey>, KeyHeaderError> {
+    parse_key_header(values, KeySyntax::Lenient)
+}
