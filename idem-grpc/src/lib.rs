@@ -13,6 +13,10 @@ mod wire;
 
 mod status;
 
+// The client side: a layer for a tonic channel, on idem-client's policy.
+mod client;
+
+pub use client::{BoxError, GrpcClientLayer, GrpcClientService, GrpcReport, ReportSlot};
 pub use idem_http::{
     Class, ExtensionOwner, FixedOwner, IdemAttempt, IdemKey, NoOwner, OwnerId, OwnerSource,
 };

@@ -36,3 +36,16 @@ pub(crate) fn parse_key(
 ) -> Result<Option<idem_core::IdempotencyKey>, KeyHeaderError> {
     parse_key_header(values, KeySyntax::Lenient)
 }
+
+/// The client's policy, its outcome vocabulary and its key minting: the
+/// client layer is `idem::client`'s decision table over gRPC answers.
+pub(crate) use idem_client::policy::{AttemptView, SendState, Step, TransportFailure, os_random};
+pub(crate) use idem_client::{
+    Intent, Outcome, Policy, Problem, ReportKind, StopReason, decode_key,
+};
+
+/// The HTTP problem code of an `ErrorInfo` reason (`IN_FLIGHT` →
+/// `in_flight`): the inverse of [`reason`].
+pub(crate) fn code_of_reason(reason: &str) -> String {
+    reason.to_ascii_lowercase()
+}

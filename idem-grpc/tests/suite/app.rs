@@ -123,6 +123,7 @@ async fn create(counts: Arc<Counts>, request: Request<Req>) -> Result<Response<R
     match r.amount {
         13 => Err(Status::unavailable("provider_unavailable")),
         7 => Err(Status::failed_precondition("insufficient_funds")),
+        400 => Err(Status::invalid_argument("bad_amount")),
         _ => {
             let mut res = Response::new(Resp {
                 id: format!("ord_{}", IdempotencyKey::random().as_str()),
@@ -206,10 +207,15 @@ impl<S: Store> Drop for App<S> {
 
 impl<S: Store> App<S> {
     pub async fn start(store: Arc<S>) -> Self {
+        Self::with_lease(store, LEASE).await
+    }
+
+    /// Starts it with this lease (the `RetryInfo` of an in-flight answer).
+    pub async fn with_lease(store: Arc<S>, lease: Duration) -> Self {
         let clock = ManualClock::starting_now();
         let store = FailingStore::new(store);
         let policy = Policy::builder()
-            .lease(LEASE)
+            .lease(lease)
             .response_ttl(RESPONSE_TTL)
             .key_ttl(KEY_TTL)
             .store_retries(1, Duration::from_millis(1))
@@ -252,14 +258,17 @@ impl<S: Store> App<S> {
     }
 
     pub async fn client(&self) -> Client {
-        let channel = Channel::from_shared(format!("http://{}", self.addr))
+        Client {
+            grpc: tonic::client::Grpc::new(self.channel().await),
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
             .expect("uri")
             .connect()
             .await
-            .expect("connect");
-        Client {
-            grpc: tonic::client::Grpc::new(channel),
-        }
+            .expect("connect")
     }
 
     /// Moves the engine's clock past the lease.
@@ -291,7 +300,7 @@ pub fn with(account: &str, key: &str) -> Meta {
 }
 
 impl Client {
-    fn request(msg: Req, meta: &Meta) -> Request<Req> {
+    pub fn request(msg: Req, meta: &Meta) -> Request<Req> {
         let mut r = Request::new(msg);
         if let Some(a) = &meta.account {
             r.metadata_mut()
