@@ -249,8 +249,171 @@ fn assert_rejected(v: &Value, code: &str, reason: &str) {
     assert_eq!(v["replayed"], Value::Null, "{v}");
 }
 
+/// Runs `grpc_order_client`: the parsed JSON line (checked to hold the
+/// fields in the documented order) and its exit code.
+fn order_client(args: &[&str]) -> (Value, i32) {
+    let out = Command::new(example("grpc_order_client"))
+        .args(args)
+        .output()
+        .expect("run grpc_order_client");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one line on stdout: {stdout:?}");
+    let order = [
+        "\"outcome\":",
+        "\"status\":",
+        "\"attempts\":",
+        "\"key\":",
+        "\"reason\":",
+        "\"order\":",
+    ];
+    let at: Vec<usize> = order.iter().map(|f| lines[0].find(f).unwrap()).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "field order: {}",
+        lines[0]
+    );
+    (
+        serde_json::from_str(lines[0]).unwrap(),
+        out.status.code().unwrap(),
+    )
+}
+
+/// A TCP proxy to `upstream` that cuts its first connection `cut` after
+/// accepting it, whatever is in flight: the first answer is lost.
+fn lossy_proxy(upstream: SocketAddr, cut: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (i, conn) in listener.incoming().enumerate() {
+            let Ok(down) = conn else { return };
+            let Ok(up) = std::net::TcpStream::connect(upstream) else {
+                return;
+            };
+            let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            };
+            pipe(down.try_clone().unwrap(), up.try_clone().unwrap());
+            pipe(up.try_clone().unwrap(), down.try_clone().unwrap());
+            if i == 0 {
+                std::thread::spawn(move || {
+                    std::thread::sleep(cut);
+                    let _ = down.shutdown(std::net::Shutdown::Both);
+                    let _ = up.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    addr
+}
+
+/// `grpc_order_client`'s fixed interface against the server, then through
+/// a proxy that drops the first answer: one execution, the retry replayed.
+fn the_client_on(env: &[(&str, String)]) {
+    let addr = free_addr();
+    let _server = Server::start(addr, env);
+    let mut c = Client::connect(addr);
+    let url = format!("http://{addr}");
+    let acct = format!("acct_{}", random_id());
+    let base = [
+        "--url",
+        url.as_str(),
+        "--account",
+        acct.as_str(),
+        "--currency",
+        "EUR",
+    ];
+
+    let (fresh, code) = order_client(&[&base[..], &["--amount", "250"]].concat());
+    assert_eq!(code, 0, "{fresh}");
+    assert_eq!(
+        (fresh["outcome"].as_str(), fresh["status"].as_str()),
+        (Some("fresh"), Some("OK")),
+        "{fresh}"
+    );
+    assert_eq!(
+        (fresh["attempts"].as_u64(), fresh["reason"].as_str()),
+        (Some(1), None)
+    );
+    let key = fresh["key"].as_str().unwrap().to_owned();
+    assert_eq!(key.len(), 32, "a minted key: {key}");
+    assert_eq!(fresh["order"]["account"], acct.as_str());
+    assert_eq!(fresh["order"]["amount"], 250);
+    let with_key = |amount: &str| {
+        order_client(&[&base[..], &["--key", key.as_str(), "--amount", amount]].concat())
+    };
+    let (replayed, code) = with_key("250");
+    assert_eq!(code, 0, "{replayed}");
+    assert_eq!(replayed["outcome"], "replayed");
+    assert_eq!(replayed["order"], fresh["order"]);
+    assert_eq!(replayed["key"], key.as_str());
+    let (mismatch, code) = with_key("251");
+    assert_eq!(code, 1, "{mismatch}");
+    assert_eq!(
+        (mismatch["outcome"].as_str(), mismatch["status"].as_str()),
+        (Some("error"), Some("FAILED_PRECONDITION"))
+    );
+    assert_eq!(
+        (mismatch["reason"].as_str(), mismatch["attempts"].as_u64()),
+        (Some("FINGERPRINT_MISMATCH"), Some(1))
+    );
+    // The handler's own permanent status: its answer, exit 0, never retried.
+    let (declined, code) = order_client(&[&base[..], &["--amount", "7"]].concat());
+    assert_eq!(code, 0, "{declined}");
+    assert_eq!(
+        (declined["outcome"].as_str(), declined["status"].as_str()),
+        (Some("fresh"), Some("FAILED_PRECONDITION"))
+    );
+    assert_eq!(
+        (declined["attempts"].as_u64(), declined["order"].is_null()),
+        (Some(1), true)
+    );
+    assert_eq!(c.executions(), 2);
+    // Transient: retried under one key until the deadline, then exit 1.
+    let (busy, code) =
+        order_client(&[&base[..], &["--amount", "13", "--deadline-ms", "1200"]].concat());
+    assert_eq!(code, 1, "{busy}");
+    assert_eq!(
+        (busy["outcome"].as_str(), busy["status"].as_str()),
+        (Some("error"), Some("UNAVAILABLE"))
+    );
+    let attempts = busy["attempts"].as_i64().unwrap();
+    assert!(attempts > 1, "{busy}");
+    assert_eq!(c.executions(), 2 + attempts);
+
+    // The first answer lost on the way: the retry is replayed, one execution.
+    let before = c.executions();
+    let proxy = lossy_proxy(addr, Duration::from_millis(1500));
+    let via = format!("http://{proxy}");
+    let (lost, code) = order_client(&[
+        "--url",
+        via.as_str(),
+        "--account",
+        acct.as_str(),
+        "--currency",
+        "EUR",
+        "--amount",
+        "99",
+        "--note",
+        "slow",
+    ]);
+    assert_eq!(code, 0, "{lost}");
+    assert_eq!(
+        (lost["outcome"].as_str(), lost["status"].as_str()),
+        (Some("replayed"), Some("OK")),
+        "{lost}"
+    );
+    assert!(lost["attempts"].as_u64().unwrap() >= 2, "{lost}");
+    assert_eq!(lost["order"]["amount"], 99);
+    assert_eq!(c.executions(), before + 1, "the work ran once");
+}
+
 /// Every row of the table, then the kill between the work and the answer.
 fn the_interface_on(env: &[(&str, String)], store_down: Option<&dyn Fn(bool)>) {
+    the_client_on(env);
     let addr = free_addr();
     let server = Server::start(addr, env);
     let mut c = Client::connect(addr);
