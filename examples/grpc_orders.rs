@@ -294,7 +294,8 @@ async fn main() -> Result<(), BoxError> {
     println!("listening on {local}");
     router
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // No Nagle delay on the answers (tonic sets it only on listeners it binds).
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             async {
                 let _ = tokio::signal::ctrl_c().await;
             },

@@ -243,7 +243,9 @@ impl<S: Store> App<S> {
             });
         let server = tokio::spawn(async move {
             router
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .serve_with_incoming(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                )
                 .await
                 .expect("serve");
         });
