@@ -19,12 +19,16 @@
 //! `order_client`), 1 on a rejection by idem or when retries ran out (2 for
 //! bad arguments).
 
+#[path = "support/orders_proto.rs"]
+mod orders_proto;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
 use idem::IdempotencyKey;
 use idem::client::ReportKind;
 use idem::grpc::{GrpcClientLayer, ReportSlot};
+use orders_proto::{CREATE_ORDER, CreateOrderRequest, Order};
 use serde_json::Value;
 use tonic::Code;
 use tonic_prost::ProstCodec;
@@ -32,35 +36,6 @@ use tonic_types::StatusExt;
 
 const USAGE: &str = "usage: grpc_order_client --url http://HOST:PORT --account ID [--key KEY] \
                      --amount N --currency C [--note S] [--deadline-ms MS]";
-const CREATE_ORDER: &str = "/idem.examples.orders.v1.Orders/CreateOrder";
-
-/// `CreateOrderRequest` of examples/proto/orders.proto.
-#[derive(Clone, PartialEq, prost::Message)]
-struct CreateOrderRequest {
-    #[prost(string, tag = "1")]
-    account: String,
-    #[prost(int64, tag = "2")]
-    amount: i64,
-    #[prost(string, tag = "3")]
-    currency: String,
-    #[prost(string, tag = "4")]
-    note: String,
-}
-
-/// `Order` of examples/proto/orders.proto.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Order {
-    #[prost(string, tag = "1")]
-    id: String,
-    #[prost(string, tag = "2")]
-    account: String,
-    #[prost(int64, tag = "3")]
-    amount: i64,
-    #[prost(string, tag = "4")]
-    currency: String,
-    #[prost(int64, tag = "5")]
-    created_at_ms: i64,
-}
 
 struct Args {
     url: String,

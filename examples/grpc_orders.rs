@@ -42,6 +42,8 @@
 //!   127.0.0.1:50051 idem.examples.orders.v1.Orders/CreateOrder
 //! ```
 
+#[path = "support/orders_proto.rs"]
+mod orders_proto;
 #[path = "support/store_from_env.rs"]
 mod store_from_env;
 
@@ -56,6 +58,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::grpc::{GrpcIdempotencyLayer, IdemAttempt};
 use idem::{AnyStore, Idem, Policy};
+use orders_proto::{CREATE_ORDER, CreateOrderRequest, Order};
 use store_from_env::store_from_env;
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService};
@@ -64,36 +67,7 @@ use tonic_prost::ProstCodec;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
-const CREATE_ORDER: &str = "/idem.examples.orders.v1.Orders/CreateOrder";
 const GET_STATS: &str = "/idem.examples.orders.v1.Orders/GetStats";
-
-/// `CreateOrderRequest` of orders.proto.
-#[derive(Clone, PartialEq, prost::Message)]
-struct CreateOrderRequest {
-    #[prost(string, tag = "1")]
-    account: String,
-    #[prost(int64, tag = "2")]
-    amount: i64,
-    #[prost(string, tag = "3")]
-    currency: String,
-    #[prost(string, tag = "4")]
-    note: String,
-}
-
-/// `Order` of orders.proto.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Order {
-    #[prost(string, tag = "1")]
-    id: String,
-    #[prost(string, tag = "2")]
-    account: String,
-    #[prost(int64, tag = "3")]
-    amount: i64,
-    #[prost(string, tag = "4")]
-    currency: String,
-    #[prost(int64, tag = "5")]
-    created_at_ms: i64,
-}
 
 /// `GetStatsRequest` of orders.proto.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -600,24 +600,53 @@ fn grpc_orders_on_sqlite() {
     }
 }
 
-/// A database of its own (`grpc_orders` uses the fixed schema
-/// `idem_grpc_orders`), dropped after.
+/// Runs the interface on a database of its own on the server `var` (or
+/// `default`) names, created and dropped with `sql(admin_url, statement)`:
+/// `grpc_orders` uses a fixed schema (Postgres) or table (MariaDB) name.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn on_a_database_of_its_own(
+    store: &str,
+    var: &str,
+    default: &str,
+    quote: fn(&str) -> String,
+    drop_suffix: &str,
+    sql: &dyn Fn(&str, String),
+) {
+    let admin = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    let db = format!("idem_grpc_orders_{}", random_id());
+    let (server, _) = admin.rsplit_once('/').unwrap();
+    sql(&admin, format!("CREATE DATABASE {}", quote(&db)));
+    let env = [
+        ("IDEM_STORE", store.to_owned()),
+        (var, format!("{server}/{db}")),
+    ];
+    let result = std::panic::catch_unwind(|| the_interface_on(&env, None));
+    sql(
+        &admin,
+        format!("DROP DATABASE IF EXISTS {}{drop_suffix}", quote(&db)),
+    );
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// Runs `f` on a current-thread runtime.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
 #[cfg(feature = "postgres")]
 #[test]
 fn grpc_orders_on_postgres() {
     use idem::postgres::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let db = format!("idem_grpc_orders_{}", random_id());
-    let (server, _) = admin.rsplit_once('/').unwrap();
-    let url = format!("{server}/{db}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sql = |stmt: String| {
-        rt.block_on(async {
-            let mut c = sqlx::PgConnection::connect(&admin)
+    let sql = |admin: &str, stmt: String| {
+        block_on(async {
+            let mut c = sqlx::PgConnection::connect(admin)
                 .await
                 .unwrap_or_else(|e| {
                     panic!("cannot reach PostgreSQL at {admin}: {e} (this test never skips)")
@@ -626,36 +655,23 @@ fn grpc_orders_on_postgres() {
             c.close().await.unwrap();
         });
     };
-    sql(format!("CREATE DATABASE \"{db}\""));
-    let env = [
-        ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", url),
-    ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env, None));
-    sql(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"));
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    on_a_database_of_its_own(
+        "postgres",
+        "IDEM_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+        |db| format!("\"{db}\""),
+        " WITH (FORCE)",
+        &sql,
+    );
 }
 
-/// A database of its own (`grpc_orders` uses the fixed table
-/// `idem_grpc_orders`), dropped after.
 #[cfg(feature = "mysql")]
 #[test]
 fn grpc_orders_on_mariadb() {
     use idem::mysql::sqlx::{self, Connection, Executor};
-    let admin = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let db = format!("idem_grpc_orders_{}", random_id());
-    let (server, _) = admin.rsplit_once('/').unwrap();
-    let url = format!("{server}/{db}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sql = |stmt: String| {
-        rt.block_on(async {
-            let mut c = sqlx::MySqlConnection::connect(&admin)
+    let sql = |admin: &str, stmt: String| {
+        block_on(async {
+            let mut c = sqlx::MySqlConnection::connect(admin)
                 .await
                 .unwrap_or_else(|e| {
                     panic!("cannot reach MariaDB at {admin}: {e} (this test never skips)")
@@ -664,13 +680,14 @@ fn grpc_orders_on_mariadb() {
             c.close().await.unwrap();
         });
     };
-    sql(format!("CREATE DATABASE `{db}`"));
-    let env = [("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env, None));
-    sql(format!("DROP DATABASE IF EXISTS `{db}`"));
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    on_a_database_of_its_own(
+        "mysql",
+        "IDEM_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+        |db| format!("`{db}`"),
+        "",
+        &sql,
+    );
 }
 
 /// A throwaway Redis server of its own, stopped mid-test for the

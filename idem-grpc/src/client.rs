@@ -254,17 +254,19 @@ fn http_status(code: Code) -> StatusCode {
     StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn refused(e: &BoxError) -> bool {
+/// A call that failed with no status from the server: `Connect` when the
+/// connection was refused (nothing was sent), else ambiguous.
+fn transport(e: BoxError) -> Answer {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
     while let Some(err) = source {
         if let Some(io) = err.downcast_ref::<std::io::Error>()
             && io.kind() == std::io::ErrorKind::ConnectionRefused
         {
-            return true;
+            return Answer::Transport(TransportFailure::Connect, e);
         }
         source = err.source();
     }
-    false
+    Answer::Transport(TransportFailure::Ambiguous, e)
 }
 
 async fn attempt<Svc, ResB>(inner: &mut Svc, req: Request<Body>) -> Answer
@@ -275,25 +277,11 @@ where
     ResB::Error: Into<BoxError>,
 {
     if let Err(e) = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-        let e: BoxError = e.into();
-        let kind = if refused(&e) {
-            TransportFailure::Connect
-        } else {
-            TransportFailure::Ambiguous
-        };
-        return Answer::Transport(kind, e);
+        return transport(e.into());
     }
     let res = match inner.call(req).await {
         Ok(r) => r,
-        Err(e) => {
-            let e: BoxError = e.into();
-            let kind = if refused(&e) {
-                TransportFailure::Connect
-            } else {
-                TransportFailure::Ambiguous
-            };
-            return Answer::Transport(kind, e);
-        }
+        Err(e) => return transport(e.into()),
     };
     let (head, body) = res.into_parts();
     let (code, data, trailers) = if let Some(code) = wire::status_in(&head.headers) {

@@ -110,14 +110,7 @@ async fn in_flight_is_retried_after_its_retry_info() {
     let app = App::with_lease(Arc::new(MemoryStore::new()), Duration::from_millis(300)).await;
     let raw = app.client().await;
     let grpc = client(&app, Duration::from_secs(10)).await;
-    let gated = Req {
-        note: "gate".to_owned(),
-        ..req(100)
-    };
-    let first = {
-        let g = gated.clone();
-        tokio::spawn(async move { raw.call(CREATE, g, &with("a1", "k-gate")).await })
-    };
+    let first = raw.spawn_gated("k-gate");
     app.counts.started.notified().await;
     let opener = {
         let counts = Arc::clone(&app.counts);
@@ -127,7 +120,7 @@ async fn in_flight_is_retried_after_its_retry_info() {
         })
     };
     let t0 = std::time::Instant::now();
-    let (res, report) = call(&grpc, gated, Some("k-gate")).await;
+    let (res, report) = call(&grpc, app::gated(), Some("k-gate")).await;
     opener.await.unwrap();
     let first = first.await.unwrap().unwrap();
     assert_eq!(res.unwrap().get_ref(), first.get_ref());

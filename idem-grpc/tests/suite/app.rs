@@ -65,6 +65,14 @@ pub fn req(amount: i64) -> Req {
     }
 }
 
+/// A `CreateOrder` request that waits on the gate.
+pub fn gated() -> Req {
+    Req {
+        note: "gate".to_owned(),
+        ..req(100)
+    }
+}
+
 /// Executions, and the gate a `note: "gate"` call waits on.
 #[derive(Debug)]
 pub struct Counts {
@@ -302,6 +310,15 @@ pub fn with(account: &str, key: &str) -> Meta {
 }
 
 impl Client {
+    /// Starts a [`gated`] `CreateOrder` as `a1` under `key`, in the background.
+    pub fn spawn_gated(
+        &self,
+        key: &str,
+    ) -> tokio::task::JoinHandle<Result<Response<Resp>, Status>> {
+        let (c, m) = (self.clone(), with("a1", key));
+        tokio::spawn(async move { c.call(CREATE, gated(), &m).await })
+    }
+
     pub fn request(msg: Req, meta: &Meta) -> Request<Req> {
         let mut r = Request::new(msg);
         if let Some(a) = &meta.account {

@@ -11,7 +11,7 @@ use idem_core::store::Store;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use super::app::{App, BY_FIELD, CREATE, LEASE, Meta, OPEN, RESPONSE_TTL, Req, req, with};
+use super::app::{App, BY_FIELD, CREATE, LEASE, Meta, OPEN, RESPONSE_TTL, Req, gated, req, with};
 
 fn key() -> String {
     IdempotencyKey::random().as_str().to_owned()
@@ -102,24 +102,17 @@ pub async fn in_flight_is_aborted_with_retry_info<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     let c = app.client().await;
     let k = key();
-    let gated = Req {
-        note: "gate".to_owned(),
-        ..req(100)
-    };
-    let first = {
-        let (c, g, m) = (c.clone(), gated.clone(), with("a1", &k));
-        tokio::spawn(async move { c.call(CREATE, g, &m).await })
-    };
+    let first = c.spawn_gated(&k);
     app.counts.started.notified().await;
     let s = c
-        .call(CREATE, gated.clone(), &with("a1", &k))
+        .call(CREATE, gated(), &with("a1", &k))
         .await
         .expect_err("in flight");
     assert_rejected(&s, Code::Aborted, "IN_FLIGHT", Some(LEASE));
     app.counts.open_gate();
     let first = first.await.expect("join").expect("first");
     let again = c
-        .call(CREATE, gated, &with("a1", &k))
+        .call(CREATE, gated(), &with("a1", &k))
         .await
         .expect("replay");
     assert!(replayed(again.metadata()));
@@ -325,16 +318,9 @@ pub async fn cancelled_call_completes_and_is_replayed<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     let c = app.client().await;
     let k = key();
-    let gated = Req {
-        note: "gate".to_owned(),
-        ..req(100)
-    };
     let mut m = with("a1", &k);
     m.timeout = Some(Duration::from_millis(200));
-    let s = c
-        .call(CREATE, gated.clone(), &m)
-        .await
-        .expect_err("gave up");
+    let s = c.call(CREATE, gated(), &m).await.expect_err("gave up");
     assert!(
         matches!(s.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{s:?}"
@@ -346,7 +332,7 @@ pub async fn cancelled_call_completes_and_is_replayed<S: Store>(store: Arc<S>) {
         .await
         .expect("work finished");
     assert_eq!(app.counts.finished(), 1);
-    let again = c.call(CREATE, gated, &with("a1", &k)).await;
+    let again = c.call(CREATE, gated(), &with("a1", &k)).await;
     let again = again.expect("replayed");
     assert!(replayed(again.metadata()));
     assert_eq!(again.get_ref().execution, 1);
@@ -359,20 +345,10 @@ pub async fn expired_lease_is_recovered<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     let c = app.client().await;
     let k = key();
-    let gated = Req {
-        note: "gate".to_owned(),
-        ..req(100)
-    };
-    let first = {
-        let (c, g, m) = (c.clone(), gated.clone(), with("a1", &k));
-        tokio::spawn(async move { c.call(CREATE, g, &m).await })
-    };
+    let first = c.spawn_gated(&k);
     app.counts.started.notified().await;
     app.expire_lease();
-    let second = {
-        let (c, m) = (c.clone(), with("a1", &k));
-        tokio::spawn(async move { c.call(CREATE, gated, &m).await })
-    };
+    let second = c.spawn_gated(&k);
     app.counts.started.notified().await;
     assert_eq!(app.counts.executions(), 2, "taken over as a recovery");
     app.counts.open_gate();
