@@ -26,6 +26,8 @@ macro_rules! grpc_suite {
             uncovered_and_streaming_methods_pass_through,
             cancelled_call_completes_and_is_replayed,
             expired_lease_is_recovered,
+            optional_key_runs_unprotected,
+            request_over_the_limit_is_resource_exhausted,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {

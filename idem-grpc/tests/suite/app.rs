@@ -26,6 +26,25 @@ pub const LEASE: Duration = Duration::from_secs(30);
 pub const RESPONSE_TTL: Duration = Duration::from_secs(60);
 pub const KEY_TTL: Duration = Duration::from_secs(3600);
 
+/// The layer's request limit.
+pub const MAX_REQUEST: usize = 1024;
+
+/// How the test server's layer is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub lease: Duration,
+    pub optional_key: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            lease: LEASE,
+            optional_key: false,
+        }
+    }
+}
+
 /// Covered, key in metadata.
 pub const CREATE: &str = "/idem.test.v1.Svc/Create";
 /// Covered, key in field 5 (`request_id`).
@@ -215,11 +234,24 @@ impl<S: Store> Drop for App<S> {
 
 impl<S: Store> App<S> {
     pub async fn start(store: Arc<S>) -> Self {
-        Self::with_lease(store, LEASE).await
+        Self::with(store, Options::default()).await
     }
 
     /// Starts it with this lease (the `RetryInfo` of an in-flight answer).
     pub async fn with_lease(store: Arc<S>, lease: Duration) -> Self {
+        Self::with(
+            store,
+            Options {
+                lease,
+                ..Options::default()
+            },
+        )
+        .await
+    }
+
+    /// Starts it with these options.
+    pub async fn with(store: Arc<S>, opts: Options) -> Self {
+        let lease = opts.lease;
         let clock = ManualClock::starting_now();
         let store = FailingStore::new(store);
         let policy = Policy::builder()
@@ -232,13 +264,18 @@ impl<S: Store> App<S> {
         let idem = Idem::new(store.clone())
             .with_clock(clock.clone())
             .with_policy(policy);
-        let layer: TestLayer<S> = GrpcIdempotencyLayer::builder(idem)
+        let layer = GrpcIdempotencyLayer::builder(idem)
             .owner(owner as fn(&Parts) -> Option<String>)
             .method(CREATE)
             .method(BY_FIELD)
             .key_field(BY_FIELD, 5)
-            .build()
-            .expect("layer");
+            .max_request_bytes(MAX_REQUEST);
+        let layer = if opts.optional_key {
+            layer.optional_key()
+        } else {
+            layer
+        };
+        let layer: TestLayer<S> = layer.build().expect("layer");
         let counts = Arc::new(Counts::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -11,7 +11,10 @@ use idem_core::store::Store;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use super::app::{App, BY_FIELD, CREATE, LEASE, Meta, OPEN, RESPONSE_TTL, Req, gated, req, with};
+use super::app::{
+    App, BY_FIELD, CREATE, LEASE, MAX_REQUEST, Meta, OPEN, Options, RESPONSE_TTL, Req, gated, req,
+    with,
+};
 
 fn key() -> String {
     IdempotencyKey::random().as_str().to_owned()
@@ -361,4 +364,57 @@ pub async fn expired_lease_is_recovered<S: Store>(store: Arc<S>) {
         assert_rejected(s, Code::Aborted, "LEASE_LOST", Some(Duration::from_secs(1)));
     }
     assert_eq!(app.counts.executions(), 2);
+}
+
+/// With optional keys, a covered call without one runs unprotected (every
+/// time); one with a key is still protected.
+pub async fn optional_key_runs_unprotected<S: Store>(store: Arc<S>) {
+    let opts = Options {
+        optional_key: true,
+        ..Options::default()
+    };
+    let app = App::with(store, opts).await;
+    let c = app.client().await;
+    let none = Meta {
+        account: Some("a1".to_owned()),
+        ..Meta::default()
+    };
+    for n in 1..=2 {
+        let r = c.call(CREATE, req(100), &none).await.expect("unprotected");
+        assert!(!replayed(r.metadata()));
+        assert_eq!(app.counts.executions(), n);
+    }
+    let k = key();
+    c.call(CREATE, req(100), &with("a1", &k))
+        .await
+        .expect("first");
+    let again = c
+        .call(CREATE, req(100), &with("a1", &k))
+        .await
+        .expect("again");
+    assert!(replayed(again.metadata()));
+    assert_eq!(app.counts.executions(), 3);
+}
+
+/// A request message over the layer's limit: `RESOURCE_EXHAUSTED`,
+/// `REQUEST_TOO_LARGE`, nothing claimed nor run.
+pub async fn request_over_the_limit_is_resource_exhausted<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    let c = app.client().await;
+    let big = Req {
+        note: "x".repeat(MAX_REQUEST),
+        ..req(100)
+    };
+    let k = key();
+    let s = c
+        .call(CREATE, big, &with("a1", &k))
+        .await
+        .expect_err("too large");
+    assert_rejected(&s, Code::ResourceExhausted, "REQUEST_TOO_LARGE", None);
+    assert_eq!(app.counts.executions(), 0);
+    // The key was not claimed: a request under the limit runs with it.
+    c.call(CREATE, req(100), &with("a1", &k))
+        .await
+        .expect("fits");
+    assert_eq!(app.counts.executions(), 1);
 }
