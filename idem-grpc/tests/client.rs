@@ -107,7 +107,11 @@ async fn failed_precondition_and_invalid_argument_are_never_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_is_retried_after_its_retry_info() {
-    let app = App::with_lease(Arc::new(MemoryStore::new()), Duration::from_millis(300)).await;
+    let opts = app::Options {
+        lease: Duration::from_millis(300),
+        ..app::Options::default()
+    };
+    let app = App::with(Arc::new(MemoryStore::new()), opts).await;
     let raw = app.client().await;
     let grpc = client(&app, Duration::from_secs(10)).await;
     let first = raw.spawn_gated("k-gate");

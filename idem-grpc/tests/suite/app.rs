@@ -237,18 +237,6 @@ impl<S: Store> App<S> {
         Self::with(store, Options::default()).await
     }
 
-    /// Starts it with this lease (the `RetryInfo` of an in-flight answer).
-    pub async fn with_lease(store: Arc<S>, lease: Duration) -> Self {
-        Self::with(
-            store,
-            Options {
-                lease,
-                ..Options::default()
-            },
-        )
-        .await
-    }
-
     /// Starts it with these options.
     pub async fn with(store: Arc<S>, opts: Options) -> Self {
         let lease = opts.lease;
