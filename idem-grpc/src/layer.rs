@@ -11,7 +11,7 @@ use tonic::Code;
 use tower_layer::Layer;
 
 use crate::service::GrpcIdempotencyService;
-use crate::vocab::{Class, KEY_METADATA, OwnerSource};
+use crate::vocab::{Class, HeaderPolicy, KEY_METADATA, OwnerSource};
 
 /// How a handler's status is remembered (see [`Builder::classify`]).
 pub type ClassifyFn = Arc<dyn Fn(Code) -> Class + Send + Sync>;
@@ -60,7 +60,7 @@ pub(crate) struct Config {
     pub(crate) key_fields: HashMap<String, u32>,
     pub(crate) key_required: bool,
     pub(crate) classify: ClassifyFn,
-    pub(crate) skipped_metadata: Vec<String>,
+    pub(crate) metadata: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
 }
 
@@ -124,7 +124,7 @@ impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
             key_fields: HashMap::new(),
             key_required: true,
             classify: Arc::new(default_class),
-            skipped_metadata: Vec::new(),
+            metadata: HeaderPolicy::default(),
             max_request_bytes: 4 * 1024 * 1024,
         }
     }
@@ -173,7 +173,7 @@ pub struct Builder<S: Store, O> {
     key_fields: HashMap<String, u32>,
     key_required: bool,
     classify: ClassifyFn,
-    skipped_metadata: Vec<String>,
+    metadata: HeaderPolicy,
     max_request_bytes: usize,
 }
 
@@ -201,7 +201,7 @@ impl<S: Store, O> Builder<S, O> {
             key_fields: self.key_fields,
             key_required: self.key_required,
             classify: self.classify,
-            skipped_metadata: self.skipped_metadata,
+            metadata: self.metadata,
             max_request_bytes: self.max_request_bytes,
         }
     }
@@ -272,16 +272,16 @@ impl<S: Store, O> Builder<S, O> {
         self
     }
 
-    /// Response metadata never stored nor replayed, besides `date`,
-    /// `content-length` and the replay marker (for example trace ids).
+    /// Which of the handler's metadata (initial and trailing) is stored
+    /// and replayed: the HTTP layer's [`HeaderPolicy`], by default its deny
+    /// list (`set-cookie`, `server-timing`, `x-request-id`, `request-id`,
+    /// `traceparent`, `tracestate`, `age`: a replay must not hand the first
+    /// call's trace ids to another). `grpc-status`, `grpc-message`,
+    /// `grpc-status-details-bin` and `grpc-encoding` are always stored;
+    /// `content-type`, `content-length`, `date` and the replay marker never.
     #[must_use]
-    pub fn skip_metadata<I>(mut self, names: I) -> Self
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        self.skipped_metadata
-            .extend(names.into_iter().map(|n| n.as_ref().to_ascii_lowercase()));
+    pub fn metadata_policy(mut self, policy: HeaderPolicy) -> Self {
+        self.metadata = policy;
         self
     }
 
@@ -328,7 +328,7 @@ impl<S: Store, O: OwnerSource> Builder<S, O> {
                     key_fields: self.key_fields,
                     key_required: self.key_required,
                     classify: self.classify,
-                    skipped_metadata: self.skipped_metadata,
+                    metadata: self.metadata,
                     max_request_bytes: self.max_request_bytes,
                 },
                 tracker: TaskTracker::new(),

@@ -18,7 +18,8 @@ mod client;
 
 pub use client::{BoxError, GrpcClientLayer, GrpcClientService, GrpcReport, ReportSlot};
 pub use idem_http::{
-    Class, ExtensionOwner, FixedOwner, IdemAttempt, IdemKey, NoOwner, OwnerId, OwnerSource,
+    Class, ExtensionOwner, FixedOwner, HeaderPolicy, IdemAttempt, IdemKey, NoOwner, OwnerId,
+    OwnerSource,
 };
 pub use layer::{Builder, ClassifyFn, ConfigError, GrpcIdempotencyLayer, default_class};
 pub use service::{GrpcIdempotencyService, ResponseFuture};

@@ -377,7 +377,7 @@ where
             &parts.headers,
             trailers.as_ref(),
             &data,
-            &cfg.skipped_metadata,
+            &cfg.metadata,
         );
         if class == Class::Failure {
             Capture::Store(Outcome::Failure(s))

@@ -5,8 +5,8 @@
 //! to their protocol-neutral home in idem-core, only this file changes.
 
 pub(crate) use idem_http::{
-    Class, IdemAttempt, IdemKey, KeyHeaderError, KeySyntax, NoOwner, OwnerSource, ProblemCode,
-    Rejection, parse_key_header,
+    Class, HeaderPolicy, IdemAttempt, IdemKey, KeyHeaderError, KeySyntax, NoOwner, OwnerSource,
+    ProblemCode, Rejection, parse_key_header,
 };
 
 /// The `ErrorInfo.domain` of every answer the layer gives on its own.
@@ -48,4 +48,14 @@ pub(crate) use idem_client::{
 /// `in_flight`): the inverse of [`reason`].
 pub(crate) fn code_of_reason(reason: &str) -> String {
     reason.to_ascii_lowercase()
+}
+
+/// Whether the HTTP layer's header `policy` keeps metadata `name`
+/// (lowercase): the same deny list by default (`set-cookie`, trace ids, ...).
+pub(crate) fn policy_keeps(policy: &HeaderPolicy, name: &str) -> bool {
+    match policy {
+        HeaderPolicy::DenyList(d) => !d.iter().any(|n| n == name),
+        HeaderPolicy::AllowList(a) => a.iter().any(|n| n == name),
+        _ => true,
+    }
 }

@@ -13,7 +13,7 @@ use tonic::Code;
 use tonic::body::Body;
 use tracing::warn;
 
-use crate::vocab::REPLAYED;
+use crate::vocab::{HeaderPolicy, REPLAYED, policy_keeps};
 
 /// The name prefix that marks a trailer entry in the stored form (`:` is
 /// not a valid metadata name character, so it never collides).
@@ -21,6 +21,15 @@ const TRAILER: &str = ":t:";
 
 /// Never stored: set afresh for every answer.
 const NEVER_STORED: &[&str] = &["content-type", "content-length", "date", REPLAYED];
+
+/// Always stored, whatever the metadata policy: the answer's status and how
+/// its message is encoded.
+const ALWAYS_STORED: &[&str] = &[
+    "grpc-status",
+    "grpc-message",
+    "grpc-status-details-bin",
+    "grpc-encoding",
+];
 
 /// The one message of a unary request body: `(compressed, bytes)`; `None`
 /// when the body is not exactly one length-prefixed message.
@@ -83,10 +92,11 @@ pub(crate) fn status_in(map: &HeaderMap) -> Option<Code> {
 
 fn keep<'a>(
     map: &'a HeaderMap,
-    skipped: &'a [String],
+    policy: &'a HeaderPolicy,
 ) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> + 'a {
     map.iter().filter(move |(n, _)| {
-        !NEVER_STORED.contains(&n.as_str()) && !skipped.iter().any(|s| s == n.as_str())
+        let n = n.as_str();
+        ALWAYS_STORED.contains(&n) || (!NEVER_STORED.contains(&n) && policy_keeps(policy, n))
     })
 }
 
@@ -98,15 +108,14 @@ pub(crate) fn stored(
     headers: &HeaderMap,
     trailers: Option<&HeaderMap>,
     body: &[u8],
-    skipped: &[String],
+    policy: &HeaderPolicy,
 ) -> HttpResponse {
-    let mut entries: Vec<(String, Vec<u8>)> = keep(headers, skipped)
+    let mut entries: Vec<(String, Vec<u8>)> = keep(headers, policy)
         .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
         .collect();
     if let Some(t) = trailers {
-        entries.extend(
-            keep(t, skipped).map(|(n, v)| (format!("{TRAILER}{n}"), v.as_bytes().to_vec())),
-        );
+        entries
+            .extend(keep(t, policy).map(|(n, v)| (format!("{TRAILER}{n}"), v.as_bytes().to_vec())));
     }
     #[allow(clippy::cast_sign_loss, reason = "gRPC codes are 0..=16")]
     let status = code as i32 as u16;
@@ -211,10 +220,17 @@ mod tests {
     fn stored_form_keeps_trailers_apart_and_replays_the_marker_by_status() {
         let mut h = HeaderMap::new();
         h.insert("x-first", HeaderValue::from_static("1"));
+        h.insert("traceparent", HeaderValue::from_static("00-1"));
         h.insert("content-type", HeaderValue::from_static("application/grpc"));
         let mut t = HeaderMap::new();
         t.insert("grpc-status", HeaderValue::from_static("0"));
-        let s = stored(Code::Ok, &h, Some(&t), b"\0\0\0\0\0", &[]);
+        let s = stored(
+            Code::Ok,
+            &h,
+            Some(&t),
+            b"\0\0\0\0\0",
+            &HeaderPolicy::default(),
+        );
         assert_eq!(s.status, 0);
         assert_eq!(
             s.headers,
@@ -229,13 +245,11 @@ mod tests {
 
         let mut only = HeaderMap::new();
         only.insert("grpc-status", HeaderValue::from_static("9"));
-        let s = stored(
-            Code::FailedPrecondition,
-            &only,
-            None,
-            b"",
-            &["x".to_owned()],
-        );
+        only.insert("traceparent", HeaderValue::from_static("00-1"));
+        only.insert("x-other", HeaderValue::from_static("1"));
+        let allow = HeaderPolicy::allow(["x-kept"]);
+        let s = stored(Code::FailedPrecondition, &only, None, b"", &allow);
+        assert_eq!(s.headers, vec![("grpc-status".to_owned(), b"9".to_vec())]);
         let r = replay(s);
         assert_eq!(r.headers()["grpc-status"], "9");
         assert_eq!(r.headers()["idempotent-replayed"], "true");

@@ -159,6 +159,9 @@ async fn create(counts: Arc<Counts>, request: Request<Req>) -> Result<Response<R
             });
             res.metadata_mut()
                 .insert("x-execution", n.to_string().parse().expect("ascii"));
+            // A trace id: never handed to a replay (the default policy).
+            res.metadata_mut()
+                .insert("traceparent", format!("00-{n}").parse().expect("ascii"));
             Ok(res)
         }
     }

@@ -65,6 +65,8 @@ pub async fn replay_is_byte_exact<S: Store>(store: Arc<S>) {
     assert!(replayed(again.metadata()));
     assert_eq!(again.get_ref(), first.get_ref());
     assert_eq!(again.metadata().get("x-execution").expect("kept"), "1");
+    assert_eq!(first.metadata().get("traceparent").expect("sent"), "00-1");
+    assert!(again.metadata().get("traceparent").is_none(), "not stored");
     assert_eq!(app.counts.executions(), 1);
     // The bare and the quoted key are one key.
     let quoted = format!("\"{k}\"");
