@@ -1,5 +1,6 @@
 //! The gRPC layer's behaviour suite on every backend: a real tonic server
-//! and a real tonic client per test, one isolated store each.
+//! and a real tonic client per test, one isolated store each; a smoke
+//! subset on a throwaway Redis Cluster.
 
 #![allow(missing_docs, clippy::unwrap_used, unreachable_pub)]
 
@@ -58,4 +59,17 @@ mod mysql {
 
 mod redis {
     grpc_suite!(super::support::redis());
+}
+
+/// A smoke subset on this binary's throwaway three-primary Redis Cluster
+/// (stopped without saving by its watchdog once the binary ends).
+mod redis_cluster {
+    grpc_suite!(@each super::support::redis_cluster();
+        replay_is_byte_exact,
+        mismatch_is_failed_precondition,
+        in_flight_is_aborted_with_retry_info,
+        transient_status_releases_the_key,
+        permanent_status_is_replayed,
+        cancelled_call_completes_and_is_replayed,
+    );
 }
