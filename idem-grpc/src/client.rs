@@ -122,7 +122,9 @@ impl fmt::Debug for GrpcClientLayer {
 
 impl GrpcClientLayer {
     /// A layer that keys and retries every call under `policy` (build it
-    /// with `idem_client::Builder::build_policy`).
+    /// with `idem_client::Builder::build_policy`). Each attempt's request
+    /// and answer are buffered whole: on a channel that also carries
+    /// streaming methods, name the unary ones with [`method`](Self::method).
     #[must_use]
     pub fn new(policy: Policy) -> Self {
         Self {
