@@ -33,7 +33,7 @@ use tower_service::Service;
 use crate::service::ResponseFuture;
 use crate::vocab::{
     AttemptView, DOMAIN, Intent, KEY_METADATA, Outcome, Policy, Problem, ReportKind, SendState,
-    Step, StopReason, TransportFailure, code_of_reason, decode_key, os_random,
+    Step, StopReason, TransportFailure, code_of_reason, decode_key, os_random, quote_key,
 };
 use crate::wire;
 
@@ -371,7 +371,7 @@ where
         Some(v) => decode_key(v)?,
         None => Intent::random().key().clone(),
     };
-    let key_value = HeaderValue::from_str(&idem_client::KeySyntax::Structured.encode(&key))?;
+    let key_value = HeaderValue::from_str(&quote_key(&key))?;
     let bytes = Limited::new(body, shared.max_request_bytes)
         .collect()
         .await?

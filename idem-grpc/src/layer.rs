@@ -13,7 +13,7 @@ use tower_layer::Layer;
 use crate::service::GrpcIdempotencyService;
 use crate::vocab::{Class, HeaderPolicy, KEY_METADATA, OwnerSource};
 
-/// How a handler's status is remembered (see [`Builder::classify`]).
+/// How a handler's status is remembered (see [`GrpcIdempotencyLayerBuilder::classify`]).
 pub type ClassifyFn = Arc<dyn Fn(Code) -> Class + Send + Sync>;
 
 /// The default classification of a handler's gRPC status: `OK` is a
@@ -53,7 +53,7 @@ impl Covered {
     }
 }
 
-/// The layer's settings, fixed at [`Builder::build`].
+/// The layer's settings, fixed at [`GrpcIdempotencyLayerBuilder::build`].
 pub(crate) struct Config {
     pub(crate) covered: Covered,
     pub(crate) key_metadata: http::HeaderName,
@@ -115,8 +115,8 @@ impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayer<S, O> {
 impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
     /// Starts a layer on `idem` (its store and policy: lease, TTLs,
     /// response size limit).
-    pub fn builder(idem: Idem<S>) -> Builder<S, crate::vocab::NoOwner> {
-        Builder {
+    pub fn builder(idem: Idem<S>) -> GrpcIdempotencyLayerBuilder<S, crate::vocab::NoOwner> {
+        GrpcIdempotencyLayerBuilder {
             idem,
             owner: crate::vocab::NoOwner,
             covered: Covered::Listed(HashSet::new()),
@@ -149,10 +149,10 @@ impl<Svc, S: Store, O> Layer<Svc> for GrpcIdempotencyLayer<S, O> {
     }
 }
 
-/// Why [`Builder::build`] refused.
+/// Why [`GrpcIdempotencyLayerBuilder::build`] refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum GrpcConfigError {
     /// The key metadata name is not a valid ASCII metadata key.
     #[error("invalid key metadata name: {0}")]
     KeyMetadata(String),
@@ -165,7 +165,7 @@ pub enum ConfigError {
 }
 
 /// Configures a [`GrpcIdempotencyLayer`]; `build` checks it.
-pub struct Builder<S: Store, O> {
+pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
     idem: Idem<S>,
     owner: O,
     covered: Covered,
@@ -177,23 +177,23 @@ pub struct Builder<S: Store, O> {
     max_request_bytes: usize,
 }
 
-impl<S: Store, O> fmt::Debug for Builder<S, O> {
+impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayerBuilder<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("GrpcIdempotencyLayerBuilder")
             .field("covered", &self.covered)
             .field("key_metadata", &self.key_metadata)
             .finish_non_exhaustive()
     }
 }
 
-impl<S: Store, O> Builder<S, O> {
+impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// Where the owner of every record comes from (the HTTP layer's
     /// [`OwnerSource`]: an `ExtensionOwner` your auth layer fills, a
     /// closure over the request head, a `FixedOwner`). A covered call with
     /// no owner is answered `UNAUTHENTICATED` before its key is read, and
     /// its handler does not run.
-    pub fn owner<O2: OwnerSource>(self, owner: O2) -> Builder<S, O2> {
-        Builder {
+    pub fn owner<O2: OwnerSource>(self, owner: O2) -> GrpcIdempotencyLayerBuilder<S, O2> {
+        GrpcIdempotencyLayerBuilder {
             idem: self.idem,
             owner,
             covered: self.covered,
@@ -294,29 +294,29 @@ impl<S: Store, O> Builder<S, O> {
     }
 }
 
-impl<S: Store, O: OwnerSource> Builder<S, O> {
+impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
     /// The layer.
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a malformed metadata name or method path, or
+    /// [`GrpcConfigError`] for a malformed metadata name or method path, or
     /// when nothing is covered.
-    pub fn build(self) -> Result<GrpcIdempotencyLayer<S, O>, ConfigError> {
+    pub fn build(self) -> Result<GrpcIdempotencyLayer<S, O>, GrpcConfigError> {
         let name = self.key_metadata.to_ascii_lowercase();
         let key_metadata = http::HeaderName::from_bytes(name.as_bytes())
             .ok()
             .filter(|_| !name.ends_with("-bin"))
-            .ok_or_else(|| ConfigError::KeyMetadata(self.key_metadata.clone()))?;
+            .ok_or_else(|| GrpcConfigError::KeyMetadata(self.key_metadata.clone()))?;
         let paths: Vec<&String> = match &self.covered {
             Covered::Listed(s) | Covered::AllExcept(s) => s.iter().collect(),
         };
         for p in paths.into_iter().chain(self.key_fields.keys()) {
             if !is_method_path(p) {
-                return Err(ConfigError::MethodPath(p.clone()));
+                return Err(GrpcConfigError::MethodPath(p.clone()));
             }
         }
         if matches!(&self.covered, Covered::Listed(s) if s.is_empty()) {
-            return Err(ConfigError::NothingCovered);
+            return Err(GrpcConfigError::NothingCovered);
         }
         Ok(GrpcIdempotencyLayer {
             shared: Arc::new(Shared {

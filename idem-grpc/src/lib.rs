@@ -21,6 +21,8 @@ pub use idem_http::{
     Class, ExtensionOwner, FixedOwner, HeaderPolicy, IdemAttempt, IdemKey, NoOwner, OwnerId,
     OwnerSource,
 };
-pub use layer::{Builder, ClassifyFn, ConfigError, GrpcIdempotencyLayer, default_class};
+pub use layer::{
+    ClassifyFn, GrpcConfigError, GrpcIdempotencyLayer, GrpcIdempotencyLayerBuilder, default_class,
+};
 pub use service::{GrpcIdempotencyService, ResponseFuture};
 pub use status::{code_of, status_of};

@@ -44,6 +44,12 @@ pub(crate) use idem_client::{
     Intent, Outcome, Policy, Problem, ReportKind, StopReason, decode_key,
 };
 
+/// The key as the client writes it in its metadata (an sf-string, the
+/// draft's form, which every server parser reads).
+pub(crate) fn quote_key(key: &idem_core::IdempotencyKey) -> String {
+    idem_client::KeySyntax::Structured.encode(key)
+}
+
 /// The HTTP problem code of an `ErrorInfo` reason (`IN_FLIGHT` →
 /// `in_flight`): the inverse of [`reason`].
 pub(crate) fn code_of_reason(reason: &str) -> String {
