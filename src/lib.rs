@@ -61,6 +61,14 @@ pub use idem_http as http;
 #[doc(inline)]
 pub use idem_consumer as consumer;
 
+/// The gRPC adapter (feature `grpc`): a tower layer for tonic servers that
+/// makes unary methods safe to retry (`idempotency-key` metadata,
+/// `google.rpc` error details, `idempotent-replayed` on replays).
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+#[doc(inline)]
+pub use idem_grpc as grpc;
+
 /// The client side (feature `client`): a `reqwest-middleware` middleware that
 /// keeps one `Idempotency-Key` per intent across its retries, retries only what
 /// is safe, and reads the server's answers (replayed, in flight, already done).

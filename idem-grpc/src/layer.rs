@@ -1,0 +1,349 @@
+//! The layer, its builder and its configuration.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::Idem;
+use idem_core::store::Store;
+use tokio_util::task::TaskTracker;
+use tonic::Code;
+use tower_layer::Layer;
+
+use crate::service::GrpcIdempotencyService;
+use crate::vocab::{Class, HeaderPolicy, KEY_METADATA, OwnerSource};
+
+/// How a handler's status is remembered (see [`GrpcIdempotencyLayerBuilder::classify`]).
+pub type ClassifyFn = Arc<dyn Fn(Code) -> Class + Send + Sync>;
+
+/// The default classification of a handler's gRPC status: `OK` is a
+/// success; `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`,
+/// `ABORTED`, `INTERNAL` and `UNKNOWN` are transient (the key is released
+/// and the same call may run again); every other code is a permanent
+/// failure, stored and replayed.
+#[must_use]
+pub fn default_class(code: Code) -> Class {
+    match code {
+        Code::Ok => Class::Success,
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Internal
+        | Code::Unknown => Class::Transient,
+        _ => Class::Failure,
+    }
+}
+
+/// Which methods the layer covers.
+#[derive(Debug, Clone)]
+pub(crate) enum Covered {
+    /// These full method paths only.
+    Listed(HashSet<String>),
+    /// Every method but these (the service's streaming methods).
+    AllExcept(HashSet<String>),
+}
+
+impl Covered {
+    pub(crate) fn covers(&self, path: &str) -> bool {
+        match self {
+            Self::Listed(s) => s.contains(path),
+            Self::AllExcept(s) => !s.contains(path),
+        }
+    }
+}
+
+/// The layer's settings, fixed at [`GrpcIdempotencyLayerBuilder::build`].
+pub(crate) struct Config {
+    pub(crate) covered: Covered,
+    pub(crate) key_metadata: http::HeaderName,
+    pub(crate) key_fields: HashMap<String, u32>,
+    pub(crate) key_required: bool,
+    pub(crate) classify: ClassifyFn,
+    pub(crate) metadata: HeaderPolicy,
+    pub(crate) max_request_bytes: usize,
+}
+
+pub(crate) struct Shared<S: Store, O> {
+    pub(crate) idem: Idem<S>,
+    pub(crate) owner: O,
+    pub(crate) cfg: Config,
+    pub(crate) tracker: TaskTracker,
+}
+
+/// A tower layer for a tonic server (`Server::builder().layer(..)`) that
+/// makes the unary methods it covers safe to retry: a call is run at most
+/// once per (owner, method, key) and every retry gets the first answer
+/// back, message bytes, status and metadata, marked `idempotent-replayed:
+/// true`.
+///
+/// ```
+/// use idem_core::{Idem, MemoryStore};
+/// use idem_grpc::GrpcIdempotencyLayer;
+///
+/// let layer = GrpcIdempotencyLayer::builder(Idem::new(MemoryStore::new()))
+///     .owner(|parts: &http::request::Parts| {
+///         Some(parts.headers.get("x-account-id")?.to_str().ok()?.to_owned())
+///     })
+///     .method("/shop.v1.Orders/CreateOrder")
+///     .build()
+///     .unwrap();
+/// // tonic::transport::Server::builder().layer(layer).add_service(..)
+/// # let _ = layer;
+/// ```
+pub struct GrpcIdempotencyLayer<S: Store, O> {
+    shared: Arc<Shared<S, O>>,
+}
+
+impl<S: Store, O> Clone for GrpcIdempotencyLayer<S, O> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayer<S, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcIdempotencyLayer")
+            .field("covered", &self.shared.cfg.covered)
+            .field("key_metadata", &self.shared.cfg.key_metadata)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
+    /// Starts a layer on `idem` (its store and policy: lease, TTLs,
+    /// response size limit).
+    pub fn builder(idem: Idem<S>) -> GrpcIdempotencyLayerBuilder<S, crate::vocab::NoOwner> {
+        GrpcIdempotencyLayerBuilder {
+            idem,
+            owner: crate::vocab::NoOwner,
+            covered: Covered::Listed(HashSet::new()),
+            key_metadata: KEY_METADATA.to_owned(),
+            key_fields: HashMap::new(),
+            key_required: true,
+            classify: Arc::new(default_class),
+            metadata: HeaderPolicy::default(),
+            max_request_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl<S: Store, O> GrpcIdempotencyLayer<S, O> {
+    /// Waits for every call still running in the background (a client
+    /// that gave up does not abandon its work: the handler runs to its end
+    /// and its outcome is stored). Call it after the server stopped.
+    pub fn drain(&self) -> impl Future<Output = ()> + Send + 'static {
+        let tracker = self.shared.tracker.clone();
+        tracker.close();
+        async move { tracker.wait().await }
+    }
+}
+
+impl<Svc, S: Store, O> Layer<Svc> for GrpcIdempotencyLayer<S, O> {
+    type Service = GrpcIdempotencyService<Svc, S, O>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        GrpcIdempotencyService::new(inner, Arc::clone(&self.shared))
+    }
+}
+
+/// Why [`GrpcIdempotencyLayerBuilder::build`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrpcConfigError {
+    /// The key metadata name is not a valid ASCII metadata key.
+    #[error("invalid key metadata name: {0}")]
+    KeyMetadata(String),
+    /// A method path is not `/package.Service/Method`.
+    #[error("not a full method path (`/package.Service/Method`): {0}")]
+    MethodPath(String),
+    /// No method is covered.
+    #[error("no method is covered: name them with `method` or choose `all_unary_except`")]
+    NothingCovered,
+}
+
+/// Configures a [`GrpcIdempotencyLayer`]; `build` checks it.
+pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
+    idem: Idem<S>,
+    owner: O,
+    covered: Covered,
+    key_metadata: String,
+    key_fields: HashMap<String, u32>,
+    key_required: bool,
+    classify: ClassifyFn,
+    metadata: HeaderPolicy,
+    max_request_bytes: usize,
+}
+
+impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayerBuilder<S, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcIdempotencyLayerBuilder")
+            .field("covered", &self.covered)
+            .field("key_metadata", &self.key_metadata)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
+    /// Where the owner of every record comes from (the HTTP layer's
+    /// [`OwnerSource`]: an `ExtensionOwner` your auth layer fills, a
+    /// closure over the request head, a `FixedOwner`). A covered call with
+    /// no owner is answered `UNAUTHENTICATED` before its key is read, and
+    /// its handler does not run.
+    pub fn owner<O2: OwnerSource>(self, owner: O2) -> GrpcIdempotencyLayerBuilder<S, O2> {
+        GrpcIdempotencyLayerBuilder {
+            idem: self.idem,
+            owner,
+            covered: self.covered,
+            key_metadata: self.key_metadata,
+            key_fields: self.key_fields,
+            key_required: self.key_required,
+            classify: self.classify,
+            metadata: self.metadata,
+            max_request_bytes: self.max_request_bytes,
+        }
+    }
+
+    /// Covers one unary method, by its full path
+    /// (`/package.Service/Method`). Every other method passes untouched.
+    #[must_use]
+    pub fn method(mut self, path: impl Into<String>) -> Self {
+        let path = path.into();
+        match &mut self.covered {
+            Covered::Listed(s) => {
+                s.insert(path);
+            }
+            Covered::AllExcept(s) => {
+                s.remove(&path);
+            }
+        }
+        self
+    }
+
+    /// Covers every method except `streaming` (full paths): name the
+    /// service's streaming methods here, they pass untouched. A streaming
+    /// call that reaches a covered method is refused (`INVALID_ARGUMENT`,
+    /// `INVALID_REQUEST`) unless it sends exactly one message.
+    #[must_use]
+    pub fn all_unary_except<I>(mut self, streaming: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.covered = Covered::AllExcept(streaming.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The metadata that carries the key (default `idempotency-key`).
+    #[must_use]
+    pub fn key_metadata(mut self, name: impl Into<String>) -> Self {
+        self.key_metadata = name.into();
+        self
+    }
+
+    /// Reads the key of `method` from a string field of its request
+    /// message (AIP-155's `request_id`), by field number, instead of the
+    /// metadata: for clients that put the key in the body. The field's
+    /// value is parsed with the same syntax as the metadata; an empty field
+    /// (proto3's default) is no key. The message must not be compressed.
+    #[must_use]
+    pub fn key_field(mut self, method: impl Into<String>, field_number: u32) -> Self {
+        self.key_fields.insert(method.into(), field_number);
+        self
+    }
+
+    /// A covered call without a key runs unprotected (default: refused
+    /// with `INVALID_ARGUMENT`, `MISSING_KEY`).
+    #[must_use]
+    pub fn optional_key(mut self) -> Self {
+        self.key_required = false;
+        self
+    }
+
+    /// How a handler's gRPC status is remembered (default
+    /// [`default_class`]): [`Class::Transient`] releases the key,
+    /// [`Class::CompleteWithoutBody`] completes the record without storing
+    /// the answer, the others store and replay it.
+    #[must_use]
+    pub fn classify(mut self, f: impl Fn(Code) -> Class + Send + Sync + 'static) -> Self {
+        self.classify = Arc::new(f);
+        self
+    }
+
+    /// Which of the handler's metadata (initial and trailing) is stored
+    /// and replayed: the HTTP layer's [`HeaderPolicy`], by default its deny
+    /// list (`set-cookie`, `server-timing`, `x-request-id`, `request-id`,
+    /// `traceparent`, `tracestate`, `age`: a replay must not hand the first
+    /// call's trace ids to another). `grpc-status`, `grpc-message`,
+    /// `grpc-status-details-bin` and `grpc-encoding` are always stored;
+    /// `content-type`, `content-length`, `date` and the replay marker never.
+    #[must_use]
+    pub fn metadata_policy(mut self, policy: HeaderPolicy) -> Self {
+        self.metadata = policy;
+        self
+    }
+
+    /// The largest request body read for a covered call (default 4 MiB,
+    /// tonic's own decoding limit); above it: `RESOURCE_EXHAUSTED`.
+    #[must_use]
+    pub fn max_request_bytes(mut self, limit: usize) -> Self {
+        self.max_request_bytes = limit;
+        self
+    }
+}
+
+impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// [`GrpcConfigError`] for a malformed metadata name or method path, or
+    /// when nothing is covered.
+    pub fn build(self) -> Result<GrpcIdempotencyLayer<S, O>, GrpcConfigError> {
+        let name = self.key_metadata.to_ascii_lowercase();
+        let key_metadata = http::HeaderName::from_bytes(name.as_bytes())
+            .ok()
+            .filter(|_| !name.ends_with("-bin"))
+            .ok_or_else(|| GrpcConfigError::KeyMetadata(self.key_metadata.clone()))?;
+        let paths: Vec<&String> = match &self.covered {
+            Covered::Listed(s) | Covered::AllExcept(s) => s.iter().collect(),
+        };
+        for p in paths.into_iter().chain(self.key_fields.keys()) {
+            if !is_method_path(p) {
+                return Err(GrpcConfigError::MethodPath(p.clone()));
+            }
+        }
+        if matches!(&self.covered, Covered::Listed(s) if s.is_empty()) {
+            return Err(GrpcConfigError::NothingCovered);
+        }
+        Ok(GrpcIdempotencyLayer {
+            shared: Arc::new(Shared {
+                idem: self.idem,
+                owner: self.owner,
+                cfg: Config {
+                    covered: self.covered,
+                    key_metadata,
+                    key_fields: self.key_fields,
+                    key_required: self.key_required,
+                    classify: self.classify,
+                    metadata: self.metadata,
+                    max_request_bytes: self.max_request_bytes,
+                },
+                tracker: TaskTracker::new(),
+            }),
+        })
+    }
+}
+
+fn is_method_path(p: &str) -> bool {
+    let Some(rest) = p.strip_prefix('/') else {
+        return false;
+    };
+    let mut parts = rest.split('/');
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(s), Some(m), None) if !s.is_empty() && !m.is_empty()
+    )
+}
