@@ -32,8 +32,9 @@ use tower_service::Service;
 
 use crate::service::ResponseFuture;
 use crate::vocab::{
-    AttemptView, DOMAIN, Intent, KEY_METADATA, Problem, ReportKind, RetryPolicy, SendOutcome, SendState,
-    Step, StopReason, TransportFailure, code_of_reason, decode_key, os_random, quote_key,
+    AttemptView, DOMAIN, Intent, KEY_METADATA, Problem, ReportKind, RetryPolicy, SendOutcome,
+    SendState, Step, StopReason, TransportFailure, code_of_reason, decode_key, os_random,
+    quote_key,
 };
 use crate::wire;
 
