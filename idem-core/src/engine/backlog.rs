@@ -274,8 +274,12 @@ impl<S> Idem<S> {
     /// it), a newer attempt took the record over, or the attempt's lease
     /// ended. At most [`Policy::completion_backlog`](crate::Policy::completion_backlog)
     /// are kept at once.
-    pub async fn drain_completions(&self, timeout: Duration) -> usize {
-        self.backlog.drain(timeout).await
+    pub fn drain_completions(
+        &self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = usize> + Send + 'static {
+        let backlog = Arc::clone(&self.backlog);
+        async move { backlog.drain(timeout).await }
     }
 
     /// How many completions this engine (and its clones) keeps in the
