@@ -57,9 +57,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::grpc::{GrpcIdempotencyLayer, IdemAttempt};
-use idem::{AnyStore, Idem, Policy};
+use idem::{Idem, Policy};
 use orders_proto::{CREATE_ORDER, CreateOrderRequest, Order};
-use store_from_env::store_from_env;
+use store_from_env::{log_warnings_to_stderr, store_from_env};
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status};
@@ -195,28 +195,6 @@ fn policy() -> Result<Policy, BoxError> {
     Ok(b.build()?)
 }
 
-/// The store `IDEM_STORE` names: `mysql` here, the others as `http_orders`.
-async fn store() -> Result<AnyStore, BoxError> {
-    if std::env::var("IDEM_STORE").as_deref() != Ok("mysql") {
-        return store_from_env("grpc-orders", "grpc").await;
-    }
-    let url = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let table = "idem_grpc_orders";
-    let store = idem::ConnectOptions::new()
-        .table_name(table)
-        .connect(&url)
-        .await
-        .map_err(|e| match e {
-            idem::ConnectError::FeatureDisabled { .. } => {
-                "IDEM_STORE=mysql needs `--features grpc,mysql`".into()
-            }
-            e => BoxError::from(e),
-        })?;
-    println!("store: mysql, table {table}");
-    Ok(store)
-}
-
 /// The reflection service, serving orders.proto compiled by protox.
 fn reflection() -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<
@@ -235,8 +213,10 @@ fn reflection() -> Result<
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    log_warnings_to_stderr();
     let policy = policy()?;
-    let idem = Idem::new(store().await?).with_policy(policy);
+    let store = store_from_env("grpc-orders", "grpc").await?;
+    let idem = Idem::new(store).with_policy(policy);
     let layer = GrpcIdempotencyLayer::builder(idem)
         .owner(|parts: &http::request::Parts| {
             let account = parts.headers.get("x-account-id")?.to_str().ok()?;

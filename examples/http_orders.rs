@@ -15,6 +15,8 @@
 //! | `IDEM_MYSQL_TABLE` | `idem_http_orders` | its table |
 //! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | the Redis server |
 //! | `IDEM_REDIS_PREFIX` | `idem-http-orders:` | its key prefix |
+//! | `IDEM_CALL_TIMEOUT_MS` | the backend's own | how long one store call may wait on the server (on Postgres also a commit waiting for a synchronous standby): past it, a 503 instead of a request that hangs |
+//! | `IDEM_REQUIRE_SYNC_REPLICATION` | `0` | `1`: on Postgres, refuse to start unless commits are synchronous to a standby (`synchronous_standby_names`); `0`: a warning on stderr |
 //! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS` | 60 s, 24 h, 30 days | the policy |
 //! | `IDEM_IN_FLIGHT` | `reject` | `wait`: duplicates wait up to 10 s for the first |
@@ -53,7 +55,7 @@ use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource,
 use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use store_from_env::store_from_env;
+use store_from_env::{log_warnings_to_stderr, store_from_env};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -111,6 +113,7 @@ fn policy() -> Result<Policy, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    log_warnings_to_stderr();
     let policy = policy()?;
     let store = store_from_env("http-orders", "axum").await?;
     serve(Idem::new(store).with_policy(policy)).await

@@ -16,6 +16,8 @@
 //! | `IDEM_MYSQL_TABLE` | `idem_webhook_receiver` | its table |
 //! | `IDEM_REDIS_URL` | `redis://127.0.0.1:6379/` | the Redis server |
 //! | `IDEM_REDIS_PREFIX` | `idem-webhook-receiver:` | its key prefix |
+//! | `IDEM_CALL_TIMEOUT_MS` | the backend's own | how long one store call may wait on the server (on Postgres also a commit waiting for a synchronous standby): past it, a 503 instead of a request that hangs |
+//! | `IDEM_REQUIRE_SYNC_REPLICATION` | `0` | `1`: on Postgres, refuse to start unless commits are synchronous to a standby (`synchronous_standby_names`); `0`: a warning on stderr |
 //! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `STANDARD_WEBHOOK_SECRET` | unset | a `whsec_…` secret: mounts `POST /webhooks/standard` |
 //! | `STRIPE_WEBHOOK_SECRET` | unset | Stripe's `whsec_…` signing secret: mounts `POST /webhooks/stripe` |
@@ -75,7 +77,7 @@ use idem::http::IdemAttempt;
 use idem::http::webhook::{Provider, Secret, WebhookDelivery, WebhookLayer};
 use idem::{AnyStore, Idem};
 use serde_json::{Value, json};
-use store_from_env::store_from_env;
+use store_from_env::{log_warnings_to_stderr, store_from_env};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -86,6 +88,7 @@ struct Stats {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    log_warnings_to_stderr();
     let store = store_from_env("webhook-receiver", "axum,webhook").await?;
     serve(Idem::new(store)).await
 }

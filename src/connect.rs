@@ -91,6 +91,7 @@ pub struct ConnectOptions {
     key_prefix: Option<String>,
     inline_body_limit: usize,
     timeout: Option<Duration>,
+    require_synchronous_replication: bool,
 }
 
 impl Default for ConnectOptions {
@@ -111,6 +112,7 @@ impl ConnectOptions {
             key_prefix: None,
             inline_body_limit: 0,
             timeout: None,
+            require_synchronous_replication: false,
         }
     }
 
@@ -177,6 +179,18 @@ impl ConnectOptions {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// On Postgres, refuse to run unless commits are synchronous to a
+    /// standby (`PgStore::require_synchronous_replication`): connecting
+    /// fails with `idem_postgres::Error::NotSynchronous` (inside
+    /// [`ConnectError::Connect`]) when `synchronous_standby_names` names
+    /// none, where without it the store only warns once. Default `false`.
+    /// Ignored by the other backends.
+    #[must_use]
+    pub fn require_synchronous_replication(mut self, require: bool) -> Self {
+        self.require_synchronous_replication = require;
         self
     }
 
@@ -500,6 +514,12 @@ impl ConnectOptions {
         if let Some(t) = self.timeout {
             store = store.with_call_timeout(t);
         }
+        if self.require_synchronous_replication {
+            store = store
+                .require_synchronous_replication()
+                .await
+                .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
+        }
         if let Some(schema) = &self.schema_name {
             store = store
                 .with_schema_name(schema)
@@ -810,6 +830,34 @@ mod tests {
         .execute(pg.pool())
         .await
         .expect("drop schema");
+    }
+
+    /// The machine's Postgres has no synchronous standby: a store that
+    /// requires one is refused at connect with the typed error (it only
+    /// warns without the option, and creates nothing either way).
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_requiring_synchronous_replication_is_refused_without_a_standby() {
+        let url = std::env::var("IDEM_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let schema = format!("idem_connect_{}", random());
+        let e = ConnectOptions::new()
+            .schema_name(&schema)
+            .require_synchronous_replication(true)
+            .connect(&url)
+            .await
+            .expect_err("no synchronous standby here");
+        let ConnectError::Connect { backend, source } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(*backend, "postgres");
+        assert!(
+            matches!(
+                source.downcast_ref::<idem_postgres::Error>(),
+                Some(idem_postgres::Error::NotSynchronous { .. })
+            ),
+            "{source:?}"
+        );
     }
 
     #[cfg(feature = "mysql")]

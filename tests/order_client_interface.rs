@@ -85,6 +85,17 @@ impl OrdersServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// A hard stop, then everything it wrote on stderr.
+    fn kill_and_read_stderr(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
 }
 
 impl Drop for OrdersServer {
@@ -296,4 +307,45 @@ fn order_client_against_http_orders_on_redis() {
         ("IDEM_REDIS_URL", redis.url()),
     ];
     the_interface_on(&env);
+}
+
+/// `http_orders` on Postgres without a synchronous standby (this machine's):
+/// by default it starts and says so on stderr (the library's warning, which
+/// the example prints); with `IDEM_REQUIRE_SYNC_REPLICATION=1` it refuses
+/// to start, and says why.
+#[cfg(feature = "postgres")]
+#[test]
+fn http_orders_warns_or_refuses_without_a_synchronous_standby() {
+    let db = support::TempPgDatabase::create("orders_sync");
+    let base = [
+        ("IDEM_STORE", "postgres".to_owned()),
+        ("IDEM_POSTGRES_URL", db.url.clone()),
+        ("IDEM_CALL_TIMEOUT_MS", "2000".to_owned()),
+    ];
+    let addr = free_addr();
+    let server = OrdersServer::start(addr, &base);
+    let stderr = server.kill_and_read_stderr();
+    assert!(
+        stderr.contains("WARN") && stderr.contains("synchronous"),
+        "the start warning on stderr: {stderr}"
+    );
+
+    let refused = [
+        &base[..],
+        &[("IDEM_REQUIRE_SYNC_REPLICATION", "1".to_owned())],
+    ]
+    .concat();
+    let mut child = support::spawn("http_orders", FEATURES, &refused, |cmd| {
+        cmd.env("IDEM_HTTP_ADDR", free_addr().to_string());
+    });
+    let status = child.wait().expect("wait");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert!(!status.success(), "refused to start: {err}");
+    assert!(err.contains("synchronous"), "says why: {err}");
 }

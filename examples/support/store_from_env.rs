@@ -1,7 +1,8 @@
 //! The store an example server runs on, chosen at run time from the
 //! environment (`IDEM_STORE`, `IDEM_SQLITE_PATH`, `IDEM_POSTGRES_URL`,
 //! `IDEM_POSTGRES_SCHEMA`, `IDEM_MYSQL_URL`, `IDEM_MYSQL_TABLE`,
-//! `IDEM_REDIS_URL`, `IDEM_REDIS_PREFIX`, `IDEM_REDIS_INLINE_BODY_LIMIT`):
+//! `IDEM_REDIS_URL`, `IDEM_REDIS_PREFIX`, `IDEM_REDIS_INLINE_BODY_LIMIT`,
+//! `IDEM_CALL_TIMEOUT_MS`, `IDEM_REQUIRE_SYNC_REPLICATION`):
 //! `idem::connect` opens (and migrates) the store a URL names as an
 //! `AnyStore`, so one `Idem<AnyStore>` type serves them all.
 //! Shared by `http_orders` and `webhook_receiver`, whose documented
@@ -23,6 +24,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
     let which = std::env::var("IDEM_STORE").unwrap_or_else(|_| "sqlite".to_owned());
     let snake = format!("idem_{}", name.replace('-', "_"));
     let var = |key: &str, default: String| std::env::var(key).unwrap_or(default);
+    let base = base_options()?;
     match which.as_str() {
         "memory" => {
             println!("store: memory (forgotten when the process ends)");
@@ -32,7 +34,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
             let path = std::path::PathBuf::from(var("IDEM_SQLITE_PATH", format!("idem-{name}.db")));
             let url = path.to_string_lossy().into_owned();
             let needs = "the `sqlite` feature (on by default)";
-            let store = open(ConnectOptions::new(), &url, &which, needs).await?;
+            let store = open(base, &url, &which, needs).await?;
             let shown = std::path::absolute(&path).unwrap_or(path);
             println!("store: sqlite {}", shown.display());
             Ok(store)
@@ -43,7 +45,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
                 "postgres://postgres@127.0.0.1:5432/test".to_owned(),
             );
             let schema = var("IDEM_POSTGRES_SCHEMA", snake);
-            let options = ConnectOptions::new().schema_name(&schema);
+            let options = base.schema_name(&schema);
             let needs = format!("`--features {features},postgres`");
             let store = open(options, &url, &which, &needs).await?;
             println!("store: postgres, schema {schema}");
@@ -55,7 +57,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
                 "mysql://root@127.0.0.1:3306/test".to_owned(),
             );
             let table = var("IDEM_MYSQL_TABLE", snake);
-            let options = ConnectOptions::new().table_name(&table);
+            let options = base.table_name(&table);
             let needs = format!("`--features {features},mysql`");
             let store = open(options, &url, &which, &needs).await?;
             println!("store: mysql, table {table}");
@@ -70,9 +72,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
                 })?,
                 Err(_) => 0,
             };
-            let options = ConnectOptions::new()
-                .key_prefix(&prefix)
-                .redis_inline_body_limit(inline);
+            let options = base.key_prefix(&prefix).redis_inline_body_limit(inline);
             let needs = format!("`--features {features},redis`");
             let store = open(options, &url, &which, &needs).await?;
             println!("store: redis, prefix {prefix}");
@@ -82,6 +82,40 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
             Err(format!("IDEM_STORE={other}: use sqlite, memory, postgres, mysql or redis").into())
         }
     }
+}
+
+/// The options every backend shares: `IDEM_CALL_TIMEOUT_MS` (how long one
+/// store call may wait on the server: `ConnectOptions::timeout`; unset, the
+/// backends' own) and `IDEM_REQUIRE_SYNC_REPLICATION` (`1` or `true`: on
+/// Postgres, refuse to start unless commits are synchronous to a standby;
+/// unset, a warning on stderr).
+fn base_options() -> Result<ConnectOptions, BoxError> {
+    let mut options = ConnectOptions::new();
+    if let Ok(ms) = std::env::var("IDEM_CALL_TIMEOUT_MS") {
+        let ms: u64 = ms.parse().map_err(|e| {
+            format!("IDEM_CALL_TIMEOUT_MS={ms}: not a number of milliseconds ({e})")
+        })?;
+        options = options.timeout(std::time::Duration::from_millis(ms));
+    }
+    match std::env::var("IDEM_REQUIRE_SYNC_REPLICATION").as_deref() {
+        Err(_) | Ok("" | "0" | "false") => {}
+        Ok("1" | "true") => options = options.require_synchronous_replication(true),
+        Ok(other) => {
+            return Err(format!("IDEM_REQUIRE_SYNC_REPLICATION={other}: use 1 or 0").into());
+        }
+    }
+    Ok(options)
+}
+
+/// Prints the library's warnings (a commit not synchronous to any standby,
+/// a completion not stored yet, a shutdown that left work) on stderr, where
+/// an operator sees them; `RUST_LOG` is not read.
+pub(crate) fn log_warnings_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
 }
 
 /// Opens the store `url` names; a backend compiled out says which features
