@@ -92,6 +92,7 @@ pub struct ConnectOptions {
     inline_body_limit: usize,
     timeout: Option<Duration>,
     require_synchronous_replication: bool,
+    read_only: bool,
 }
 
 impl Default for ConnectOptions {
@@ -113,6 +114,7 @@ impl ConnectOptions {
             inline_body_limit: 0,
             timeout: None,
             require_synchronous_replication: false,
+            read_only: false,
         }
     }
 
@@ -191,6 +193,20 @@ impl ConnectOptions {
     #[must_use]
     pub fn require_synchronous_replication(mut self, require: bool) -> Self {
         self.require_synchronous_replication = require;
+        self
+    }
+
+    /// Open the store for reading only (default `false`): no migration,
+    /// and on Postgres a standby in recovery (a read replica) is accepted
+    /// instead of refused (`PgStore::connect_read_only`). For the operator
+    /// API's reads (`idem stats`, `stuck`, `inspect` with `--read-only`);
+    /// never run the engine on such a store.
+    #[must_use]
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        if read_only {
+            self.migrate = false;
+        }
         self
     }
 
@@ -508,9 +524,12 @@ impl ConnectOptions {
             options = options.options([("statement_timeout", ms.as_str())]);
             pool = pool.acquire_timeout(t);
         }
-        let mut store = PgStore::connect_with(pool, options)
-            .await
-            .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
+        let mut store = if self.read_only {
+            PgStore::connect_read_only(pool, options).await
+        } else {
+            PgStore::connect_with(pool, options).await
+        }
+        .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         if let Some(t) = self.timeout {
             store = store.with_call_timeout(t);
         }

@@ -52,6 +52,12 @@ struct Cli {
     /// exit code 5.
     #[arg(long, env = "IDEM_TIMEOUT", global = true, default_value = "30s", value_parser = parse_timeout)]
     timeout: Duration,
+    /// Open the store for reading only: no migration, and a Postgres
+    /// standby (a read replica) is accepted, so `inspect`, `stuck` and
+    /// `stats` can read a replica. `release`, `delete`, `purge` and
+    /// `migrate` are refused (exit code 2).
+    #[arg(long, global = true)]
+    read_only: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -303,6 +309,20 @@ fn connect_failure(e: ConnectError) -> Failure {
 
 async fn dispatch(cli: &Cli) -> Result<(), Failure> {
     let url = store_url(&cli.url)?;
+    if cli.read_only {
+        let writes = match cli.command {
+            Command::Release { .. } => Some("release"),
+            Command::Delete { .. } => Some("delete"),
+            Command::Purge { .. } => Some("purge"),
+            Command::Migrate => Some("migrate"),
+            _ => None,
+        };
+        if let Some(name) = writes {
+            return Err(Failure::Usage(format!(
+                "{name} writes to the store: refused with --read-only"
+            )));
+        }
+    }
     let migrate = matches!(cli.command, Command::Migrate);
     // The schema, table and prefix apply where the backend has them; the
     // server-side backstop bounds each wait on the server (see the README).
@@ -311,7 +331,8 @@ async fn dispatch(cli: &Cli) -> Result<(), Failure> {
         .schema_name(&cli.schema)
         .table_name(&cli.table)
         .key_prefix(&cli.prefix)
-        .timeout(backstop(cli));
+        .timeout(backstop(cli))
+        .read_only(cli.read_only);
     let store = match tokio::time::timeout(cli.timeout, options.connect(&url)).await {
         Ok(store) => store.map_err(connect_failure)?,
         Err(_) => {

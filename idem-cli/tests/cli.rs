@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         return child::main(&spec);
     }
-    let tests: [Test; 7] = [
+    let tests: [Test; 8] = [
         ("sqlite_human_output", sqlite_human_output),
         ("sqlite_killed_process", sqlite_killed_process),
         ("postgres_killed_process", postgres_killed_process),
@@ -58,6 +58,7 @@ fn main() -> ExitCode {
         ("redis_killed_process", redis_killed_process),
         ("cluster_killed_process", cluster_killed_process),
         ("silent_server_times_out", silent_server_times_out),
+        ("postgres_replica_read_only", postgres_replica_read_only),
     ];
     // Positional arguments filter by name; libtest's flags are accepted and
     // ignored (with the value of those that take one).
@@ -1231,5 +1232,72 @@ fn sqlite_human_output() {
             p.push(suffix);
             let _ = std::fs::remove_file(p);
         }
+    });
+}
+
+/// `--read-only` reads a Postgres standby (a read replica): `stats` and
+/// `stuck` answer from it, where without the flag the standby is refused
+/// (`idem::connect` refuses a server in recovery); and `release`, `delete`,
+/// `purge` and `migrate` are refused with exit code 2 before anything is
+/// opened. A throwaway primary and streaming standby of its own.
+fn postgres_replica_read_only() {
+    use idem_test_support::sql::pg_cluster::{Cluster, Mode};
+    runtime().block_on(async {
+        let cluster = Cluster::start(Mode::Asynchronous).await;
+        let primary = idem_postgres::PgStore::connect(&cluster.primary.url())
+            .await
+            .expect("primary");
+        primary.migrate().await.expect("migrate on the primary");
+        let owner = owner();
+        let scope = Scope::new(owner.as_str(), OPERATION).expect("scope");
+        let reply = Idem::new(primary.clone())
+            .execute(&scope, "replica-1", &json!({"amount": 1}), |_| async {
+                Outcome::<String, String>::Success("ch_r".to_owned())
+            })
+            .await
+            .expect("execute on the primary");
+        assert!(reply.is_stored());
+        cluster.wait_streaming(false).await;
+        let standby = vec!["--url".to_owned(), cluster.standby.url()];
+
+        let (code, doc) = idem(&standby, &["--read-only", "stats"]);
+        assert_eq!(code, 0, "stats on the replica: {doc}");
+        assert!(doc.to_string().contains("completed"), "{doc}");
+        let (code, doc) = idem(&standby, &["--read-only", "stuck"]);
+        assert_eq!(code, 0, "stuck on the replica: {doc}");
+        let (code, out, err) = idem_text(&standby, &["stats"]);
+        assert_ne!(code, 0, "a standby without --read-only is refused: {out}");
+        assert!(
+            format!("{out}{err}").contains("standby"),
+            "says why: {out} {err}"
+        );
+        let record = [
+            "--owner",
+            owner.as_str(),
+            "--operation",
+            OPERATION,
+            "--key",
+            "replica-1",
+        ];
+        for write in [
+            &["release"][..],
+            &["delete"][..],
+            &["purge"][..],
+            &["migrate"][..],
+        ] {
+            let args: Vec<&str> = ["--read-only"]
+                .into_iter()
+                .chain(write.iter().copied())
+                .chain(if matches!(write[0], "release" | "delete") {
+                    record.to_vec()
+                } else {
+                    Vec::new()
+                })
+                .collect();
+            let (code, out, err) = idem_text(&standby, &args);
+            assert_eq!(code, 2, "{write:?} refused: {out} {err}");
+            assert!(format!("{out}{err}").contains("--read-only"), "{out} {err}");
+        }
+        primary.close().await;
     });
 }

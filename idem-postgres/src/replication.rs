@@ -83,6 +83,9 @@ pub(crate) struct Guard {
     recheck: AtomicBool,
     /// The warning is logged once per store.
     warned: AtomicBool,
+    /// A store opened for reading ([`PgStore::connect_read_only`](crate::PgStore::connect_read_only)):
+    /// a standby in recovery is accepted, and no warning is logged.
+    accepts_standby: bool,
 }
 
 impl Guard {
@@ -91,6 +94,18 @@ impl Guard {
             require,
             recheck: AtomicBool::new(!checked),
             warned: AtomicBool::new(false),
+            accepts_standby: false,
+        }
+    }
+
+    /// The guard of a store opened for reading: it accepts a standby in
+    /// recovery (a read replica) and logs no replication warning.
+    pub(crate) fn for_reads() -> Self {
+        Self {
+            require: false,
+            recheck: AtomicBool::new(true),
+            warned: AtomicBool::new(true),
+            accepts_standby: true,
         }
     }
 
@@ -100,6 +115,7 @@ impl Guard {
             require,
             recheck: AtomicBool::new(true),
             warned: AtomicBool::new(self.warned.load(Ordering::Relaxed)),
+            accepts_standby: false,
         }
     }
 
@@ -116,7 +132,15 @@ impl Guard {
     /// warning per store). Clears the recheck flag when the server passes.
     pub(crate) fn judge(&self, found: &Replication) -> Result<(), Error> {
         if found.in_recovery {
+            if self.accepts_standby {
+                self.recheck.store(false, Ordering::Release);
+                return Ok(());
+            }
             return Err(Error::Standby);
+        }
+        if self.accepts_standby {
+            self.recheck.store(false, Ordering::Release);
+            return Ok(());
         }
         if !found.is_synchronous() {
             if self.require {
@@ -182,6 +206,18 @@ mod tests {
         }
         assert!(r("off", "", false).is_local_flush_skipped());
         assert!(!r("local", "", false).is_local_flush_skipped());
+    }
+
+    #[test]
+    fn a_guard_for_reads_accepts_a_standby_and_never_requires_sync() {
+        let reads = Guard::for_reads();
+        assert!(reads.needs_check());
+        reads
+            .judge(&r("on", "", true))
+            .expect("a standby, for reads");
+        assert!(!reads.needs_check());
+        reads.judge(&r("on", "", false)).expect("a primary too");
+        assert!(!reads.require);
     }
 
     #[test]

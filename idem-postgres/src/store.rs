@@ -193,6 +193,38 @@ impl PgStore {
         Ok(store)
     }
 
+    /// Like [`PgStore::connect_with`], for reading only: a standby in
+    /// recovery (a read replica) is accepted instead of refused with
+    /// [`Error::Standby`], and no replication warning is logged. For the
+    /// operator API's reads (listing stuck records, counts, inspect) on a
+    /// replica; the server itself refuses writes on a standby (a read-only
+    /// transaction: [`StoreError::Backend`](idem_core::store::StoreError)),
+    /// so never run the engine on such a store.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sqlx`] when the URL is invalid or the server unreachable.
+    pub async fn connect_read_only(
+        pool: PgPoolOptions,
+        options: PgConnectOptions,
+    ) -> Result<Self, Error> {
+        let name = TableName {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+        };
+        let store = Self::build(
+            Conns::own(pool, options),
+            name,
+            DEFAULT_TX_LOCK_TIMEOUT,
+            Arc::new(Guard::for_reads()),
+        );
+        if let Err(e) = store.check_replication().await {
+            store.close().await;
+            return Err(e);
+        }
+        Ok(store)
+    }
+
     /// Refuses to run unless commits are synchronous to at least one
     /// standby: checks the server now, and again before the next call after
     /// any call lost its connection (a failover changes the server), so a
