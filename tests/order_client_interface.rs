@@ -349,3 +349,70 @@ fn http_orders_warns_or_refuses_without_a_synchronous_standby() {
     assert!(!status.success(), "refused to start: {err}");
     assert!(err.contains("synchronous"), "says why: {err}");
 }
+
+/// `IDEM_POSTGRES_SCHEMA` and `IDEM_REDIS_PREFIX` put `http_orders`' records
+/// where the run says, on the shared servers (two runs can share one
+/// server): the whole interface runs there, the records are found under that
+/// schema and that prefix, and both are removed after.
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[test]
+fn http_orders_on_a_schema_and_a_prefix_of_its_own() {
+    use idem::postgres::sqlx::{self, Connection, Executor};
+    use idem::redis::redis::{self as r, AsyncCommands};
+    let pg = std::env::var("IDEM_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let schema = format!("idem_orders_{}", random_id());
+    let result = std::panic::catch_unwind(|| {
+        the_interface_on(&[
+            ("IDEM_STORE", "postgres".to_owned()),
+            ("IDEM_POSTGRES_URL", pg.clone()),
+            ("IDEM_POSTGRES_SCHEMA", schema.clone()),
+        ]);
+    });
+    let redis =
+        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let prefix = format!("idem-orders-{}:", random_id());
+    let result = result.and_then(|()| {
+        std::panic::catch_unwind(|| {
+            the_interface_on(&[
+                ("IDEM_STORE", "redis".to_owned()),
+                ("IDEM_REDIS_URL", redis.clone()),
+                ("IDEM_REDIS_PREFIX", prefix.clone()),
+            ]);
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (records, keys) = rt.block_on(async {
+        let mut c = sqlx::PgConnection::connect(&pg).await.unwrap();
+        let records: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{schema}\".idem_records"
+        )))
+        .fetch_one(&mut c)
+        .await
+        .ok();
+        c.execute(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+        )))
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+        let client = r::Client::open(redis.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.unwrap();
+        if !keys.is_empty() {
+            let _: () = conn.del(&keys).await.unwrap();
+        }
+        (records, keys.len())
+    });
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    assert!(
+        records.unwrap_or(0) >= 2,
+        "records under {schema}: {records:?}"
+    );
+    assert!(keys >= 2, "keys under {prefix}: {keys}");
+}
