@@ -18,6 +18,7 @@
 //! | `IDEM_REDIS_PREFIX` | `idem-webhook-receiver:` | its key prefix |
 //! | `IDEM_CALL_TIMEOUT_MS` | the backend's own | how long one store call may wait on the server (on Postgres also a commit waiting for a synchronous standby): past it, a 503 instead of a request that hangs |
 //! | `IDEM_REQUIRE_SYNC_REPLICATION` | `0` | `1`: on Postgres, refuse to start unless commits are synchronous to a standby (`synchronous_standby_names`); `0`: a warning on stderr |
+//! | `IDEM_REPLICATION_CHECK_MS` | `5000` | with `IDEM_REQUIRE_SYNC_REPLICATION=1`: how often the store checks the server again (`0`: before every write); a failed check refuses every write with a 503 until one passes |
 //! | `IDEM_REDIS_INLINE_BODY_LIMIT` | `0` | bytes: a response body up to this size is kept inside its Redis record (a replay is one command; see `ConnectOptions::redis_inline_body_limit`) |
 //! | `STANDARD_WEBHOOK_SECRET` | unset | a `whsec_…` secret: mounts `POST /webhooks/standard` |
 //! | `STRIPE_WEBHOOK_SECRET` | unset | Stripe's `whsec_…` signing secret: mounts `POST /webhooks/stripe` |

@@ -92,6 +92,7 @@ pub struct ConnectOptions {
     inline_body_limit: usize,
     timeout: Option<Duration>,
     require_synchronous_replication: bool,
+    replication_check_period: Option<Duration>,
     read_only: bool,
 }
 
@@ -114,6 +115,7 @@ impl ConnectOptions {
             inline_body_limit: 0,
             timeout: None,
             require_synchronous_replication: false,
+            replication_check_period: None,
             read_only: false,
         }
     }
@@ -193,6 +195,18 @@ impl ConnectOptions {
     #[must_use]
     pub fn require_synchronous_replication(mut self, require: bool) -> Self {
         self.require_synchronous_replication = require;
+        self
+    }
+
+    /// On Postgres, with
+    /// [`require_synchronous_replication`](Self::require_synchronous_replication):
+    /// how often the store checks the server again
+    /// (`PgStore::with_replication_check_period`; default 5 s, zero before
+    /// every write). A failed check refuses every write (503) until a check
+    /// passes. Ignored by the other backends.
+    #[must_use]
+    pub fn replication_check_period(mut self, period: Duration) -> Self {
+        self.replication_check_period = Some(period);
         self
     }
 
@@ -532,6 +546,9 @@ impl ConnectOptions {
         .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         if let Some(t) = self.timeout {
             store = store.with_call_timeout(t);
+        }
+        if let Some(period) = self.replication_check_period {
+            store = store.with_replication_check_period(period);
         }
         if self.require_synchronous_replication {
             store = store

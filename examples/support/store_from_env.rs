@@ -88,14 +88,12 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
 /// store call may wait on the server: `ConnectOptions::timeout`; unset, the
 /// backends' own) and `IDEM_REQUIRE_SYNC_REPLICATION` (`1` or `true`: on
 /// Postgres, refuse to start unless commits are synchronous to a standby;
-/// unset, a warning on stderr).
+/// unset, a warning on stderr) with `IDEM_REPLICATION_CHECK_MS` (how often
+/// such a store checks the server again; unset, the backend's 5 s).
 fn base_options() -> Result<ConnectOptions, BoxError> {
     let mut options = ConnectOptions::new();
-    if let Ok(ms) = std::env::var("IDEM_CALL_TIMEOUT_MS") {
-        let ms: u64 = ms.parse().map_err(|e| {
-            format!("IDEM_CALL_TIMEOUT_MS={ms}: not a number of milliseconds ({e})")
-        })?;
-        options = options.timeout(std::time::Duration::from_millis(ms));
+    if let Some(timeout) = millis("IDEM_CALL_TIMEOUT_MS")? {
+        options = options.timeout(timeout);
     }
     match std::env::var("IDEM_REQUIRE_SYNC_REPLICATION").as_deref() {
         Err(_) | Ok("" | "0" | "false") => {}
@@ -104,7 +102,21 @@ fn base_options() -> Result<ConnectOptions, BoxError> {
             return Err(format!("IDEM_REQUIRE_SYNC_REPLICATION={other}: use 1 or 0").into());
         }
     }
+    if let Some(period) = millis("IDEM_REPLICATION_CHECK_MS")? {
+        options = options.replication_check_period(period);
+    }
     Ok(options)
+}
+
+/// The environment variable `name` as a number of milliseconds, if set.
+fn millis(name: &str) -> Result<Option<std::time::Duration>, BoxError> {
+    let Ok(ms) = std::env::var(name) else {
+        return Ok(None);
+    };
+    let parsed: u64 = ms
+        .parse()
+        .map_err(|e| format!("{name}={ms}: not a number of milliseconds ({e})"))?;
+    Ok(Some(std::time::Duration::from_millis(parsed)))
 }
 
 /// Prints the library's warnings (a commit not synchronous to any standby,

@@ -4,9 +4,12 @@
 //! connection failed; a warning when commits are not synchronous to any
 //! standby, an error when the store was asked to require it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use sqlx::PgExecutor;
+use idem_sql::ConnectCheck;
+use sqlx::{PgConnection, PgExecutor};
 use tracing::{info, warn};
 
 use crate::error::Error;
@@ -72,29 +75,52 @@ impl Replication {
     }
 }
 
-/// One store's check state, shared by its clones.
+/// How often a store that requires synchronous replication checks the
+/// server again, unless configured otherwise
+/// ([`PgStore::with_replication_check_period`](crate::PgStore::with_replication_check_period)).
+pub(crate) const DEFAULT_CHECK_PERIOD: Duration = Duration::from_secs(5);
+
+/// One store's check state, shared by its clones and by its pool's
+/// new-connection check.
+///
+/// A write checks the server first when the guard says so: the server was
+/// never checked, a call lost its connection (a failover may have changed
+/// the server), the last check failed (latched: every write checks, and is
+/// refused, until a check passes), or, on a store that requires
+/// synchronous replication, the check period has passed since the last
+/// check (one write of the many due at once runs it).
 #[derive(Debug)]
 pub(crate) struct Guard {
     /// [`PgStore::require_synchronous_replication`](crate::PgStore::require_synchronous_replication).
-    pub(crate) require: bool,
-    /// Set when the store has not checked the server it talks to yet, or a
-    /// call lost its connection (the server may have changed: a failover);
-    /// the next call checks first.
+    require: AtomicBool,
+    /// Set when the store has not checked the server it talks to yet, a
+    /// call lost its connection, or the last check failed: the next write
+    /// checks first.
     recheck: AtomicBool,
     /// The warning is logged once per store.
     warned: AtomicBool,
     /// A store opened for reading ([`PgStore::connect_read_only`](crate::PgStore::connect_read_only)):
     /// a standby in recovery is accepted, and no warning is logged.
     accepts_standby: bool,
+    /// The period of the checks of a requiring store, in nanoseconds.
+    period_ns: AtomicU64,
+    /// When the next periodic check is due, in nanoseconds since `epoch`.
+    due_ns: AtomicU64,
+    epoch: Instant,
 }
 
 impl Guard {
-    pub(crate) fn new(require: bool, checked: bool) -> Self {
+    /// The guard of a store for writes: `checked` when the server was
+    /// checked already.
+    pub(crate) fn new(checked: bool) -> Self {
         Self {
-            require,
+            require: AtomicBool::new(false),
             recheck: AtomicBool::new(!checked),
             warned: AtomicBool::new(false),
             accepts_standby: false,
+            period_ns: AtomicU64::new(nanos(DEFAULT_CHECK_PERIOD)),
+            due_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -102,48 +128,97 @@ impl Guard {
     /// recovery (a read replica) and logs no replication warning.
     pub(crate) fn for_reads() -> Self {
         Self {
-            require: false,
-            recheck: AtomicBool::new(true),
             warned: AtomicBool::new(true),
             accepts_standby: true,
+            ..Self::new(false)
         }
     }
 
-    /// A guard with another requirement; the next call checks again.
-    pub(crate) fn requiring(&self, require: bool) -> Self {
-        Self {
-            require,
-            recheck: AtomicBool::new(true),
-            warned: AtomicBool::new(self.warned.load(Ordering::Relaxed)),
-            accepts_standby: false,
-        }
+    /// Requires synchronous replication from now on; the next write checks.
+    pub(crate) fn require(&self) {
+        self.require.store(true, Ordering::Release);
+        self.suspect();
     }
 
-    pub(crate) fn needs_check(&self) -> bool {
-        self.recheck.load(Ordering::Acquire)
+    /// Takes a requirement back (one whose first check failed); the next
+    /// write checks again.
+    pub(crate) fn relax(&self) {
+        self.require.store(false, Ordering::Release);
+        self.suspect();
+    }
+
+    pub(crate) fn requires(&self) -> bool {
+        self.require.load(Ordering::Acquire)
+    }
+
+    /// Checks a requiring store's server every `period` (zero: before
+    /// every write).
+    pub(crate) fn set_period(&self, period: Duration) {
+        self.period_ns.store(nanos(period), Ordering::Release);
+    }
+
+    pub(crate) fn period(&self) -> Duration {
+        Duration::from_nanos(self.period_ns.load(Ordering::Acquire))
+    }
+
+    /// Whether a write at `now` checks the server first. Of the writes of a
+    /// requiring store that find the period passed at once, one checks (it
+    /// moves the next check a period on); the others go on, as they would
+    /// have a moment earlier.
+    pub(crate) fn needs_check(&self, now: Instant) -> bool {
+        if self.recheck.load(Ordering::Acquire) {
+            return true;
+        }
+        if !self.requires() {
+            return false;
+        }
+        let at = self.since_epoch(now);
+        let due = self.due_ns.load(Ordering::Acquire);
+        at >= due
+            && self
+                .due_ns
+                .compare_exchange(
+                    due,
+                    at.saturating_add(self.period_ns.load(Ordering::Acquire)),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
     }
 
     pub(crate) fn suspect(&self) {
         self.recheck.store(true, Ordering::Release);
     }
 
-    /// Judges what was read: a standby is always an error, a commit not
-    /// synchronous to any standby is one only when required (otherwise one
-    /// warning per store). Clears the recheck flag when the server passes.
-    pub(crate) fn judge(&self, found: &Replication) -> Result<(), Error> {
-        if found.in_recovery {
-            if self.accepts_standby {
-                self.recheck.store(false, Ordering::Release);
-                return Ok(());
-            }
-            return Err(Error::Standby);
-        }
-        if self.accepts_standby {
+    /// Judges what was read at `now`: a standby is always an error, a commit
+    /// not synchronous to any standby is one only when required (otherwise
+    /// one warning per store). A server that passes clears the recheck flag
+    /// and starts a new period; one that fails latches it, so that every
+    /// write checks (and is refused) until a check passes.
+    pub(crate) fn judge(&self, found: &Replication, now: Instant) -> Result<(), Error> {
+        let verdict = self.verdict(found);
+        if verdict.is_ok() {
+            self.due_ns.store(
+                self.since_epoch(now)
+                    .saturating_add(self.period_ns.load(Ordering::Acquire)),
+                Ordering::Release,
+            );
             self.recheck.store(false, Ordering::Release);
+        } else {
+            self.suspect();
+        }
+        verdict
+    }
+
+    fn verdict(&self, found: &Replication) -> Result<(), Error> {
+        if self.accepts_standby {
             return Ok(());
         }
+        if found.in_recovery {
+            return Err(Error::Standby);
+        }
         if !found.is_synchronous() {
-            if self.require {
+            if self.requires() {
                 return Err(Error::NotSynchronous {
                     synchronous_commit: found.synchronous_commit.clone(),
                     synchronous_standby_names: found.synchronous_standby_names.clone(),
@@ -165,8 +240,47 @@ impl Guard {
                 );
             }
         }
-        self.recheck.store(false, Ordering::Release);
         Ok(())
+    }
+
+    fn since_epoch(&self, now: Instant) -> u64 {
+        nanos(now.saturating_duration_since(self.epoch))
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The check every new connection of a store's own pool passes before it
+/// serves a call: where its commits go, judged by the store's guard. A
+/// connection opened after a failover, or replacing one past its idle
+/// timeout or lifetime, reaches whatever server the address now names; a
+/// standby, or a server without a synchronous standby when the store
+/// requires one, is refused before a write runs on it (the checkout fails
+/// with the guard's error, wrapped for the pool: see [`unwrap_checkout`]).
+pub(crate) fn connect_check(guard: &Arc<Guard>) -> ConnectCheck<PgConnection> {
+    let guard = Arc::clone(guard);
+    Arc::new(move |conn: &mut PgConnection| {
+        let guard = Arc::clone(&guard);
+        Box::pin(async move {
+            let found = Replication::read(&mut *conn).await?;
+            guard
+                .judge(&found, Instant::now())
+                .map_err(|e| sqlx::Error::Configuration(Box::new(e)))
+        })
+    })
+}
+
+/// A checkout's error: the new-connection check's own error if it refused
+/// the connection, the driver's otherwise.
+pub(crate) fn unwrap_checkout(e: sqlx::Error) -> Error {
+    match e {
+        sqlx::Error::Configuration(inner) => match inner.downcast::<Error>() {
+            Ok(refused) => *refused,
+            Err(other) => Error::Sqlx(sqlx::Error::Configuration(other)),
+        },
+        other => Error::Sqlx(other),
     }
 }
 
@@ -210,40 +324,105 @@ mod tests {
 
     #[test]
     fn a_guard_for_reads_accepts_a_standby_and_never_requires_sync() {
+        let now = Instant::now();
         let reads = Guard::for_reads();
-        assert!(reads.needs_check());
+        assert!(reads.needs_check(now));
         reads
-            .judge(&r("on", "", true))
+            .judge(&r("on", "", true), now)
             .expect("a standby, for reads");
-        assert!(!reads.needs_check());
-        reads.judge(&r("on", "", false)).expect("a primary too");
-        assert!(!reads.require);
+        assert!(!reads.needs_check(now));
+        reads
+            .judge(&r("on", "", false), now)
+            .expect("a primary too");
+        assert!(!reads.requires());
     }
 
     #[test]
     fn the_guard_refuses_a_standby_always_and_async_only_when_required() {
-        let relaxed = Guard::new(false, false);
-        assert!(relaxed.needs_check());
+        let now = Instant::now();
+        let guard = Guard::new(false);
+        assert!(guard.needs_check(now));
         assert!(matches!(
-            relaxed.judge(&r("on", "*", true)),
+            guard.judge(&r("on", "*", true), now),
             Err(Error::Standby)
         ));
-        assert!(relaxed.needs_check(), "a refused server stays suspect");
-        relaxed
-            .judge(&r("on", "", false))
+        assert!(guard.needs_check(now), "a refused server stays suspect");
+        guard
+            .judge(&r("on", "", false), now)
             .expect("warned, not refused");
-        assert!(!relaxed.needs_check());
-        let strict = relaxed.requiring(true);
-        assert!(strict.needs_check());
+        assert!(!guard.needs_check(now));
+        guard.require();
+        assert!(guard.needs_check(now));
         assert!(matches!(
-            strict.judge(&r("local", "*", false)),
+            guard.judge(&r("local", "*", false), now),
             Err(Error::NotSynchronous { .. })
         ));
-        strict
-            .judge(&r("remote_apply", "ANY 1 (s1)", false))
+        guard
+            .judge(&r("remote_apply", "ANY 1 (s1)", false), now)
             .expect("synchronous");
-        assert!(!strict.needs_check());
-        strict.suspect();
-        assert!(strict.needs_check());
+        assert!(!guard.needs_check(now));
+        guard.suspect();
+        assert!(guard.needs_check(now));
+    }
+
+    #[test]
+    fn a_failed_check_latches_until_one_passes() {
+        let now = Instant::now();
+        let guard = Guard::new(true);
+        guard.require();
+        guard.set_period(Duration::from_secs(3600));
+        guard
+            .judge(&r("on", "s1", false), now)
+            .expect("synchronous");
+        assert!(!guard.needs_check(now));
+        // A check outside the write path (check_replication) fails: every
+        // write checks again, however early in the period.
+        assert!(guard.judge(&r("on", "", false), now).is_err());
+        for _ in 0..3 {
+            assert!(guard.needs_check(now), "latched");
+        }
+        guard.judge(&r("on", "s1", false), now).expect("restored");
+        assert!(!guard.needs_check(now));
+    }
+
+    #[test]
+    fn a_requiring_guard_checks_once_per_period() {
+        let guard = Guard::new(false);
+        let start = Instant::now();
+        guard.require();
+        guard.set_period(Duration::from_secs(5));
+        assert_eq!(guard.period(), Duration::from_secs(5));
+        guard
+            .judge(&r("on", "s1", false), start)
+            .expect("synchronous");
+        assert!(!guard.needs_check(start + Duration::from_secs(4)));
+        let due = start + Duration::from_secs(5);
+        assert!(
+            guard.needs_check(due),
+            "the first write of the period checks"
+        );
+        assert!(!guard.needs_check(due), "the others go on");
+        assert!(guard.needs_check(due + Duration::from_secs(5)));
+        // Not required: no periodic check at all.
+        let relaxed = Guard::new(true);
+        relaxed.set_period(Duration::ZERO);
+        assert!(!relaxed.needs_check(start + Duration::from_secs(3600)));
+        // A zero period: every write of a requiring store checks.
+        guard.set_period(Duration::ZERO);
+        guard
+            .judge(&r("on", "s1", false), due)
+            .expect("synchronous");
+        assert!(guard.needs_check(due));
+        assert!(guard.needs_check(due));
+    }
+
+    #[test]
+    fn a_refused_new_connection_gives_the_guards_error_back() {
+        let wrapped = sqlx::Error::Configuration(Box::new(Error::Standby));
+        assert!(matches!(unwrap_checkout(wrapped), Error::Standby));
+        assert!(matches!(
+            unwrap_checkout(sqlx::Error::PoolTimedOut),
+            Error::Sqlx(sqlx::Error::PoolTimedOut)
+        ));
     }
 }

@@ -3,7 +3,7 @@
 //! [`crate::sql`].
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
@@ -80,7 +80,8 @@ impl std::fmt::Debug for PgStore {
             .field("conns", &self.conns)
             .field("tx_lock_timeout", &self.tx_lock_timeout)
             .field("call_timeout", &self.call_timeout)
-            .field("require_synchronous_replication", &self.guard.require)
+            .field("require_synchronous_replication", &self.guard.requires())
+            .field("replication_check_period", &self.guard.period())
             .finish_non_exhaustive()
     }
 }
@@ -131,7 +132,7 @@ impl PgStore {
             Conns::yours(pool),
             name,
             DEFAULT_TX_LOCK_TIMEOUT,
-            Arc::new(Guard::new(false, false)),
+            Arc::new(Guard::new(false)),
         )
     }
 
@@ -180,11 +181,13 @@ impl PgStore {
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
         };
+        let guard = Arc::new(Guard::new(false));
+        let check = replication::connect_check(&guard);
         let store = Self::build(
-            Conns::own(pool, options),
+            Conns::own_checked(pool, options, Some(check)),
             name,
             DEFAULT_TX_LOCK_TIMEOUT,
-            Arc::new(Guard::new(false, false)),
+            guard,
         );
         if let Err(e) = store.check_replication().await {
             store.close().await;
@@ -226,11 +229,27 @@ impl PgStore {
     }
 
     /// Refuses to run unless commits are synchronous to at least one
-    /// standby: checks the server now, and again before the next call after
-    /// any call lost its connection (a failover changes the server), so a
-    /// deployment that lost its synchronous standby refuses writes with
+    /// standby, so that a deployment that lost its synchronous standby
+    /// refuses writes with
     /// [`StoreError::Unavailable`](idem_core::store::StoreError) (503) rather
-    /// than acknowledging records a second failover would lose.
+    /// than acknowledging records a failover would lose. The server is
+    /// checked:
+    ///
+    /// * now;
+    /// * on every new connection of the store's own pool (built by
+    ///   [`PgStore::connect`] or [`PgStore::connect_with`]), before it serves
+    ///   a call: a connection replaced silently (past its idle timeout or
+    ///   lifetime) reaches whatever server its address names after a
+    ///   failover;
+    /// * before the next write after a call lost its connection;
+    /// * every [check period](PgStore::with_replication_check_period)
+    ///   (default 5 s), by one write: a setting changed on the live primary
+    ///   (`synchronous_standby_names` emptied) is refused within a period.
+    ///
+    /// A failed check latches: every write checks first, and is refused,
+    /// until a check passes. A store over your own pool ([`PgStore::new`])
+    /// cannot check your pool's new connections; the period bounds how long
+    /// it writes to a server it has not judged.
     ///
     /// "Synchronous" is [`Replication::is_synchronous`]:
     /// `synchronous_standby_names` names a standby and `synchronous_commit`
@@ -239,8 +258,9 @@ impl PgStore {
     /// that one is connected now: while none is, commits wait (see the
     /// durability table in the crate docs).
     ///
-    /// The store it returns shares the pool with `self`; clones share the
-    /// requirement.
+    /// The requirement belongs to the store's connections: `self`, the
+    /// store returned and every clone share it once it is met (a refused
+    /// requirement leaves them as they were).
     ///
     /// # Examples
     ///
@@ -262,19 +282,23 @@ impl PgStore {
     /// standby; [`Error::Standby`] on a standby; [`Error::Sqlx`] when the
     /// server cannot be reached.
     pub async fn require_synchronous_replication(self) -> Result<Self, Error> {
-        let store = Self {
-            guard: Arc::new(self.guard.requiring(true)),
-            ..self
-        };
-        store.check_replication().await?;
-        Ok(store)
+        let required_before = self.guard.requires();
+        self.guard.require();
+        if let Err(e) = self.check_replication().await {
+            if !required_before {
+                // Refused: the store (and its clones) stay as they were.
+                self.guard.relax();
+            }
+            return Err(e);
+        }
+        Ok(self)
     }
 
     /// Whether this store was built with
     /// [`PgStore::require_synchronous_replication`].
     #[must_use]
     pub fn requires_synchronous_replication(&self) -> bool {
-        self.guard.require
+        self.guard.requires()
     }
 
     /// Reads where the server's commits go, on one of the store's
@@ -293,8 +317,20 @@ impl PgStore {
         let found: Result<Replication, Error> =
             idem_sql::on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
         let found = found?;
-        self.guard.judge(&found)?;
+        self.guard.judge(&found, Instant::now())?;
         Ok(found)
+    }
+
+    /// How often a store that
+    /// [requires synchronous replication](PgStore::require_synchronous_replication)
+    /// checks the server again (default 5 s): the first write after the
+    /// period runs the check (one round trip) before its statement. Zero
+    /// checks before every write. Shared, like the requirement, by the
+    /// store's clones.
+    #[must_use]
+    pub fn with_replication_check_period(self, period: Duration) -> Self {
+        self.guard.set_period(period);
+        self
     }
 
     /// Uses another table name (default `idem_records`).
@@ -425,7 +461,7 @@ impl PgStore {
 
     /// The replication check, if the server is unchecked or suspect.
     pub(crate) async fn ensure_checked(&self) -> Result<(), StoreError> {
-        if self.guard.needs_check() {
+        if self.guard.needs_check(Instant::now()) {
             // Boxed: the rare path keeps its (checkout-sized) future out of
             // every call's.
             Box::pin(self.check_replication()).await?;
@@ -868,7 +904,7 @@ impl SqlStore for PgStore {
     }
 
     fn checkout_error(e: sqlx::Error) -> Error {
-        Error::Sqlx(e)
+        replication::unwrap_checkout(e)
     }
 
     fn call_leaves_connection_sound(e: &Error) -> bool {

@@ -4,7 +4,7 @@
 use sqlx::pool::PoolOptions;
 use sqlx::{Connection, Database};
 
-use crate::pool::{ConnectionError, Pool, PoolConfig, Stats};
+use crate::pool::{ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 
 /// The connections of one SQL store: one pool that every statement of the
 /// store checks out from (its calls, the migration, the transactional mode,
@@ -53,7 +53,23 @@ impl<DB: Database> Conns<DB> {
     /// `min_connections(0)`, and opened lazily. Nothing is opened here.
     #[must_use]
     pub fn own(options: PoolOptions<DB>, connect: <DB::Connection as Connection>::Options) -> Self {
-        let own = Pool::new(connect.clone(), PoolConfig::from_pool_options(&options));
+        Self::own_checked(options, connect, None)
+    }
+
+    /// Like [`Conns::own`], with every new connection of the store's own
+    /// pool passing `check` before it serves a call (see [`ConnectCheck`]);
+    /// the sqlx pool for the user's own queries is not checked.
+    #[must_use]
+    pub fn own_checked(
+        options: PoolOptions<DB>,
+        connect: <DB::Connection as Connection>::Options,
+        check: Option<ConnectCheck<DB::Connection>>,
+    ) -> Self {
+        let own = Pool::checked(
+            connect.clone(),
+            PoolConfig::from_pool_options(&options),
+            check,
+        );
         let pool = options
             .test_before_acquire(false)
             .min_connections(0)

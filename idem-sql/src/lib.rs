@@ -11,6 +11,6 @@ mod tx;
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;
-pub use pool::{Conn, ConnectionError, Pool, PoolConfig, Stats};
+pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
 pub use tx::{SqlIdemExt, TxConnection, TxFuture, TxStore};

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_sql::{ConnectionError, Pool, PoolConfig, Stats};
+use idem_sql::{ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteConnectOptions;
 
@@ -230,4 +230,55 @@ async fn connections_idle_too_long_or_too_old_are_replaced() {
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(select(&old, 1).await, 1);
     assert_eq!(counts(old.stats()), (2, 0, 0, 1));
+}
+
+/// Every new connection passes the pool's check before its first checkout:
+/// one it refuses is closed and the checkout fails with the check's error;
+/// one it accepts is reused afterwards without being checked again.
+#[tokio::test(flavor = "current_thread")]
+async fn new_connections_pass_the_check_before_they_serve() {
+    let db = TempDb::new();
+    let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let checked = std::sync::Arc::new(AtomicU64::new(0));
+    let check: ConnectCheck<SqliteConnection> = {
+        let (refuse, checked) = (refuse.clone(), checked.clone());
+        std::sync::Arc::new(move |conn: &mut SqliteConnection| {
+            let (refuse, checked) = (refuse.clone(), checked.clone());
+            Box::pin(async move {
+                // The check runs statements on the new connection.
+                let one: i64 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *conn).await?;
+                checked.fetch_add(u64::try_from(one).unwrap_or(0), Ordering::SeqCst);
+                if refuse.load(Ordering::SeqCst) {
+                    return Err(sqlx::Error::Configuration("not this server".into()));
+                }
+                Ok(())
+            })
+        })
+    };
+    let options = SqliteConnectOptions::new()
+        .filename(&db.0)
+        .create_if_missing(true);
+    let pool = Pool::checked(options, PoolConfig::new(1), Some(check));
+
+    let refused = pool.get().await.expect_err("refused by the check");
+    assert!(
+        matches!(&refused, sqlx::Error::Configuration(e) if e.to_string() == "not this server"),
+        "{refused:?}"
+    );
+    let stats = pool.stats();
+    assert_eq!((stats.size, counts(stats)), (0, (1, 0, 0, 1)), "closed");
+
+    refuse.store(false, Ordering::SeqCst);
+    assert_eq!(select(&pool, 7).await, 7);
+    assert_eq!(select(&pool, 8).await, 8);
+    assert_eq!(
+        checked.load(Ordering::SeqCst),
+        2,
+        "each new connection, once"
+    );
+    assert_eq!(
+        counts(pool.stats()),
+        (2, 1, 0, 1),
+        "the second call reused it"
+    );
 }

@@ -3,6 +3,7 @@
 //! are answers); the deadpool [`Manager`](managed::Manager) that opens a
 //! connection and lets a checkout reuse it.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +35,19 @@ impl ConnectionError for sqlx::Error {
         matches!(self, Self::Database(_) | Self::RowNotFound)
     }
 }
+
+/// A check every new connection of a [`Pool`](crate::Pool) passes before
+/// its first checkout (a backend's: "is this server one I may write to?").
+/// A connection that fails it is closed, and the checkout that opened it
+/// fails with the check's error.
+///
+/// A backend that needs its own error back wraps it in
+/// [`sqlx::Error::Configuration`] and unwraps it from the checkout's error.
+pub type ConnectCheck<C> = Arc<
+    dyn for<'c> Fn(&'c mut C) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 'c>>
+        + Send
+        + Sync,
+>;
 
 /// What is known of a connection's protocol state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,11 +214,12 @@ pub(super) struct Counters {
     pub(super) discarded: AtomicU64,
 }
 
-/// Opens connections with the options it holds, and lets a checkout reuse
-/// an idle one only when it is sound (no round trip) and neither too old
-/// nor idle too long.
+/// Opens connections with the options it holds (and runs the pool's
+/// [`ConnectCheck`] on each), and lets a checkout reuse an idle one only
+/// when it is sound (no round trip) and neither too old nor idle too long.
 pub(super) struct Manager<C: Connection + 'static> {
     pub(super) options: C::Options,
+    pub(super) check: Option<ConnectCheck<C>>,
     pub(super) max_lifetime: Option<Duration>,
     pub(super) idle_timeout: Option<Duration>,
     pub(super) revalidate_timeout: Option<Duration>,
@@ -219,8 +234,16 @@ impl<C: Connection + 'static> managed::Manager for Manager<C> {
         // Boxed: a driver's handshake future is large (TLS, authentication),
         // and every checkout's future would otherwise carry it inline for
         // the rare checkout that connects.
-        let conn = Box::pin(self.options.connect()).await?;
+        let mut conn = Box::pin(self.options.connect()).await?;
         self.counters.opened.fetch_add(1, Ordering::Relaxed);
+        if let Some(check) = &self.check
+            && let Err(e) = check(&mut conn).await
+        {
+            self.counters.discarded.fetch_add(1, Ordering::Relaxed);
+            // Closed politely; a close that fails changes nothing here.
+            let _ = conn.close().await;
+            return Err(e);
+        }
         let now = Instant::now();
         Ok(Tracked {
             conn,

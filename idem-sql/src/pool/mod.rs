@@ -11,7 +11,7 @@ use sqlx::Connection;
 
 mod conn;
 
-pub use conn::{Conn, ConnectionError};
+pub use conn::{Conn, ConnectCheck, ConnectionError};
 use conn::{Counters, Manager};
 
 /// How long a connection whose statement was dropped mid-flight may take to
@@ -128,7 +128,8 @@ pub struct Stats {
     /// Connections pinged back to soundness after a dropped statement.
     pub revalidated: u64,
     /// Connections closed because they were broken, in flight without a
-    /// runtime to wait for them, too old or idle too long.
+    /// runtime to wait for them, too old or idle too long, or new and
+    /// refused by the pool's [`ConnectCheck`].
     pub discarded: u64,
 }
 
@@ -172,9 +173,21 @@ impl<C: Connection + 'static> Pool<C> {
     /// here: the first [`Pool::get`] connects.
     #[must_use]
     pub fn new(options: C::Options, config: PoolConfig) -> Self {
+        Self::checked(options, config, None)
+    }
+
+    /// Like [`Pool::new`], with every new connection passing `check` before
+    /// its first checkout (see [`ConnectCheck`]).
+    #[must_use]
+    pub fn checked(
+        options: C::Options,
+        config: PoolConfig,
+        check: Option<ConnectCheck<C>>,
+    ) -> Self {
         let counters = Arc::new(Counters::default());
         let manager = Manager {
             options,
+            check,
             max_lifetime: config.max_lifetime,
             idle_timeout: config.idle_timeout,
             revalidate_timeout: config.revalidate_timeout,
