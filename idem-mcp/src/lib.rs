@@ -10,7 +10,8 @@
 //! * **The key**: the request's `_meta.idempotencyKey`, else a tool
 //!   argument `idempotency_key` on tools that declare one
 //!   ([`ToolKeys::with_argument`]); `_meta` wins. A JSON string of 1 to 255
-//!   printable ASCII characters; anything else is `invalid_key` and nothing
+//!   printable ASCII characters, taken as is (`" k"` and `"k"` are two keys;
+//!   no trimming, no unquoting); anything else is `invalid_key` and nothing
 //!   runs. No key: the call runs unprotected, or is refused on a
 //!   [`ToolKeys::required`] tool.
 //! * **The scope**: the owner from the request context (a closure), the

@@ -38,12 +38,13 @@ pub(crate) mod code {
     pub(crate) const SHUTTING_DOWN: &str = ProblemCode::ShuttingDown.as_str();
 }
 
-/// A key as received: a JSON string of 1 to 255 printable ASCII characters
-/// under idem-core's key rule; anything else (another type, empty, too
-/// long, another character) is `None` (`invalid_key`).
+/// A key as received: a JSON string of 1 to 255 printable ASCII characters,
+/// taken as is (no trimming, no sf-string unquoting:
+/// [`IdempotencyKey::parse_exact`]); anything else (another type, empty,
+/// too long, another character) is `invalid_key`.
 pub(crate) fn parse_key(value: &Value) -> Result<IdempotencyKey, String> {
     match value {
-        Value::String(s) => IdempotencyKey::parse(s).map_err(|e| e.to_string()),
+        Value::String(s) => IdempotencyKey::parse_exact(s).map_err(|e| e.to_string()),
         other => Err(format!(
             "the idempotency key must be a JSON string, not {}",
             json_type(other)

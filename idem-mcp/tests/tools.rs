@@ -342,6 +342,27 @@ async fn answers<S: Store + Clone>(store: S) {
     );
     assert_eq!(server.executions(), 8);
 
+    // A key is taken as is: surrounding spaces make another key (a header's
+    // optional whitespace does not apply to a JSON string).
+    let spaced = format!(" {k} ");
+    let s = call(
+        &c,
+        request("create_order", order.clone(), with_key(&spaced)),
+    )
+    .await
+    .unwrap();
+    assert!(!replayed(&s), "{spaced:?} is not {k:?}");
+    assert_ne!(s.structured_content, first.structured_content);
+    let s2 = call(
+        &c,
+        request("create_order", order.clone(), with_key(&spaced)),
+    )
+    .await
+    .unwrap();
+    assert!(replayed(&s2), "and is a key of its own");
+    assert_eq!(s2.structured_content, s.structured_content);
+    assert_eq!(server.executions(), 9);
+
     // Two owners, one key: two executions, no cross-owner replay.
     let bob = json!({ "owner": "bob", "idempotencyKey": k });
     let b = call(&c, request("create_order", order.clone(), bob))
@@ -349,7 +370,7 @@ async fn answers<S: Store + Clone>(store: S) {
         .unwrap();
     assert!(!replayed(&b));
     assert_ne!(b.structured_content, first.structured_content);
-    assert_eq!(server.executions(), 9);
+    assert_eq!(server.executions(), 10);
     // No owner: refused.
     let e = call(
         &c,

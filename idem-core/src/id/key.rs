@@ -66,7 +66,9 @@ impl IdempotencyKey {
     /// The longest key accepted, in characters (after trimming).
     pub const MAX_LEN: usize = 255;
 
-    /// Validates a key sent by a client.
+    /// Validates a key sent by a client in a header field: surrounding
+    /// ASCII spaces and tabs are dropped first (HTTP's optional whitespace
+    /// around a field value), so `" k "` and `"k"` are one key.
     ///
     /// # Errors
     ///
@@ -76,17 +78,27 @@ impl IdempotencyKey {
         // ASCII space and tab only: any other whitespace (`\n`, U+00A0,
         // U+2003, ...) is not printable ASCII, so it is an invalid key,
         // never silently dropped.
-        let trimmed = raw.trim_matches([' ', '\t']);
-        if trimmed.is_empty() {
+        Self::parse_exact(raw.trim_matches([' ', '\t']))
+    }
+
+    /// Validates a key sent as a typed value (a JSON string, such as MCP's
+    /// `_meta.idempotencyKey`), taken exactly as given: 1 to 255 printable
+    /// ASCII characters, spaces included and kept, so `" k"` and `"k"` are
+    /// two keys.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] when the key is empty, longer than 255 characters or
+    /// holds anything but printable ASCII.
+    pub fn parse_exact(raw: &str) -> Result<Self, KeyError> {
+        if raw.is_empty() {
             return Err(KeyError::Empty);
         }
         // Bytes first (every valid key is ASCII); chars only to report.
-        let bad = if trimmed.bytes().all(|b| matches!(b, b' '..=b'~')) {
+        let bad = if raw.bytes().all(|b| matches!(b, b' '..=b'~')) {
             None
         } else {
-            trimmed
-                .char_indices()
-                .find(|&(_, c)| !matches!(c, ' '..='~'))
+            raw.char_indices().find(|&(_, c)| !matches!(c, ' '..='~'))
         };
         if let Some((position, ch)) = bad {
             return Err(KeyError::InvalidCharacter {
@@ -94,10 +106,10 @@ impl IdempotencyKey {
                 found: ch.escape_default().to_string(),
             });
         }
-        if trimmed.len() > MAX_KEY_LEN {
-            return Err(KeyError::TooLong { len: trimmed.len() });
+        if raw.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong { len: raw.len() });
         }
-        Ok(Self(trimmed.to_owned()))
+        Ok(Self(raw.to_owned()))
     }
 
     /// A new random key: 128 bits from the operating system's generator, as 32
@@ -129,7 +141,8 @@ impl IdempotencyKey {
         Self(hex::encode(hasher.finalize()))
     }
 
-    /// The key as sent (trimmed).
+    /// The key as sent (trimmed by [`IdempotencyKey::parse`], as given to
+    /// [`IdempotencyKey::parse_exact`]).
     #[must_use]
     pub fn as_str(&self) -> &str {
         &self.0
@@ -232,6 +245,24 @@ mod tests {
         assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
         // 255 after trimming is fine even with padding.
         assert!(IdempotencyKey::parse(&format!("  {}\t", "k".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn an_exact_key_keeps_its_spaces_and_checks_the_rest_alike() {
+        let spaced = IdempotencyKey::parse_exact(" k ").unwrap();
+        assert_eq!(spaced.as_str(), " k ");
+        assert_ne!(spaced, IdempotencyKey::parse_exact("k").unwrap());
+        assert_eq!(IdempotencyKey::parse_exact(" ").unwrap().as_str(), " ");
+        assert_eq!(IdempotencyKey::parse_exact(""), Err(KeyError::Empty));
+        assert!(matches!(
+            IdempotencyKey::parse_exact("\tk"),
+            Err(KeyError::InvalidCharacter { position: 0, .. })
+        ));
+        assert!(IdempotencyKey::parse_exact(&"k".repeat(255)).is_ok());
+        assert_eq!(
+            IdempotencyKey::parse_exact(&format!(" {}", "k".repeat(255))),
+            Err(KeyError::TooLong { len: 256 })
+        );
     }
 
     #[test]
