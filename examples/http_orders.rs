@@ -55,7 +55,7 @@ use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource,
 use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use store_from_env::{log_warnings_to_stderr, store_from_env};
+use store_from_env::{log_warnings_to_stderr, policy_from_env, store_from_env};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -82,33 +82,17 @@ struct Knobs {
     status: Option<u16>,
 }
 
-fn env_ms(name: &str) -> Result<Option<Duration>, BoxError> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(Duration::from_millis(
-            v.parse().map_err(|e| format!("{name}: {e}"))?,
-        ))),
-        Err(_) => Ok(None),
-    }
-}
-
+/// The policy from the environment; `IDEM_IN_FLIGHT=wait`: duplicates wait
+/// up to 10 s for the first.
 fn policy() -> Result<Policy, BoxError> {
-    let mut b = Policy::builder();
-    if let Some(d) = env_ms("IDEM_LEASE_MS")? {
-        b = b.lease(d);
-    }
-    if let Some(d) = env_ms("IDEM_RESPONSE_TTL_MS")? {
-        b = b.response_ttl(d);
-    }
-    if let Some(d) = env_ms("IDEM_KEY_TTL_MS")? {
-        b = b.key_ttl(d);
-    }
+    let mut base = Policy::builder();
     if std::env::var("IDEM_IN_FLIGHT").as_deref() == Ok("wait") {
-        b = b.in_flight(InFlightMode::Wait {
+        base = base.in_flight(InFlightMode::Wait {
             timeout: Duration::from_secs(10),
             poll: Duration::from_millis(25),
         });
     }
-    Ok(b.build()?)
+    policy_from_env(base)
 }
 
 #[tokio::main]

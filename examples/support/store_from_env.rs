@@ -4,11 +4,15 @@
 //! `IDEM_REDIS_URL`, `IDEM_REDIS_PREFIX`, `IDEM_REDIS_INLINE_BODY_LIMIT`,
 //! `IDEM_CALL_TIMEOUT_MS`, `IDEM_REQUIRE_SYNC_REPLICATION`):
 //! `idem::connect` opens (and migrates) the store a URL names as an
-//! `AnyStore`, so one `Idem<AnyStore>` type serves them all.
-//! Shared by `http_orders` and `webhook_receiver`, whose documented
-//! environment it implements.
+//! `AnyStore`, so one `Idem<AnyStore>` type serves them all; and the policy
+//! (`IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS`).
+//! Shared by `http_orders`, `grpc_orders` and `webhook_receiver`, whose
+//! documented environment it implements, and by `mcp_orders` for its policy
+//! (it opens its store itself: its stdout is the MCP channel).
 
-use idem::{AnyStore, ConnectError, ConnectOptions};
+use std::time::Duration;
+
+use idem::{AnyStore, ConnectError, ConnectOptions, Policy, PolicyBuilder};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -95,7 +99,7 @@ fn base_options() -> Result<ConnectOptions, BoxError> {
         let ms: u64 = ms.parse().map_err(|e| {
             format!("IDEM_CALL_TIMEOUT_MS={ms}: not a number of milliseconds ({e})")
         })?;
-        options = options.timeout(std::time::Duration::from_millis(ms));
+        options = options.timeout(Duration::from_millis(ms));
     }
     match std::env::var("IDEM_REQUIRE_SYNC_REPLICATION").as_deref() {
         Err(_) | Ok("" | "0" | "false") => {}
@@ -105,6 +109,29 @@ fn base_options() -> Result<ConnectOptions, BoxError> {
         }
     }
     Ok(options)
+}
+
+/// The policy `base` sets, with `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS` and
+/// `IDEM_KEY_TTL_MS` (milliseconds) over it where they are set; unset, the
+/// defaults (60 s, 24 h, 30 days).
+#[allow(dead_code, reason = "webhook_receiver runs on the default policy")]
+pub(crate) fn policy_from_env(base: PolicyBuilder) -> Result<Policy, BoxError> {
+    type Set = fn(PolicyBuilder, Duration) -> PolicyBuilder;
+    let knobs: [(&str, Set); 3] = [
+        ("IDEM_LEASE_MS", PolicyBuilder::lease),
+        ("IDEM_RESPONSE_TTL_MS", PolicyBuilder::response_ttl),
+        ("IDEM_KEY_TTL_MS", PolicyBuilder::key_ttl),
+    ];
+    let mut b = base;
+    for (name, set) in knobs {
+        if let Ok(v) = std::env::var(name) {
+            let ms: u64 = v
+                .parse()
+                .map_err(|e| format!("{name}={v}: not a number of milliseconds ({e})"))?;
+            b = set(b, Duration::from_millis(ms));
+        }
+    }
+    Ok(b.build()?)
 }
 
 /// Prints the library's warnings (a commit not synchronous to any standby,
