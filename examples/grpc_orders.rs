@@ -59,7 +59,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idem::grpc::{GrpcIdempotencyLayer, IdemAttempt};
 use idem::{Idem, Policy};
 use orders_proto::{CREATE_ORDER, CreateOrderRequest, Order};
-use store_from_env::{log_warnings_to_stderr, store_from_env};
+use store_from_env::{log_warnings_to_stderr, policy_from_env, store_from_env};
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService};
 use tonic::{Request, Response, Status};
@@ -172,29 +172,6 @@ impl tower::Service<http::Request<Body>> for OrdersServer {
     }
 }
 
-fn env_ms(name: &str) -> Result<Option<Duration>, BoxError> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(Duration::from_millis(
-            v.parse().map_err(|e| format!("{name}: {e}"))?,
-        ))),
-        Err(_) => Ok(None),
-    }
-}
-
-fn policy() -> Result<Policy, BoxError> {
-    let mut b = Policy::builder();
-    if let Some(d) = env_ms("IDEM_LEASE_MS")? {
-        b = b.lease(d);
-    }
-    if let Some(d) = env_ms("IDEM_RESPONSE_TTL_MS")? {
-        b = b.response_ttl(d);
-    }
-    if let Some(d) = env_ms("IDEM_KEY_TTL_MS")? {
-        b = b.key_ttl(d);
-    }
-    Ok(b.build()?)
-}
-
 /// The reflection service, serving orders.proto compiled by protox.
 fn reflection() -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<
@@ -214,7 +191,7 @@ fn reflection() -> Result<
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     log_warnings_to_stderr();
-    let policy = policy()?;
+    let policy = policy_from_env(Policy::builder())?;
     let store = store_from_env("grpc-orders", "grpc").await?;
     let idem = Idem::new(store).with_policy(policy);
     let layer = GrpcIdempotencyLayer::builder(idem)

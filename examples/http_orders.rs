@@ -36,6 +36,16 @@
 //! `POST /orders` and `PATCH /orders/{id}` are protected; `GET`, `PUT` and
 //! `DELETE` pass through. `?delay_ms=N` makes a POST take N ms, `?status=503`
 //! makes it fail transiently. `GET /stats` counts handler executions.
+//!
+//! A POST saves its order's id as the record's resource id
+//! (`attempt.save_resource_id`) before it creates the order. So when its
+//! outcome cannot be stored (the store down until the lease ends, the
+//! process killed), the retry after the lease runs as a recovery, is given
+//! that id (`attempt.previous_resource_id()`) and answers the order it
+//! names, never creating a second one; and an answer whose outcome is not
+//! stored yet still goes out as 201 (without a saved id the layer would
+//! answer 503 `store_unavailable`, and the retry would replay it once
+//! stored).
 
 #[path = "support/store_from_env.rs"]
 mod store_from_env;
@@ -56,7 +66,7 @@ use idem::http::{ExtensionOwner, IdemAttempt, IdempotencyLayer, OperationSource,
 use idem::{AnyStore, Idem, InFlightMode, Policy};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use store_from_env::{log_warnings_to_stderr, store_from_env};
+use store_from_env::{log_warnings_to_stderr, policy_from_env, store_from_env};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -83,33 +93,17 @@ struct Knobs {
     status: Option<u16>,
 }
 
-fn env_ms(name: &str) -> Result<Option<Duration>, BoxError> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(Duration::from_millis(
-            v.parse().map_err(|e| format!("{name}: {e}"))?,
-        ))),
-        Err(_) => Ok(None),
-    }
-}
-
+/// The policy from the environment; `IDEM_IN_FLIGHT=wait`: duplicates wait
+/// up to 10 s for the first.
 fn policy() -> Result<Policy, BoxError> {
-    let mut b = Policy::builder();
-    if let Some(d) = env_ms("IDEM_LEASE_MS")? {
-        b = b.lease(d);
-    }
-    if let Some(d) = env_ms("IDEM_RESPONSE_TTL_MS")? {
-        b = b.response_ttl(d);
-    }
-    if let Some(d) = env_ms("IDEM_KEY_TTL_MS")? {
-        b = b.key_ttl(d);
-    }
+    let mut base = Policy::builder();
     if std::env::var("IDEM_IN_FLIGHT").as_deref() == Ok("wait") {
-        b = b.in_flight(InFlightMode::Wait {
+        base = base.in_flight(InFlightMode::Wait {
             timeout: Duration::from_secs(10),
             poll: Duration::from_millis(25),
         });
     }
-    Ok(b.build()?)
+    policy_from_env(base)
 }
 
 #[tokio::main]
@@ -190,7 +184,7 @@ fn validate(body: &Value) -> Result<(), &'static str> {
 async fn create(
     State(st): State<Arc<Orders>>,
     Query(knobs): Query<Knobs>,
-    attempt: IdemAttempt,
+    IdemAttempt(attempt): IdemAttempt,
     Json(body): Json<Value>,
 ) -> Response {
     st.executions.fetch_add(1, Ordering::SeqCst);
@@ -203,15 +197,53 @@ async fn create(
     if let Err(msg) = validate(&body) {
         return bad(msg);
     }
+    // A recovery: an earlier attempt saved its order's id, and its outcome
+    // was never stored (the store was down until its lease ended, or the
+    // process died). Reconcile from that id: the order it names, never a
+    // second one.
+    if let Some(id) = attempt.previous_resource_id() {
+        return created(reconcile(&st, id, &body));
+    }
     let id = format!("ord_{}", st.next.fetch_add(1, Ordering::SeqCst) + 1);
+    // The id is saved before the order exists: a recovery always finds it,
+    // and a save that fails (the store down, the lease taken over) creates
+    // nothing. Saved, the answer goes out even if the outcome cannot be
+    // stored: a retry then replays it, or recovers from this id.
+    if let Err(e) = attempt.save_resource_id(&id).await {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": format!("order id not saved: {e}")})),
+        )
+            .into_response();
+    }
     let order = json!({"id": id, "item": body["item"], "qty": body["qty"]});
     st.orders
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .insert(id.clone(), order.clone());
-    attempt.0.set_resource_id(&id);
+        .insert(id, order.clone());
+    created(order)
+}
+
+/// The order `id` names, as an earlier attempt of this request created it;
+/// one this process never saw (created by a process that died, or saved
+/// but not yet created) is created now under that id, from the same
+/// request (the key's fingerprint guarantees it).
+fn reconcile(st: &Orders, id: &str, body: &Value) -> Value {
+    st.orders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(id.to_owned())
+        .or_insert_with(|| json!({"id": id, "item": body["item"], "qty": body["qty"]}))
+        .clone()
+}
+
+/// 201 with the order and its `Location`.
+fn created(order: Value) -> Response {
+    let location = order["id"]
+        .as_str()
+        .and_then(|id| HeaderValue::from_str(&format!("/orders/{id}")).ok());
     let mut res = (StatusCode::CREATED, Json(order)).into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("/orders/{id}")) {
+    if let Some(loc) = location {
         res.headers_mut().insert(header::LOCATION, loc);
     }
     res

@@ -35,6 +35,13 @@
 //!
 //! The key: `_meta.idempotencyKey`, else the `idempotency_key` argument.
 
+#[path = "support/store_from_env.rs"]
+#[allow(
+    dead_code,
+    reason = "only its policy: the store is opened here, logging on stderr"
+)]
+mod store_from_env;
+
 use std::error::Error;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,8 +58,9 @@ use idem::mcp::rmcp::model::{
 use idem::mcp::rmcp::service::RequestContext;
 use idem::mcp::rmcp::{RoleServer, ServerHandler, ServiceExt};
 use idem::mcp::{IdempotentTools, ToolCall, ToolKeys, ToolOutcome};
-use idem::{AnyStore, ConnectOptions, Idem, IdempotencyKey, Policy, PolicyBuilder};
+use idem::{AnyStore, ConnectOptions, Idem, IdempotencyKey, Policy};
 use serde_json::{Value, json};
+use store_from_env::policy_from_env;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -186,29 +194,6 @@ fn failed(why: &str) -> CallToolResult {
     CallToolResult::structured_error(json!({ "error": why }))
 }
 
-/// The policy from `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS`.
-fn policy() -> Result<Policy, BoxError> {
-    let ms = |name: &str| -> Result<Option<Duration>, BoxError> {
-        std::env::var(name).ok().map_or(Ok(None), |v| {
-            let n: u64 = v.parse().map_err(|e| format!("{name}={v}: {e}"))?;
-            Ok(Some(Duration::from_millis(n)))
-        })
-    };
-    type Set = fn(PolicyBuilder, Duration) -> PolicyBuilder;
-    let knobs: [(&str, Set); 3] = [
-        ("IDEM_LEASE_MS", PolicyBuilder::lease),
-        ("IDEM_RESPONSE_TTL_MS", PolicyBuilder::response_ttl),
-        ("IDEM_KEY_TTL_MS", PolicyBuilder::key_ttl),
-    ];
-    let mut b = Policy::builder();
-    for (name, set) in knobs {
-        if let Some(d) = ms(name)? {
-            b = set(b, d);
-        }
-    }
-    Ok(b.build()?)
-}
-
 /// The store `IDEM_STORE` names, logged on stderr (stdout is the MCP
 /// channel on stdio).
 async fn store() -> Result<AnyStore, BoxError> {
@@ -252,7 +237,7 @@ async fn store() -> Result<AnyStore, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let idem = Idem::new(store().await?).with_policy(policy()?);
+    let idem = Idem::new(store().await?).with_policy(policy_from_env(Policy::builder())?);
     let keys = |tools: IdempotentTools<AnyStore>| {
         tools
             .tool("create_order", ToolKeys::optional().with_argument())

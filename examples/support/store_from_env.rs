@@ -4,11 +4,15 @@
 //! `IDEM_REDIS_URL`, `IDEM_REDIS_PREFIX`, `IDEM_REDIS_INLINE_BODY_LIMIT`,
 //! `IDEM_CALL_TIMEOUT_MS`, `IDEM_REQUIRE_SYNC_REPLICATION`):
 //! `idem::connect` opens (and migrates) the store a URL names as an
-//! `AnyStore`, so one `Idem<AnyStore>` type serves them all.
-//! Shared by `http_orders` and `webhook_receiver`, whose documented
-//! environment it implements.
+//! `AnyStore`, so one `Idem<AnyStore>` type serves them all; and the policy
+//! (`IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS`, `IDEM_KEY_TTL_MS`).
+//! Shared by `http_orders`, `grpc_orders` and `webhook_receiver`, whose
+//! documented environment it implements, and by `mcp_orders` for its policy
+//! (it opens its store itself: its stdout is the MCP channel).
 
-use idem::{AnyStore, ConnectError, ConnectOptions};
+use std::time::Duration;
+
+use idem::{AnyStore, ConnectError, ConnectOptions, Policy, PolicyBuilder};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -109,14 +113,34 @@ fn base_options() -> Result<ConnectOptions, BoxError> {
 }
 
 /// The environment variable `name` as a number of milliseconds, if set.
-fn millis(name: &str) -> Result<Option<std::time::Duration>, BoxError> {
+fn millis(name: &str) -> Result<Option<Duration>, BoxError> {
     let Ok(ms) = std::env::var(name) else {
         return Ok(None);
     };
     let parsed: u64 = ms
         .parse()
         .map_err(|e| format!("{name}={ms}: not a number of milliseconds ({e})"))?;
-    Ok(Some(std::time::Duration::from_millis(parsed)))
+    Ok(Some(Duration::from_millis(parsed)))
+}
+
+/// The policy `base` sets, with `IDEM_LEASE_MS`, `IDEM_RESPONSE_TTL_MS` and
+/// `IDEM_KEY_TTL_MS` (milliseconds) over it where they are set; unset, the
+/// defaults (60 s, 24 h, 30 days).
+#[allow(dead_code, reason = "webhook_receiver runs on the default policy")]
+pub(crate) fn policy_from_env(base: PolicyBuilder) -> Result<Policy, BoxError> {
+    type Set = fn(PolicyBuilder, Duration) -> PolicyBuilder;
+    let knobs: [(&str, Set); 3] = [
+        ("IDEM_LEASE_MS", PolicyBuilder::lease),
+        ("IDEM_RESPONSE_TTL_MS", PolicyBuilder::response_ttl),
+        ("IDEM_KEY_TTL_MS", PolicyBuilder::key_ttl),
+    ];
+    let mut b = base;
+    for (name, set) in knobs {
+        if let Some(ms) = millis(name)? {
+            b = set(b, ms);
+        }
+    }
+    Ok(b.build()?)
 }
 
 /// Prints the library's warnings (a commit not synchronous to any standby,

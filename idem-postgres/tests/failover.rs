@@ -18,6 +18,10 @@
 //!   the store's [call timeout](PgStore::with_call_timeout) passes; a store
 //!   that [requires](PgStore::require_synchronous_replication) it refuses the
 //!   promoted server, which has no synchronous standby of its own;
+//! * a store that does not require it keeps a completion whose COMMIT was
+//!   waiting for the standby when the primary died (the caller is told it
+//!   is pending, not stored) and stores it on the promoted server in the
+//!   background: the retry replays it, and the work ran once;
 //! * during the switch every error a caller sees is a typed 503 with a
 //!   `Retry-After`, and the work never ran for a call that failed before it;
 //! * a store opened on a standby fails at start with [`Error::Standby`].
@@ -135,15 +139,27 @@ fn is_timeout(e: &IdemError) -> bool {
 /// server would), and checks a call made in between is a typed 503 that ran
 /// nothing.
 async fn fail_over(cluster: &Cluster, front: &Proxy, engine: &Engine, scope: &Scope) {
-    cluster.kill_primary().await;
-    front.kill_all();
-    front.set_down(true); // no server behind the name yet
+    kill_primary_behind(cluster, front).await;
     let runs = Counter::default();
     let during = call(engine, scope, "during-the-switch", &runs)
         .await
         .expect_err("no server: the call fails");
     assert_switch_error(&during);
     assert_eq!(runs.get(), 0, "the work never ran without a claim");
+    promote_behind(cluster, front).await;
+}
+
+/// The first half of [`fail_over`]: the primary SIGKILLed, `front`'s open
+/// connections cut and new ones refused (no server behind the name yet).
+async fn kill_primary_behind(cluster: &Cluster, front: &Proxy) {
+    cluster.kill_primary().await;
+    front.kill_all();
+    front.set_down(true);
+}
+
+/// The second half of [`fail_over`]: the standby promoted, `front` pointed
+/// at it.
+async fn promote_behind(cluster: &Cluster, front: &Proxy) {
     cluster.promote_standby().await;
     front.set_upstream(cluster.standby.addr());
     front.set_down(false);
@@ -486,4 +502,98 @@ async fn quorum_remote_apply_loses_nothing_acknowledged() {
         level: "remote_apply",
     })
     .await;
+}
+
+/// Synchronous replication, a store that does not require it (the promoted
+/// server has no standby of its own): a completion whose COMMIT was waiting
+/// for the standby when the primary died is not lost with it. The caller is
+/// told the outcome is pending, not stored; the engine keeps the completion
+/// and, once `front` reaches the promoted server, stores it there under the
+/// attempt's fencing token (the claim had committed on both). The retry then
+/// replays the first outcome: the work ran once.
+///
+/// The background writes pause on the runtime's timer, not the engine's
+/// clock, which only ends them at the lease's end: the clock stands still
+/// here, the lease never ends, and the test waits (bounded) on the promoted
+/// server's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_cut_off_by_the_failover_is_stored_on_the_promoted_server() {
+    let started = Instant::now();
+    let cluster = Cluster::start(Mode::Synchronous {
+        names: "standby1",
+        level: "on",
+    })
+    .await;
+    let front = Proxy::start(cluster.primary.addr(), Protocol::Postgres).await;
+    let store = store_via(&front, &cluster).await;
+    let found = store.migrate().await.expect("migrate");
+    assert!(found.is_synchronous() && !found.in_recovery, "{found:?}");
+    let clock = ManualClock::starting_now();
+    let engine = engine(&store, &clock);
+    let (scope, runs) = (scope(), Counter::default());
+
+    // The claim commits (the standby confirmed it) and the work runs; the
+    // link stalls before the work answers, so the completion's COMMIT waits
+    // for the standby.
+    let (go, gate) = watch::channel(false);
+    let held = call_held(&engine, &scope, "order", &runs, &gate).await;
+    cluster.link.set_stalled(true);
+    go.send_replace(true);
+    let admin = cluster.primary.pool().await;
+    wait_for_syncrep_waiters(&admin, 1).await;
+    admin.close().await;
+    assert!(!held.is_finished(), "the completion waits for the standby");
+
+    // The primary dies with the COMMIT unconfirmed: the caller gets the
+    // work's outcome, pending, and the engine keeps the completion.
+    kill_primary_behind(&cluster, &front).await;
+    let first = held.await.expect("join").expect("the work's outcome");
+    assert!(first.is_pending() && !first.is_stored(), "{first:?}");
+    assert!(!first.is_replay());
+    assert_eq!(engine.pending_completions(), 1, "kept in the background");
+    let answered = first.outcome().clone();
+    assert_eq!(answered, Out::Success("charge for order".to_owned()));
+
+    // The standby is promoted and `front` follows it: the background write
+    // lands there. Read on the promoted server itself, not through `front`.
+    promote_behind(&cluster, &front).await;
+    let promoted_at = Instant::now();
+    let direct = PgStore::connect(&cluster.standby.url())
+        .await
+        .expect("the promoted standby accepts a store")
+        .with_schema_name(store.schema_name())
+        .expect("schema");
+    let promoted = self::engine(&direct, &clock);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stored_after = loop {
+        if state(&promoted, &scope, "order").await == Some((RecordState::Completed, 1)) {
+            break promoted_at.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the kept completion never reached the promoted server: {:?}",
+            state(&promoted, &scope, "order").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        engine.drain_completions(Duration::from_secs(10)).await,
+        0,
+        "nothing left in the background"
+    );
+
+    // The retry replays what the caller was first answered, marked
+    // replayed, byte for byte; the work ran once.
+    let again = call(&engine, &scope, "order", &runs)
+        .await
+        .expect("replayed");
+    assert!(again.is_replay() && again.is_stored(), "{again:?}");
+    assert_eq!(again.attempt(), 1);
+    assert_eq!(again.outcome(), &answered, "the same body, byte for byte");
+    assert_eq!(runs.get(), 1, "the work ran exactly once");
+    direct.close().await;
+    eprintln!(
+        "completion stored {stored_after:?} after the promotion; test: {:?}",
+        started.elapsed()
+    );
 }

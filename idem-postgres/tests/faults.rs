@@ -1,19 +1,23 @@
 //! Faults against the real server: the SQL suite's backend killed
 //! mid-call (`pg_terminate_backend`) and every connection dropped (through a
 //! proxy), then what only Postgres has here: a statement cut short by the
-//! call timeout, and an idle connection the server terminates. Typed errors,
-//! never a second execution, and a pool that recovers by itself.
+//! call timeout, an idle connection the server terminates, and a completion
+//! the store never took, reconciled from the saved resource id. Typed
+//! errors, never a second execution (or effect), and a pool that recovers
+//! by itself.
 
 mod support;
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use idem_core::clock::{Clock, ManualClock};
 use idem_core::store::RecordState;
 use idem_core::store::{ClaimOutcome, Store, StoreError};
-use idem_core::{IdempotencyKey, RecordId};
-use idem_postgres::sqlx;
-use idem_test_support::sql::claim_request;
+use idem_core::{Attempt, Idem, IdempotencyKey, RecordId};
+use idem_postgres::PgStore;
+use idem_postgres::sqlx::{self, postgres::PgPoolOptions};
+use idem_test_support::sql::{Counter, LEASE, Out, claim_request, policy, request};
 use idem_test_support::sql::{scope, with_fixture};
 use support::PgFixture;
 use support::proxy::{Protocol, Proxy};
@@ -124,6 +128,147 @@ async fn a_connection_the_server_terminates_fails_at_most_one_call() {
                 "call {i} after the kill: {o:?}"
             );
         }
+    })
+    .await;
+}
+
+/// An orders ledger that is not the store: what an order's handler creates.
+#[derive(Debug, Clone, Default)]
+struct Ledger(Arc<Mutex<Vec<String>>>);
+
+impl Ledger {
+    /// A new order; its id.
+    fn create(&self) -> String {
+        let mut orders = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = format!("ord_{}", orders.len() + 1);
+        orders.push(id.clone());
+        id
+    }
+
+    fn find(&self, id: &str) -> Option<String> {
+        let orders = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        orders.iter().find(|o| *o == id).cloned()
+    }
+
+    fn created(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// The order handler: a recovery given a saved resource id reconciles from
+/// it (the order it names, from the ledger); any other attempt creates an
+/// order and saves its id before answering.
+async fn place_order(attempt: Attempt, ledger: Ledger, runs: Counter) -> Out {
+    runs.hit();
+    if let Some(id) = attempt.previous_resource_id() {
+        return ledger.find(id).map_or_else(
+            || Out::Failure(format!("{id}: not in the ledger")),
+            Out::Success,
+        );
+    }
+    let id = ledger.create();
+    match attempt.save_resource_id(&id).await {
+        Ok(()) => Out::Success(id),
+        Err(e) => Out::Transient(e.to_string()),
+    }
+}
+
+/// A handler saved its order's id, then the store became unreachable
+/// (every connection cut, new ones refused) before the outcome could be
+/// stored, and stayed so until the lease ended: the caller got the order,
+/// pending; the engine kept the completion in the background and gave it up
+/// at the lease's end. The retry after the lease runs as a recovery, is
+/// given the saved id and reconciles from it: one order created, and the
+/// reply (then every replay) carries the first order's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_reconciles_from_the_saved_resource_id_when_the_completion_was_lost() {
+    let started = Instant::now();
+    let proxy = Proxy::start(support::upstream().await, Protocol::Postgres).await;
+    // A short acquire timeout: with the server unreachable, a call fails in
+    // a second, not ten.
+    let options = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(1));
+    let store = PgStore::connect_with(options, support::via(&proxy))
+        .await
+        .expect("connect through the proxy");
+    let fx = PgFixture::migrated(store).await;
+    let proxy = Arc::new(proxy);
+    with_fixture(fx, move |fx| async move {
+        let clock = ManualClock::starting_now();
+        let engine = Idem::new(fx.store.clone())
+            .with_clock(clock.clone())
+            .with_policy(policy(2));
+        let (scope, ledger, runs) = (scope(), Ledger::default(), Counter::default());
+        // `cut`: the store goes away once the handler has answered (its id
+        // saved), before the outcome is written.
+        let order = |cut: Option<Arc<Proxy>>| {
+            let (ledger, runs) = (ledger.clone(), runs.clone());
+            move |attempt: Attempt| async move {
+                let out = place_order(attempt, ledger, runs).await;
+                if let Some(proxy) = cut {
+                    proxy.set_down(true);
+                    proxy.kill_all();
+                }
+                out
+            }
+        };
+
+        let first = engine
+            .execute(
+                &scope,
+                "order-1",
+                &request(),
+                order(Some(Arc::clone(&proxy))),
+            )
+            .await
+            .expect("the handler's answer");
+        assert!(first.is_pending() && !first.is_stored(), "{first:?}");
+        assert_eq!(first.outcome(), &Out::Success("ord_1".to_owned()));
+        assert_eq!(engine.pending_completions(), 1, "kept in the background");
+
+        // Unreachable until the lease ends: the background write gives up.
+        clock.advance(LEASE + Duration::from_secs(1));
+        assert_eq!(
+            engine.drain_completions(Duration::from_secs(10)).await,
+            0,
+            "given up at the lease's end"
+        );
+        proxy.set_down(false);
+        let left = engine
+            .admin()
+            .inspect(&scope, "order-1", false)
+            .await
+            .expect("inspect")
+            .expect("the record");
+        assert_eq!(
+            (left.state, left.resource_id.as_deref()),
+            (RecordState::InFlight, Some("ord_1")),
+            "the claim and the saved id, no outcome"
+        );
+
+        let recovered = engine
+            .execute(&scope, "order-1", &request(), order(None))
+            .await
+            .expect("the recovery's answer");
+        assert!(
+            recovered.is_stored() && !recovered.is_replay(),
+            "{recovered:?}"
+        );
+        assert_eq!(recovered.attempt(), 2, "a second attempt: the recovery");
+        assert_eq!(recovered.outcome(), first.outcome(), "the first order");
+        let replayed = engine
+            .execute(&scope, "order-1", &request(), order(None))
+            .await
+            .expect("replayed");
+        assert!(replayed.is_replay(), "{replayed:?}");
+        assert_eq!(replayed.outcome(), first.outcome());
+        assert_eq!(ledger.created(), 1, "one order created");
+        assert_eq!(runs.get(), 2, "the first run and the reconciling recovery");
+        eprintln!(
+            "recovery from the saved resource id: {:?}",
+            started.elapsed()
+        );
     })
     .await;
 }
