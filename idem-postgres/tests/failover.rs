@@ -41,6 +41,7 @@ use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
 use idem_test_support::sql::{Counter, Out, policy, request, scope};
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
+use support::{is_not_synchronous, is_timeout};
 use tokio::sync::{Notify, watch};
 
 /// Acknowledged calls per phase.
@@ -113,25 +114,6 @@ fn assert_switch_error(e: &IdemError) {
     );
     assert_eq!(e.http_status(), 503, "{e:?}");
     assert!(e.retry_after().is_some(), "{e:?}");
-}
-
-/// Whether the error's source is the backend's `NotSynchronous`.
-fn is_not_synchronous(e: &IdemError) -> bool {
-    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
-        return false;
-    };
-    matches!(
-        source.downcast_ref::<Error>(),
-        Some(Error::NotSynchronous { .. })
-    )
-}
-
-/// Whether the error's source is the backend's `Timeout`.
-fn is_timeout(e: &IdemError) -> bool {
-    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
-        return false;
-    };
-    matches!(source.downcast_ref::<Error>(), Some(Error::Timeout { .. }))
 }
 
 /// Kills the primary, promotes the standby, points `front` at it (open

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::clock::ManualClock;
-use idem_core::store::StoreError;
 use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{Error, PgStore};
 use idem_test_support::sql::{Counter, Out, policy, request, scope};
 use support::cluster::{Cluster, Mode};
+use support::is_not_synchronous;
 use support::proxy::{Protocol, Proxy};
 
 const SYNC: Mode = Mode::Synchronous {
@@ -59,18 +59,6 @@ async fn write(engine: &Engine, runs: &Counter) -> Result<Reply<String, String>,
             },
         )
         .await
-}
-
-/// Whether `e` is the store refusing a server whose commits wait for no
-/// standby: a 503 whose source is [`Error::NotSynchronous`].
-fn is_not_synchronous(e: &IdemError) -> bool {
-    let IdemError::Store(StoreError::Unavailable { source, .. }) = e else {
-        return false;
-    };
-    matches!(
-        source.downcast_ref::<Error>(),
-        Some(Error::NotSynchronous { .. })
-    )
 }
 
 fn assert_refused(result: &Result<Reply<String, String>, IdemError>) {

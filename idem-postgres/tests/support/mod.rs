@@ -474,3 +474,23 @@ impl OutageDialect for Pg {
         (PgFixture::migrated(store).await, ProxyOutage(proxy))
     }
 }
+
+/// Whether `e` is the store refusing a server whose commits wait for no
+/// standby: a 503 whose source is [`idem_postgres::Error::NotSynchronous`].
+pub fn is_not_synchronous(e: &Error) -> bool {
+    backend_error(e).is_some_and(|b| matches!(b, idem_postgres::Error::NotSynchronous { .. }))
+}
+
+/// Whether `e` is a write cut off by the store's call timeout
+/// ([`idem_postgres::Error::Timeout`]).
+pub fn is_timeout(e: &Error) -> bool {
+    backend_error(e).is_some_and(|b| matches!(b, idem_postgres::Error::Timeout { .. }))
+}
+
+/// The backend's own error under an `Unavailable` store error.
+fn backend_error(e: &Error) -> Option<&idem_postgres::Error> {
+    let Error::Store(idem_core::store::StoreError::Unavailable { source, .. }) = e else {
+        return None;
+    };
+    source.downcast_ref::<idem_postgres::Error>()
+}
