@@ -242,6 +242,10 @@ mod on {
         }
 
         #[inline(always)]
+        #[allow(
+            clippy::unused_self,
+            reason = "the same signature as the timer that records, under the metrics feature"
+        )]
         pub(crate) fn finish<T>(self, _result: &Result<T, StoreError>) {}
     }
 

@@ -621,3 +621,62 @@ async fn on_mysql() {
 async fn on_redis() {
     on(idem_test_support::fixtures::redis().await).await;
 }
+
+/// Shutting down: keyed calls that arrive after `shutdown` began are
+/// refused with `shutting_down` (nothing runs, a retry hint given); the work
+/// already started runs to its end and its outcome is stored; `shutdown`
+/// returns once it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_refuses_new_keyed_calls_and_stores_the_running_one() {
+    let server = Orders::new(Idem::new(idem_core::MemoryStore::new()), None);
+    let c = connect(server.clone()).await;
+    let k = fresh_key();
+    let slow = json!({ "amount": 5, "currency": "EUR", "note": "gate" });
+    let meta = json!({ "owner": "alice", "idempotencyKey": k });
+    let running = {
+        let r = request("create_order", slow.clone(), meta.clone());
+        let peer = c.peer().clone();
+        tokio::spawn(async move { peer.call_tool(r).await })
+    };
+    server.started.notified().await;
+
+    // The first poll of `shutdown` closes the door; it then waits for the
+    // running call, so it does not finish here.
+    let waited = tokio::time::timeout(Duration::ZERO, server.tools.shutdown()).await;
+    assert!(waited.is_err(), "shutdown waits for the running call");
+    let other = json!({ "owner": "alice", "idempotencyKey": fresh_key() });
+    let e = call(
+        &c,
+        request(
+            "create_order",
+            json!({ "amount": 1, "currency": "EUR" }),
+            other,
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&e), "shutting_down", "{e:?}");
+    assert!(
+        e.data.as_ref().unwrap()["retryAfterMs"].as_u64().unwrap() > 0,
+        "{e:?}"
+    );
+    assert_eq!(server.executions(), 1, "nothing new ran");
+
+    server.gate.notify_one();
+    let answered = running.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server.tools.shutdown())
+        .await
+        .expect("shutdown returns once the running call is done");
+    let scope = idem_core::Scope::new("alice", "create_order").unwrap();
+    let record = server
+        .tools
+        .idem()
+        .admin()
+        .inspect(&scope, &k, true)
+        .await
+        .unwrap()
+        .expect("the running call's record");
+    assert_eq!(record.state, idem_core::store::RecordState::Completed);
+    assert!(!replayed(&answered), "the running call's own answer");
+    let _ = c.cancel().await;
+}
