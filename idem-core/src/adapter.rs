@@ -14,6 +14,11 @@
 //!   [`ClaimExt::into_pending`] gives the completion to write before the
 //!   commit.
 //!
+//! * **Its own answer.** An adapter that answers with its handler's result
+//!   checks [`answerable`] once the engine has the outcome, and lets
+//!   [`Attempt::renewing`](crate::Attempt::renewing) keep the lease of a
+//!   handler that outlives it.
+//!
 //! * **Its own builder.** The webhook receiver and the queue consumer
 //!   collect a record scope with [`ScopeSetting`] and their answer to a
 //!   permanent failure with [`PermanentFailurePolicy`].
@@ -24,6 +29,8 @@
 //! import them on purpose; nothing outside this crate implements them.
 
 pub use crate::builder::{PermanentFailurePolicy, ScopeSetting, ScopeSettingError};
-pub use crate::engine::adapter::{ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared};
+pub use crate::engine::adapter::{
+    ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared, answerable,
+};
 pub use crate::fingerprint::value::canonical_json;
 pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint, fingerprint_raw, sha256_hex};

@@ -10,14 +10,13 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::adapter::{EngineExt, Prepared};
+use idem_core::adapter::{EngineExt, Prepared, answerable};
 use idem_core::store::{BoxDynError, Store};
 use idem_core::{Attempt, Begin, Error, HttpResponse, Outcome};
 use tower_service::Service;
@@ -115,13 +114,11 @@ where
             let attempt = claim.attempt().clone();
             req.extensions_mut().insert(IdemAttempt(attempt.clone()));
             req.extensions_mut().insert(IdemKey(key));
-            let (capture, done) = renewing(
-                &attempt,
-                lease,
-                shared.cfg.auto_renew,
-                call_and_capture(&shared, inner, req),
-            )
-            .await;
+            let call = call_and_capture(&shared, inner, req);
+            let (capture, done) = match shared.cfg.auto_renew {
+                Some(ceiling) => attempt.renewing(lease, ceiling, call).await,
+                None => call.await,
+            };
             let finished = match capture {
                 Capture::Release => {
                     if let Err(e) = claim.release().await {
@@ -132,17 +129,11 @@ where
                 Capture::NotStored => claim
                     .complete_not_stored()
                     .await
-                    .map(|written| Finished::stored_unless(!written)),
+                    .map(|written| Finished::of(!written, &attempt)),
                 Capture::Store(outcome) => claim
                     .complete(outcome)
                     .await
-                    .map(|reply| Finished::stored_unless(reply.is_pending())),
-            };
-            // A pending completion may still answer "done" when a later
-            // recovery will find the resource id the handler saved.
-            let finished = match finished {
-                Ok(Finished::Pending) if attempt.has_saved_resource_id() => Ok(Finished::Stored),
-                other => other,
+                    .map(|reply| Finished::of(reply.is_pending(), &attempt)),
             };
             (finished, done)
         }
@@ -178,26 +169,20 @@ where
     match finished {
         Err(e @ Error::LeaseLost { .. }) => return Ok(Answer::Reject(Rejection::Engine(e))),
         Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
-        Ok(Finished::Pending) => {
+        Ok(Finished::Pending(e)) => {
             // The handler ran but its outcome is not stored yet (the store
             // failed: a failover, a call timeout), and it saved no resource
-            // id a recovery could reconcile from. Its answer would tell the
-            // client "done" for work that a retry after the lease could run
-            // again, so the client is told to retry instead: 503 with
-            // `Retry-After`. The engine keeps writing the outcome in the
-            // background; once it is stored, the retry replays it.
+            // id a recovery could reconcile from: the client is told to
+            // retry (503 with `Retry-After`), and the retry replays the
+            // outcome once the background write stored it.
             span.record("outcome", "pending");
             warn!("outcome not stored yet: answered 503 so that the retry replays it");
-            let pending = idem_core::store::StoreError::Unavailable {
-                backend: "idem",
-                source: "the outcome is not stored yet".into(),
-            };
-            return Ok(Answer::Reject(Rejection::Engine(Error::Store(pending))));
+            return Ok(Answer::Reject(Rejection::Engine(e)));
         }
         Ok(f) => {
             span.record(
                 "outcome",
-                if f == Finished::Released {
+                if matches!(f, Finished::Released) {
                     "released"
                 } else {
                     "executed"
@@ -216,48 +201,27 @@ where
 }
 
 /// How a claim was finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Finished {
     /// The outcome is stored (or completed without its body).
     Stored,
     /// A transient answer: the key was released.
     Released,
-    /// The completion's write failed: kept and written again in the
-    /// background.
-    Pending,
+    /// The completion's write failed (kept and written again in the
+    /// background) and the handler saved no resource id: the answer that
+    /// goes out instead of the handler's.
+    Pending(Error),
 }
 
 impl Finished {
-    fn stored_unless(pending: bool) -> Self {
-        if pending { Self::Pending } else { Self::Stored }
-    }
-}
-
-/// Runs `fut`, renewing the lease every `lease / 3` until `ceiling`.
-async fn renewing<F: Future + Send>(
-    attempt: &Attempt,
-    lease: Duration,
-    ceiling: Option<Duration>,
-    fut: F,
-) -> F::Output {
-    let Some(ceiling) = ceiling else {
-        return fut.await;
-    };
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let start = tokio::time::Instant::now();
-    let mut fut = std::pin::pin!(fut);
-    loop {
-        tokio::select! {
-            out = &mut fut => return out,
-            () = tokio::time::sleep(every) => {
-                if start.elapsed() >= ceiling {
-                    return fut.await;
-                }
-                if let Err(e) = attempt.extend_lease(lease).await {
-                    warn!(error = %e, "lease renewal failed; no more renewals");
-                    return fut.await;
-                }
-            }
+    /// A completion handed to the engine: stored, or pending with a saved
+    /// resource id a recovery reconciles from (the handler's answer goes
+    /// out either way), or pending with nothing saved (it must not:
+    /// [`answerable`]).
+    fn of(pending: bool, attempt: &Attempt) -> Self {
+        match answerable(pending, attempt) {
+            Ok(()) => Self::Stored,
+            Err(e) => Self::Pending(e),
         }
     }
 }

@@ -23,6 +23,13 @@
 //!   error whose `data.code` is the HTTP layer's problem code.
 //! * **Failures**: a result with `isError: true` is a permanent failure,
 //!   stored and replayed; [`ToolOutcome::transient`] releases the key.
+//! * **An outcome not stored yet** (the store failed after the tool ran; the
+//!   engine writes it again in the background): the result goes out only if
+//!   the tool saved a resource id (`attempt.save_resource_id`), which a
+//!   recovery reconciles from; otherwise the host gets `store_unavailable`
+//!   and its retry replays the result once it is stored.
+//! * **Long tools**: the lease is renewed while a keyed tool runs, up to
+//!   5 minutes ([`IdempotentTools::auto_renew_lease`]).
 //!
 //! ```no_run
 //! use idem_core::{Idem, MemoryStore};

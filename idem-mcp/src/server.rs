@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use idem_core::adapter::EngineExt;
+use idem_core::adapter::{EngineExt, answerable};
 use idem_core::store::Store;
 use idem_core::{Attempt, Begin, Idem, IdempotencyKey, Outcome, Scope};
 use rmcp::RoleServer;
@@ -129,9 +130,11 @@ impl ToolCall {
 
     /// The engine's attempt, when keyed: its number, whether it recovers a
     /// crashed one, [`Attempt::set_resource_id`] for what it creates (sent
-    /// back with `response_expired`), and [`Attempt::extend_lease`] for a
-    /// tool that may run longer than the policy's lease (nothing renews it
-    /// on its own: past the lease, a retry would take the record over).
+    /// back with `response_expired`, and [`Attempt::save_resource_id`] to
+    /// write it before answering, so that a recovery can reconcile), and
+    /// [`Attempt::extend_lease`] for a tool that knows when it makes
+    /// progress (the lease is also renewed while the tool runs: see
+    /// [`IdempotentTools::auto_renew_lease`]).
     #[must_use]
     pub fn attempt(&self) -> Option<&Attempt> {
         self.attempt.as_ref()
@@ -153,7 +156,12 @@ pub struct IdempotentTools<S> {
     tools: Arc<HashMap<String, ToolKeys>>,
     default_keys: ToolKeys,
     tracker: TaskTracker,
+    auto_renew: Option<Duration>,
 }
+
+/// How long a keyed tool's lease is renewed while it runs, unless
+/// configured otherwise ([`IdempotentTools::auto_renew_lease`]).
+const DEFAULT_AUTO_RENEW: Duration = Duration::from_secs(300);
 
 impl<S: Store> Clone for IdempotentTools<S> {
     fn clone(&self) -> Self {
@@ -163,6 +171,7 @@ impl<S: Store> Clone for IdempotentTools<S> {
             tools: Arc::clone(&self.tools),
             default_keys: self.default_keys,
             tracker: self.tracker.clone(),
+            auto_renew: self.auto_renew,
         }
     }
 }
@@ -192,6 +201,7 @@ impl<S: Store> IdempotentTools<S> {
             tools: Arc::new(HashMap::new()),
             default_keys: ToolKeys::optional(),
             tracker: TaskTracker::new(),
+            auto_renew: Some(DEFAULT_AUTO_RENEW),
         }
     }
 
@@ -213,6 +223,17 @@ impl<S: Store> IdempotentTools<S> {
     #[must_use]
     pub fn default_keys(mut self, keys: ToolKeys) -> Self {
         self.default_keys = keys;
+        self
+    }
+
+    /// Renews the lease every third of it while a keyed tool runs, up to
+    /// `ceiling` (default 5 min; [`Attempt::renewing`]): a tool that
+    /// outlives one lease is not taken over by a retry while it still runs.
+    /// `None` turns it off (a retry after the lease then recovers the
+    /// record while the first call may still be running).
+    #[must_use]
+    pub fn auto_renew_lease(mut self, ceiling: Option<Duration>) -> Self {
+        self.auto_renew = ceiling;
         self
     }
 
@@ -361,25 +382,41 @@ impl<S: Store> IdempotentTools<S> {
         // A panic in the work ends this task with the claim dropped: the
         // record stays in flight and the next attempt after the lease
         // recovers it.
+        let lease = self.idem.policy().lease();
+        let renew = self.auto_renew;
         let task = self.tracker.spawn(async move {
-            let outcome = work(call).await;
+            let attempt = claim.attempt().clone();
+            let outcome = match renew {
+                Some(ceiling) => attempt.renewing(lease, ceiling, work(call)).await,
+                None => work(call).await,
+            };
             let finished = match outcome.verdict() {
-                Verdict::Release => claim.release().await,
-                Verdict::Store(stored) => claim.complete(stored).await.map(|_| ()),
+                Verdict::Release => claim.release().await.map(|()| Ok(())),
+                // Pending with nothing saved: the result must not go out.
+                Verdict::Store(stored) => claim
+                    .complete(stored)
+                    .await
+                    .map(|reply| answerable(reply.is_pending(), &attempt)),
             };
             (finished, outcome)
         });
-        let lease = self.idem.policy().lease();
         match task.await {
             Ok((finished, outcome)) => {
                 match finished {
                     Err(e @ idem_core::Error::LeaseLost { .. }) => {
                         return Err(vocab::engine_error(&e));
                     }
+                    Ok(Err(hold)) => {
+                        // The outcome is not stored yet and nothing was
+                        // saved to reconcile from: retry, and the retry
+                        // replays it once the background write stored it.
+                        warn!("outcome not stored yet: answered store_unavailable");
+                        return Err(vocab::engine_error(&hold));
+                    }
                     Err(e) => {
                         warn!(error = %e, "completion failed; left to lease expiry and recovery")
                     }
-                    Ok(()) => {}
+                    Ok(Ok(())) => {}
                 }
                 outcome.into_answer()
             }

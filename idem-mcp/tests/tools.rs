@@ -680,3 +680,104 @@ async fn shutdown_refuses_new_keyed_calls_and_stores_the_running_one() {
     assert!(!replayed(&answered), "the running call's own answer");
     let _ = c.cancel().await;
 }
+
+/// A tool that outlives its lease keeps its record: the lease is renewed
+/// while it runs, so a retry past the first lease's end finds it in flight
+/// instead of recovering it and running the tool a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_outlives_its_lease_is_not_run_twice() {
+    let clock = idem_core::clock::ManualClock::starting_now();
+    let lease = Duration::from_millis(300);
+    let idem = Idem::new(idem_core::MemoryStore::new())
+        .with_clock(clock.clone())
+        .with_policy(idem_core::Policy::builder().lease(lease).build().unwrap());
+    let server = Orders::new(idem, None);
+    let c = connect(server.clone()).await;
+    let k = fresh_key();
+    let slow = json!({ "amount": 5, "currency": "EUR", "note": "gate" });
+    let meta = json!({ "owner": "alice", "idempotencyKey": k });
+    let running = {
+        let r = request("create_order", slow.clone(), meta.clone());
+        let peer = c.peer().clone();
+        tokio::spawn(async move { peer.call_tool(r).await })
+    };
+    server.started.notified().await;
+    let scope = idem_core::Scope::new("alice", "create_order").unwrap();
+    let admin = server.tools.idem().admin();
+    let first_end = admin
+        .inspect(&scope, &k, false)
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_until;
+
+    // Half the lease passes; a renewal (every third of it, in the runtime's
+    // time) moves the end a whole lease past the engine's now.
+    clock.advance(lease / 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while admin
+        .inspect(&scope, &k, false)
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_until
+        <= first_end
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was never renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the first lease's end: the retry finds the call still running.
+    clock.advance(lease * 2 / 3);
+    let e = call(&c, request("create_order", slow.clone(), meta.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "in_flight", "{e:?}");
+    assert_eq!(server.executions(), 1, "not recovered while it runs");
+
+    server.gate.notify_one();
+    let first = running.await.unwrap().unwrap();
+    let again = call(&c, request("create_order", slow, meta)).await.unwrap();
+    assert!(replayed(&again));
+    assert_eq!(again.structured_content, first.structured_content);
+    assert_eq!(server.executions(), 1);
+    let _ = c.cancel().await;
+}
+
+/// The store fails after the tool ran and it saved no resource id: the
+/// host is told `store_unavailable` (never the result of work a retry could
+/// run again), and once the engine's background write stores the outcome
+/// the retry replays it; the tool ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_not_stored_yet_is_not_answered_as_done() {
+    let store = idem_core::testkit::FailingStore::new(Arc::new(idem_core::MemoryStore::new()));
+    let server = Orders::new(Idem::new(store.clone()), None);
+    let c = connect(server.clone()).await;
+    let k = fresh_key();
+    let order = json!({ "amount": 5, "currency": "EUR" });
+    let meta = json!({ "owner": "alice", "idempotencyKey": k });
+
+    store.fail_complete(true);
+    let e = call(&c, request("create_order", order.clone(), meta.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "store_unavailable", "{e:?}");
+    assert_eq!(server.tools.idem().pending_completions(), 1, "kept");
+
+    store.fail_complete(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let replay = loop {
+        match call(&c, request("create_order", order.clone(), meta.clone())).await {
+            Err(e) if code(&e) == "in_flight" => {
+                assert!(std::time::Instant::now() < deadline, "never stored");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert!(replayed(&replay), "stored in the background, then replayed");
+    assert_eq!(server.executions(), 1);
+    let _ = c.cancel().await;
+}

@@ -23,6 +23,35 @@ use crate::{
     Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
 };
 
+/// Whether an adapter may send its handler's answer, once the outcome was
+/// handed to the engine: `pending` is [`Reply::is_pending`] (the completion
+/// could not be written yet; the engine writes it again in the background).
+///
+/// * Stored (`pending` false): the answer goes out.
+/// * Pending, and the handler saved a resource id
+///   ([`Attempt::has_saved_resource_id`]): the answer goes out too; if the
+///   outcome is never stored, the recovery after the lease is given that id
+///   and reconciles instead of acting twice.
+/// * Pending, nothing saved: the answer must not go out, since it would
+///   tell the client "done" for work a retry after the lease could run
+///   again. The error to answer instead is returned:
+///   [`Error::Store`] with [`StoreError::Unavailable`](crate::store::StoreError)
+///   (503 `store_unavailable`, retryable); the retry replays the outcome
+///   once the background write stored it.
+///
+/// # Errors
+///
+/// The error to answer in place of the handler's answer, as above.
+pub fn answerable(pending: bool, attempt: &Attempt) -> Result<(), Error> {
+    if !pending || attempt.has_saved_resource_id() {
+        return Ok(());
+    }
+    Err(Error::Store(crate::store::StoreError::Unavailable {
+        backend: "idem",
+        source: "the outcome is not stored yet".into(),
+    }))
+}
+
 mod sealed {
     pub trait Sealed {}
     impl<S: crate::store::Store> Sealed for crate::Idem<S> {}

@@ -193,6 +193,43 @@ impl Attempt {
         Ok(())
     }
 
+    /// Runs `work`, extending the lease by `lease` (the policy's) every
+    /// third of it while `work` runs, for at most `ceiling` after it
+    /// starts: work that outlives one lease is not taken over by a retry
+    /// while it still runs, and work that hangs is, once the ceiling has
+    /// passed and the last lease ended. The first extension that fails
+    /// (the record taken over, the store down) ends the renewals, with a
+    /// warning; `work` runs on to its end either way.
+    ///
+    /// The period is the runtime's time (`tokio::time`), the lease's end the
+    /// engine's clock. For adapters that run a handler they did not write
+    /// (the HTTP, gRPC and MCP layers renew this way); work of your own can
+    /// call [`Attempt::extend_lease`] where it knows it is making progress.
+    pub async fn renewing<F: Future>(
+        &self,
+        lease: Duration,
+        ceiling: Duration,
+        work: F,
+    ) -> F::Output {
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let start = tokio::time::Instant::now();
+        let mut work = std::pin::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep(every) => {
+                    if start.elapsed() >= ceiling {
+                        return work.await;
+                    }
+                    if let Err(e) = self.extend_lease(lease).await {
+                        tracing::warn!(error = %e, "lease renewal failed; no more renewals");
+                        return work.await;
+                    }
+                }
+            }
+        }
+    }
+
     /// The lease's end as this attempt last set it.
     pub(crate) fn lease_until(&self) -> Timestamp {
         self.inner
