@@ -19,7 +19,7 @@ use idem_test_support::sql::{
     SqlFixture, TxDialect, TxFuture, WireDialect, poll,
 };
 
-pub use idem_test_support::sql::{mariadb as server, proxy};
+pub use idem_test_support::sql::{mariadb as server, mariadb_cluster as cluster, proxy};
 
 /// The server URL: `IDEM_MYSQL_URL`, or the local default.
 pub fn url() -> String {

@@ -1,8 +1,11 @@
 //! A throwaway `mariadbd` on a free loopback port, with a temporary data
-//! directory of its own: started, stopped and restarted by its pid, never
-//! the machine's shared server.
+//! directory of its own: started, stopped, SIGKILLed and restarted by its
+//! pid, never the machine's shared server. Extra server options (a binary
+//! log, a server id, semi-synchronous replication) make it one side of a
+//! [replicated pair](super::mariadb_cluster).
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -15,6 +18,7 @@ pub struct Throwaway {
     /// Its loopback port.
     pub port: u16,
     dir: PathBuf,
+    options: Vec<String>,
     child: Option<Child>,
 }
 
@@ -42,12 +46,19 @@ impl Throwaway {
     /// When `mariadb-install-db` or `mariadbd` cannot be run or the server
     /// does not answer (that is the test failing).
     pub async fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "idem-mariadb-{}",
-            idem_core::IdempotencyKey::random()
-                .as_str()
-                .to_ascii_lowercase()
-        ));
+        Self::start_with(Vec::new()).await
+    }
+
+    /// Like [`Throwaway::start`], with `options` added to `mariadbd`'s
+    /// command line (after the defaults, so they win: `--log-bin=…` turns
+    /// the binary log on), on every start.
+    ///
+    /// # Panics
+    ///
+    /// As [`Throwaway::start`].
+    pub async fn start_with(options: Vec<String>) -> Self {
+        let dir = crate::process::scratch_dir("idem-mariadb");
+        watchdog(&dir);
         // Its own tmpdir too: bootstraps running side by side in one /tmp
         // collide on their temporary tables' names and abort.
         std::fs::create_dir_all(dir.join("tmp")).expect("temp dir");
@@ -75,6 +86,7 @@ impl Throwaway {
         let mut server = Self {
             port: free_port(),
             dir,
+            options,
             child: None,
         };
         server.run().await;
@@ -91,7 +103,22 @@ impl Throwaway {
         format!("mysql://root@127.0.0.1:{}/test", self.port)
     }
 
-    async fn admin(&self) -> sqlx::MySqlPool {
+    /// Its loopback address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Where its error log is (for a failing test's message).
+    pub fn error_log(&self) -> PathBuf {
+        self.dir.join("err.log")
+    }
+
+    /// A one-connection pool as root, no default database.
+    ///
+    /// # Panics
+    ///
+    /// When the server does not accept it.
+    pub async fn admin(&self) -> sqlx::MySqlPool {
         MySqlPoolOptions::new()
             .max_connections(1)
             .connect(&format!("mysql://root@127.0.0.1:{}/", self.port))
@@ -111,6 +138,7 @@ impl Throwaway {
             .arg(format!("--pid-file={}", d.join("pid").display()))
             .arg(format!("--log-error={}", d.join("err.log").display()))
             .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])
+            .args(&self.options)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -157,9 +185,40 @@ impl Throwaway {
         .expect("mariadbd exits");
     }
 
+    /// SIGKILLs the server (a crash of its machine, as far as the server
+    /// can tell: no shutdown, nothing sent to its replicas) and reaps it.
+    ///
+    /// # Panics
+    ///
+    /// When it cannot be reaped.
+    pub async fn kill(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        tokio::task::spawn_blocking(move || {
+            let _ = child.kill();
+            child.wait()
+        })
+        .await
+        .expect("join")
+        .expect("mariadbd is reaped");
+        // Its pid is free again: the watchdog must not signal it.
+        let _ = std::fs::remove_file(self.dir.join("pid"));
+    }
+
     /// Starts it again on the same data directory and port.
     pub async fn restart(&mut self) {
         self.stop().await;
         self.run().await;
     }
+}
+
+/// A shell that waits for this process to end, then SIGKILLs the server
+/// still running in `dir` (its pid file) and removes `dir`: nothing outlives
+/// a test process that panicked or was killed.
+fn watchdog(dir: &Path) {
+    crate::process::watchdog(&format!(
+        "[ -f '{dir}/pid' ] && kill -KILL $(cat '{dir}/pid'); sleep 1; rm -rf '{dir}'",
+        dir = dir.display(),
+    ));
 }

@@ -19,13 +19,16 @@
 //! ```
 //!
 //! The throwaway servers the SQL crates start live here too: a `mariadbd`
-//! (`mariadb`, feature `sql-mysql`) and a Postgres primary and standby
-//! (`pg_cluster`, feature `sql-postgres`).
+//! (`mariadb`, feature `sql-mysql`), a MariaDB primary and replica
+//! (`mariadb_cluster`, feature `sql-mysql`) and a Postgres primary and
+//! standby (`pg_cluster`, feature `sql-postgres`).
 
 pub mod costs;
 pub mod faults;
 #[cfg(feature = "sql-mysql")]
 pub mod mariadb;
+#[cfg(feature = "sql-mysql")]
+pub mod mariadb_cluster;
 pub mod metrics;
 #[cfg(feature = "sql-postgres")]
 pub mod pg_cluster;
