@@ -49,7 +49,7 @@ use idem_core::clock::{ManualClock, Timestamp};
 use idem_core::store::{AdminStore, ClaimRequest, Token};
 use idem_core::{
     Attempt, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, IntoKey, Outcome, Policy,
-    RecordId, Reply, Scope,
+    PolicyBuilder, RecordId, Reply, Scope,
 };
 
 pub use costs::*;
@@ -80,14 +80,17 @@ pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 ///
 /// Never (the policy is valid).
 pub fn policy(retries: u32) -> Policy {
+    policy_builder(retries).build().expect("policy")
+}
+
+/// What [`policy`] builds, to change before building.
+pub fn policy_builder(retries: u32) -> PolicyBuilder {
     Policy::builder()
         .lease(LEASE)
         .response_ttl(Duration::from_secs(3600))
         .key_ttl(Duration::from_secs(86_400))
         .in_flight(InFlightMode::Reject)
         .store_retries(retries, Duration::from_millis(5))
-        .build()
-        .expect("policy")
 }
 
 /// An engine on `store` with `clock` and `policy(2)`.
