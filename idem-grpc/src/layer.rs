@@ -265,7 +265,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     ///
     /// ```
     /// use idem_core::{Idem, MemoryStore};
-    /// use idem_grpc::GrpcIdempotencyLayer;
+    /// use idem_grpc::{FixedOwner, GrpcIdempotencyLayer};
     /// use prost::Message;
     /// use prost_types::{
     ///     FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto, ServiceDescriptorProto,
@@ -294,6 +294,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     ///
     /// // Covers `/shop.v1.Orders/CreateOrder`; `WatchOrders` passes untouched.
     /// let layer = GrpcIdempotencyLayer::builder(Idem::new(MemoryStore::new()))
+    ///     .owner(FixedOwner::new("acme"))
     ///     .unary_methods_of(&descriptors)
     ///     .build()
     ///     .unwrap();
