@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 use tonic::Code;
 use tower_layer::Layer;
 
+use crate::descriptor::{Described, DescriptorSetError};
 use crate::service::GrpcIdempotencyService;
 use crate::vocab::{Class, HeaderPolicy, KEY_METADATA, OwnerSource};
 
@@ -120,6 +121,7 @@ impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
             idem,
             owner: crate::vocab::NoOwner,
             covered: Covered::Listed(HashSet::new()),
+            described: Ok(None),
             key_metadata: KEY_METADATA.to_owned(),
             key_fields: HashMap::new(),
             key_required: true,
@@ -160,8 +162,21 @@ pub enum GrpcConfigError {
     #[error("not a full method path (`/package.Service/Method`): {0}")]
     MethodPath(String),
     /// No method is covered.
-    #[error("no method is covered: name them with `method` or choose `all_unary_except`")]
+    #[error(
+        "no method is covered: name them with `method`, give the schema to `unary_methods_of` or choose `all_unary_except`"
+    )]
     NothingCovered,
+    /// The bytes given to
+    /// [`unary_methods_of`](GrpcIdempotencyLayerBuilder::unary_methods_of)
+    /// are not an encoded `google.protobuf.FileDescriptorSet`.
+    #[error("not an encoded protobuf FileDescriptorSet")]
+    DescriptorSet(#[source] DescriptorSetError),
+    /// A descriptor set given to
+    /// [`unary_methods_of`](GrpcIdempotencyLayerBuilder::unary_methods_of)
+    /// describes no unary method: it would cover nothing (streaming
+    /// methods only, no service, or the wrong bytes).
+    #[error("the FileDescriptorSet describes no unary method")]
+    NoUnaryMethod,
 }
 
 /// Configures a [`GrpcIdempotencyLayer`]; `build` checks it.
@@ -169,6 +184,9 @@ pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
     idem: Idem<S>,
     owner: O,
     covered: Covered,
+    /// The methods of the descriptor sets given to `unary_methods_of`, or
+    /// the first of their errors (reported by `build`).
+    described: Result<Option<Described>, GrpcConfigError>,
     key_metadata: String,
     key_fields: HashMap<String, u32>,
     key_required: bool,
@@ -181,6 +199,7 @@ impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayerBuilder<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcIdempotencyLayerBuilder")
             .field("covered", &self.covered)
+            .field("described", &self.described)
             .field("key_metadata", &self.key_metadata)
             .finish_non_exhaustive()
     }
@@ -197,6 +216,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
             idem: self.idem,
             owner,
             covered: self.covered,
+            described: self.described,
             key_metadata: self.key_metadata,
             key_fields: self.key_fields,
             key_required: self.key_required,
@@ -222,10 +242,83 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
         self
     }
 
+    /// Covers exactly the unary methods (neither client- nor
+    /// server-streaming) of the services `descriptor_set` describes: an
+    /// encoded `google.protobuf.FileDescriptorSet`, the file tonic-build
+    /// writes with `file_descriptor_set_path` (the one server reflection
+    /// serves). Its streaming methods pass untouched, and so do the methods
+    /// of services it does not describe. A method's full path is
+    /// `/{package}.{Service}/{Method}`, or `/{Service}/{Method}` for a file
+    /// without a package.
+    ///
+    /// It adds to the methods named with [`method`](Self::method) and to
+    /// other descriptor sets. With
+    /// [`all_unary_except`](Self::all_unary_except), in either order, the
+    /// set's streaming methods join the exceptions and its unary ones leave
+    /// them.
+    ///
+    /// The bytes are decoded here; [`build`](Self::build) reports a
+    /// failure: [`GrpcConfigError::DescriptorSet`] for bytes that do not
+    /// decode, [`GrpcConfigError::NoUnaryMethod`] for a set with no unary
+    /// method, [`GrpcConfigError::MethodPath`] for a service or method
+    /// without a usable name.
+    ///
+    /// ```
+    /// use idem_core::{Idem, MemoryStore};
+    /// use idem_grpc::{FixedOwner, GrpcIdempotencyLayer};
+    /// use prost::Message;
+    /// use prost_types::{
+    ///     FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto, ServiceDescriptorProto,
+    /// };
+    ///
+    /// // In an application:
+    /// // const DESCRIPTORS: &[u8] =
+    /// //     include_bytes!(concat!(env!("OUT_DIR"), "/shop_descriptor.bin"));
+    /// let method = |name: &str, server_streaming| MethodDescriptorProto {
+    ///     name: Some(name.to_owned()),
+    ///     server_streaming: Some(server_streaming),
+    ///     ..Default::default()
+    /// };
+    /// let descriptors = FileDescriptorSet {
+    ///     file: vec![FileDescriptorProto {
+    ///         package: Some("shop.v1".to_owned()),
+    ///         service: vec![ServiceDescriptorProto {
+    ///             name: Some("Orders".to_owned()),
+    ///             method: vec![method("CreateOrder", false), method("WatchOrders", true)],
+    ///             ..Default::default()
+    ///         }],
+    ///         ..Default::default()
+    ///     }],
+    /// }
+    /// .encode_to_vec();
+    ///
+    /// // Covers `/shop.v1.Orders/CreateOrder`; `WatchOrders` passes untouched.
+    /// let layer = GrpcIdempotencyLayer::builder(Idem::new(MemoryStore::new()))
+    ///     .owner(FixedOwner::new("acme"))
+    ///     .unary_methods_of(&descriptors)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn unary_methods_of(mut self, descriptor_set: &[u8]) -> Self {
+        if let Ok(described) = &mut self.described {
+            match crate::descriptor::describe(descriptor_set) {
+                Ok(more) => described
+                    .get_or_insert_with(Described::default)
+                    .extend(more),
+                Err(e) => self.described = Err(e),
+            }
+        }
+        self
+    }
+
     /// Covers every method except `streaming` (full paths): name the
     /// service's streaming methods here, they pass untouched. A streaming
     /// call that reaches a covered method is refused (`INVALID_ARGUMENT`,
-    /// `INVALID_REQUEST`) unless it sends exactly one message.
+    /// `INVALID_REQUEST`) unless it sends exactly one message. To read
+    /// which methods stream from the service's schema instead, see
+    /// [`unary_methods_of`](Self::unary_methods_of).
     #[must_use]
     pub fn all_unary_except<I>(mut self, streaming: I) -> Self
     where
@@ -299,14 +392,24 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
     ///
     /// # Errors
     ///
-    /// [`GrpcConfigError`] for a malformed metadata name or method path, or
-    /// when nothing is covered.
-    pub fn build(self) -> Result<GrpcIdempotencyLayer<S, O>, GrpcConfigError> {
+    /// [`GrpcConfigError`] for a malformed metadata name or method path, a
+    /// descriptor set that does not decode or has no unary method, or when
+    /// nothing is covered.
+    pub fn build(mut self) -> Result<GrpcIdempotencyLayer<S, O>, GrpcConfigError> {
         let name = self.key_metadata.to_ascii_lowercase();
         let key_metadata = http::HeaderName::from_bytes(name.as_bytes())
             .ok()
             .filter(|_| !name.ends_with("-bin"))
             .ok_or_else(|| GrpcConfigError::KeyMetadata(self.key_metadata.clone()))?;
+        if let Some(described) = self.described? {
+            match &mut self.covered {
+                Covered::Listed(s) => s.extend(described.unary),
+                Covered::AllExcept(s) => {
+                    s.retain(|p| !described.unary.contains(p));
+                    s.extend(described.streaming);
+                }
+            }
+        }
         let paths: Vec<&String> = match &self.covered {
             Covered::Listed(s) | Covered::AllExcept(s) => s.iter().collect(),
         };
@@ -337,7 +440,8 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
     }
 }
 
-fn is_method_path(p: &str) -> bool {
+/// Whether `p` is `/{service}/{method}`, both non-empty.
+pub(crate) fn is_method_path(p: &str) -> bool {
     let Some(rest) = p.strip_prefix('/') else {
         return false;
     };

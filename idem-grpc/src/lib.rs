@@ -7,6 +7,9 @@ mod vocab;
 // The server layer: its builder, the service, the gRPC framing, the answers.
 mod layer;
 
+// Which methods a service's schema (a FileDescriptorSet) says are unary.
+mod descriptor;
+
 mod service;
 
 mod wire;
@@ -17,6 +20,7 @@ mod status;
 mod client;
 
 pub use client::{BoxError, GrpcClientLayer, GrpcClientService, GrpcReport, ReportSlot};
+pub use descriptor::DescriptorSetError;
 pub use idem_http::{
     Class, ExtensionOwner, FixedOwner, HeaderPolicy, IdemAttempt, IdemKey, NoOwner, OwnerId,
     OwnerSource,

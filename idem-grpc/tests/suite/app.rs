@@ -14,9 +14,10 @@ use idem_core::clock::ManualClock;
 use idem_core::store::Store;
 use idem_core::testkit::FailingStore;
 use idem_core::{Idem, IdempotencyKey, Policy};
-use idem_grpc::{GrpcIdempotencyLayer, IdemAttempt};
+use idem_grpc::{GrpcIdempotencyLayer, GrpcIdempotencyLayerBuilder, IdemAttempt};
 use tokio::sync::{Notify, Semaphore};
 use tonic::body::Body;
+use tonic::metadata::MetadataMap;
 use tonic::server::{Grpc, NamedService};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -53,6 +54,9 @@ pub const BY_FIELD: &str = "/idem.test.v1.Svc/CreateByField";
 pub const OPEN: &str = "/idem.test.v1.Svc/Open";
 /// Not covered (server streaming).
 pub const WATCH: &str = "/idem.test.v1.Svc/Watch";
+/// A unary method of a service declared without a package (`Bare`), the
+/// same handler as `Create`; not covered by the suite's layer.
+pub const BARE: &str = "/Bare/Create";
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Req {
@@ -182,7 +186,7 @@ impl tower::Service<http::Request<Body>> for Svc {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let counts = Arc::clone(&self.counts);
         match req.uri().path() {
-            CREATE | BY_FIELD | OPEN => Box::pin(async move {
+            CREATE | BY_FIELD | OPEN | BARE => Box::pin(async move {
                 let svc = tower::service_fn(move |r| create(Arc::clone(&counts), r));
                 Ok(Grpc::new(ProstCodec::<Resp, Req>::default())
                     .unary(svc, req)
@@ -213,11 +217,46 @@ impl tower::Service<http::Request<Body>> for Svc {
     }
 }
 
+/// The same handlers, served as the package-less service `Bare`.
+#[derive(Clone)]
+struct Bare(Svc);
+
+impl NamedService for Bare {
+    const NAME: &'static str = "Bare";
+}
+
+impl tower::Service<http::Request<Body>> for Bare {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFut<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        self.0.call(req)
+    }
+}
+
 fn owner(parts: &Parts) -> Option<String> {
     Some(parts.headers.get("x-account-id")?.to_str().ok()?.to_owned())
 }
 
 pub type TestLayer<S> = GrpcIdempotencyLayer<FailingStore<S>, fn(&Parts) -> Option<String>>;
+
+/// The test layer's builder, owner set, before the methods it covers.
+pub type TestBuilder<S> =
+    GrpcIdempotencyLayerBuilder<FailingStore<S>, fn(&Parts) -> Option<String>>;
+
+/// The suite's coverage: `Create`, and `CreateByField` with its key in
+/// field 5.
+pub fn listed<S: Store>(b: TestBuilder<S>) -> TestBuilder<S> {
+    b.method(CREATE).method(BY_FIELD).key_field(BY_FIELD, 5)
+}
 
 /// A running server.
 pub struct App<S: Store> {
@@ -242,6 +281,16 @@ impl<S: Store> App<S> {
 
     /// Starts it with these options.
     pub async fn with(store: Arc<S>, opts: Options) -> Self {
+        Self::covering(store, opts, listed).await
+    }
+
+    /// Starts it with these options, covering the methods `cover` adds to
+    /// the builder.
+    pub async fn covering(
+        store: Arc<S>,
+        opts: Options,
+        cover: impl FnOnce(TestBuilder<S>) -> TestBuilder<S>,
+    ) -> Self {
         let lease = opts.lease;
         let clock = ManualClock::starting_now();
         let store = FailingStore::new(store);
@@ -255,12 +304,9 @@ impl<S: Store> App<S> {
         let idem = Idem::new(store.clone())
             .with_clock(clock.clone())
             .with_policy(policy);
-        let layer = GrpcIdempotencyLayer::builder(idem)
-            .owner(owner as fn(&Parts) -> Option<String>)
-            .method(CREATE)
-            .method(BY_FIELD)
-            .key_field(BY_FIELD, 5)
-            .max_request_bytes(MAX_REQUEST);
+        let layer =
+            cover(GrpcIdempotencyLayer::builder(idem).owner(owner as fn(&Parts) -> Option<String>))
+                .max_request_bytes(MAX_REQUEST);
         let layer = if opts.optional_key {
             layer.optional_key()
         } else {
@@ -272,11 +318,13 @@ impl<S: Store> App<S> {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let svc = Svc {
+            counts: Arc::clone(&counts),
+        };
         let router = tonic::transport::Server::builder()
             .layer(layer.clone())
-            .add_service(Svc {
-                counts: Arc::clone(&counts),
-            });
+            .add_service(svc.clone())
+            .add_service(Bare(svc));
         let server = tokio::spawn(async move {
             router
                 .serve_with_incoming(
@@ -382,20 +430,32 @@ impl Client {
     }
 
     pub async fn watch(&self, msg: Req) -> Result<Vec<Resp>, Status> {
+        Ok(self.watch_with(msg, &Meta::default()).await?.1)
+    }
+
+    /// A `Watch` call with this metadata: the initial metadata, the
+    /// messages and the trailers.
+    pub async fn watch_with(
+        &self,
+        msg: Req,
+        meta: &Meta,
+    ) -> Result<(MetadataMap, Vec<Resp>, MetadataMap), Status> {
         let mut grpc = self.grpc.clone();
         grpc.ready().await.expect("ready");
-        let mut stream = grpc
+        let response = grpc
             .server_streaming(
-                Request::new(msg),
+                Self::request(msg, meta),
                 http::uri::PathAndQuery::from_static(WATCH),
                 ProstCodec::<Req, Resp>::default(),
             )
-            .await?
-            .into_inner();
+            .await?;
+        let initial = response.metadata().clone();
+        let mut stream = response.into_inner();
         let mut out = Vec::new();
         while let Some(m) = stream.message().await? {
             out.push(m);
         }
-        Ok(out)
+        let trailers = stream.trailers().await?.unwrap_or_default();
+        Ok((initial, out, trailers))
     }
 }
