@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use super::{
     Counter, KillDialect, LEASE, Out, Outage, OutageDialect, SqlFixture, claim_request, engine,
-    policy, policy_builder, request, scope, with_fixture,
+    policy_builder, request, scope, with_fixture,
 };
 
 /// A connection killed while its claim waits on a row lock: a typed,
