@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::Idem;
 use idem_core::store::Store;
@@ -63,6 +64,7 @@ pub(crate) struct Config {
     pub(crate) classify: ClassifyFn,
     pub(crate) metadata: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
+    pub(crate) auto_renew: Option<Duration>,
 }
 
 pub(crate) struct Shared<S: Store, O> {
@@ -128,6 +130,7 @@ impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
             classify: Arc::new(default_class),
             metadata: HeaderPolicy::default(),
             max_request_bytes: 4 * 1024 * 1024,
+            auto_renew: Some(DEFAULT_AUTO_RENEW),
         }
     }
 }
@@ -193,7 +196,12 @@ pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
     classify: ClassifyFn,
     metadata: HeaderPolicy,
     max_request_bytes: usize,
+    auto_renew: Option<Duration>,
 }
+
+/// How long a covered call's lease is renewed while its handler runs,
+/// unless configured otherwise (the HTTP layer's default).
+const DEFAULT_AUTO_RENEW: Duration = Duration::from_secs(300);
 
 impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayerBuilder<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -223,6 +231,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
             classify: self.classify,
             metadata: self.metadata,
             max_request_bytes: self.max_request_bytes,
+            auto_renew: self.auto_renew,
         }
     }
 
@@ -385,6 +394,17 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
         self.max_request_bytes = limit;
         self
     }
+
+    /// Renews the lease every third of it while a covered call's handler
+    /// runs, up to `ceiling` (default 5 min, as the HTTP layer;
+    /// [`Attempt::renewing`](idem_core::Attempt::renewing)): a handler that
+    /// outlives one lease is not taken over by a retry while it still runs.
+    /// `None` turns it off.
+    #[must_use]
+    pub fn auto_renew_lease(mut self, ceiling: Option<Duration>) -> Self {
+        self.auto_renew = ceiling;
+        self
+    }
 }
 
 impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
@@ -433,6 +453,7 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
                     classify: self.classify,
                     metadata: self.metadata,
                     max_request_bytes: self.max_request_bytes,
+                    auto_renew: self.auto_renew,
                 },
                 tracker: TaskTracker::new(),
             }),

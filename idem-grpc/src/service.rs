@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full, Limited};
-use idem_core::adapter::EngineExt;
+use idem_core::adapter::{EngineExt, answerable};
 use idem_core::store::{BoxDynError, Store};
 use idem_core::{Begin, HttpResponse, IdempotencyKey, Outcome, Scope};
 use sha2::{Digest, Sha256};
@@ -291,18 +291,31 @@ where
     let task = {
         let shared = Arc::clone(&shared);
         async move {
-            req.extensions_mut()
-                .insert(IdemAttempt(claim.attempt().clone()));
-            let (capture, done) = call_and_capture(&shared, inner, req).await;
+            let attempt = claim.attempt().clone();
+            req.extensions_mut().insert(IdemAttempt(attempt.clone()));
+            let lease = shared.idem.policy().lease();
+            let call = call_and_capture(&shared, inner, req);
+            let (capture, done) = match shared.cfg.auto_renew {
+                Some(ceiling) => attempt.renewing(lease, ceiling, call).await,
+                None => call.await,
+            };
+            // `Ok(Err(_))`: the outcome is not stored yet and the handler
+            // saved no resource id, so its answer must not go out.
             let finished = match capture {
                 Capture::Release => {
                     if let Err(e) = claim.release().await {
                         warn!(error = %e, "transient answer: release failed; left to lease expiry");
                     }
-                    Ok("released")
+                    Ok(Ok("released"))
                 }
-                Capture::NotStored => claim.complete_not_stored().await.map(|_| "executed"),
-                Capture::Store(outcome) => claim.complete(outcome).await.map(|_| "executed"),
+                Capture::NotStored => claim
+                    .complete_not_stored()
+                    .await
+                    .map(|written| answerable(!written, &attempt).map(|()| "executed")),
+                Capture::Store(outcome) => claim
+                    .complete(outcome)
+                    .await
+                    .map(|reply| answerable(reply.is_pending(), &attempt).map(|()| "executed")),
             };
             (finished, done)
         }
@@ -318,7 +331,14 @@ where
     match finished {
         Err(e @ idem_core::Error::LeaseLost { .. }) => return Ok(reject(&Rejection::Engine(e))),
         Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
-        Ok(outcome) => {
+        Ok(Err(hold)) => {
+            // The retry replays the outcome once the engine's background
+            // write stored it.
+            span.record("outcome", "pending");
+            warn!("outcome not stored yet: answered UNAVAILABLE so that the retry replays it");
+            return Ok(reject(&Rejection::Engine(hold)));
+        }
+        Ok(Ok(outcome)) => {
             span.record("outcome", outcome);
         }
     }

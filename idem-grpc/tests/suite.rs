@@ -29,6 +29,8 @@ macro_rules! grpc_suite {
             expired_lease_is_recovered,
             optional_key_runs_unprotected,
             request_over_the_limit_is_resource_exhausted,
+            a_handler_that_outlives_its_lease_is_not_run_twice,
+            an_outcome_not_stored_yet_is_unavailable_then_replayed,
         );
     };
     (@each $setup:expr; $($name:ident),+ $(,)?) => {

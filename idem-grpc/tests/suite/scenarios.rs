@@ -420,3 +420,91 @@ pub async fn request_over_the_limit_is_resource_exhausted<S: Store>(store: Arc<S
         .expect("fits");
     assert_eq!(app.counts.executions(), 1);
 }
+
+/// The lease's end of `k`'s record (owner `a1`, method `CREATE`), as stored.
+async fn lease_end<S: Store>(app: &App<S>, k: &str) -> idem_core::clock::Timestamp {
+    use idem_core::clock::Clock as _;
+    let scope = idem_core::Scope::new("a1", CREATE).unwrap();
+    let id = idem_core::RecordId::new(scope, IdempotencyKey::parse(k).unwrap());
+    app.store
+        .fetch(&id, app.clock.now())
+        .await
+        .unwrap()
+        .expect("the record")
+        .lease_until
+}
+
+/// A handler that outlives its lease keeps its record: the layer renews
+/// the lease while it runs, so a retry past the first lease's end gets
+/// `ABORTED` (in flight), not a recovery that runs it a second time.
+pub async fn a_handler_that_outlives_its_lease_is_not_run_twice<S: Store>(store: Arc<S>) {
+    let lease = Duration::from_millis(300);
+    let opts = Options {
+        lease,
+        ..Options::default()
+    };
+    let app = App::with(store, opts).await;
+    let c = app.client().await;
+    let k = key();
+    let first = c.spawn_gated(&k);
+    app.counts.started.notified().await;
+    let first_end = lease_end(&app, &k).await;
+    // Half the lease passes; a renewal (every third of it, in the runtime's
+    // time) moves the end a whole lease past the engine's now.
+    app.clock.advance(lease / 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while lease_end(&app, &k).await <= first_end {
+        assert!(std::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.clock.advance(lease * 2 / 3);
+    let s = c
+        .call(CREATE, gated(), &with("a1", &k))
+        .await
+        .expect_err("still running");
+    assert_eq!(s.code(), Code::Aborted, "{s:?}");
+    assert_eq!(app.counts.executions(), 1, "not recovered while it runs");
+    app.counts.open_gate();
+    let first = first.await.expect("join").expect("first");
+    let again = c
+        .call(CREATE, gated(), &with("a1", &k))
+        .await
+        .expect("replay");
+    assert!(replayed(again.metadata()));
+    assert_eq!(again.get_ref(), first.get_ref());
+    assert_eq!(app.counts.executions(), 1);
+}
+
+/// The store fails after the handler ran, and the handler saved no
+/// resource id: the client gets `UNAVAILABLE` (never an answer for work a
+/// retry could run again), and once the engine's background write stored
+/// the outcome, the retry replays it; the handler ran once.
+pub async fn an_outcome_not_stored_yet_is_unavailable_then_replayed<S: Store>(store: Arc<S>) {
+    let app = App::start(store).await;
+    let c = app.client().await;
+    let k = key();
+    app.store.fail_complete(true);
+    let s = c
+        .call(CREATE, req(100), &with("a1", &k))
+        .await
+        .expect_err("not stored yet");
+    assert_rejected(
+        &s,
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+        Some(Duration::from_secs(1)),
+    );
+    app.store.fail_complete(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let replay = loop {
+        match c.call(CREATE, req(100), &with("a1", &k)).await {
+            Err(s) if s.code() == Code::Aborted => {
+                assert!(std::time::Instant::now() < deadline, "never stored");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => break other.expect("replayed"),
+        }
+    };
+    assert!(replayed(replay.metadata()));
+    assert_eq!(app.counts.executions(), 1);
+}
