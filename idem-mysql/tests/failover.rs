@@ -29,19 +29,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::clock::ManualClock;
-use idem_core::store::{RecordState, StoreError};
-use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
+use idem_core::store::RecordState;
+use idem_core::{Idem, Scope};
 use idem_mysql::MySqlStore;
 use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
-use idem_test_support::sql::{Counter, Out, policy, request, scope};
+use idem_test_support::sql::{Counter, policy, scope};
+use idem_test_support::work::{
+    acknowledged_batch, assert_switch_error, call, call_held, call_until_answered, state,
+};
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 /// Acknowledged calls per phase.
 const CALLS: usize = 12;
 
-type Engine = Arc<Idem<MySqlStore>>;
+type Engine = idem_test_support::work::Engine<MySqlStore>;
 
 /// A store reaching the primary through `front`.
 async fn store_via(front: &Proxy, cluster: &Cluster) -> MySqlStore {
@@ -67,49 +70,6 @@ fn engine(store: &MySqlStore, clock: &ManualClock) -> Engine {
             .with_clock(clock.clone())
             .with_policy(policy(2)),
     )
-}
-
-/// Runs the work for `key` once (counting it) and returns what the caller saw.
-async fn call(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-) -> Result<Reply<String, String>, IdemError> {
-    let runs = runs.clone();
-    let body = format!("charge for {key}");
-    engine
-        .execute(scope, key, &request(), |_attempt| async move {
-            runs.hit();
-            Out::Success(body)
-        })
-        .await
-}
-
-/// `CALLS` fresh keys, each executed once; asserts every call was
-/// acknowledged as stored.
-async fn acknowledged_batch(engine: &Engine, scope: &Scope, runs: &Counter) -> Vec<String> {
-    let mut keys = Vec::new();
-    for _ in 0..CALLS {
-        let key = IdempotencyKey::random().as_str().to_owned();
-        let reply = call(engine, scope, &key, runs).await.expect("acknowledged");
-        assert!(
-            reply.is_stored() && !reply.is_replay(),
-            "{key}: stored fresh"
-        );
-        keys.push(key);
-    }
-    keys
-}
-
-/// A failure seen while the primary is gone: typed, 503, retryable.
-fn assert_switch_error(e: &IdemError) {
-    assert!(
-        matches!(e, IdemError::Store(StoreError::Unavailable { .. })),
-        "{e:?}"
-    );
-    assert_eq!(e.http_status(), 503, "{e:?}");
-    assert!(e.retry_after().is_some(), "{e:?}");
 }
 
 /// SIGKILLs the primary (its replication connection goes with it: the
@@ -138,32 +98,6 @@ async fn promote(cluster: &Cluster, front: &Proxy) {
     front.set_down(false);
 }
 
-/// Calls `key` until the store answers (at most 20 tries), asserting that
-/// every failure on the way is a typed 503.
-async fn call_until_answered(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-) -> Reply<String, String> {
-    for _ in 0..20 {
-        match call(engine, scope, key, runs).await {
-            Err(e) if e.is_retryable() => assert_switch_error(&e),
-            other => return other.expect("the promoted server answers"),
-        }
-    }
-    panic!("the promoted server never answered");
-}
-
-async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
-    engine
-        .admin()
-        .inspect(scope, key, true)
-        .await
-        .expect("inspect")
-        .map(|r| (r.state, r.attempt))
-}
-
 /// Acknowledged calls before the stall (replicated) and during it, then a
 /// failover: returns how many of those acknowledged during the stall the
 /// promoted replica lost, after checking each lost one runs again and
@@ -178,13 +112,13 @@ async fn acknowledged_then_failover(mode: Mode) -> usize {
     let (scope, runs) = (scope(), Counter::default());
 
     // Replicated before the stall: survives the failover.
-    let before = acknowledged_batch(&engine, &scope, &runs).await;
+    let before = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
     cluster.wait_replicated().await;
 
     // Acknowledged while the replica receives nothing.
     cluster.link.set_stalled(true);
     let stalled = Instant::now();
-    let during = acknowledged_batch(&engine, &scope, &runs).await;
+    let during = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
     assert_eq!(runs.get(), 2 * CALLS);
     if let Mode::SemiSync { timeout, .. } = mode {
         // The silent fallback: one commit waited the timeout, then the
@@ -200,7 +134,9 @@ async fn acknowledged_then_failover(mode: Mode) -> usize {
     promote(&cluster, &front).await;
 
     for key in &before {
-        let reply = call_until_answered(&engine, &scope, key, &runs).await;
+        let reply = call_until_answered(&engine, &scope, key, &runs, |_| false)
+            .await
+            .expect("the promoted server answers");
         assert!(reply.is_replay(), "{key}: replicated before the stall");
     }
     assert_eq!(runs.get(), 2 * CALLS, "nothing replicated ran again");
@@ -240,42 +176,6 @@ async fn semi_sync_with_a_short_timeout_falls_back_and_loses_as_asynchronous() {
     assert_eq!(lost, CALLS, "acknowledged after the silent fallback");
 }
 
-/// Starts a call whose work waits for `go` (after counting itself); returns
-/// once the work runs, i.e. once the claim is committed.
-async fn call_held(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-    go: &watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<Reply<String, String>, IdemError>> {
-    let started = Arc::new(Notify::new());
-    let (engine, scope, key, runs, go, s) = (
-        Arc::clone(engine),
-        scope.clone(),
-        key.to_owned(),
-        runs.clone(),
-        go.clone(),
-        Arc::clone(&started),
-    );
-    let task = tokio::spawn(async move {
-        let body = format!("charge for {key}");
-        engine
-            .execute(&scope, key.as_str(), &request(), |_attempt| async move {
-                runs.hit();
-                s.notify_one();
-                let mut go = go;
-                let _ = go.wait_for(|&open| open).await;
-                Out::Success(body)
-            })
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(30), started.notified())
-        .await
-        .expect("the work started");
-    task
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semi_sync_after_sync_loses_nothing_acknowledged() {
     let started = Instant::now();
@@ -293,7 +193,7 @@ async fn semi_sync_after_sync_loses_nothing_acknowledged() {
 
     // Acknowledged: each commit waited for the replica's relay log. No
     // wait for the replica to apply them: the promotion does that.
-    let acknowledged = acknowledged_batch(&engine, &scope, &runs).await;
+    let acknowledged = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
 
     // A call whose claim committed, whose completion will be sent while the
     // link is stalled.
@@ -332,7 +232,9 @@ async fn semi_sync_after_sync_loses_nothing_acknowledged() {
 
     // Nothing acknowledged was lost, and nothing answered runs again.
     for key in &acknowledged {
-        let reply = call_until_answered(&engine, &scope, key, &runs).await;
+        let reply = call_until_answered(&engine, &scope, key, &runs, |_| false)
+            .await
+            .expect("the promoted server answers");
         assert!(reply.is_replay(), "{key}: acknowledged, kept");
     }
     assert_eq!(runs.get(), CALLS, "nothing acknowledged ran twice");

@@ -34,20 +34,23 @@ use std::time::{Duration, Instant};
 use idem_core::clock::ManualClock;
 use idem_core::store::RecordState;
 use idem_core::store::StoreError;
-use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply, Scope};
+use idem_core::{Error as IdemError, Idem, Scope};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
 use idem_test_support::sql::{Counter, Out, policy, request, scope};
+use idem_test_support::work::{
+    acknowledged_batch, assert_switch_error, call, call_held, call_until_answered, state,
+};
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
 use support::{is_not_synchronous, is_timeout};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 /// Acknowledged calls per phase.
 const CALLS: usize = 12;
 
-type Engine = Arc<Idem<PgStore>>;
+type Engine = idem_test_support::work::Engine<PgStore>;
 
 fn pool_options() -> PgPoolOptions {
     // A short acquire timeout: while the primary is down, a call that needs
@@ -71,49 +74,6 @@ fn engine(store: &PgStore, clock: &ManualClock) -> Engine {
             .with_clock(clock.clone())
             .with_policy(policy(2)),
     )
-}
-
-/// Runs the work for `key` once (counting it) and returns what the caller saw.
-async fn call(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-) -> Result<Reply<String, String>, IdemError> {
-    let runs = runs.clone();
-    let body = format!("charge for {key}");
-    engine
-        .execute(scope, key, &request(), |_attempt| async move {
-            runs.hit();
-            Out::Success(body)
-        })
-        .await
-}
-
-/// `CALLS` fresh keys, each executed once; asserts every call was
-/// acknowledged as stored.
-async fn acknowledged_batch(engine: &Engine, scope: &Scope, runs: &Counter) -> Vec<String> {
-    let mut keys = Vec::new();
-    for _ in 0..CALLS {
-        let key = IdempotencyKey::random().as_str().to_owned();
-        let reply = call(engine, scope, &key, runs).await.expect("acknowledged");
-        assert!(
-            reply.is_stored() && !reply.is_replay(),
-            "{key}: stored fresh"
-        );
-        keys.push(key);
-    }
-    keys
-}
-
-/// A failure seen while the primary is gone: typed, 503, retryable.
-fn assert_switch_error(e: &IdemError) {
-    assert!(
-        matches!(e, IdemError::Store(StoreError::Unavailable { .. })),
-        "{e:?}"
-    );
-    assert_eq!(e.http_status(), 503, "{e:?}");
-    assert!(e.retry_after().is_some(), "{e:?}");
 }
 
 /// Kills the primary, promotes the standby, points `front` at it (open
@@ -145,32 +105,6 @@ async fn promote_behind(cluster: &Cluster, front: &Proxy) {
     cluster.promote_standby().await;
     front.set_upstream(cluster.standby.addr());
     front.set_down(false);
-}
-
-/// Calls `key` until the store answers (at most 20 tries), asserting that
-/// every failure on the way is a typed 503.
-async fn call_until_answered(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-) -> Result<Reply<String, String>, IdemError> {
-    for _ in 0..20 {
-        match call(engine, scope, key, runs).await {
-            Err(e) if !is_not_synchronous(&e) && e.is_retryable() => assert_switch_error(&e),
-            other => return other,
-        }
-    }
-    panic!("the promoted server never answered");
-}
-
-async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
-    engine
-        .admin()
-        .inspect(scope, key, true)
-        .await
-        .expect("inspect")
-        .map(|r| (r.state, r.attempt))
 }
 
 /// Waits (bounded) until a client backend on `admin`'s server waits for
@@ -243,18 +177,18 @@ async fn asynchronous_replication_loses_what_the_standby_had_not_received() {
     let (scope, runs) = (scope(), Counter::default());
 
     // Replicated before the stall: survives the failover.
-    let before = acknowledged_batch(&engine, &scope, &runs).await;
+    let before = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
     cluster.wait_streaming(false).await;
 
     // Acknowledged while the standby receives nothing: lost.
     cluster.link.set_stalled(true);
-    let during = acknowledged_batch(&engine, &scope, &runs).await;
+    let during = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
     assert_eq!(runs.get(), 2 * CALLS);
 
     fail_over(&cluster, &front, &engine, &scope).await;
 
     for key in &before {
-        let reply = call_until_answered(&engine, &scope, key, &runs)
+        let reply = call_until_answered(&engine, &scope, key, &runs, is_not_synchronous)
             .await
             .expect("replayed");
         assert!(reply.is_replay(), "{key}: replicated before the stall");
@@ -270,42 +204,6 @@ async fn asynchronous_replication_loses_what_the_standby_had_not_received() {
     }
     assert_eq!(runs.get(), 3 * CALLS, "every lost call ran a second time");
     eprintln!("asynchronous failover test: {:?}", started.elapsed());
-}
-
-/// Starts a call whose work waits for `go` (after counting itself); returns
-/// once the work runs, i.e. once the claim is committed.
-async fn call_held(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-    go: &watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<Reply<String, String>, IdemError>> {
-    let started = Arc::new(Notify::new());
-    let (engine, scope, key, runs, go, s) = (
-        Arc::clone(engine),
-        scope.clone(),
-        key.to_owned(),
-        runs.clone(),
-        go.clone(),
-        Arc::clone(&started),
-    );
-    let task = tokio::spawn(async move {
-        let body = format!("charge for {key}");
-        engine
-            .execute(&scope, key.as_str(), &request(), |_attempt| async move {
-                runs.hit();
-                s.notify_one();
-                let mut go = go;
-                let _ = go.wait_for(|&open| open).await;
-                Out::Success(body)
-            })
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(30), started.notified())
-        .await
-        .expect("the work started");
-    task
 }
 
 async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
@@ -324,7 +222,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     let (scope, runs) = (scope(), Counter::default());
 
     // Acknowledged: each commit waited for the standby.
-    let acknowledged = acknowledged_batch(&engine, &scope, &runs).await;
+    let acknowledged = acknowledged_batch(&engine, &scope, &runs, CALLS).await;
     sqlx::query("CREATE TABLE orders (note text NOT NULL)")
         .execute(store.pool())
         .await
@@ -409,7 +307,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     // The store that requires synchronous replication refuses the promoted
     // server (no synchronous standby of its own), typed, and runs nothing.
     let refused_runs = Counter::default();
-    let refused = call_until_answered(&engine, &scope, "after", &refused_runs)
+    let refused = call_until_answered(&engine, &scope, "after", &refused_runs, is_not_synchronous)
         .await
         .expect_err("no synchronous standby: refused");
     assert!(is_not_synchronous(&refused), "{refused:?}");

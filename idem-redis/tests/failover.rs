@@ -29,9 +29,9 @@ use idem_core::store::RecordState;
 use idem_core::store::StoreError;
 use idem_core::{Error, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, Scope};
 use idem_redis::{NotAcknowledged, RedisStore};
+use idem_test_support::work::{Counter, Out, call, call_held, request, state};
 use support::replicated::{ReplicatedCluster, ReplicatedPair, Shard};
-use support::scenario::{Counter, Out, request};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 const LAG_SECS: u32 = 4;
 
@@ -46,7 +46,7 @@ fn policy() -> Policy {
         .expect("valid policy")
 }
 
-type Engine = Arc<Idem<RedisStore>>;
+type Engine = idem_test_support::work::Engine<RedisStore>;
 
 async fn engine(cluster: &ReplicatedCluster, clock: &ManualClock, ack: bool) -> Engine {
     let store = RedisStore::connect_cluster(cluster.urls())
@@ -77,73 +77,11 @@ fn key_on(cluster: &ReplicatedCluster, engine: &Engine, scope: &Scope, shard: &S
     }
 }
 
-/// Runs the work for `key` once, counting it, and returns what the caller saw.
-async fn call(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-) -> Result<idem_core::Reply<String, String>, Error> {
-    let runs = runs.clone();
-    let body = format!("charge for {key}");
-    engine
-        .execute(scope, key, &request(), |_attempt| async move {
-            runs.hit();
-            Out::Success(body)
-        })
-        .await
-}
-
-/// Starts a call whose work waits for `go` (after counting itself); returns
-/// once the work runs, i.e. once the claim is done.
-async fn call_held(
-    engine: &Engine,
-    scope: &Scope,
-    key: &str,
-    runs: &Counter,
-    go: &watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<idem_core::Reply<String, String>, Error>> {
-    let started = Arc::new(Notify::new());
-    let (engine, scope, key, runs, go, s) = (
-        Arc::clone(engine),
-        scope.clone(),
-        key.to_owned(),
-        runs.clone(),
-        go.clone(),
-        Arc::clone(&started),
-    );
-    let task = tokio::spawn(async move {
-        let body = format!("charge for {key}");
-        engine
-            .execute(&scope, key.as_str(), &request(), |_attempt| async move {
-                runs.hit();
-                s.notify_one();
-                let mut go = go;
-                let _ = go.wait_for(|&open| open).await;
-                Out::Success(body)
-            })
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(10), started.notified())
-        .await
-        .expect("the work started");
-    task
-}
-
 fn is_unacknowledged(e: &Error) -> bool {
     let Error::Store(StoreError::Unavailable { source, .. }) = e else {
         return false;
     };
     source.downcast_ref::<NotAcknowledged>().is_some()
-}
-
-async fn state(engine: &Engine, scope: &Scope, key: &str) -> Option<(RecordState, u32)> {
-    engine
-        .admin()
-        .inspect(scope, key, true)
-        .await
-        .expect("inspect")
-        .map(|r| (r.state, r.attempt))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,3 +18,5 @@ mod scenarios;
 pub mod servers;
 #[cfg(feature = "sql")]
 pub mod sql;
+#[cfg(feature = "work")]
+pub mod work;

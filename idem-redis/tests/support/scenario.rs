@@ -1,19 +1,16 @@
 //! What the backend tests share: a policy, engines, identities, a counter.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock, Timestamp};
 use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimRequest, Completion, Store, Token};
-use idem_core::{
-    FieldFilter, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, RecordId, Scope,
-};
+use idem_core::{FieldFilter, Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Scope};
 use idem_redis::RedisStore;
 
-pub(crate) type Out = Outcome<String, String>;
+#[allow(unused_imports, reason = "each test binary uses a different part")]
+pub(crate) use idem_test_support::work::{Counter, Out, request};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
@@ -42,21 +39,6 @@ pub(crate) fn scope() -> Scope {
         "POST /charges",
     )
     .expect("scope")
-}
-
-pub(crate) fn request() -> serde_json::Value {
-    serde_json::json!({"amount": 100, "currency": "eur"})
-}
-
-#[derive(Clone, Default)]
-pub(crate) struct Counter(Arc<AtomicUsize>);
-impl Counter {
-    pub(crate) fn hit(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-    pub(crate) fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 pub(crate) fn claim_req<'a>(id: &'a RecordId, clock: &ManualClock) -> ClaimRequest<'a> {

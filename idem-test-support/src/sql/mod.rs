@@ -41,14 +41,13 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
 use idem_core::clock::{ManualClock, Timestamp};
 use idem_core::store::{AdminStore, ClaimRequest, Token};
 use idem_core::{
-    Attempt, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, IntoKey, Outcome, Policy,
+    Attempt, Error, FieldFilter, Idem, IdempotencyKey, InFlightMode, IntoKey, Policy,
     PolicyBuilder, RecordId, Reply, Scope,
 };
 
@@ -63,8 +62,7 @@ pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
 
 use proxy::{Protocol, Proxy};
 
-/// What the scenarios' works return.
-pub type Out = Outcome<String, String>;
+pub use crate::work::{Counter, Out, request};
 
 /// The lease of [`policy`].
 pub const LEASE: Duration = Duration::from_secs(60);
@@ -113,11 +111,6 @@ pub fn scope() -> Scope {
     .expect("scope")
 }
 
-/// The request every scenario sends.
-pub fn request() -> serde_json::Value {
-    serde_json::json!({"amount": 100, "currency": "eur"})
-}
-
 /// A claim request for `id` at `now` with a fresh token, for [`request`].
 ///
 /// # Panics
@@ -133,20 +126,6 @@ pub fn claim_request(id: &RecordId, now: Timestamp) -> ClaimRequest<'_> {
         now.plus(LEASE),
         now.plus(Duration::from_secs(86_400)),
     )
-}
-
-/// How many times a work ran.
-#[derive(Debug, Clone, Default)]
-pub struct Counter(Arc<AtomicUsize>);
-impl Counter {
-    /// One more run.
-    pub fn hit(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-    /// Runs so far.
-    pub fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// One test's store on its own table, schema or file.

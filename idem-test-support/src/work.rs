@@ -1,0 +1,176 @@
+//! What the backends' scenario tests share: the work they run and count
+//! ([`Out`], [`request`], [`Counter`]), and the calls a failover test makes
+//! through an engine ([`call`], [`call_held`], [`acknowledged_batch`],
+//! [`call_until_answered`], [`state`], [`assert_switch_error`]), generic
+//! over the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::store::{AdminStore, RecordState, StoreError};
+use idem_core::{Error, Idem, IdempotencyKey, Outcome, Reply, Scope};
+use tokio::sync::{Notify, watch};
+
+/// What the scenarios' works return.
+pub type Out = Outcome<String, String>;
+
+/// An engine shared by the tasks of a test.
+pub type Engine<S> = Arc<Idem<S>>;
+
+/// The request every scenario sends.
+pub fn request() -> serde_json::Value {
+    serde_json::json!({"amount": 100, "currency": "eur"})
+}
+
+/// How many times a work ran.
+#[derive(Debug, Clone, Default)]
+pub struct Counter(Arc<AtomicUsize>);
+impl Counter {
+    /// One more run.
+    pub fn hit(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    /// Runs so far.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs the work for `key` once (counting it) and returns what the caller
+/// saw; the work answers `charge for {key}`.
+pub async fn call<S: AdminStore>(
+    engine: &Engine<S>,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+) -> Result<Reply<String, String>, Error> {
+    let runs = runs.clone();
+    let body = format!("charge for {key}");
+    engine
+        .execute(scope, key, &request(), |_attempt| async move {
+            runs.hit();
+            Out::Success(body)
+        })
+        .await
+}
+
+/// `n` fresh keys, each executed once; asserts every call was acknowledged
+/// as stored (fresh, not a replay). Returns the keys.
+///
+/// # Panics
+///
+/// When a call fails or is not reported stored.
+pub async fn acknowledged_batch<S: AdminStore>(
+    engine: &Engine<S>,
+    scope: &Scope,
+    runs: &Counter,
+    n: usize,
+) -> Vec<String> {
+    let mut keys = Vec::new();
+    for _ in 0..n {
+        let key = IdempotencyKey::random().as_str().to_owned();
+        let reply = call(engine, scope, &key, runs).await.expect("acknowledged");
+        assert!(
+            reply.is_stored() && !reply.is_replay(),
+            "{key}: stored fresh"
+        );
+        keys.push(key);
+    }
+    keys
+}
+
+/// A failure seen while the primary is gone: typed, 503, retryable.
+///
+/// # Panics
+///
+/// When it is anything else.
+pub fn assert_switch_error(e: &Error) {
+    assert!(
+        matches!(e, Error::Store(StoreError::Unavailable { .. })),
+        "{e:?}"
+    );
+    assert_eq!(e.http_status(), 503, "{e:?}");
+    assert!(e.retry_after().is_some(), "{e:?}");
+}
+
+/// Calls `key` until the store answers (at most 20 tries), asserting that
+/// every retryable failure on the way for which `expected` is false is a
+/// typed 503; returns the first answer that is not such a failure.
+///
+/// # Panics
+///
+/// When the store never answers.
+pub async fn call_until_answered<S: AdminStore>(
+    engine: &Engine<S>,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+    expected: impl Fn(&Error) -> bool,
+) -> Result<Reply<String, String>, Error> {
+    for _ in 0..20 {
+        match call(engine, scope, key, runs).await {
+            Err(e) if !expected(&e) && e.is_retryable() => assert_switch_error(&e),
+            other => return other,
+        }
+    }
+    panic!("the promoted server never answered");
+}
+
+/// The state and attempt number of `key`'s record, if there is one.
+///
+/// # Panics
+///
+/// When the store cannot be read.
+pub async fn state<S: AdminStore>(
+    engine: &Engine<S>,
+    scope: &Scope,
+    key: &str,
+) -> Option<(RecordState, u32)> {
+    engine
+        .admin()
+        .inspect(scope, key, true)
+        .await
+        .expect("inspect")
+        .map(|r| (r.state, r.attempt))
+}
+
+/// Starts a call whose work waits for `go` (after counting itself); returns
+/// once the work runs, i.e. once the claim is done.
+///
+/// # Panics
+///
+/// When the work does not start within 30 seconds.
+pub async fn call_held<S: AdminStore + 'static>(
+    engine: &Engine<S>,
+    scope: &Scope,
+    key: &str,
+    runs: &Counter,
+    go: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<Reply<String, String>, Error>> {
+    let started = Arc::new(Notify::new());
+    let (engine, scope, key, runs, go, s) = (
+        Arc::clone(engine),
+        scope.clone(),
+        key.to_owned(),
+        runs.clone(),
+        go.clone(),
+        Arc::clone(&started),
+    );
+    let task = tokio::spawn(async move {
+        let body = format!("charge for {key}");
+        engine
+            .execute(&scope, key.as_str(), &request(), |_attempt| async move {
+                runs.hit();
+                s.notify_one();
+                let mut go = go;
+                let _ = go.wait_for(|&open| open).await;
+                Out::Success(body)
+            })
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the work started");
+    task
+}
