@@ -35,7 +35,8 @@
 //!
 //! `POST /orders` and `PATCH /orders/{id}` are protected; `GET`, `PUT` and
 //! `DELETE` pass through. `?delay_ms=N` makes a POST take N ms, `?status=503`
-//! makes it fail transiently. `GET /stats` counts handler executions.
+//! makes it fail transiently. `GET /stats` counts handler executions. A new
+//! order's id is `ord_` and a number unique across restarts.
 //!
 //! A POST saves its order's id as the record's resource id
 //! (`attempt.save_resource_id`) before it creates the order. So when its
@@ -54,7 +55,7 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -83,6 +84,10 @@ impl OwnerId for Account {
 #[derive(Default)]
 struct Orders {
     orders: Mutex<BTreeMap<String, Value>>,
+    /// The last order number: it starts at the process's start time in
+    /// microseconds, so that ids stay unique across restarts (a record kept
+    /// by a persistent store names an order of an earlier process, and a
+    /// recovery reconciles from that id).
     next: AtomicU64,
     executions: AtomicU64,
 }
@@ -120,7 +125,11 @@ async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {
         // `POST /orders`, `PATCH /orders/{id}`: one operation per route.
         .operation(OperationSource::MatchedPath)
         .build()?;
-    let state = Arc::new(Orders::default());
+    let started_us = SystemTime::now().duration_since(UNIX_EPOCH)?.as_micros();
+    let state = Arc::new(Orders {
+        next: AtomicU64::new(u64::try_from(started_us)?),
+        ..Orders::default()
+    });
     let orders = Router::new()
         .route("/orders", post(create).get(list))
         .route(

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full, Limited};
-use idem_core::adapter::{EngineExt, answerable};
+use idem_core::adapter::{ClaimExt, EngineExt, Settle, Settled};
 use idem_core::store::{BoxDynError, Store};
 use idem_core::{Begin, HttpResponse, IdempotencyKey, Outcome, Scope};
 use sha2::{Digest, Sha256};
@@ -244,11 +244,8 @@ fn full(bytes: Bytes) -> Body {
 }
 
 /// What the engine is told about the handler's answer.
-enum Capture {
-    Release,
-    NotStored,
-    Store(Outcome<HttpResponse, HttpResponse>),
-}
+/// What the engine is told about the handler's answer.
+type Capture = Settle<HttpResponse, HttpResponse>;
 
 async fn run<Svc, S, O, ResB>(
     shared: Arc<Shared<S, O>>,
@@ -299,24 +296,7 @@ where
                 Some(ceiling) => attempt.renewing(lease, ceiling, call).await,
                 None => call.await,
             };
-            // `Ok(Err(_))`: the outcome is not stored yet and the handler
-            // saved no resource id, so its answer must not go out.
-            let finished = match capture {
-                Capture::Release => {
-                    if let Err(e) = claim.release().await {
-                        warn!(error = %e, "transient answer: release failed; left to lease expiry");
-                    }
-                    Ok(Ok("released"))
-                }
-                Capture::NotStored => claim
-                    .complete_not_stored()
-                    .await
-                    .map(|written| answerable(!written, &attempt).map(|()| "executed")),
-                Capture::Store(outcome) => claim
-                    .complete(outcome)
-                    .await
-                    .map(|reply| answerable(reply.is_pending(), &attempt).map(|()| "executed")),
-            };
+            let finished = claim.settle(capture).await;
             (finished, done)
         }
         .in_current_span()
@@ -331,15 +311,18 @@ where
     match finished {
         Err(e @ idem_core::Error::LeaseLost { .. }) => return Ok(reject(&Rejection::Engine(e))),
         Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
-        Ok(Err(hold)) => {
+        Ok(Settled::Hold(hold)) => {
             // The retry replays the outcome once the engine's background
             // write stored it.
             span.record("outcome", "pending");
             warn!("outcome not stored yet: answered UNAVAILABLE so that the retry replays it");
             return Ok(reject(&Rejection::Engine(hold)));
         }
-        Ok(Ok(outcome)) => {
-            span.record("outcome", outcome);
+        Ok(Settled::Released) => {
+            span.record("outcome", "released");
+        }
+        Ok(Settled::Answer) => {
+            span.record("outcome", "executed");
         }
     }
     done

@@ -16,9 +16,9 @@ use futures_util::FutureExt;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::adapter::{EngineExt, Prepared, answerable};
+use idem_core::adapter::{ClaimExt, EngineExt, Prepared, Settle, Settled};
 use idem_core::store::{BoxDynError, Store};
-use idem_core::{Attempt, Begin, Error, HttpResponse, Outcome};
+use idem_core::{Begin, Error, HttpResponse, Outcome};
 use tower_service::Service;
 use tracing::{Instrument, warn};
 
@@ -29,15 +29,10 @@ use crate::headers::{Class, default_class, stored_headers};
 use crate::rejection::Rejection;
 use crate::state::Shared;
 
-/// What the engine is told about the handler's response.
-enum Capture {
-    /// Release the key (transient).
-    Release,
-    /// Complete without a body (streamed, oversized, `CompleteWithoutBody`).
-    NotStored,
-    /// Store it (success or permanent failure).
-    Store(Outcome<HttpResponse, HttpResponse>),
-}
+/// What the engine is told about the handler's response: release the key
+/// (transient), complete without a body (streamed, oversized,
+/// `CompleteWithoutBody`), or store it (success or permanent failure).
+type Capture = Settle<HttpResponse, HttpResponse>;
 
 /// What the handler side produced for this caller.
 #[allow(
@@ -119,22 +114,7 @@ where
                 Some(ceiling) => attempt.renewing(lease, ceiling, call).await,
                 None => call.await,
             };
-            let finished = match capture {
-                Capture::Release => {
-                    if let Err(e) = claim.release().await {
-                        warn!(error = %e, "transient answer: release failed; left to lease expiry");
-                    }
-                    Ok(Finished::Released)
-                }
-                Capture::NotStored => claim
-                    .complete_not_stored()
-                    .await
-                    .map(|written| Finished::of(!written, &attempt)),
-                Capture::Store(outcome) => claim
-                    .complete(outcome)
-                    .await
-                    .map(|reply| Finished::of(reply.is_pending(), &attempt)),
-            };
+            let finished = claim.settle(capture).await;
             (finished, done)
         }
         .in_current_span()
@@ -169,7 +149,7 @@ where
     match finished {
         Err(e @ Error::LeaseLost { .. }) => return Ok(Answer::Reject(Rejection::Engine(e))),
         Err(e) => warn!(error = %e, "completion failed; left to lease expiry and recovery"),
-        Ok(Finished::Pending(e)) => {
+        Ok(Settled::Hold(e)) => {
             // The handler ran but its outcome is not stored yet (the store
             // failed: a failover, a call timeout), and it saved no resource
             // id a recovery could reconcile from: the client is told to
@@ -179,15 +159,11 @@ where
             warn!("outcome not stored yet: answered 503 so that the retry replays it");
             return Ok(Answer::Reject(Rejection::Engine(e)));
         }
-        Ok(f) => {
-            span.record(
-                "outcome",
-                if matches!(f, Finished::Released) {
-                    "released"
-                } else {
-                    "executed"
-                },
-            );
+        Ok(Settled::Released) => {
+            span.record("outcome", "released");
+        }
+        Ok(Settled::Answer) => {
+            span.record("outcome", "executed");
         }
     }
     match done {
@@ -197,32 +173,6 @@ where
         }
         Done::Err(e) => Err(e),
         Done::Reject(r) => Ok(Answer::Reject(r)),
-    }
-}
-
-/// How a claim was finished.
-#[derive(Debug)]
-enum Finished {
-    /// The outcome is stored (or completed without its body).
-    Stored,
-    /// A transient answer: the key was released.
-    Released,
-    /// The completion's write failed (kept and written again in the
-    /// background) and the handler saved no resource id: the answer that
-    /// goes out instead of the handler's.
-    Pending(Error),
-}
-
-impl Finished {
-    /// A completion handed to the engine: stored, or pending with a saved
-    /// resource id a recovery reconciles from (the handler's answer goes
-    /// out either way), or pending with nothing saved (it must not:
-    /// [`answerable`]).
-    fn of(pending: bool, attempt: &Attempt) -> Self {
-        match answerable(pending, attempt) {
-            Ok(()) => Self::Stored,
-            Err(e) => Self::Pending(e),
-        }
     }
 }
 

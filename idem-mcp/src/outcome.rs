@@ -1,6 +1,7 @@
 //! What a tool's work answers, and how the engine remembers it.
 
 use idem_core::Outcome;
+use idem_core::adapter::Settle;
 use rmcp::model::{CallToolResult, ErrorData};
 use serde_json::Value;
 use tracing::warn;
@@ -33,14 +34,6 @@ enum Kind {
     Error(ErrorData),
 }
 
-/// What the engine is told.
-pub(crate) enum Verdict {
-    /// Release the key (transient, an error, or a result that cannot be encoded).
-    Release,
-    /// Store it (a success, or a permanent failure).
-    Store(Outcome<Value, Value>),
-}
-
 impl ToolOutcome {
     /// A result to store and replay: `isError: true` makes it a permanent
     /// failure (a declined card), replayed as it is.
@@ -69,16 +62,19 @@ impl ToolOutcome {
         matches!(self.0, Kind::Result(_))
     }
 
-    pub(crate) fn verdict(&self) -> Verdict {
+    /// What the engine is told: release the key (transient, an error, or a
+    /// result that cannot be encoded), or store it (a success, or a
+    /// permanent failure).
+    pub(crate) fn verdict(&self) -> Settle<Value, Value> {
         let Kind::Result(result) = &self.0 else {
-            return Verdict::Release;
+            return Settle::Release;
         };
         match serde_json::to_value(result) {
-            Ok(v) if result.is_error == Some(true) => Verdict::Store(Outcome::Failure(v)),
-            Ok(v) => Verdict::Store(Outcome::Success(v)),
+            Ok(v) if result.is_error == Some(true) => Settle::Store(Outcome::Failure(v)),
+            Ok(v) => Settle::Store(Outcome::Success(v)),
             Err(e) => {
                 warn!(error = %e, "tool result cannot be encoded: key released");
-                Verdict::Release
+                Settle::Release
             }
         }
     }

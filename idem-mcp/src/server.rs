@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::adapter::{EngineExt, answerable};
+use idem_core::adapter::{ClaimExt, EngineExt, Settled};
 use idem_core::store::Store;
 use idem_core::{Attempt, Begin, Idem, IdempotencyKey, Outcome, Scope};
 use rmcp::RoleServer;
@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::outcome::{ToolOutcome, Verdict};
+use crate::outcome::ToolOutcome;
 use crate::vocab::{self, code};
 
 /// Who owns a record: a closure over the request context (the session's
@@ -390,23 +390,15 @@ impl<S: Store> IdempotentTools<S> {
                 Some(ceiling) => attempt.renewing(lease, ceiling, work(call)).await,
                 None => work(call).await,
             };
-            let finished = match outcome.verdict() {
-                Verdict::Release => claim.release().await.map(|()| Ok(())),
-                // Pending with nothing saved: the result must not go out.
-                Verdict::Store(stored) => claim
-                    .complete(stored)
-                    .await
-                    .map(|reply| answerable(reply.is_pending(), &attempt)),
-            };
-            (finished, outcome)
+            (claim.settle(outcome.verdict()).await, outcome)
         });
         match task.await {
-            Ok((finished, outcome)) => {
-                match finished {
+            Ok((settled, outcome)) => {
+                match settled {
                     Err(e @ idem_core::Error::LeaseLost { .. }) => {
                         return Err(vocab::engine_error(&e));
                     }
-                    Ok(Err(hold)) => {
+                    Ok(Settled::Hold(hold)) => {
                         // The outcome is not stored yet and nothing was
                         // saved to reconcile from: retry, and the retry
                         // replays it once the background write stored it.
@@ -416,7 +408,7 @@ impl<S: Store> IdempotentTools<S> {
                     Err(e) => {
                         warn!(error = %e, "completion failed; left to lease expiry and recovery")
                     }
-                    Ok(Ok(())) => {}
+                    Ok(Settled::Released | Settled::Answer) => {}
                 }
                 outcome.into_answer()
             }

@@ -290,6 +290,27 @@ pub trait ClaimExt<T, E>: sealed::Sealed {
     /// ([`PendingCompletion::is_transient`]): the caller undoes the claim
     /// (a rollback) and calls [`not_written`](PendingCompletion::not_written).
     fn into_pending(self, outcome: impl Into<Outcome<T, E>>) -> PendingCompletion<T, E>;
+
+    /// Ends the claim the way an adapter does once its handler answered
+    /// (`how`), and says what the adapter answers:
+    ///
+    /// * [`Settle::Release`]: the key is released
+    ///   ([`Claim::release`]); a release that fails leaves the record to its
+    ///   lease (logged at `warn`): [`Settled::Released`] either way;
+    /// * [`Settle::NotStored`]: completed without its body
+    ///   ([`Claim::complete_not_stored`]);
+    /// * [`Settle::Store`]: completed with the outcome ([`Claim::complete`]).
+    ///
+    /// A completion the store took, or that is pending with a resource id
+    /// the handler saved, is [`Settled::Answer`]: the handler's answer goes
+    /// out. One pending with nothing saved is [`Settled::Hold`] with the
+    /// error to answer instead ([`answerable`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when a newer attempt took the record over (its
+    /// outcome is the one replayed).
+    fn settle(self, how: Settle<T, E>) -> impl Future<Output = Result<Settled, Error>> + Send;
 }
 
 impl<S: Store, T: Storable, E: Storable> ClaimExt<T, E> for Claim<S, T, E> {
@@ -297,6 +318,58 @@ impl<S: Store, T: Storable, E: Storable> ClaimExt<T, E> for Claim<S, T, E> {
         self.finish();
         PendingCompletion::new(&self.idem, &self.attempt, outcome.into())
     }
+
+    async fn settle(self, how: Settle<T, E>) -> Result<Settled, Error> {
+        let attempt = self.attempt().clone();
+        let pending = match how {
+            Settle::Release => {
+                return match self.release().await {
+                    Err(e @ Error::LeaseLost { .. }) => Err(e),
+                    Err(e) => {
+                        warn!(error = %e, "transient answer: release failed; left to lease expiry");
+                        Ok(Settled::Released)
+                    }
+                    Ok(()) => Ok(Settled::Released),
+                };
+            }
+            Settle::NotStored => !self.complete_not_stored().await?,
+            Settle::Store(outcome) => self.complete(outcome).await?.is_pending(),
+        };
+        Ok(match answerable(pending, &attempt) {
+            Ok(()) => Settled::Answer,
+            Err(hold) => Settled::Hold(hold),
+        })
+    }
+}
+
+/// What an adapter does with its claim once its handler answered:
+/// [`ClaimExt::settle`].
+#[derive(Debug)]
+pub enum Settle<T, E> {
+    /// A transient answer: release the key, so that the next attempt runs.
+    Release,
+    /// An answer that is not to be kept (a stream, a secret, too large):
+    /// complete the record without its body; retries get
+    /// [`Error::ResponseNotStored`].
+    NotStored,
+    /// The outcome to store and replay.
+    Store(Outcome<T, E>),
+}
+
+/// What [`ClaimExt::settle`] left the adapter to answer.
+#[derive(Debug)]
+#[must_use]
+pub enum Settled {
+    /// The key was released (or left to its lease if the release failed):
+    /// the handler's (transient) answer goes out.
+    Released,
+    /// The outcome is stored, or pending with a saved resource id a
+    /// recovery reconciles from: the handler's answer goes out.
+    Answer,
+    /// The outcome is not stored yet and nothing was saved to reconcile
+    /// from: answer this error instead (503 `store_unavailable`); the retry
+    /// replays the outcome once the engine's background write stored it.
+    Hold(Error),
 }
 
 /// An outcome encoded for storage but not yet written: see
