@@ -16,7 +16,7 @@
 //!
 //! * **Its own answer.** An adapter that answers with its handler's result
 //!   ends the claim with [`ClaimExt::settle`], which says whether that
-//!   answer may go out ([`answerable`]), and lets
+//!   answer may go out, and lets
 //!   [`Attempt::renewing`](crate::Attempt::renewing) keep the lease of a
 //!   handler that outlives it.
 //!
@@ -31,7 +31,7 @@
 
 pub use crate::builder::{PermanentFailurePolicy, ScopeSetting, ScopeSettingError};
 pub use crate::engine::adapter::{
-    ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared, Settle, Settled, answerable,
+    ClaimExt, ClaimTicket, EngineExt, PendingCompletion, Prepared, Settle, Settled,
 };
 pub use crate::fingerprint::value::canonical_json;
 pub use crate::fingerprint::{MAX_REQUEST_DEPTH, fingerprint, fingerprint_raw, sha256_hex};

@@ -42,7 +42,7 @@ use crate::{
 /// # Errors
 ///
 /// The error to answer in place of the handler's answer, as above.
-pub fn answerable(pending: bool, attempt: &Attempt) -> Result<(), Error> {
+pub(crate) fn answerable(pending: bool, attempt: &Attempt) -> Result<(), Error> {
     if !pending || attempt.has_saved_resource_id() {
         return Ok(());
     }
@@ -304,7 +304,7 @@ pub trait ClaimExt<T, E>: sealed::Sealed {
     /// A completion the store took, or that is pending with a resource id
     /// the handler saved, is [`Settled::Answer`]: the handler's answer goes
     /// out. One pending with nothing saved is [`Settled::Hold`] with the
-    /// error to answer instead ([`answerable`]).
+    /// error to answer instead (503 `store_unavailable`).
     ///
     /// # Errors
     ///
