@@ -21,7 +21,7 @@ pub use error::Error;
 /// and [`PgStore::with_call_timeout`] bounds the commit.
 pub use idem_sql::SqlIdemExt as PgIdemExt;
 pub use idem_sql::TxFuture;
-pub use replication::Replication;
+pub use replication::{Replication, refuse_without_synchronous_standby};
 pub use schema::MIGRATION;
 pub use sqlx;
 pub use store::PgStore;

@@ -272,6 +272,57 @@ pub(crate) fn connect_check(guard: &Arc<Guard>) -> ConnectCheck<PgConnection> {
     })
 }
 
+/// Refuses a connection to a server whose commits do not wait for a
+/// synchronous standby, or to a standby in recovery: the check a store
+/// built by [`PgStore::connect_with`](crate::PgStore::connect_with) runs on
+/// every new connection, for a pool you build yourself and give to
+/// [`PgStore::new`](crate::PgStore::new) (which cannot reach into your
+/// pool). Install it as the pool's `after_connect` hook, with
+/// [`PgStore::require_synchronous_replication`](crate::PgStore::require_synchronous_replication)
+/// on the store:
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_postgres::Error> {
+/// use idem_postgres::sqlx::postgres::PgPoolOptions;
+/// use idem_postgres::{PgStore, refuse_without_synchronous_standby};
+///
+/// let pool = PgPoolOptions::new()
+///     .acquire_timeout(std::time::Duration::from_secs(2))
+///     .test_before_acquire(false)
+///     .after_connect(|conn, _meta| Box::pin(refuse_without_synchronous_standby(conn)))
+///     .connect_lazy("postgres://app@db.internal/app")?;
+/// let store = PgStore::new(pool).require_synchronous_replication().await?;
+/// # Ok(()) }
+/// ```
+///
+/// sqlx closes a connection its hook refused and tries a new one until the
+/// pool's `acquire_timeout`: a store call then fails with `PoolTimedOut`
+/// ([`StoreError::Unavailable`](idem_core::store::StoreError), 503), having
+/// written nothing. Keep that timeout short (the store's own pool answers
+/// [`Error::NotSynchronous`] at once instead).
+///
+/// # Errors
+///
+/// [`sqlx::Error::Configuration`] holding [`Error::NotSynchronous`] or
+/// [`Error::Standby`], or the driver's error when the settings cannot be
+/// read.
+pub async fn refuse_without_synchronous_standby(
+    conn: &mut PgConnection,
+) -> Result<(), sqlx::Error> {
+    let found = Replication::read(&mut *conn).await?;
+    let refused = if found.in_recovery {
+        Some(Error::Standby)
+    } else if found.is_synchronous() {
+        None
+    } else {
+        Some(Error::NotSynchronous {
+            synchronous_commit: found.synchronous_commit,
+            synchronous_standby_names: found.synchronous_standby_names,
+        })
+    };
+    refused.map_or(Ok(()), |e| Err(sqlx::Error::Configuration(Box::new(e))))
+}
+
 /// A checkout's error: the new-connection check's own error if it refused
 /// the connection, the driver's otherwise.
 pub(crate) fn unwrap_checkout(e: sqlx::Error) -> Error {

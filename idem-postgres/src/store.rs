@@ -248,8 +248,11 @@ impl PgStore {
     ///
     /// A failed check latches: every write checks first, and is refused,
     /// until a check passes. A store over your own pool ([`PgStore::new`])
-    /// cannot check your pool's new connections; the period bounds how long
-    /// it writes to a server it has not judged.
+    /// cannot reach into your pool: install
+    /// [`refuse_without_synchronous_standby`](crate::refuse_without_synchronous_standby)
+    /// as its `after_connect` hook for the same check of every new
+    /// connection (without it, the period bounds how long the store may
+    /// write to a server it has not judged).
     ///
     /// "Synchronous" is [`Replication::is_synchronous`]:
     /// `synchronous_standby_names` names a standby and `synchronous_commit`

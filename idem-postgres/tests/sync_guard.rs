@@ -6,7 +6,9 @@
 //! * A connection replaced silently (past the pool's idle timeout, no
 //!   error seen) after a failover reaches the promoted server, which has no
 //!   synchronous standby: the new connection is checked before it serves
-//!   the write, and the write is refused.
+//!   the write, and the write is refused; on the store's own pool, and on a
+//!   user's pool with `refuse_without_synchronous_standby` as its
+//!   `after_connect` hook.
 //! * `synchronous_standby_names` emptied on the live primary: refused
 //!   within the check period (here zero: the next write), and a failed
 //!   check latches, so that even with an hour-long period every write is
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::clock::ManualClock;
+use idem_core::store::StoreError;
 use idem_core::{Error as IdemError, Idem, IdempotencyKey, Reply};
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, PgPool};
@@ -111,26 +114,54 @@ async fn set_standby_names(admin: &PgPool, options: &PgConnectOptions, names: &s
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_replaced_after_its_idle_timeout_is_checked_before_it_writes() {
-    let cluster = Cluster::start(SYNC).await;
-    let front = Proxy::start(cluster.primary.addr(), Protocol::Postgres).await;
-    // Every idle connection is past its idle timeout by the next checkout
-    // (the failover below takes far longer than a millisecond), so the pool
-    // replaces it without any call seeing an error.
-    let pool = PgPoolOptions::new()
+/// Whose pool the store runs on.
+#[derive(Debug, Clone, Copy)]
+enum Pool {
+    /// The store's own (`connect_with`): it checks new connections itself.
+    Own,
+    /// The user's (`new(pool)`), with `refuse_without_synchronous_standby`
+    /// as its `after_connect` hook.
+    Yours,
+}
+
+/// A store reaching the primary through `front`, requiring synchronous
+/// replication, whose idle connections are past their idle timeout by the
+/// next checkout (the failover takes far longer than a millisecond), so the
+/// pool replaces them without any call seeing an error.
+async fn requiring_store(cluster: &Cluster, front: &Proxy, pool: Pool) -> PgStore {
+    let options: PgConnectOptions = cluster.primary.options().port(front.addr.port());
+    let pool_options = PgPoolOptions::new()
         .max_connections(2)
         .idle_timeout(Duration::from_millis(1));
-    let options: PgConnectOptions = cluster.primary.options().port(front.addr.port());
-    let store = PgStore::connect_with(pool, options)
-        .await
-        .expect("connect")
+    let store = match pool {
+        Pool::Own => PgStore::connect_with(pool_options, options)
+            .await
+            .expect("connect"),
+        Pool::Yours => PgStore::new(
+            pool_options
+                // sqlx retries a connection its hook refused until the
+                // acquire timeout: the call then fails `PoolTimedOut`.
+                .acquire_timeout(Duration::from_millis(500))
+                .test_before_acquire(false)
+                .after_connect(|conn, _meta| {
+                    Box::pin(idem_postgres::refuse_without_synchronous_standby(conn))
+                })
+                .connect_lazy_with(options),
+        ),
+    };
+    store
         .require_synchronous_replication()
         .await
         .expect("the primary has a synchronous standby")
         // Only the new-connection check can see the switch: no period
         // passes during the test.
-        .with_replication_check_period(Duration::from_secs(3600));
+        .with_replication_check_period(Duration::from_secs(3600))
+}
+
+async fn a_replaced_connection_is_checked_before_it_writes(pool: Pool) {
+    let cluster = Cluster::start(SYNC).await;
+    let front = Proxy::start(cluster.primary.addr(), Protocol::Postgres).await;
+    let store = requiring_store(&cluster, &front, pool).await;
     store.migrate().await.expect("migrate");
     let (engine, runs) = (engine(&store), Counter::default());
     let before = write(&engine, &runs).await.expect("a synchronous write");
@@ -144,7 +175,22 @@ async fn a_connection_replaced_after_its_idle_timeout_is_checked_before_it_write
     front.set_upstream(cluster.standby.addr());
 
     for _ in 0..3 {
-        assert_refused(&write(&engine, &runs).await);
+        let refused = write(&engine, &runs).await;
+        match pool {
+            Pool::Own => assert_refused(&refused),
+            // The hook's refusal reaches the store as the pool's timeout:
+            // a 503 all the same, and nothing written.
+            Pool::Yours => match &refused {
+                Err(e) => {
+                    assert!(
+                        matches!(e, IdemError::Store(StoreError::Unavailable { .. })),
+                        "{e:?}"
+                    );
+                    assert_eq!(e.http_status(), 503);
+                }
+                Ok(reply) => panic!("written on the promoted server: {reply:?}"),
+            },
+        }
     }
     assert_eq!(runs.get(), 1, "no work ran on the promoted server");
     let promoted = cluster.standby.pool().await;
@@ -155,6 +201,17 @@ async fn a_connection_replaced_after_its_idle_timeout_is_checked_before_it_write
     );
     promoted.close().await;
     store.close().await;
+    store.pool().close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_replaced_after_its_idle_timeout_is_checked_before_it_writes() {
+    a_replaced_connection_is_checked_before_it_writes(Pool::Own).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_pool_with_the_connect_hook_checks_its_new_connections_too() {
+    a_replaced_connection_is_checked_before_it_writes(Pool::Yours).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
