@@ -110,10 +110,7 @@ where
             req.extensions_mut().insert(IdemAttempt(attempt.clone()));
             req.extensions_mut().insert(IdemKey(key));
             let call = call_and_capture(&shared, inner, req);
-            let (capture, done) = match shared.cfg.auto_renew {
-                Some(ceiling) => attempt.renewing(lease, ceiling, call).await,
-                None => call.await,
-            };
+            let (capture, done) = attempt.renewing(lease, shared.cfg.auto_renew, call).await;
             let finished = claim.settle(capture).await;
             (finished, done)
         }

@@ -386,10 +386,7 @@ impl<S: Store> IdempotentTools<S> {
         let renew = self.auto_renew;
         let task = self.tracker.spawn(async move {
             let attempt = claim.attempt().clone();
-            let outcome = match renew {
-                Some(ceiling) => attempt.renewing(lease, ceiling, work(call)).await,
-                None => work(call).await,
-            };
+            let outcome = attempt.renewing(lease, renew, work(call)).await;
             (claim.settle(outcome.verdict()).await, outcome)
         });
         match task.await {

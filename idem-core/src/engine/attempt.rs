@@ -195,11 +195,12 @@ impl Attempt {
 
     /// Runs `work`, extending the lease by `lease` (the policy's) every
     /// third of it while `work` runs, for at most `ceiling` after it
-    /// starts: work that outlives one lease is not taken over by a retry
-    /// while it still runs, and work that hangs is, once the ceiling has
-    /// passed and the last lease ended. The first extension that fails
-    /// (the record taken over, the store down) ends the renewals, with a
-    /// warning; `work` runs on to its end either way.
+    /// starts (`None`: no renewal, `work` as it is): work that outlives one
+    /// lease is not taken over by a retry while it still runs, and work
+    /// that hangs is, once the ceiling has passed and the last lease ended.
+    /// The first extension that fails (the record taken over, the store
+    /// down) ends the renewals, with a warning; `work` runs on to its end
+    /// either way.
     ///
     /// The period is the runtime's time (`tokio::time`), the lease's end the
     /// engine's clock. For adapters that run a handler they did not write
@@ -208,9 +209,12 @@ impl Attempt {
     pub async fn renewing<F: Future>(
         &self,
         lease: Duration,
-        ceiling: Duration,
+        ceiling: Option<Duration>,
         work: F,
     ) -> F::Output {
+        let Some(ceiling) = ceiling else {
+            return work.await;
+        };
         let every = (lease / 3).max(Duration::from_millis(10));
         let start = tokio::time::Instant::now();
         let mut work = std::pin::pin!(work);
