@@ -11,12 +11,36 @@ use crate::layer::GrpcConfigError;
 
 /// Why bytes given to
 /// [`unary_methods_of`](crate::GrpcIdempotencyLayerBuilder::unary_methods_of)
-/// are not an encoded `google.protobuf.FileDescriptorSet`: protobuf's
-/// decoding error, as its message (the decoder's type is not part of this
+/// or
+/// [`canonical_fingerprint`](crate::GrpcIdempotencyLayerBuilder::canonical_fingerprint)
+/// are not a usable `google.protobuf.FileDescriptorSet`: protobuf's
+/// decoding error, or (`canonical_fingerprint`) why its types do not
+/// resolve, as its message (the decoders' types are not part of this
 /// crate's API).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct DescriptorSetError(prost::DecodeError);
+pub struct DescriptorSetError(Cause);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Cause {
+    /// The bytes do not decode.
+    #[error("{0}")]
+    Decode(prost::DecodeError),
+    /// The set decodes but names a type it does not hold (or holds one
+    /// twice): prost-reflect's words.
+    #[error("{0}")]
+    Resolve(String),
+}
+
+impl DescriptorSetError {
+    pub(crate) fn decode(e: prost::DecodeError) -> Self {
+        Self(Cause::Decode(e))
+    }
+
+    pub(crate) fn resolve(e: &prost_reflect::DescriptorError) -> Self {
+        Self(Cause::Resolve(e.to_string()))
+    }
+}
 
 /// The full paths of the methods a descriptor set describes, split by kind.
 #[derive(Debug, Clone, Default)]
@@ -44,7 +68,7 @@ impl Described {
 /// name, [`GrpcConfigError::NoUnaryMethod`] when no method is unary.
 pub(crate) fn describe(descriptor_set: &[u8]) -> Result<Described, GrpcConfigError> {
     let set = FileDescriptorSet::decode(descriptor_set)
-        .map_err(|e| GrpcConfigError::DescriptorSet(DescriptorSetError(e)))?;
+        .map_err(|e| GrpcConfigError::DescriptorSet(DescriptorSetError::decode(e)))?;
     let mut out = Described::default();
     for file in &set.file {
         for service in &file.service {
@@ -70,7 +94,11 @@ fn is_unary(method: &MethodDescriptorProto) -> bool {
 
 /// `/{package}.{service}/{method}`, or `/{service}/{method}` without a
 /// package: the path gRPC sends a call to.
-fn method_path(package: &str, service: &str, method: &str) -> Result<String, GrpcConfigError> {
+pub(crate) fn method_path(
+    package: &str,
+    service: &str,
+    method: &str,
+) -> Result<String, GrpcConfigError> {
     let path = if package.is_empty() {
         format!("/{service}/{method}")
     } else {

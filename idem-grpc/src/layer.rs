@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 use tonic::Code;
 use tower_layer::Layer;
 
+use crate::canonical::Inputs;
 use crate::descriptor::{Described, DescriptorSetError};
 use crate::service::GrpcIdempotencyService;
 use crate::vocab::{Class, HeaderPolicy, KEY_METADATA, OwnerSource};
@@ -65,6 +66,8 @@ pub(crate) struct Config {
     pub(crate) metadata: HeaderPolicy,
     pub(crate) max_request_bytes: usize,
     pub(crate) auto_renew: Option<Duration>,
+    /// The input types of the methods fingerprinted in canonical form.
+    pub(crate) canonical: Inputs,
 }
 
 pub(crate) struct Shared<S: Store, O> {
@@ -124,6 +127,7 @@ impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
             owner: crate::vocab::NoOwner,
             covered: Covered::Listed(HashSet::new()),
             described: Ok(None),
+            canonical: Ok(Inputs::new()),
             key_metadata: KEY_METADATA.to_owned(),
             key_fields: HashMap::new(),
             key_required: true,
@@ -171,11 +175,17 @@ pub enum GrpcConfigError {
     NothingCovered,
     /// The bytes given to
     /// [`unary_methods_of`](GrpcIdempotencyLayerBuilder::unary_methods_of)
-    /// are not an encoded `google.protobuf.FileDescriptorSet`.
+    /// or
+    /// [`canonical_fingerprint`](GrpcIdempotencyLayerBuilder::canonical_fingerprint)
+    /// are not an encoded `google.protobuf.FileDescriptorSet`, or (for
+    /// `canonical_fingerprint`) its types do not resolve: the source says
+    /// which.
     #[error("not an encoded protobuf FileDescriptorSet")]
     DescriptorSet(#[source] DescriptorSetError),
     /// A descriptor set given to
     /// [`unary_methods_of`](GrpcIdempotencyLayerBuilder::unary_methods_of)
+    /// or
+    /// [`canonical_fingerprint`](GrpcIdempotencyLayerBuilder::canonical_fingerprint)
     /// describes no unary method: it would cover nothing (streaming
     /// methods only, no service, or the wrong bytes).
     #[error("the FileDescriptorSet describes no unary method")]
@@ -190,6 +200,9 @@ pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
     /// The methods of the descriptor sets given to `unary_methods_of`, or
     /// the first of their errors (reported by `build`).
     described: Result<Option<Described>, GrpcConfigError>,
+    /// The input types of the descriptor sets given to
+    /// `canonical_fingerprint`, or the first of their errors.
+    canonical: Result<Inputs, GrpcConfigError>,
     key_metadata: String,
     key_fields: HashMap<String, u32>,
     key_required: bool,
@@ -225,6 +238,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
             owner,
             covered: self.covered,
             described: self.described,
+            canonical: self.canonical,
             key_metadata: self.key_metadata,
             key_fields: self.key_fields,
             key_required: self.key_required,
@@ -338,6 +352,51 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
         self
     }
 
+    /// Fingerprints the requests of the covered unary methods that
+    /// `descriptor_set` describes (an encoded
+    /// `google.protobuf.FileDescriptorSet`, as for
+    /// [`unary_methods_of`](Self::unary_methods_of), with the message types
+    /// too) by their decoded, canonical form instead of their bytes: two
+    /// encodings of one message (fields in another order, a field set to
+    /// its default written or not, a field repeated, unknown fields) are
+    /// one request and replay; a different message is still
+    /// `FINGERPRINT_MISMATCH`. It covers nothing by itself.
+    ///
+    /// The message is decoded by its method's input type and written as
+    /// protobuf's JSON mapping, which the engine fingerprints as it does a
+    /// JSON request (RFC 8785, under the engine's field filter, the
+    /// message at `/message`): 64-bit integers as strings, default fields
+    /// left out, enums by number, fields by their `.proto` name, unknown
+    /// fields dropped (the handler, built on the same schema, does not
+    /// read them either). A message that does not decode as its input type
+    /// is refused with `INVALID_ARGUMENT` (`INVALID_REQUEST`) and its
+    /// handler does not run.
+    ///
+    /// What keeps the bytes as sent: a compressed message (the layer does
+    /// not decompress), a method the set does not describe, and a message
+    /// with no JSON form under these descriptors (a `google.protobuf.Any`
+    /// whose type the set does not hold). The two forms never match each
+    /// other: records written before the option is turned on (or after it
+    /// is turned off) answer their retries `FINGERPRINT_MISMATCH`, and so
+    /// do records whose message type changed (a field renamed).
+    ///
+    /// [`build`](Self::build) reports a failure:
+    /// [`GrpcConfigError::DescriptorSet`] for bytes that do not decode or a
+    /// set whose types do not resolve (a method's input type missing),
+    /// [`GrpcConfigError::NoUnaryMethod`] for a set with no unary method,
+    /// [`GrpcConfigError::MethodPath`] for a service or method without a
+    /// usable name.
+    #[must_use]
+    pub fn canonical_fingerprint(mut self, descriptor_set: &[u8]) -> Self {
+        if let Ok(inputs) = &mut self.canonical {
+            match crate::canonical::inputs(descriptor_set) {
+                Ok(more) => inputs.extend(more),
+                Err(e) => self.canonical = Err(e),
+            }
+        }
+        self
+    }
+
     /// The metadata that carries the key (default `idempotency-key`).
     #[must_use]
     pub fn key_metadata(mut self, name: impl Into<String>) -> Self {
@@ -421,6 +480,7 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
             .ok()
             .filter(|_| !name.ends_with("-bin"))
             .ok_or_else(|| GrpcConfigError::KeyMetadata(self.key_metadata.clone()))?;
+        let canonical = self.canonical?;
         if let Some(described) = self.described? {
             match &mut self.covered {
                 Covered::Listed(s) => s.extend(described.unary),
@@ -454,6 +514,7 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
                     metadata: self.metadata,
                     max_request_bytes: self.max_request_bytes,
                     auto_renew: self.auto_renew,
+                    canonical,
                 },
                 tracker: TaskTracker::new(),
             }),

@@ -10,6 +10,9 @@ mod layer;
 // Which methods a service's schema (a FileDescriptorSet) says are unary.
 mod descriptor;
 
+// The decoded, canonical fingerprint those descriptors make possible.
+mod canonical;
+
 mod service;
 
 mod wire;

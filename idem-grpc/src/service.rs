@@ -13,14 +13,16 @@ use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Full, Limited};
 use idem_core::adapter::{ClaimExt, EngineExt, Settle, Settled};
+use idem_core::error::RequestError;
 use idem_core::store::{BoxDynError, Store};
 use idem_core::{Begin, HttpResponse, IdempotencyKey, Outcome, Scope};
 use sha2::{Digest, Sha256};
 use tonic::Code;
 use tonic::body::Body;
 use tower_service::Service;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
+use crate::canonical::{NotCanonical, canonical};
 use crate::layer::Shared;
 use crate::status::reject;
 use crate::vocab::{
@@ -203,21 +205,43 @@ async fn prepare<S: Store, O: OwnerSource>(shared: &Shared<S, O>, req: Request<B
         }
         return Step::PassThrough(Request::from_parts(parts, full(bytes)));
     };
-    let encoding = if compressed {
-        parts
-            .headers
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
+    // The canonical form, when configured for the method and the message
+    // is not compressed (the layer does not decompress).
+    let canonical = match cfg.canonical.get(&method).filter(|_| !compressed) {
+        None => None,
+        Some(input) => match canonical(input, message) {
+            Ok(c) => Some(c),
+            Err(NotCanonical::Undecodable(e)) => {
+                return Step::Reject(undecodable(input.full_name(), &e));
+            }
+            Err(NotCanonical::NoJson) => {
+                debug!(
+                    "message has no JSON form under the descriptors: its bytes are fingerprinted"
+                );
+                None
+            }
+        },
+    };
+    let prepared = if let Some(c) = canonical {
+        shared.idem.prepare(&scope, key, &c)
     } else {
-        "identity"
+        let encoding = if compressed {
+            parts
+                .headers
+                .get("grpc-encoding")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        } else {
+            "identity"
+        };
+        let envelope = Envelope {
+            v: 1,
+            encoding,
+            message_sha256: hex::encode(Sha256::digest(message)),
+        };
+        shared.idem.prepare(&scope, key, &envelope)
     };
-    let envelope = Envelope {
-        v: 1,
-        encoding,
-        message_sha256: hex::encode(Sha256::digest(message)),
-    };
-    match shared.idem.prepare(&scope, key, &envelope) {
+    match prepared {
         Ok(p) => {
             tracing::Span::current().record("record", p.id.log_hash().as_str());
             Step::Run(Request::from_parts(parts, full(bytes)), p)
@@ -226,12 +250,23 @@ async fn prepare<S: Store, O: OwnerSource>(shared: &Shared<S, O>, req: Request<B
     }
 }
 
-/// What is fingerprinted (under the method, as the operation): the request
-/// message's bytes as sent, and how they are compressed. A retry of the
+/// The refusal of a message that does not decode as its method's input
+/// type: the HTTP layer's answer to a request it cannot fingerprint
+/// (`INVALID_REQUEST`), with protobuf's reason.
+fn undecodable(message_type: &str, e: &prost::DecodeError) -> Rejection {
+    let reason = format!("the request message does not decode as {message_type}: {e}");
+    Rejection::Engine(idem_core::Error::InvalidRequest(RequestError::NotJson(
+        serde::ser::Error::custom(reason),
+    )))
+}
+
+/// What is fingerprinted by default (under the method, as the operation):
+/// the request message's bytes as sent, and how they are compressed. A retry of the
 /// same call resends the same bytes and matches; a different message does
 /// not. Two encoders may write one message two ways (field order, explicit
 /// defaults, unknown fields): a client that re-encodes its request on retry
-/// with another library may see a mismatch, never a false match.
+/// with another library may see a mismatch, never a false match (the
+/// canonical form, [`crate::canonical::Canonical`], is the opt-in answer).
 #[derive(serde::Serialize)]
 struct Envelope<'a> {
     v: u8,

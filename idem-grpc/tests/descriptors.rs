@@ -3,6 +3,8 @@
 //! package, one without), over a real tonic server and client; streaming
 //! methods and the methods it does not describe pass untouched. And the
 //! builder's errors for a set that does not decode or covers nothing.
+//! `canonical_fingerprint`: two encodings of one request are one request,
+//! a message that does not decode is refused before its handler.
 
 #![allow(missing_docs, clippy::unwrap_used, unreachable_pub, dead_code)]
 
@@ -15,10 +17,13 @@ use app::{App, BARE, BY_FIELD, CREATE, Client, Meta, OPEN, Options, TestBuilder,
 use idem_core::{Idem, IdempotencyKey, MemoryStore};
 use idem_grpc::{FixedOwner, GrpcConfigError, GrpcIdempotencyLayer};
 use prost::Message;
+use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{
-    FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto, ServiceDescriptorProto,
+    DescriptorProto, FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet,
+    MethodDescriptorProto, ServiceDescriptorProto,
 };
 use tonic::metadata::MetadataMap;
+use tonic_types::StatusExt;
 
 fn method(name: &str, server_streaming: bool) -> MethodDescriptorProto {
     MethodDescriptorProto {
@@ -266,6 +271,233 @@ fn a_described_set_is_enough_to_build() {
     assert!(builder().unary_methods_of(&descriptors()).build().is_ok());
     assert_eq!(
         builder().build().unwrap_err(),
+        GrpcConfigError::NothingCovered
+    );
+}
+
+// `canonical_fingerprint`: the message decoded by its input type.
+
+fn field(name: &str, number: i32, ty: Type) -> FieldDescriptorProto {
+    FieldDescriptorProto {
+        name: Some(name.to_owned()),
+        number: Some(number),
+        label: Some(Label::Optional as i32),
+        r#type: Some(ty as i32),
+        ..FieldDescriptorProto::default()
+    }
+}
+
+fn message(name: &str, fields: Vec<FieldDescriptorProto>) -> DescriptorProto {
+    DescriptorProto {
+        name: Some(name.to_owned()),
+        field: fields,
+        ..DescriptorProto::default()
+    }
+}
+
+/// The test server's schema with its message types (`app::Req`,
+/// `app::Resp`): what a canonical fingerprint decodes by.
+fn typed_descriptors() -> Vec<u8> {
+    let mut svc = file(
+        "idem/test/v1/svc.proto",
+        Some("idem.test.v1"),
+        service("Svc", vec![method("Create", false), method("Watch", true)]),
+    );
+    svc.syntax = Some("proto3".to_owned());
+    svc.message_type = vec![
+        message(
+            "Req",
+            vec![
+                field("account", 1, Type::String),
+                field("amount", 2, Type::Int64),
+                field("note", 4, Type::String),
+                field("request_id", 5, Type::String),
+            ],
+        ),
+        message(
+            "Resp",
+            vec![
+                field("id", 1, Type::String),
+                field("amount", 2, Type::Int64),
+                field("execution", 3, Type::Int64),
+            ],
+        ),
+    ];
+    FileDescriptorSet { file: vec![svc] }.encode_to_vec()
+}
+
+/// A request message sent byte for byte as given, to write one message
+/// otherwise than prost does.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Raw(Vec<u8>);
+
+impl Message for Raw {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// `req(amount)` as prost writes it: `account` (1), then `amount` (2).
+fn as_prost_writes(amount: i64) -> Vec<u8> {
+    req(amount).encode_to_vec()
+}
+
+/// The same message written another way: `amount` first, then `account`,
+/// an explicit empty `note` (4, its default) and a field the schema does
+/// not know (9).
+fn reencoded(amount: i64) -> Vec<u8> {
+    use prost::encoding::{int64, string, uint32};
+    let mut buf = Vec::new();
+    int64::encode(2, &amount, &mut buf);
+    string::encode(1, &"acc".to_owned(), &mut buf);
+    string::encode(4, &String::new(), &mut buf);
+    uint32::encode(9, &1, &mut buf);
+    assert_ne!(buf, as_prost_writes(amount));
+    buf
+}
+
+async fn call_raw(
+    app: &App<MemoryStore>,
+    bytes: Vec<u8>,
+    meta: &Meta,
+) -> Result<tonic::Response<app::Resp>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(app.channel().await);
+    grpc.ready().await.expect("ready");
+    let (metadata, extensions, _) = Client::request(req(0), meta).into_parts();
+    grpc.unary(
+        tonic::Request::from_parts(metadata, extensions, Raw(bytes)),
+        http::uri::PathAndQuery::from_static(CREATE),
+        tonic_prost::ProstCodec::<Raw, app::Resp>::default(),
+    )
+    .await
+}
+
+fn assert_refused(s: &tonic::Status, code: tonic::Code, reason: &str) {
+    assert_eq!(s.code(), code, "{s:?}");
+    let info = s
+        .get_error_details()
+        .error_info()
+        .cloned()
+        .expect("ErrorInfo");
+    assert_eq!(info.reason, reason, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_encodings_of_one_request_replay_under_the_canonical_fingerprint() {
+    let set = typed_descriptors();
+    let app = start(|b| b.method(CREATE).canonical_fingerprint(&set)).await;
+    let m = with("a1", &key());
+    let first = call_raw(&app, as_prost_writes(100), &m)
+        .await
+        .expect("first");
+    assert!(!replayed(first.metadata()));
+    let again = call_raw(&app, reencoded(100), &m).await.expect("again");
+    assert!(replayed(again.metadata()), "the other encoding is a retry");
+    assert_eq!(again.get_ref(), first.get_ref());
+    // And the other way round, under another key.
+    let m2 = with("a1", &key());
+    let first = call_raw(&app, reencoded(100), &m2).await.expect("first");
+    let again = call_raw(&app, as_prost_writes(100), &m2)
+        .await
+        .expect("again");
+    assert!(replayed(again.metadata()));
+    assert_eq!(again.get_ref(), first.get_ref());
+    // A different request is still a mismatch, however it is written.
+    for other in [as_prost_writes(200), reencoded(200)] {
+        let s = call_raw(&app, other, &m).await.expect_err("mismatch");
+        assert_refused(&s, tonic::Code::FailedPrecondition, "FINGERPRINT_MISMATCH");
+    }
+    assert_eq!(app.counts.executions(), 2, "one run per key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_option_another_encoding_is_a_mismatch() {
+    let app = start(|b| b.method(CREATE)).await;
+    let m = with("a1", &key());
+    call_raw(&app, as_prost_writes(100), &m)
+        .await
+        .expect("first");
+    for other in [reencoded(100), as_prost_writes(200), reencoded(200)] {
+        let s = call_raw(&app, other, &m).await.expect_err("mismatch");
+        assert_refused(&s, tonic::Code::FailedPrecondition, "FINGERPRINT_MISMATCH");
+    }
+    // The bytes as sent still replay.
+    let again = call_raw(&app, as_prost_writes(100), &m)
+        .await
+        .expect("again");
+    assert!(replayed(again.metadata()));
+    assert_eq!(app.counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_that_do_not_decode_as_the_input_type_are_refused() {
+    let set = typed_descriptors();
+    let app = start(|b| b.method(CREATE).canonical_fingerprint(&set)).await;
+    // `account` (1) said to be 5 bytes long, 1 sent; a wire type that does
+    // not exist (7); `amount` (2, an int64) sent length-delimited.
+    for bytes in [vec![0x0a, 0x05, 0x61], vec![0x0f], vec![0x12, 0x01, 0x00]] {
+        let s = call_raw(&app, bytes.clone(), &with("a1", &key()))
+            .await
+            .expect_err("refused");
+        assert_refused(&s, tonic::Code::InvalidArgument, "INVALID_REQUEST");
+        assert!(s.message().contains("idem.test.v1.Req"), "{s:?}");
+    }
+    assert_eq!(app.counts.executions(), 0, "no handler ran");
+    // The control: a message that decodes runs.
+    call_raw(&app, as_prost_writes(100), &with("a1", &key()))
+        .await
+        .expect("runs");
+    assert_eq!(app.counts.executions(), 1);
+}
+
+#[test]
+fn a_set_the_canonical_fingerprint_cannot_use_is_refused_by_build() {
+    let err = builder()
+        .method(CREATE)
+        .canonical_fingerprint(&[0x0a, 0x05, 0x01])
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, GrpcConfigError::DescriptorSet(_)), "{err:?}");
+    // It decodes, but its methods' message types are not in it.
+    let err = builder()
+        .method(CREATE)
+        .canonical_fingerprint(&descriptors())
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, GrpcConfigError::DescriptorSet(_)), "{err:?}");
+    let source = std::error::Error::source(&err).expect("why").to_string();
+    assert!(source.contains("idem.test.v1.Req"), "{source}");
+    // No unary method: it would fingerprint nothing.
+    let err = builder()
+        .method(CREATE)
+        .canonical_fingerprint(&[])
+        .build()
+        .unwrap_err();
+    assert_eq!(err, GrpcConfigError::NoUnaryMethod);
+    // It covers nothing by itself.
+    assert_eq!(
+        builder()
+            .canonical_fingerprint(&typed_descriptors())
+            .build()
+            .unwrap_err(),
         GrpcConfigError::NothingCovered
     );
 }
