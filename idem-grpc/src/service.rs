@@ -255,8 +255,8 @@ async fn prepare<S: Store, O: OwnerSource>(shared: &Shared<S, O>, req: Request<B
 /// (`INVALID_REQUEST`), with protobuf's reason.
 fn undecodable(message_type: &str, e: &prost::DecodeError) -> Rejection {
     let reason = format!("the request message does not decode as {message_type}: {e}");
-    Rejection::Engine(idem_core::Error::InvalidRequest(RequestError::NotJson(
-        serde::ser::Error::custom(reason),
+    Rejection::Engine(idem_core::Error::InvalidRequest(RequestError::Undecodable(
+        reason,
     )))
 }
 

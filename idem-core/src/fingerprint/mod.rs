@@ -236,6 +236,11 @@ pub enum RequestError {
     /// (RFC 7493), which RFC 8785 requires.
     #[error("request object has a duplicate member name")]
     DuplicateMember,
+    /// The request's bytes do not decode as what the operation takes, in an
+    /// adapter's own encoding (a gRPC message that is not its method's
+    /// input type): nothing to fingerprint.
+    #[error("request does not decode: {0}")]
+    Undecodable(String),
 }
 
 /// Fingerprints `request` for `operation` under `filter`.
