@@ -125,16 +125,18 @@ impl<S: Store> GrpcIdempotencyLayer<S, crate::vocab::NoOwner> {
         GrpcIdempotencyLayerBuilder {
             idem,
             owner: crate::vocab::NoOwner,
-            covered: Covered::Listed(HashSet::new()),
-            described: Ok(None),
-            canonical: Ok(Inputs::new()),
-            key_metadata: KEY_METADATA.to_owned(),
-            key_fields: HashMap::new(),
-            key_required: true,
-            classify: Arc::new(default_class),
-            metadata: HeaderPolicy::default(),
-            max_request_bytes: 4 * 1024 * 1024,
-            auto_renew: Some(DEFAULT_AUTO_RENEW),
+            s: Settings {
+                covered: Covered::Listed(HashSet::new()),
+                described: Ok(None),
+                canonical: Ok(Inputs::new()),
+                key_metadata: KEY_METADATA.to_owned(),
+                key_fields: HashMap::new(),
+                key_required: true,
+                classify: Arc::new(default_class),
+                metadata: HeaderPolicy::default(),
+                max_request_bytes: 4 * 1024 * 1024,
+                auto_renew: Some(DEFAULT_AUTO_RENEW),
+            },
         }
     }
 }
@@ -196,6 +198,12 @@ pub enum GrpcConfigError {
 pub struct GrpcIdempotencyLayerBuilder<S: Store, O> {
     idem: Idem<S>,
     owner: O,
+    s: Settings,
+}
+
+/// What a builder collects besides the engine and the owner source (the
+/// same whatever the owner source's type).
+struct Settings {
     covered: Covered,
     /// The methods of the descriptor sets given to `unary_methods_of`, or
     /// the first of their errors (reported by `build`).
@@ -219,9 +227,9 @@ const DEFAULT_AUTO_RENEW: Duration = Duration::from_secs(300);
 impl<S: Store, O> fmt::Debug for GrpcIdempotencyLayerBuilder<S, O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcIdempotencyLayerBuilder")
-            .field("covered", &self.covered)
-            .field("described", &self.described)
-            .field("key_metadata", &self.key_metadata)
+            .field("covered", &self.s.covered)
+            .field("described", &self.s.described)
+            .field("key_metadata", &self.s.key_metadata)
             .finish_non_exhaustive()
     }
 }
@@ -236,16 +244,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
         GrpcIdempotencyLayerBuilder {
             idem: self.idem,
             owner,
-            covered: self.covered,
-            described: self.described,
-            canonical: self.canonical,
-            key_metadata: self.key_metadata,
-            key_fields: self.key_fields,
-            key_required: self.key_required,
-            classify: self.classify,
-            metadata: self.metadata,
-            max_request_bytes: self.max_request_bytes,
-            auto_renew: self.auto_renew,
+            s: self.s,
         }
     }
 
@@ -254,7 +253,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     #[must_use]
     pub fn method(mut self, path: impl Into<String>) -> Self {
         let path = path.into();
-        match &mut self.covered {
+        match &mut self.s.covered {
             Covered::Listed(s) => {
                 s.insert(path);
             }
@@ -325,12 +324,12 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// ```
     #[must_use]
     pub fn unary_methods_of(mut self, descriptor_set: &[u8]) -> Self {
-        if let Ok(described) = &mut self.described {
+        if let Ok(described) = &mut self.s.described {
             match crate::descriptor::describe(descriptor_set) {
                 Ok(more) => described
                     .get_or_insert_with(Described::default)
                     .extend(more),
-                Err(e) => self.described = Err(e),
+                Err(e) => self.s.described = Err(e),
             }
         }
         self
@@ -348,7 +347,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        self.covered = Covered::AllExcept(streaming.into_iter().map(Into::into).collect());
+        self.s.covered = Covered::AllExcept(streaming.into_iter().map(Into::into).collect());
         self
     }
 
@@ -388,10 +387,10 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// usable name.
     #[must_use]
     pub fn canonical_fingerprint(mut self, descriptor_set: &[u8]) -> Self {
-        if let Ok(inputs) = &mut self.canonical {
+        if let Ok(inputs) = &mut self.s.canonical {
             match crate::canonical::inputs(descriptor_set) {
                 Ok(more) => inputs.extend(more),
-                Err(e) => self.canonical = Err(e),
+                Err(e) => self.s.canonical = Err(e),
             }
         }
         self
@@ -400,7 +399,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// The metadata that carries the key (default `idempotency-key`).
     #[must_use]
     pub fn key_metadata(mut self, name: impl Into<String>) -> Self {
-        self.key_metadata = name.into();
+        self.s.key_metadata = name.into();
         self
     }
 
@@ -411,7 +410,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// (proto3's default) is no key. The message must not be compressed.
     #[must_use]
     pub fn key_field(mut self, method: impl Into<String>, field_number: u32) -> Self {
-        self.key_fields.insert(method.into(), field_number);
+        self.s.key_fields.insert(method.into(), field_number);
         self
     }
 
@@ -419,7 +418,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// with `INVALID_ARGUMENT`, `MISSING_KEY`).
     #[must_use]
     pub fn optional_key(mut self) -> Self {
-        self.key_required = false;
+        self.s.key_required = false;
         self
     }
 
@@ -429,7 +428,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// the answer, the others store and replay it.
     #[must_use]
     pub fn classify(mut self, f: impl Fn(Code) -> Class + Send + Sync + 'static) -> Self {
-        self.classify = Arc::new(f);
+        self.s.classify = Arc::new(f);
         self
     }
 
@@ -442,7 +441,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// `content-type`, `content-length`, `date` and the replay marker never.
     #[must_use]
     pub fn metadata_policy(mut self, policy: HeaderPolicy) -> Self {
-        self.metadata = policy;
+        self.s.metadata = policy;
         self
     }
 
@@ -450,7 +449,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// tonic's own decoding limit); above it: `RESOURCE_EXHAUSTED`.
     #[must_use]
     pub fn max_request_bytes(mut self, limit: usize) -> Self {
-        self.max_request_bytes = limit;
+        self.s.max_request_bytes = limit;
         self
     }
 
@@ -461,7 +460,7 @@ impl<S: Store, O> GrpcIdempotencyLayerBuilder<S, O> {
     /// `None` turns it off.
     #[must_use]
     pub fn auto_renew_lease(mut self, ceiling: Option<Duration>) -> Self {
-        self.auto_renew = ceiling;
+        self.s.auto_renew = ceiling;
         self
     }
 }
@@ -475,14 +474,14 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
     /// descriptor set that does not decode or has no unary method, or when
     /// nothing is covered.
     pub fn build(mut self) -> Result<GrpcIdempotencyLayer<S, O>, GrpcConfigError> {
-        let name = self.key_metadata.to_ascii_lowercase();
+        let name = self.s.key_metadata.to_ascii_lowercase();
         let key_metadata = http::HeaderName::from_bytes(name.as_bytes())
             .ok()
             .filter(|_| !name.ends_with("-bin"))
-            .ok_or_else(|| GrpcConfigError::KeyMetadata(self.key_metadata.clone()))?;
-        let canonical = self.canonical?;
-        if let Some(described) = self.described? {
-            match &mut self.covered {
+            .ok_or_else(|| GrpcConfigError::KeyMetadata(self.s.key_metadata.clone()))?;
+        let canonical = self.s.canonical?;
+        if let Some(described) = self.s.described? {
+            match &mut self.s.covered {
                 Covered::Listed(s) => s.extend(described.unary),
                 Covered::AllExcept(s) => {
                     s.retain(|p| !described.unary.contains(p));
@@ -490,15 +489,15 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
                 }
             }
         }
-        let paths: Vec<&String> = match &self.covered {
+        let paths: Vec<&String> = match &self.s.covered {
             Covered::Listed(s) | Covered::AllExcept(s) => s.iter().collect(),
         };
-        for p in paths.into_iter().chain(self.key_fields.keys()) {
+        for p in paths.into_iter().chain(self.s.key_fields.keys()) {
             if !is_method_path(p) {
                 return Err(GrpcConfigError::MethodPath(p.clone()));
             }
         }
-        if matches!(&self.covered, Covered::Listed(s) if s.is_empty()) {
+        if matches!(&self.s.covered, Covered::Listed(s) if s.is_empty()) {
             return Err(GrpcConfigError::NothingCovered);
         }
         Ok(GrpcIdempotencyLayer {
@@ -506,14 +505,14 @@ impl<S: Store, O: OwnerSource> GrpcIdempotencyLayerBuilder<S, O> {
                 idem: self.idem,
                 owner: self.owner,
                 cfg: Config {
-                    covered: self.covered,
+                    covered: self.s.covered,
                     key_metadata,
-                    key_fields: self.key_fields,
-                    key_required: self.key_required,
-                    classify: self.classify,
-                    metadata: self.metadata,
-                    max_request_bytes: self.max_request_bytes,
-                    auto_renew: self.auto_renew,
+                    key_fields: self.s.key_fields,
+                    key_required: self.s.key_required,
+                    classify: self.s.classify,
+                    metadata: self.s.metadata,
+                    max_request_bytes: self.s.max_request_bytes,
+                    auto_renew: self.s.auto_renew,
                     canonical,
                 },
                 tracker: TaskTracker::new(),
