@@ -130,11 +130,6 @@ impl From<Error> for idem_core::Error {
     }
 }
 
-/// A driver error as a [`StoreError`].
-pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
-    Error::Sqlx(e).into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

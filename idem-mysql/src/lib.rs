@@ -1,14 +1,15 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
 mod config;
+mod dialect;
 mod error;
 mod schema;
 mod sql;
 mod store;
 
 pub use config::{DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server};
+pub use dialect::MySqlDialect;
 pub use error::Error;
 /// [`Idem`](idem_core::Idem) methods that only a SQL store has: the
 /// transactional mode ([`execute_in_tx`](MySqlIdemExt::execute_in_tx)), one

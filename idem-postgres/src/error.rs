@@ -170,7 +170,8 @@ impl From<Error> for idem_core::Error {
 }
 
 /// A driver error as a [`StoreError`].
-pub(crate) fn store_error(e: sqlx::Error) -> StoreError {
+#[cfg(test)]
+fn store_error(e: sqlx::Error) -> StoreError {
     Error::Sqlx(e).into()
 }
 

@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
 mod config;
+mod dialect;
 mod error;
 mod replication;
 mod schema;
@@ -12,6 +12,7 @@ mod store;
 pub use config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN, MAX_TABLE_NAME_LEN,
 };
+pub use dialect::PgDialect;
 pub use error::Error;
 /// [`Idem`](idem_core::Idem) methods that only a SQL store has: the
 /// transactional mode ([`execute_in_tx`](PgIdemExt::execute_in_tx)), one

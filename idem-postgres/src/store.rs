@@ -1,29 +1,22 @@
-//! [`PgStore`]: building it, migrating its table, and the [`Store`] and
-//! [`AdminStore`] implementations. Every transition is one SQL statement of
-//! [`crate::sql`].
+//! [`PgStore`]: building it and migrating its table. Its calls are
+//! [`idem_sql::SqlCore`]'s, on the statements of [`crate::dialect`]: every
+//! transition is one SQL statement of [`crate::sql`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use idem_core::RecordId;
-use idem_core::clock::Timestamp;
-use idem_core::store::PurgeReport;
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
-    StoredRecord, Token, retry_claim_race,
-};
-use idem_sql::{Conns, SqlStore, TxConnection, TxStore, fenced};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{Connection, PgConnection, PgExecutor, PgPool, Postgres, Row};
-use tracing::debug;
+use idem_sql::{Conns, SqlCore};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool, Postgres};
 
 use crate::config::{
     DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_SCHEMA_NAME_LEN,
     MAX_TABLE_NAME_LEN, validate_identifier,
 };
-use crate::error::{BACKEND, Error, is_lock_timeout, may_have_switched};
+use crate::dialect::{self, PgDialect};
+use crate::error::Error;
 use crate::replication::{self, Guard, Replication};
-use crate::sql::{Statements, TableName, q};
+use crate::sql::{Statements, TableName};
 
 /// The PostgreSQL idempotency store. Cheap to clone (two pools and a few
 /// `Arc`s; clones share them).
@@ -65,23 +58,14 @@ use crate::sql::{Statements, TableName, q};
 /// but holding the connection until it is answered.
 #[derive(Clone)]
 pub struct PgStore {
-    conns: Conns<Postgres>,
-    name: Arc<TableName>,
-    sql: Arc<Statements>,
-    tx_lock_timeout: Duration,
-    call_timeout: Option<Duration>,
-    guard: Arc<Guard>,
+    core: SqlCore<PgDialect>,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
-            .field("table", &self.name.qualified())
-            .field("conns", &self.conns)
-            .field("tx_lock_timeout", &self.tx_lock_timeout)
-            .field("call_timeout", &self.call_timeout)
-            .field("require_synchronous_replication", &self.guard.requires())
-            .field("replication_check_period", &self.guard.period())
+            .field("dialect", self.core.dialect())
+            .field("conns", self.core.connections())
             .finish_non_exhaustive()
     }
 }
@@ -285,12 +269,12 @@ impl PgStore {
     /// standby; [`Error::Standby`] on a standby; [`Error::Sqlx`] when the
     /// server cannot be reached.
     pub async fn require_synchronous_replication(self) -> Result<Self, Error> {
-        let required_before = self.guard.requires();
-        self.guard.require();
+        let required_before = self.guard().requires();
+        self.guard().require();
         if let Err(e) = self.check_replication().await {
             if !required_before {
                 // Refused: the store (and its clones) stay as they were.
-                self.guard.relax();
+                self.guard().relax();
             }
             return Err(e);
         }
@@ -301,7 +285,7 @@ impl PgStore {
     /// [`PgStore::require_synchronous_replication`].
     #[must_use]
     pub fn requires_synchronous_replication(&self) -> bool {
-        self.guard.requires()
+        self.guard().requires()
     }
 
     /// Reads where the server's commits go, on one of the store's
@@ -317,11 +301,7 @@ impl PgStore {
     /// [`Error::Standby`], [`Error::NotSynchronous`] (only if required), or
     /// [`Error::Sqlx`] when the server cannot be reached.
     pub async fn check_replication(&self) -> Result<Replication, Error> {
-        let found: Result<Replication, Error> =
-            idem_sql::on_conn!(self, |conn| async { Ok(Replication::read(conn).await?) });
-        let found = found?;
-        self.guard.judge(&found, Instant::now())?;
-        Ok(found)
+        dialect::check_replication(&self.core).await
     }
 
     /// How often a store that
@@ -332,7 +312,7 @@ impl PgStore {
     /// store's clones.
     #[must_use]
     pub fn with_replication_check_period(self, period: Duration) -> Self {
-        self.guard.set_period(period);
+        self.guard().set_period(period);
         self
     }
 
@@ -346,7 +326,7 @@ impl PgStore {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
         let name = TableName {
             table,
-            ..self.name().clone()
+            ..(*self.core.dialect().name).clone()
         };
         Ok(self.renamed(name))
     }
@@ -362,7 +342,7 @@ impl PgStore {
         let schema = validate_identifier("schema", schema, MAX_SCHEMA_NAME_LEN)?;
         let name = TableName {
             schema,
-            ..self.name().clone()
+            ..(*self.core.dialect().name).clone()
         };
         Ok(self.renamed(name))
     }
@@ -371,11 +351,9 @@ impl PgStore {
     /// transaction to finish before answering 409 (default 5 s; it sets
     /// `lock_timeout` for its own transaction only).
     #[must_use]
-    pub fn with_tx_lock_timeout(self, timeout: Duration) -> Self {
-        Self {
-            tx_lock_timeout: timeout,
-            ..self
-        }
+    pub fn with_tx_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.core.dialect_mut().tx_lock_timeout = timeout;
+        self
     }
 
     /// Bounds every write of the store (claim, completion, release, saved
@@ -398,11 +376,9 @@ impl PgStore {
     /// server answers, so a pool full of waiting commits answers
     /// `PoolTimedOut` (also 503) until the standby is back.
     #[must_use]
-    pub fn with_call_timeout(self, timeout: Duration) -> Self {
-        Self {
-            call_timeout: Some(timeout),
-            ..self
-        }
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.core.dialect_mut().call_timeout = Some(timeout);
+        self
     }
 
     fn build(
@@ -412,78 +388,25 @@ impl PgStore {
         guard: Arc<Guard>,
     ) -> Self {
         Self {
-            conns,
-            sql: Arc::new(Statements::new(&name)),
-            name: Arc::new(name),
-            tx_lock_timeout,
-            call_timeout: None,
-            guard,
+            core: SqlCore::new(conns, PgDialect::new(name, tx_lock_timeout, guard)),
         }
     }
 
     /// The same store on another table.
-    fn renamed(self, name: TableName) -> Self {
-        Self {
-            sql: Arc::new(Statements::new(&name)),
-            name: Arc::new(name),
-            ..self
-        }
+    fn renamed(mut self, name: TableName) -> Self {
+        *self.core.dialect_mut() = self.core.dialect().renamed(name);
+        self
     }
 
-    /// Runs one store call, within the call timeout if one is set: first
-    /// the replication check if the server is unchecked or suspect, then
-    /// `call`; a lost connection makes the server suspect (checked again
-    /// before the next call).
-    pub(crate) async fn guarded_call<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let run = async {
-            self.ensure_checked().await?;
-            call.await
-        };
-        let result = self.bounded(run).await;
-        if let Err(e) = &result {
-            self.observe(e);
-        }
-        result
-    }
-
-    /// `fut` within the call timeout, if one is set.
-    pub(crate) async fn bounded<T>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        match self.call_timeout {
-            None => fut.await,
-            Some(after) => tokio::time::timeout(after, fut)
-                .await
-                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
-        }
-    }
-
-    /// The replication check, if the server is unchecked or suspect.
-    pub(crate) async fn ensure_checked(&self) -> Result<(), StoreError> {
-        if self.guard.needs_check(Instant::now()) {
-            // Boxed: the rare path keeps its (checkout-sized) future out of
-            // every call's.
-            Box::pin(self.check_replication()).await?;
-        }
-        Ok(())
-    }
-
-    /// Makes the server suspect if `e` says it may have changed.
-    pub(crate) fn observe(&self, e: &StoreError) {
-        if may_have_switched(e) {
-            self.guard.suspect();
-        }
+    fn guard(&self) -> &Guard {
+        &self.core.dialect().guard
     }
 
     /// The migration for this store's schema and table, placeholders filled
     /// in, for applying with your own tool.
     #[must_use]
     pub fn migration_sql(&self) -> String {
-        crate::schema::render(&self.name)
+        crate::schema::render(&self.core.dialect().name)
     }
 
     /// Creates the schema (if missing), the table and its indexes, in one
@@ -504,7 +427,7 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<Replication, Error> {
         let found = self.check_replication().await?;
         replication::report(&found);
-        let migrated: Result<(), Error> = idem_sql::on_conn!(self, |conn| async {
+        let migrated: Result<(), Error> = idem_sql::on_conn!(&self.core, |conn| async {
             let mut tx = conn.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(crate::schema::MIGRATE_LOCK)
@@ -530,7 +453,7 @@ impl PgStore {
     /// close the store, call [`PgStore::close`].
     #[must_use]
     pub fn pool(&self) -> &PgPool {
-        self.conns.pool()
+        self.core.connections().pool()
     }
 
     /// Closes the store's connections: its own pool (its idle connections
@@ -539,443 +462,26 @@ impl PgStore {
     /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
     /// clone.
     pub async fn close(&self) {
-        self.conns.close().await;
+        self.core.connections().close().await;
     }
 
     /// The schema holding the table (default `public`), as validated by
     /// [`PgStore::with_schema_name`].
     #[must_use]
     pub fn schema_name(&self) -> &str {
-        &self.name.schema
+        &self.core.dialect().name.schema
     }
 
     /// The table holding the records (default `idem_records`), as validated
     /// by [`PgStore::with_table_name`].
     #[must_use]
     pub fn table_name(&self) -> &str {
-        &self.name.table
-    }
-
-    pub(crate) fn name(&self) -> &TableName {
-        &self.name
+        &self.core.dialect().name.table
     }
 
     pub(crate) fn sql(&self) -> &Statements {
-        &self.sql
-    }
-
-    /// Runs the claim statement once on `conn` (a pool or a transaction).
-    /// `None`: it lost a race and must be run again (see [`Statements::new`]).
-    pub(crate) async fn claim_once(
-        &self,
-        conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let bind = |sql| {
-            q(sql)
-                .bind(req.id.owner())
-                .bind(req.id.operation())
-                .bind(req.id.key().as_str())
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(req.now.as_unix_millis())
-                .bind(req.lease_until.as_unix_millis())
-                .bind(req.key_expires_at.as_unix_millis())
-        };
-        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
-            return Ok(None);
-        };
-        let kind: String = row.try_get("kind")?;
-        if kind == "claimed" {
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(&row)?,
-                previous: None,
-            })));
-        }
-        let record = decode_record(&row)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        if !record.is_expired(req.now) && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read (its token).
-        let seen: i64 = row.try_get("token")?;
-        let Some(row) = bind(&self.sql.takeover)
-            .bind(seen)
-            .fetch_optional(&mut *conn)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = attempt_of(&row)?;
-        // An expired key starts over (attempt 1, no previous attempt). A
-        // takeover reports the state it read; a holder whose lease ended may
-        // have released since (same token): the reason then reads
-        // `LeaseExpired`, the cautious answer (the work reconciles either way).
-        let previous = match reason {
-            Some(reason) if attempt > 1 => Some(Previous {
-                reason,
-                resource_id: row.try_get("resource_id")?,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
-    }
-
-    /// The completion's statement; the rows it changed.
-    async fn complete_rows<'c>(
-        &self,
-        conn: impl PgExecutor<'c>,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<u64, Error> {
-        let done = q(&self.sql.complete)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .bind(c.outcome.as_str())
-            .bind(c.body)
-            .bind(c.response_expires_at.as_unix_millis())
-            .bind(c.key_expires_at.as_unix_millis())
-            .bind(c.resource_id)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// The completion, and when it changed no row, whether this completion
-    /// was already applied (a retry after a lost reply, which is not an
-    /// error): `false` means the lease is lost.
-    async fn complete_once(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<bool, Error> {
-        if self.complete_rows(&mut *conn, id, token, c).await? == 1 {
-            return Ok(true);
-        }
-        let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .fetch_optional(conn)
-            .await?;
-        Ok(applied.is_some())
-    }
-
-    /// A statement guarded by the fencing token (`$1`–`$3` the record, `$4`
-    /// the token, `$5` the value); the rows it changed.
-    async fn guarded<'c>(
-        &self,
-        conn: impl PgExecutor<'c>,
-        sql: &Arc<str>,
-        id: &RecordId,
-        token: Token,
-        value: GuardedValue<'_>,
-    ) -> Result<u64, Error> {
-        let query = q(sql)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64());
-        let query = match value {
-            GuardedValue::Int(v) => query.bind(v),
-            GuardedValue::Text(v) => query.bind(v),
-        };
-        Ok(query.execute(conn).await?.rows_affected())
-    }
-
-    /// A guarded statement as a store call: fenced by its row count.
-    async fn guarded_call_on(
-        &self,
-        sql: &Arc<str>,
-        id: &RecordId,
-        token: Token,
-        value: GuardedValue<'_>,
-    ) -> Result<(), StoreError> {
-        let rows: Result<u64, Error> =
-            idem_sql::on_conn!(self, |conn| self.guarded(conn, sql, id, token, value));
-        fenced(rows?)
+        &self.core.dialect().sql
     }
 }
 
-/// What a connection of the store's own pool is after a call that failed
-/// with this error: sound when every statement was answered and the
-/// session goes on (the server's own errors, except those that end the
-/// session; decoding, which reads rows a statement already returned in
-/// full; the replication check's verdicts), otherwise re-validated or
-/// replaced (see [`idem_sql::Conn`]).
-fn leaves_connection_sound(e: &Error) -> bool {
-    match e {
-        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
-        Error::Corrupt { .. }
-        | Error::Standby
-        | Error::NotSynchronous { .. }
-        | Error::ClaimContention { .. }
-        | Error::InvalidIdentifier { .. } => true,
-        Error::Timeout { .. } => false,
-    }
-}
-
-/// [`leaves_connection_sound`] for the driver's error.
-fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
-    idem_sql::leaves_connection_sound(
-        e,
-        |e| matches!(e, sqlx::Error::Database(db) if ends_session(db.as_ref())),
-    )
-}
-
-/// Whether the server ends the session after this error: a `FATAL` or
-/// `PANIC` (`pg_terminate_backend`, a shutdown, an idle-session timeout),
-/// or a connection exception (class `08`).
-fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
-    let fatal = db
-        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
-        .is_some_and(|pg| {
-            matches!(
-                pg.severity(),
-                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
-            )
-        });
-    fatal || db.code().is_some_and(|c| c.starts_with("08"))
-}
-
-/// Reads a record from the row, refusing anything a record cannot hold.
-fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
-    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
-}
-
-/// The `attempt` column, refusing a negative one.
-fn attempt_of(row: &PgRow) -> Result<u32, Error> {
-    Ok(idem_sql::attempt_of::<_, i32>(row)?)
-}
-
-enum GuardedValue<'a> {
-    Int(i64),
-    Text(&'a str),
-}
-
-impl Store for PgStore {
-    /// One statement on one checkout (two for a takeover); run again (at
-    /// most 8 times in all) only when it lost a race to a concurrent writer
-    /// on the same record, which the next run, with a fresh snapshot, sees
-    /// committed.
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.guarded_call(retry_claim_race(BACKEND, || async {
-            let outcome: Result<_, Error> =
-                idem_sql::on_conn!(self, |conn| self.claim_once(conn, req));
-            let outcome = outcome?;
-            if outcome.is_none() {
-                debug!("claim lost a race; running it again with a fresh snapshot");
-            }
-            Ok(outcome)
-        }))
-        .await
-    }
-
-    /// One statement; when it changed no row, a read on the same checkout
-    /// tells a lost lease from this completion already applied (a retry
-    /// after a lost reply, which is not an error).
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.guarded_call(async {
-            let applied: Result<bool, Error> =
-                idem_sql::on_conn!(self, |conn| self.complete_once(conn, id, token, completion));
-            if applied? {
-                Ok(())
-            } else {
-                Err(StoreError::LeaseLost)
-            }
-        })
-        .await
-    }
-
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        let now = GuardedValue::Int(now.as_unix_millis());
-        self.guarded_call(self.guarded_call_on(&self.sql.release, id, token, now))
-            .await
-    }
-
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        let value = GuardedValue::Text(resource_id);
-        self.guarded_call(self.guarded_call_on(&self.sql.save_resource_id, id, token, value))
-            .await
-    }
-
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        let until = GuardedValue::Int(lease_until.as_unix_millis());
-        self.guarded_call(self.guarded_call_on(&self.sql.extend_lease, id, token, until))
-            .await
-    }
-
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        let record: Result<_, Error> = idem_sql::on_conn!(self, |conn| async {
-            let row = q(&self.sql.fetch)
-                .bind(id.owner())
-                .bind(id.operation())
-                .bind(id.key().as_str())
-                .bind(now.as_unix_millis())
-                .fetch_optional(conn)
-                .await?;
-            row.as_ref().map(decode_record).transpose()
-        });
-        Ok(record?)
-    }
-
-    /// One batch of the sweep index per statement. A batch that only
-    /// re-filed records (moved them to their next due time, see
-    /// `migrations/0002_hot_completions.sql`) removed nothing, and an empty
-    /// report tells the caller the purge is done; so the statement runs
-    /// again until a batch removes something or finds nothing due. Each run
-    /// moves every row it re-files past `now`, so this ends.
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.guarded_call(async {
-            let report: Result<_, Error> =
-                idem_sql::on_conn!(self, |conn| self.purge_batches(conn, now, limit));
-            Ok(report?)
-        })
-        .await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-    }
-}
-
-impl PgStore {
-    /// Purge batches on one connection until one removes something or finds
-    /// nothing due.
-    async fn purge_batches(
-        &self,
-        conn: &mut PgConnection,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<PurgeReport, Error> {
-        loop {
-            let row = q(&self.sql.purge)
-                .bind(now.as_unix_millis())
-                .bind(i64::from(limit))
-                .fetch_one(&mut *conn)
-                .await?;
-            let count = |col: &str| -> Result<u64, Error> {
-                let n: i64 = row.try_get(col)?;
-                Ok(u64::try_from(n).unwrap_or(0))
-            };
-            let report = PurgeReport {
-                keys_removed: count("keys_removed")?,
-                bodies_dropped: count("bodies_dropped")?,
-            };
-            if report != PurgeReport::default() || count("refiled")? == 0 {
-                return Ok(report);
-            }
-        }
-    }
-}
-
-/// The transactional mode ([`PgIdemExt`](crate::PgIdemExt)) on Postgres:
-/// `SET LOCAL lock_timeout` bounds the wait for a concurrent duplicate, a
-/// lost race runs the claim again in the same transaction, the replication
-/// check runs first, and the call timeout bounds the commit.
-impl SqlStore for PgStore {
-    type Db = Postgres;
-    type CallError = Error;
-
-    fn conns(&self) -> &Conns<Postgres> {
-        &self.conns
-    }
-
-    fn checkout_error(e: sqlx::Error) -> Error {
-        replication::unwrap_checkout(e)
-    }
-
-    fn call_leaves_connection_sound(e: &Error) -> bool {
-        leaves_connection_sound(e)
-    }
-}
-
-impl TxStore for PgStore {
-    type Error = Error;
-
-    fn begin_statement(&self) -> String {
-        // An integer from a `Duration`: nothing to escape.
-        let ms = self.tx_lock_timeout.as_millis().max(1);
-        format!("BEGIN; SET LOCAL lock_timeout = {ms}")
-    }
-
-    async fn claim_in_tx(
-        &self,
-        conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        self.claim_once(conn, req).await
-    }
-
-    async fn complete_in_tx(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        fenced(self.complete_rows(conn, id, token, completion).await?)
-    }
-
-    async fn restart_tx(&self, _: &mut TxConnection<Self>) -> Result<bool, sqlx::Error> {
-        Ok(false)
-    }
-
-    fn is_lock_timeout(e: &Error) -> bool {
-        matches!(e, Error::Sqlx(e) if is_lock_timeout(e))
-    }
-
-    fn contention(tries: u32) -> StoreError {
-        Error::ClaimContention { tries }.into()
-    }
-
-    fn store_error(e: sqlx::Error) -> StoreError {
-        Error::Sqlx(e).into()
-    }
-
-    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
-        sqlx_leaves_connection_sound(e)
-    }
-
-    async fn before_tx(&self) -> Result<(), StoreError> {
-        // The replication check (after a lost connection, or for a store
-        // that never checked), as for the store's own calls.
-        self.ensure_checked().await
-    }
-
-    fn observe(&self, e: &StoreError) {
-        PgStore::observe(self, e);
-    }
-
-    async fn bounded<T: Send>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>> + Send,
-    ) -> Result<T, StoreError> {
-        PgStore::bounded(self, fut).await
-    }
-}
+idem_sql::sql_store!(PgStore, PgDialect, core);

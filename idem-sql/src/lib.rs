@@ -6,6 +6,7 @@ mod error;
 mod ident;
 mod pool;
 mod row;
+mod store;
 mod tx;
 
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
@@ -13,4 +14,7 @@ pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error
 pub use ident::check_identifier;
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
-pub use tx::{SqlIdemExt, TxConnection, TxFuture, TxStore};
+#[doc(hidden)]
+pub use store::__private;
+pub use store::{DbConnection, Dialect, Fenced, SqlCore, TxStore};
+pub use tx::{SqlIdemExt, TxConnection, TxFuture};

@@ -15,99 +15,26 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::adapter::{ClaimExt, ClaimTicket, EngineExt, Prepared};
-use idem_core::store::{
-    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, Token,
-};
-use idem_core::{
-    Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, RecordId, Reply, Scope, Storable,
-};
+use idem_core::store::{CLAIM_RACE_TRIES, ClaimOutcome, StoreError};
+use idem_core::{Attempt, Begin, Claim, Error, Idem, IntoKey, Outcome, Reply, Scope, Storable};
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, Connection, Database, Transaction};
+use sqlx::{AssertSqlSafe, Connection, Transaction};
 use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::conns::SqlStore;
 use crate::pool::ConnectionError;
+use crate::store::{DbConnection, Dialect, SqlCore, TxStore};
 
 /// The future a transactional work returns: boxed, because it borrows the
 /// transaction's connection (`|attempt, conn| Box::pin(async move { .. })`).
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;
 
 /// The connection a transactional work writes on, for store `S`.
-pub type TxConnection<S> = <<S as SqlStore>::Db as Database>::Connection;
+pub type TxConnection<S> = DbConnection<<S as TxStore>::Dialect>;
 
-/// A SQL store that can hold a claim inside a transaction: what the one
-/// transactional mode ([`SqlIdemExt`]) needs of a dialect.
-pub trait TxStore: Store + SqlStore + Sized {
-    /// The error of [`TxStore::claim_in_tx`].
-    type Error: Into<StoreError> + Send;
-
-    /// The statement that begins the transaction and bounds how long it
-    /// waits for a concurrent duplicate's lock.
-    fn begin_statement(&self) -> String;
-
-    /// Runs the claim once on the transaction's connection. `None`: it lost
-    /// a race and must be run again.
-    fn claim_in_tx(
-        &self,
-        conn: &mut TxConnection<Self>,
-        req: &ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send;
-
-    /// The completion on the transaction's connection: `Ok` when it
-    /// applied, [`StoreError::LeaseLost`] when no row changed.
-    fn complete_in_tx(
-        &self,
-        conn: &mut TxConnection<Self>,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// After a claim that lost a race, before it runs again: a dialect
-    /// whose server rolled the transaction back (InnoDB rolls a deadlock's
-    /// victim back whole) ends it and begins the next one on `conn` (the
-    /// same [`Transaction`], so its `ROLLBACK` and the begin statement are
-    /// one round trip) and says `true`; otherwise nothing is sent (`false`)
-    /// and the claim runs again in the same transaction.
-    fn restart_tx(
-        &self,
-        conn: &mut TxConnection<Self>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
-
-    /// Whether the claim waited for a concurrent transaction's lock longer
-    /// than the transaction allows.
-    fn is_lock_timeout(e: &Self::Error) -> bool;
-
-    /// The error when the claim lost [`CLAIM_RACE_TRIES`] races in a row.
-    fn contention(tries: u32) -> StoreError;
-
-    /// The driver's error as the store reports it.
-    fn store_error(e: sqlx::Error) -> StoreError;
-
-    /// Whether the connection is still sound after the driver's error `e`
-    /// (see [`ConnectionError`]).
-    fn leaves_connection_sound(e: &sqlx::Error) -> bool;
-
-    /// Runs before the transaction (e.g. a check of the server).
-    fn before_tx(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
-    }
-
-    /// Sees the store error a transactional call ended with.
-    fn observe(&self, e: &StoreError) {
-        let _ = e;
-    }
-
-    /// `fut`, within the store's bound on a call if it has one (the commit
-    /// is bounded by it; the work is not).
-    fn bounded<T: Send>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>> + Send,
-    ) -> impl Future<Output = Result<T, StoreError>> + Send {
-        fut
-    }
-}
+/// The database of store `S`.
+type Db<S> = <<S as TxStore>::Dialect as Dialect>::Db;
 
 /// [`Idem`] methods that only a SQL store has: the transactional mode.
 pub trait SqlIdemExt<S: TxStore> {
@@ -254,11 +181,11 @@ impl<S: TxStore> SqlIdemExt<S> for Idem<S> {
         O: Into<Outcome<T, E>> + Send,
         F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
     {
-        let store = self.store();
-        store.before_tx().await?;
+        let core = self.store().sql_core();
+        <S::Dialect as Dialect>::before_tx(core).await?;
         let result = on_checkout(self, prepared, work).await;
         if let Err(Error::Store(e)) = &result {
-            store.observe(e);
+            core.dialect().observe(e);
         }
         result
     }
@@ -281,7 +208,7 @@ where
     O: Into<Outcome<T, E>> + Send,
     F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
 {
-    let store = idem.store();
+    let core = idem.store().sql_core();
     let (committing, commit_started) = oneshot::channel();
     let commit_bound = async {
         if commit_started.await.is_err() {
@@ -289,16 +216,16 @@ where
             std::future::pending::<()>().await;
         }
         let never = std::future::pending::<Result<Infallible, StoreError>>();
-        match store.bounded(never).await {
+        match core.dialect().bounded(never).await {
             Err(timed_out) => timed_out,
             Ok(never) => match never {},
         }
     };
-    let conns = store.conns();
+    let conns = core.conns();
     let run = async {
         match conns.own_pool() {
             Some(own) => {
-                let mut checkout = own.get().await.map_err(S::store_error)?;
+                let mut checkout = own.get().await.map_err(store_error::<S>)?;
                 let ran = checkout
                     .run(|conn| async move {
                         let (result, sound) = in_tx(idem, conn, prepared, work, committing).await;
@@ -312,7 +239,7 @@ where
                 Ok(ran.unwrap_or_else(|Unsound(result)| result))
             }
             None => {
-                let mut checkout = conns.pool().acquire().await.map_err(S::store_error)?;
+                let mut checkout = conns.pool().acquire().await.map_err(store_error::<S>)?;
                 Ok(in_tx(idem, &mut checkout, prepared, work, committing)
                     .await
                     .0)
@@ -351,8 +278,8 @@ where
     F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
 {
     let ticket = idem.ticket(prepared).deferred();
-    let store = idem.store();
-    let (mut tx, answer) = match claim_in_new_tx(store, conn, &ticket).await {
+    let core = idem.store().sql_core();
+    let (mut tx, answer) = match claim_in_new_tx::<S>(core, conn, &ticket).await {
         Ok(claimed) => claimed,
         Err((e, sound)) => return (Err(e), sound),
     };
@@ -369,7 +296,7 @@ where
         debug!("transactional transient failure: rolled back");
         return (Ok(pending.not_written()), sound);
     }
-    let written = store
+    let written = core
         .complete_in_tx(
             &mut *tx,
             pending.record(),
@@ -393,8 +320,8 @@ where
             (Ok(pending.written()), true)
         }
         Err(e) => {
-            let sound = S::leaves_connection_sound(&e);
-            (Err(Error::Store(S::store_error(e))), sound)
+            let sound = driver_sound::<S>(&e);
+            (Err(Error::Store(store_error::<S>(e))), sound)
         }
     }
 }
@@ -405,36 +332,36 @@ where
 /// A lock timeout behind another open transaction is [`Error::InFlight`].
 /// An error comes with whether the connection is still sound.
 async fn claim_in_new_tx<'c, S: TxStore>(
-    store: &S,
+    core: &SqlCore<S::Dialect>,
     conn: &'c mut TxConnection<S>,
     ticket: &ClaimTicket,
-) -> Result<(Transaction<'c, S::Db>, ClaimOutcome), (Error, bool)> {
+) -> Result<(Transaction<'c, Db<S>>, ClaimOutcome), (Error, bool)> {
     let req = ticket.request();
     let failed = |e: sqlx::Error| {
-        let sound = S::leaves_connection_sound(&e);
-        (Error::Store(S::store_error(e)), sound)
+        let sound = driver_sound::<S>(&e);
+        (Error::Store(store_error::<S>(e)), sound)
     };
     let mut tx = conn
-        .begin_with(AssertSqlSafe(store.begin_statement()))
+        .begin_with(AssertSqlSafe(core.dialect().begin_statement()))
         .await
         .map_err(failed)?;
     for _ in 1..CLAIM_RACE_TRIES {
-        match store.claim_in_tx(&mut *tx, &req).await {
+        match core.claim_in_tx(&mut *tx, &req).await {
             Ok(Some(answer)) => return Ok((tx, answer)),
             Ok(None) => {
-                if let Err(e) = store.restart_tx(&mut *tx).await {
-                    let sound = S::leaves_connection_sound(&e);
-                    let e = Error::Store(S::store_error(e));
+                if let Err(e) = core.dialect().restart_tx(&mut *tx).await {
+                    let sound = driver_sound::<S>(&e);
+                    let e = Error::Store(store_error::<S>(e));
                     return Err((e, rollback::<S>(tx).await && sound));
                 }
             }
             Err(e) => return Err(claim_failed::<S>(e, tx).await),
         }
     }
-    match store.claim_in_tx(&mut *tx, &req).await {
+    match core.claim_in_tx(&mut *tx, &req).await {
         Ok(Some(answer)) => Ok((tx, answer)),
         Ok(None) => {
-            let e = Error::Store(S::contention(CLAIM_RACE_TRIES));
+            let e = Error::Store(<S::Dialect as Dialect>::contention(CLAIM_RACE_TRIES));
             Err((e, rollback::<S>(tx).await))
         }
         Err(e) => Err(claim_failed::<S>(e, tx).await),
@@ -443,8 +370,11 @@ async fn claim_in_new_tx<'c, S: TxStore>(
 
 /// A claim that failed: a lock timeout behind a concurrent transaction is
 /// [`Error::InFlight`]; the transaction is rolled back either way.
-async fn claim_failed<S: TxStore>(e: S::Error, tx: Transaction<'_, S::Db>) -> (Error, bool) {
-    let e = if S::is_lock_timeout(&e) {
+async fn claim_failed<S: TxStore>(
+    e: <S::Dialect as Dialect>::Error,
+    tx: Transaction<'_, Db<S>>,
+) -> (Error, bool) {
+    let e = if <S::Dialect as Dialect>::is_lock_timeout(&e) {
         debug!("transactional claim: lock timeout behind a concurrent transaction");
         Error::InFlight {
             retry_after: Duration::from_secs(1),
@@ -456,13 +386,23 @@ async fn claim_failed<S: TxStore>(e: S::Error, tx: Transaction<'_, S::Db>) -> (E
 }
 
 /// Rolls `tx` back; whether its connection is still sound.
-async fn rollback<S: TxStore>(tx: Transaction<'_, S::Db>) -> bool {
+async fn rollback<S: TxStore>(tx: Transaction<'_, Db<S>>) -> bool {
     match tx.rollback().await {
         Ok(()) => true,
         Err(e) => {
             // The server rolls back anyway when the connection goes.
             warn!(error = %e, "rollback failed");
-            S::leaves_connection_sound(&e)
+            driver_sound::<S>(&e)
         }
     }
+}
+
+/// The driver's error as store `S` reports it.
+fn store_error<S: TxStore>(e: sqlx::Error) -> StoreError {
+    <S::Dialect as Dialect>::driver_error(e).into()
+}
+
+/// Whether the connection is still sound after the driver's error `e`.
+fn driver_sound<S: TxStore>(e: &sqlx::Error) -> bool {
+    <S::Dialect as Dialect>::driver_leaves_connection_sound(e)
 }

@@ -1,8 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
 mod config;
+mod dialect;
 mod error;
 mod schema;
 mod sql;
@@ -11,6 +11,7 @@ mod store;
 pub use config::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, MAX_TABLE_NAME_LEN,
 };
+pub use dialect::SqliteDialect;
 pub use error::Error;
 pub use schema::MIGRATION;
 pub use sqlx;

@@ -1,57 +1,31 @@
-//! [`SqliteStore`]: building it (from a pool, a URL, a file or memory),
-//! migrating its table, and the [`Store`] implementation. The claim logic is
-//! here; the statements are in [`crate::sql`].
+//! [`SqliteStore`]: building it (from a pool, a URL, a file or memory) and
+//! migrating its table. Its calls are [`idem_sql::SqlCore`]'s, on the
+//! statements of [`crate::dialect`].
 
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use idem_core::clock::Timestamp;
-use idem_core::store::PurgeReport;
-use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Claimed, Completion, Previous, Store, StoreError,
-    StoredRecord, Token, retry_claim_race,
-};
-use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{Conns, SqlStore, TxStore};
+use idem_sql::{Conns, SqlCore};
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, SqlitePool};
+use sqlx::{Sqlite, SqlitePool};
 
 use crate::config::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_TABLE, validate_table_name,
 };
-use crate::error::{BACKEND, Error, corrupt, map, row_error};
-use crate::sql::{Statements, q};
+use crate::dialect::{SqliteDialect, sqlx_leaves_connection_sound};
+use crate::error::Error;
+use crate::sql::Statements;
 
-/// What a connection of the store's own pool is after a call that failed
-/// with this error: the driver's error inside a [`StoreError`] says whether
-/// the connection is still sound; every other failure (a lost lease, a
-/// corrupt row, SQLite's own errors such as `SQLITE_BUSY`) comes after
-/// complete answers.
-fn call_leaves_connection_sound(e: &StoreError) -> bool {
-    match e {
-        StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
-            .downcast_ref::<sqlx::Error>()
-            .is_none_or(sqlx_leaves_connection_sound),
-        _ => true,
-    }
-}
-
-/// [`call_leaves_connection_sound`] for the crate's error.
+/// What a connection is after the migration failed with this error (see
+/// [`idem_sql::Conn`]).
 fn leaves_connection_sound(e: &Error) -> bool {
     match e {
         Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
         _ => true,
     }
-}
-
-/// [`leaves_connection_sound`] for the driver's error: SQLite's own errors
-/// never end the session.
-fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
-    idem_sql::leaves_connection_sound(e, |_| false)
 }
 
 /// An idempotency store in one SQLite table (`idem_records` unless
@@ -100,18 +74,16 @@ fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
 /// ([`SqliteStore::new`]).
 #[derive(Clone)]
 pub struct SqliteStore {
-    /// A pool of its own for a file database built here; the user's pool,
-    /// or the one connection of a memory database, otherwise.
-    conns: Conns<Sqlite>,
-    table: Arc<str>,
-    sql: Arc<Statements>,
+    /// On a pool of its own for a file database built here; on the user's
+    /// pool, or the one connection of a memory database, otherwise.
+    core: SqlCore<SqliteDialect>,
 }
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("table", &self.table)
-            .field("conns", &self.conns)
+            .field("dialect", self.core.dialect())
+            .field("conns", self.core.connections())
             .finish_non_exhaustive()
     }
 }
@@ -299,14 +271,15 @@ impl SqliteStore {
     /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_table_name(table)?;
-        Ok(Self::build(self.conns, Arc::from(table)))
+        Ok(Self::build(
+            self.core.connections().clone(),
+            Arc::from(table),
+        ))
     }
 
     fn build(conns: Conns<Sqlite>, table: Arc<str>) -> Self {
         Self {
-            conns,
-            sql: Arc::new(Statements::new(&table)),
-            table,
+            core: SqlCore::new(conns, SqliteDialect::new(table)),
         }
     }
 
@@ -318,7 +291,7 @@ impl SqliteStore {
     /// (before the file is removed, say), call [`SqliteStore::close`].
     #[must_use]
     pub fn pool(&self) -> &SqlitePool {
-        self.conns.pool()
+        self.core.connections().pool()
     }
 
     /// Closes the store's connections: its own pool (its idle connections
@@ -326,14 +299,14 @@ impl SqliteStore {
     /// for a store over your pool is yours. Every call after it fails with
     /// [`StoreError::Unavailable`], on every clone.
     pub async fn close(&self) {
-        self.conns.close().await;
+        self.core.connections().close().await;
     }
 
     /// The table holding the records (default `idem_records`), as validated
     /// by [`SqliteStore::with_table_name`].
     #[must_use]
     pub fn table_name(&self) -> &str {
-        &self.table
+        &self.core.dialect().table
     }
 
     /// The migration for this store's table ([`MIGRATION`](crate::MIGRATION)
@@ -341,7 +314,7 @@ impl SqliteStore {
     /// once, on a new database.
     #[must_use]
     pub fn migration_sql(&self) -> String {
-        crate::schema::render_all(&self.table)
+        crate::schema::render_all(&self.core.dialect().table)
     }
 
     /// Creates the table and its index, or brings a table made by an earlier
@@ -356,7 +329,8 @@ impl SqliteStore {
     /// [`Error::Sqlx`] when the DDL fails (e.g. a read-only file without the
     /// table).
     pub async fn migrate(&self) -> Result<(), Error> {
-        idem_sql::on_conn!(self.conns, Error::Sqlx, leaves_connection_sound, |conn| {
+        let conns = self.core.connections();
+        idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |conn| {
             self.migrate_on(conn)
         })
     }
@@ -370,8 +344,8 @@ impl SqliteStore {
         // Asked again under the write lock: another process may have
         // migrated in between.
         if !self.has_sweep(&mut tx).await? {
-            let [v1, v2] = crate::schema::render_parts(&self.table);
-            tracing::info!(table = %self.table, "creating or upgrading the idem table");
+            let [v1, v2] = crate::schema::render_parts(self.table_name());
+            tracing::info!(table = %self.table_name(), "creating or upgrading the idem table");
             // Several statements in one call; the text is the shipped file
             // with a validated table name spliced in.
             sqlx::raw_sql(sqlx::AssertSqlSafe(v1))
@@ -386,51 +360,17 @@ impl SqliteStore {
 
     /// Whether the table exists and has had `0002_sweep.sql`.
     async fn has_sweep(&self, conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.has_sweep)))
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql().has_sweep)))
             .fetch_one(conn)
             .await
     }
 
     pub(crate) fn sql(&self) -> &Statements {
-        &self.sql
-    }
-
-    /// A statement guarded by the fencing token, as a store call: `Ok` when
-    /// it changed the record, [`StoreError::LeaseLost`] otherwise.
-    async fn guarded(
-        &self,
-        sql: &Arc<str>,
-        id: &RecordId,
-        token: Token,
-        bind: impl FnOnce(
-            sqlx::query::Query<'static, Sqlite, SqliteArguments>,
-        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>
-        + Send,
-    ) -> Result<(), StoreError> {
-        let rows = idem_sql::on_conn!(self, |conn| self.guarded_on(conn, sql, id, token, bind))?;
-        idem_sql::fenced(rows)
-    }
-
-    /// The guarded statement on `conn`; the rows it changed.
-    async fn guarded_on(
-        &self,
-        conn: &mut SqliteConnection,
-        sql: &Arc<str>,
-        id: &RecordId,
-        token: Token,
-        bind: impl FnOnce(
-            sqlx::query::Query<'static, Sqlite, SqliteArguments>,
-        ) -> sqlx::query::Query<'static, Sqlite, SqliteArguments>,
-    ) -> Result<u64, StoreError> {
-        let q = q(sql)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64());
-        let done = bind(q).execute(conn).await.map_err(map)?;
-        Ok(done.rows_affected())
+        &self.core.dialect().sql
     }
 }
+
+idem_sql::sql_store!(SqliteStore, SqliteDialect, core);
 
 /// The pool of an in-memory database: one connection, never closed (the
 /// database lives exactly as long as its connection).
@@ -452,317 +392,6 @@ fn is_in_memory(url: &str) -> bool {
         .trim_start_matches("sqlite:");
     let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
     database == ":memory:" || params.split('&').any(|p| p == "mode=memory")
-}
-
-fn ms(t: Timestamp) -> i64 {
-    t.as_unix_millis()
-}
-
-fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
-    let attempt = idem_sql::attempt_of::<_, i64>(row).map_err(row_error)?;
-    let takeover: Option<String> = row.try_get("takeover").map_err(map)?;
-    let reason = takeover
-        .map(|t| {
-            TakeoverReason::parse(&t).ok_or_else(|| corrupt(format!("unknown takeover {t:?}")))
-        })
-        .transpose()?;
-    let resource_id: Option<String> = row.try_get("resource_id").map_err(map)?;
-    Ok(Claimed {
-        attempt,
-        previous: reason.map(|reason| Previous {
-            reason,
-            resource_id,
-        }),
-    })
-}
-
-/// Decodes a row of the `fetch` statement, refusing anything malformed.
-fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
-    idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
-}
-
-impl SqliteStore {
-    /// Reads a live record on `conn` (the `fetch` statement).
-    async fn fetch_on(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        let row = q(&self.sql.fetch)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(ms(now))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map)?;
-        row.as_ref().map(decode_record).transpose()
-    }
-}
-
-/// Whether `claim` would have taken this record (it changed under us).
-fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
-    r.takeover_reason(&req.fingerprint, req.now).is_some()
-}
-
-impl SqliteStore {
-    /// The claim on one connection (see [`Store::claim`]); `None`: it raced
-    /// with another write and must run again.
-    async fn claim_once(
-        &self,
-        conn: &mut SqliteConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let id = req.id;
-        match self.fetch_on(conn, id, req.now).await? {
-            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
-            _ => {}
-        }
-        let won = q(&self.sql.claim)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(ms(req.lease_until))
-            .bind(ms(req.key_expires_at))
-            .bind(ms(req.now))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map)?;
-        if let Some(row) = won {
-            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
-        }
-        match self.fetch_on(conn, id, req.now).await? {
-            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
-            // Gone or claimable since the insert ran: claim again.
-            _ => {
-                tracing::debug!("claim raced with another write; retrying");
-                Ok(None)
-            }
-        }
-    }
-
-    /// The completion on one connection, and when it changed no row,
-    /// whether this completion was already applied (a retry after a lost
-    /// reply, which is not an error).
-    async fn complete_on(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        let rows = self
-            .guarded_on(&mut *conn, &self.sql.complete, id, token, |q| {
-                q.bind(c.outcome.as_str())
-                    .bind(c.body)
-                    .bind(ms(c.response_expires_at))
-                    .bind(ms(c.key_expires_at))
-                    .bind(c.resource_id)
-            })
-            .await?;
-        if rows == 1 {
-            return Ok(());
-        }
-        let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
-            .fetch_optional(conn)
-            .await
-            .map_err(map)?;
-        if applied.is_some() {
-            Ok(())
-        } else {
-            Err(StoreError::LeaseLost)
-        }
-    }
-
-    /// Purge batches in `BEGIN IMMEDIATE` transactions on one connection
-    /// (see [`Store::purge_expired`]).
-    async fn purge_on(
-        &self,
-        conn: &mut SqliteConnection,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<PurgeReport, StoreError> {
-        loop {
-            let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
-                .await
-                .map_err(map)?;
-            let mut run = async |sql: &Arc<str>| {
-                q(sql)
-                    .bind(ms(now))
-                    .bind(i64::from(limit))
-                    .execute(&mut *tx)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .map_err(map)
-            };
-            let report = PurgeReport {
-                keys_removed: run(&self.sql.purge_keys).await?,
-                bodies_dropped: run(&self.sql.purge_bodies).await?,
-            };
-            let refiled = run(&self.sql.refile).await?;
-            tx.commit().await.map_err(map)?;
-            if report != PurgeReport::default() || refiled == 0 {
-                return Ok(report);
-            }
-        }
-    }
-}
-
-impl Store for SqliteStore {
-    /// Read first, on one connection: a record that exists and may not be
-    /// claimed (a replay, a conflict, a mismatch) is answered by that read
-    /// alone, which under WAL takes no lock and waits for no writer. Only a
-    /// key that is absent or claimable runs the claim (a write, under
-    /// SQLite's single write lock); when that claim loses (a concurrent
-    /// writer got there first), the record is read again.
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        retry_claim_race(BACKEND, || async {
-            idem_sql::on_conn!(self, |conn| self.claim_once(conn, req))
-        })
-        .await
-    }
-
-    /// One statement; when it changed no row, a read on the same checkout
-    /// tells a lost lease from this completion already applied.
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        idem_sql::on_conn!(self, |conn| self.complete_on(conn, id, token, c))
-    }
-
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.guarded(&self.sql.release, id, token, |q| q.bind(ms(now)))
-            .await
-    }
-
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        self.guarded(&self.sql.save_resource_id, id, token, |q| {
-            q.bind(resource_id)
-        })
-        .await
-    }
-
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.guarded(&self.sql.extend_lease, id, token, |q| {
-            q.bind(ms(lease_until))
-        })
-        .await
-    }
-
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        idem_sql::on_conn!(self, |conn| self.fetch_on(conn, id, now))
-    }
-
-    /// One batch of each purge statement, in one transaction; batches that
-    /// only re-filed records run again, so an empty report means nothing
-    /// is left to purge.
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        idem_sql::on_conn!(self, |conn| self.purge_on(conn, now, limit))
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::none()
-    }
-}
-
-/// The transactional mode ([`SqliteIdemExt`](crate::SqliteIdemExt)) on
-/// SQLite: `BEGIN IMMEDIATE` takes the database's one write lock before the
-/// claim, so the claim (a read, then a write) cannot lose a race, and a
-/// concurrent transactional call waits for that lock up to the busy timeout
-/// (5 s by default), then fails with
-/// [`StoreError::Unavailable`] (503). Plain calls that write wait the same
-/// way; reads do not (WAL). Keep transactional work short: every writer of
-/// the file waits for it.
-impl SqlStore for SqliteStore {
-    type Db = Sqlite;
-    type CallError = StoreError;
-
-    fn conns(&self) -> &Conns<Sqlite> {
-        &self.conns
-    }
-
-    fn checkout_error(e: sqlx::Error) -> StoreError {
-        map(e)
-    }
-
-    fn call_leaves_connection_sound(e: &StoreError) -> bool {
-        call_leaves_connection_sound(e)
-    }
-}
-
-impl TxStore for SqliteStore {
-    type Error = StoreError;
-
-    fn begin_statement(&self) -> String {
-        "BEGIN IMMEDIATE".to_owned()
-    }
-
-    async fn claim_in_tx(
-        &self,
-        conn: &mut SqliteConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
-        self.claim_once(conn, req).await
-    }
-
-    async fn complete_in_tx(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.complete_on(conn, id, token, completion).await
-    }
-
-    async fn restart_tx(&self, _: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
-        Ok(false)
-    }
-
-    /// The write lock is taken by `BEGIN IMMEDIATE`, before the claim: the
-    /// claim itself never waits for a lock.
-    fn is_lock_timeout(_: &StoreError) -> bool {
-        false
-    }
-
-    fn contention(tries: u32) -> StoreError {
-        StoreError::Unavailable {
-            backend: BACKEND,
-            source: format!("the claim lost {tries} races in a row").into(),
-        }
-    }
-
-    fn store_error(e: sqlx::Error) -> StoreError {
-        map(e)
-    }
-
-    fn leaves_connection_sound(e: &sqlx::Error) -> bool {
-        sqlx_leaves_connection_sound(e)
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,502 @@
+//! [`MySqlDialect`]: how every statement of the store is bound and read on
+//! one connection, for [`idem_sql::SqlCore`]. The SQL text is
+//! [`crate::sql`]'s.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use idem_core::RecordId;
+use idem_core::clock::Timestamp;
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
+    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+};
+use idem_sql::{Dialect, Fenced};
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
+use tracing::debug;
+
+use crate::config::Server;
+use crate::error::{BACKEND, Error, code, number};
+use crate::sql::{Statements, TableName, q};
+
+/// The MySQL / MariaDB dialect of the SQL store: its statements for one
+/// table, the server's flavour, and the transactional mode's lock bound.
+/// [`MySqlStore`](crate::MySqlStore) runs on it; it has no API of its own.
+#[derive(Clone)]
+pub struct MySqlDialect {
+    pub(crate) name: Arc<TableName>,
+    pub(crate) sql: Arc<Statements>,
+    /// Named by `with_server`, or detected once and shared by clones.
+    pub(crate) server: Arc<OnceLock<Server>>,
+    pub(crate) tx_lock_timeout: Duration,
+}
+
+impl std::fmt::Debug for MySqlDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlDialect")
+            .field("table", &self.name.table)
+            .field("server", &self.server.get())
+            .field("tx_lock_timeout", &self.tx_lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlDialect {
+    /// The dialect for table `name`.
+    pub(crate) fn new(
+        name: TableName,
+        server: Arc<OnceLock<Server>>,
+        tx_lock_timeout: Duration,
+    ) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            server,
+            tx_lock_timeout,
+        }
+    }
+
+    /// The server's flavour: named, detected before, or asked now on `conn`.
+    pub(crate) async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        // Boxed: the rare path keeps its future out of every claim's.
+        let server = Box::pin(detect(conn)).await?;
+        Ok(*self.server.get_or_init(|| server))
+    }
+
+    /// Runs the claim once on `conn` (a pooled connection or a
+    /// transaction's). `None`: it lost a race (a deadlock, a record that
+    /// changed or went between two statements) and must be run again.
+    async fn claim_once(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let lease = req.lease_until.as_unix_millis();
+        let insert = |sql| {
+            q(sql)
+                .bind(req.id.owner())
+                .bind(req.id.operation())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(lease)
+                .bind(req.key_expires_at.as_unix_millis())
+                .bind(lease)
+                .bind(lease)
+        };
+        let now = req.now.as_unix_millis();
+        let row = match self.server_on(&mut *conn).await? {
+            Server::MariaDb => {
+                match insert(&self.sql.claim_returning)
+                    .bind(now)
+                    .fetch_one(&mut *conn)
+                    .await
+                {
+                    Ok(row) => row,
+                    Err(e) if is_race(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Server::MySql => match insert(&self.sql.insert).execute(&mut *conn).await {
+                Ok(_) => {
+                    return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                        attempt: 1,
+                        previous: None,
+                    })));
+                }
+                Err(e) if number(&e) == Some(code::DUP_ENTRY) => {
+                    let read = q(&self.sql.read)
+                        .bind(now)
+                        .bind(req.id.owner())
+                        .bind(req.id.operation())
+                        .bind(req.id.key().as_str())
+                        .fetch_optional(&mut *conn)
+                        .await;
+                    match read {
+                        Ok(Some(row)) => row,
+                        Ok(None) => return Ok(None),
+                        Err(e) if is_race(&e) => return Ok(None),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) if is_race(&e) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let token: i64 = row.try_get("token")?;
+        if token == req.token.as_i64() {
+            // Our insert (or, after a lost reply, our own earlier claim).
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        let expired = record.is_expired(req.now);
+        if !expired && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read. An expired key
+        // starts over (attempt 1, no resource id, the new key expiry);
+        // otherwise the attempt counts on and the resource id stays.
+        let (attempt, resource_id, key_expires_at) = if expired {
+            (1, None, req.key_expires_at.as_unix_millis().max(lease))
+        } else {
+            (
+                record.attempt.saturating_add(1),
+                record.resource_id.clone(),
+                record.key_expires_at.as_unix_millis().max(lease),
+            )
+        };
+        let took = q(&self.sql.takeover)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(lease)
+            .bind(lease)
+            .bind(key_expires_at)
+            .bind(resource_id.as_deref())
+            .bind(req.id.owner())
+            .bind(req.id.operation())
+            .bind(req.id.key().as_str())
+            .bind(token)
+            .bind(record.state.as_str())
+            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
+            .bind(record.lease_until.as_unix_millis())
+            .bind(record.key_expires_at.as_unix_millis())
+            .bind(record.resource_id.as_deref())
+            .execute(&mut *conn)
+            .await;
+        match took {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if is_race(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // A takeover reports the state it read; a holder whose lease ended
+        // may have released since (same token, a guard column changed: then
+        // this takeover lost and runs again, and reads `Released`).
+        let previous = match reason {
+            Some(reason) if !expired => Some(Previous {
+                reason,
+                resource_id,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
+}
+
+/// Asks the server its version, to pick the claim statement.
+pub(crate) async fn detect<'c>(conn: impl MySqlExecutor<'c>) -> Result<Server, Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(conn)
+        .await?;
+    let server = Server::from_version(&version);
+    debug!(%version, ?server, "detected the server");
+    Ok(server)
+}
+
+/// A deadlock (InnoDB rolled the statement's transaction back) or a
+/// duplicate key: a race with a concurrent writer of the same record, which
+/// a second run, seeing the winner's commit, resolves.
+fn is_race(e: &sqlx::Error) -> bool {
+    matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
+}
+
+/// Reads a record from the row, refusing anything a record cannot hold.
+fn decode_record(row: &MySqlRow) -> Result<StoredRecord, Error> {
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
+}
+
+/// The `attempt` column, refusing a negative one.
+fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
+}
+
+/// A VARBINARY identity column as text (what was stored was text).
+fn text(row: &MySqlRow, col: &'static str) -> Result<String, idem_sql::RowError> {
+    let bytes: Vec<u8> = row.try_get(col)?;
+    String::from_utf8(bytes)
+        .map_err(|_| idem_sql::RowError::Corrupt(format!("stored {col} is not UTF-8")))
+}
+
+/// The rows a statement matched (sqlx connects with `CLIENT_FOUND_ROWS`, so
+/// an update that matched but changed nothing counts too).
+async fn rows(
+    query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    conn: &mut MySqlConnection,
+) -> Result<u64, Error> {
+    Ok(query.execute(conn).await?.rows_affected())
+}
+
+/// What a connection is after a statement failed with this error: sound
+/// when every statement was answered and the session goes on (the
+/// server's own errors, except those that end the session; decoding, which
+/// reads rows a statement already returned in full), otherwise
+/// re-validated or replaced (see [`idem_sql::Conn`]).
+fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        _ => true,
+    }
+}
+
+/// [`leaves_connection_sound`] for the driver's error: a shutdown
+/// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
+/// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
+/// 08): the server ends the session.
+pub(crate) fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |e| {
+        let state = match e {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
+    })
+}
+
+/// On MySQL and MariaDB. The claim is one statement on MariaDB
+/// (`RETURNING`; two for a takeover); on MySQL an insert, plus a read when
+/// the key exists (three for a takeover). The purge runs per round the
+/// expired keys (one `DELETE`), the expired bodies (one `UPDATE`), then,
+/// when those removed nothing, the re-filing of the other records due (one
+/// `UPDATE`), each walking the sweep index.
+///
+/// The transactional mode: MySQL has no `SET LOCAL`, so the bound on the
+/// wait for a concurrent duplicate is set with `SET SESSION
+/// innodb_lock_wait_timeout` in the same round trip as `BEGIN`, and stays
+/// on that pooled connection afterwards, where it also bounds the plain
+/// claims that connection runs. InnoDB rolls a deadlock's victim back
+/// whole; the claim is the transaction's first statement, so a deadlock (or
+/// a record changed between two statements of the claim) starts the
+/// transaction again, at most 8 times, before the work ever ran.
+impl Dialect for MySqlDialect {
+    type Db = MySql;
+    type Error = Error;
+
+    const BACKEND: &'static str = BACKEND;
+
+    fn driver_error(e: sqlx::Error) -> Error {
+        Error::Sqlx(e)
+    }
+
+    fn leaves_connection_sound(e: &Error) -> bool {
+        leaves_connection_sound(e)
+    }
+
+    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
+    }
+
+    async fn claim_once(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        MySqlDialect::claim_once(self, conn, req).await
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<u64, Error> {
+        let query = q(&self.sql.complete)
+            .bind(c.outcome.as_str())
+            .bind(c.body)
+            .bind(c.response_expires_at.as_unix_millis())
+            .bind(c.key_expires_at.as_unix_millis())
+            .bind(c.resource_id)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64());
+        rows(query, conn).await
+    }
+
+    async fn completed_under(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+    ) -> Result<bool, Error> {
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(conn)
+            .await?;
+        Ok(applied.is_some())
+    }
+
+    async fn fenced(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        token: Token,
+        change: Fenced<'_>,
+    ) -> Result<u64, Error> {
+        let query = match change {
+            Fenced::Release { now } => q(&self.sql.release).bind(now.as_unix_millis()),
+            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id).bind(resource_id),
+            Fenced::ExtendLease { until } => {
+                let until = until.as_unix_millis();
+                q(&self.sql.extend_lease)
+                    .bind(until)
+                    .bind(until)
+                    .bind(until)
+            }
+        };
+        let query = query
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64());
+        rows(query, conn).await
+    }
+
+    async fn fetch(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, Error> {
+        let now = now.as_unix_millis();
+        let row = q(&self.sql.fetch)
+            .bind(now)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(decode_record).transpose()
+    }
+
+    async fn purge_round(
+        &self,
+        conn: &mut MySqlConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<(PurgeReport, u64), Error> {
+        let now = now.as_unix_millis();
+        let limit = i64::from(limit);
+        let mut run = async |sql: &Arc<str>| {
+            let query = q(sql).bind(now).bind(now).bind(now).bind(limit);
+            rows(query, &mut *conn).await
+        };
+        let report = PurgeReport {
+            keys_removed: run(&self.sql.purge_delete).await?,
+            bodies_dropped: run(&self.sql.purge_drop_bodies).await?,
+        };
+        if report != PurgeReport::default() {
+            return Ok((report, 0));
+        }
+        Ok((report, run(&self.sql.purge_refile).await?))
+    }
+
+    async fn list_in_flight(
+        &self,
+        conn: &mut MySqlConnection,
+        qr: &InFlightQuery<'_>,
+        after: Option<KeysetPosition>,
+        fetch: u32,
+    ) -> Result<Vec<RecordSummary>, Error> {
+        let lease_before = qr.lease_before.as_unix_millis();
+        let query = match &after {
+            None => q(&self.sql.list_in_flight),
+            Some(_) => q(&self.sql.list_in_flight_after),
+        }
+        .bind(lease_before)
+        .bind(lease_before)
+        .bind(qr.now.as_unix_millis());
+        let query = match after {
+            None => query,
+            Some(a) => query
+                .bind(a.lease_until.as_unix_millis())
+                .bind(a.owner)
+                .bind(a.operation)
+                .bind(a.key),
+        };
+        let rows = query.bind(i64::from(fetch)).fetch_all(conn).await?;
+        rows.iter()
+            .map(|row| Ok(idem_sql::decode_summary::<_, i32>(row, text)?))
+            .collect()
+    }
+
+    async fn release_in_flight(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<u64, Error> {
+        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
+        let now = now.as_unix_millis();
+        let query = q(&self.sql.release_in_flight)
+            .bind(now)
+            .bind(now)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now)
+            .bind(attempt)
+            .bind(attempt);
+        rows(query, conn).await
+    }
+
+    async fn delete_completed(
+        &self,
+        conn: &mut MySqlConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<u64, Error> {
+        let query = q(&self.sql.delete_completed)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis());
+        rows(query, conn).await
+    }
+
+    async fn count_states(
+        &self,
+        conn: &mut MySqlConnection,
+        now: Timestamp,
+    ) -> Result<StateCounts, Error> {
+        let now = now.as_unix_millis();
+        let query = (0..6).fold(q(&self.sql.count_states), |q, _| q.bind(now));
+        let row = query.fetch_one(conn).await?;
+        Ok(idem_sql::decode_counts(&row)?)
+    }
+
+    fn begin_statement(&self) -> String {
+        // An integer from a `Duration`: nothing to escape.
+        let secs = self.tx_lock_timeout.as_millis().div_ceil(1000).max(1);
+        format!("SET SESSION innodb_lock_wait_timeout = {secs}; BEGIN")
+    }
+
+    async fn restart_tx(&self, conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+        let restart = format!("ROLLBACK; {}", self.begin_statement());
+        sqlx::raw_sql(AssertSqlSafe(restart)).execute(conn).await?;
+        Ok(true)
+    }
+
+    fn is_lock_timeout(e: &Error) -> bool {
+        matches!(e, Error::Sqlx(e) if number(e) == Some(code::LOCK_WAIT_TIMEOUT))
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        Error::ClaimContention { tries }.into()
+    }
+}

@@ -1,0 +1,492 @@
+//! [`PgDialect`]: how every statement of the store is bound and read on one
+//! connection, for [`idem_sql::SqlCore`], and the replication check and
+//! call timeout around its writes. The SQL text is [`crate::sql`]'s.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::RecordId;
+use idem_core::clock::Timestamp;
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
+    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+};
+use idem_sql::{Dialect, Fenced, SqlCore};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Postgres, Row};
+
+use crate::error::{BACKEND, Error, is_lock_timeout, may_have_switched};
+use crate::replication::{self, Guard, Replication};
+use crate::sql::{Statements, TableName, q};
+
+/// The PostgreSQL dialect of the SQL store: its statements for one schema
+/// and table, the replication guard, the call timeout and the
+/// transactional mode's lock bound. [`PgStore`](crate::PgStore) runs on
+/// it; it has no API of its own.
+#[derive(Clone)]
+pub struct PgDialect {
+    pub(crate) name: Arc<TableName>,
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) tx_lock_timeout: Duration,
+    pub(crate) call_timeout: Option<Duration>,
+    pub(crate) guard: Arc<Guard>,
+}
+
+impl std::fmt::Debug for PgDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgDialect")
+            .field("table", &self.name.qualified())
+            .field("tx_lock_timeout", &self.tx_lock_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("require_synchronous_replication", &self.guard.requires())
+            .field("replication_check_period", &self.guard.period())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgDialect {
+    /// The dialect for table `name`, no call timeout.
+    pub(crate) fn new(name: TableName, tx_lock_timeout: Duration, guard: Arc<Guard>) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            tx_lock_timeout,
+            call_timeout: None,
+            guard,
+        }
+    }
+
+    /// The same dialect on another table.
+    pub(crate) fn renamed(&self, name: TableName) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&name)),
+            name: Arc::new(name),
+            ..self.clone()
+        }
+    }
+
+    /// Runs the claim statement once on `conn` (a pool or a transaction).
+    /// `None`: it lost a race and must be run again (see [`Statements::new`]).
+    async fn claim_once(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let bind = |sql| {
+            q(sql)
+                .bind(req.id.owner())
+                .bind(req.id.operation())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(req.now.as_unix_millis())
+                .bind(req.lease_until.as_unix_millis())
+                .bind(req.key_expires_at.as_unix_millis())
+        };
+        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
+            return Ok(None);
+        };
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = bind(&self.sql.takeover)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
+
+    /// Makes the server suspect if `e` says it may have changed.
+    fn suspect_if_switched(&self, e: &StoreError) {
+        if may_have_switched(e) {
+            self.guard.suspect();
+        }
+    }
+
+    /// `fut` within the call timeout, if one is set.
+    async fn within_call_timeout<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.call_timeout {
+            None => fut.await,
+            Some(after) => tokio::time::timeout(after, fut)
+                .await
+                .unwrap_or_else(|_| Err(Error::Timeout { after }.into())),
+        }
+    }
+}
+
+/// Reads where the server's commits go, on one of the store's connections,
+/// and judges it (see [`PgStore::check_replication`](crate::PgStore::check_replication)).
+pub(crate) async fn check_replication(core: &SqlCore<PgDialect>) -> Result<Replication, Error> {
+    let found: Result<Replication, Error> =
+        idem_sql::on_conn!(core, |conn| async { Ok(Replication::read(conn).await?) });
+    let found = found?;
+    core.dialect().guard.judge(&found, Instant::now())?;
+    Ok(found)
+}
+
+/// The replication check, if the server is unchecked or suspect.
+async fn ensure_checked(core: &SqlCore<PgDialect>) -> Result<(), StoreError> {
+    if core.dialect().guard.needs_check(Instant::now()) {
+        // Boxed: the rare path keeps its (checkout-sized) future out of
+        // every call's.
+        Box::pin(check_replication(core)).await?;
+    }
+    Ok(())
+}
+
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: sound when every statement was answered and the
+/// session goes on (the server's own errors, except those that end the
+/// session; decoding, which reads rows a statement already returned in
+/// full; the replication check's verdicts), otherwise re-validated or
+/// replaced (see [`idem_sql::Conn`]).
+pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        Error::Corrupt { .. }
+        | Error::Standby
+        | Error::NotSynchronous { .. }
+        | Error::ClaimContention { .. }
+        | Error::InvalidIdentifier { .. } => true,
+        Error::Timeout { .. } => false,
+    }
+}
+
+/// [`leaves_connection_sound`] for the driver's error.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(
+        e,
+        |e| matches!(e, sqlx::Error::Database(db) if ends_session(db.as_ref())),
+    )
+}
+
+/// Whether the server ends the session after this error: a `FATAL` or
+/// `PANIC` (`pg_terminate_backend`, a shutdown, an idle-session timeout),
+/// or a connection exception (class `08`).
+fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
+    let fatal = db
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some_and(|pg| {
+            matches!(
+                pg.severity(),
+                sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+            )
+        });
+    fatal || db.code().is_some_and(|c| c.starts_with("08"))
+}
+
+/// Reads a record from the row, refusing anything a record cannot hold.
+fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
+}
+
+/// The `attempt` column, refusing a negative one.
+fn attempt_of(row: &PgRow) -> Result<u32, Error> {
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
+}
+
+/// The record's primary key and `token` bound as `$1`–`$4`.
+fn fenced_query(
+    sql: &Arc<str>,
+    id: &RecordId,
+    token: Token,
+) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+    q(sql)
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .bind(token.as_i64())
+}
+
+/// On PostgreSQL every transition is one statement (two for a takeover),
+/// run again only when it lost a race to a concurrent writer on the same
+/// record, which the next run, with a fresh snapshot, sees committed. One
+/// purge round is one statement over one batch of the sweep index.
+///
+/// Every write runs within the call timeout, after the replication check
+/// when the server is unchecked or suspect; a lost connection makes it
+/// suspect. The transactional mode bounds the wait for a concurrent
+/// duplicate with `SET LOCAL lock_timeout`, runs a lost race again in the
+/// same transaction, checks the server first, and bounds its commit by
+/// the call timeout.
+impl Dialect for PgDialect {
+    type Db = Postgres;
+    type Error = Error;
+
+    const BACKEND: &'static str = BACKEND;
+
+    fn driver_error(e: sqlx::Error) -> Error {
+        Error::Sqlx(e)
+    }
+
+    fn checkout_error(e: sqlx::Error) -> Error {
+        replication::unwrap_checkout(e)
+    }
+
+    fn leaves_connection_sound(e: &Error) -> bool {
+        leaves_connection_sound(e)
+    }
+
+    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
+    }
+
+    async fn claim_once(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        PgDialect::claim_once(self, conn, req).await
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<u64, Error> {
+        let done = q(&self.sql.complete)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .bind(c.outcome.as_str())
+            .bind(c.body)
+            .bind(c.response_expires_at.as_unix_millis())
+            .bind(c.key_expires_at.as_unix_millis())
+            .bind(c.resource_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn completed_under(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        token: Token,
+    ) -> Result<bool, Error> {
+        let applied = q(&self.sql.completed_under)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(token.as_i64())
+            .fetch_optional(conn)
+            .await?;
+        Ok(applied.is_some())
+    }
+
+    async fn fenced(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        token: Token,
+        change: Fenced<'_>,
+    ) -> Result<u64, Error> {
+        let query = match change {
+            Fenced::Release { now } => {
+                fenced_query(&self.sql.release, id, token).bind(now.as_unix_millis())
+            }
+            Fenced::SaveResourceId(resource_id) => {
+                fenced_query(&self.sql.save_resource_id, id, token).bind(resource_id)
+            }
+            Fenced::ExtendLease { until } => {
+                fenced_query(&self.sql.extend_lease, id, token).bind(until.as_unix_millis())
+            }
+        };
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn fetch(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, Error> {
+        let row = q(&self.sql.fetch)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(decode_record).transpose()
+    }
+
+    async fn purge_round(
+        &self,
+        conn: &mut PgConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<(PurgeReport, u64), Error> {
+        let row = q(&self.sql.purge)
+            .bind(now.as_unix_millis())
+            .bind(i64::from(limit))
+            .fetch_one(conn)
+            .await?;
+        let count = |col: &str| -> Result<u64, Error> {
+            let n: i64 = row.try_get(col)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let report = PurgeReport {
+            keys_removed: count("keys_removed")?,
+            bodies_dropped: count("bodies_dropped")?,
+        };
+        Ok((report, count("refiled")?))
+    }
+
+    async fn list_in_flight(
+        &self,
+        conn: &mut PgConnection,
+        qr: &InFlightQuery<'_>,
+        after: Option<KeysetPosition>,
+        fetch: u32,
+    ) -> Result<Vec<RecordSummary>, Error> {
+        let query = match &after {
+            None => q(&self.sql.list_in_flight),
+            Some(_) => q(&self.sql.list_in_flight_after),
+        }
+        .bind(qr.lease_before.as_unix_millis())
+        .bind(qr.now.as_unix_millis())
+        .bind(i64::from(fetch));
+        let query = match after {
+            None => query,
+            Some(a) => query
+                .bind(a.lease_until.as_unix_millis())
+                .bind(a.owner)
+                .bind(a.operation)
+                .bind(a.key),
+        };
+        let rows = query.fetch_all(conn).await?;
+        rows.iter()
+            .map(|row| Ok(idem_sql::decode_summary::<_, i32>(row, idem_sql::text)?))
+            .collect()
+    }
+
+    async fn release_in_flight(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<u64, Error> {
+        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
+        let done = q(&self.sql.release_in_flight)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .bind(attempt)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn delete_completed(
+        &self,
+        conn: &mut PgConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<u64, Error> {
+        let done = q(&self.sql.delete_completed)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(now.as_unix_millis())
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn count_states(
+        &self,
+        conn: &mut PgConnection,
+        now: Timestamp,
+    ) -> Result<StateCounts, Error> {
+        let row = q(&self.sql.count_states)
+            .bind(now.as_unix_millis())
+            .fetch_one(conn)
+            .await?;
+        Ok(idem_sql::decode_counts(&row)?)
+    }
+
+    fn begin_statement(&self) -> String {
+        // An integer from a `Duration`: nothing to escape.
+        let ms = self.tx_lock_timeout.as_millis().max(1);
+        format!("BEGIN; SET LOCAL lock_timeout = {ms}")
+    }
+
+    fn is_lock_timeout(e: &Error) -> bool {
+        matches!(e, Error::Sqlx(e) if is_lock_timeout(e))
+    }
+
+    fn contention(tries: u32) -> StoreError {
+        Error::ClaimContention { tries }.into()
+    }
+
+    /// First the replication check if the server is unchecked or suspect,
+    /// then `call`, within the call timeout if one is set; a lost
+    /// connection makes the server suspect (checked again before the next
+    /// call).
+    async fn write<T: Send>(
+        core: &SqlCore<Self>,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        let run = async {
+            ensure_checked(core).await?;
+            call.await
+        };
+        let result = core.dialect().within_call_timeout(run).await;
+        if let Err(e) = &result {
+            core.dialect().suspect_if_switched(e);
+        }
+        result
+    }
+
+    async fn before_tx(core: &SqlCore<Self>) -> Result<(), StoreError> {
+        // The replication check (after a lost connection, or for a store
+        // that never checked), as for the store's own calls.
+        ensure_checked(core).await
+    }
+
+    fn observe(&self, e: &StoreError) {
+        self.suspect_if_switched(e);
+    }
+
+    async fn bounded<T: Send>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> Result<T, StoreError> {
+        self.within_call_timeout(fut).await
+    }
+}

@@ -1,0 +1,657 @@
+//! The one SQL store: [`SqlCore`], generic over a [`Dialect`] that supplies
+//! its statements. Every call's shape (which checkout it runs on, when it
+//! runs again, how a fenced update reads, how the purge loops, how the
+//! operator listing pages) is here, once; a dialect says only how each
+//! statement is bound and read on one connection.
+
+use std::future::Future;
+
+use idem_core::RecordId;
+use idem_core::clock::Timestamp;
+use idem_core::store::{
+    AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, Cursor, InFlightQuery,
+    KeysetPosition, Page, PurgeReport, RecordSummary, StateCounts, Store, StoreError, StoredRecord,
+    Token, retry_claim_race,
+};
+use sqlx::Database;
+use tracing::debug;
+
+use crate::conns::{Conns, SqlStore};
+use crate::error::fenced;
+
+/// [`on_conn!`](crate::on_conn) on a [`SqlCore`], its error as a
+/// [`StoreError`].
+macro_rules! call {
+    ($core:expr, |$conn:ident| $call:expr) => {
+        async { crate::on_conn!($core, |$conn| $call) }
+            .await
+            .map_err(Into::<StoreError>::into)
+    };
+}
+
+/// The connection a dialect's statements run on.
+pub type DbConnection<D> = <<D as Dialect>::Db as Database>::Connection;
+
+/// An update guarded by the fencing token: it changes the record only while
+/// the token is the record's and the record is in flight.
+#[derive(Debug, Clone, Copy)]
+pub enum Fenced<'a> {
+    /// The holder gives the key back (the record becomes `released` at
+    /// `now`).
+    Release {
+        /// The engine's time.
+        now: Timestamp,
+    },
+    /// The holder saves the id of the resource its work created.
+    SaveResourceId(&'a str),
+    /// The holder extends its lease to `until`.
+    ExtendLease {
+        /// The new lease end.
+        until: Timestamp,
+    },
+}
+
+/// What a SQL dialect supplies to [`SqlCore`]: its statements, each bound
+/// and read on one connection, its error, and what only it has (hooks with
+/// defaults that do nothing).
+///
+/// A statement method runs exactly its statement(s) on `conn`; the checkout,
+/// the runs again after a lost race, the fencing verdict and the paging are
+/// [`SqlCore`]'s. The dialect value itself holds the statements (rendered
+/// for the store's table) and the dialect's settings; [`SqlCore`] clones it
+/// with the store.
+pub trait Dialect: Clone + Send + Sync + 'static {
+    /// The database.
+    type Db: Database;
+    /// The error its statements return: the driver's, plus what only this
+    /// dialect reports.
+    type Error: Into<StoreError> + std::fmt::Debug + Send + 'static;
+
+    /// The backend's name in [`StoreError`]s.
+    const BACKEND: &'static str;
+
+    /// The driver's error, as this dialect's.
+    fn driver_error(e: sqlx::Error) -> Self::Error;
+
+    /// A checkout that failed (by default the driver's error).
+    fn checkout_error(e: sqlx::Error) -> Self::Error {
+        Self::driver_error(e)
+    }
+
+    /// Whether the connection is still sound after a statement failed with
+    /// `e` (see [`ConnectionError`](crate::ConnectionError)).
+    fn leaves_connection_sound(e: &Self::Error) -> bool;
+
+    /// [`Dialect::leaves_connection_sound`] for the driver's error.
+    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool;
+
+    /// Runs the claim once. `None`: it lost a race to a concurrent writer
+    /// of the same record and must run again (at most
+    /// [`CLAIM_RACE_TRIES`](idem_core::store::CLAIM_RACE_TRIES) times).
+    fn claim_once(
+        &self,
+        conn: &mut DbConnection<Self>,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send;
+
+    /// The completion, fenced by `token`; the rows it matched.
+    fn complete(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Whether the record is completed under `token` (a completion that
+    /// matched no row was already applied: a retry after a lost reply).
+    fn completed_under(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        token: Token,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// A [`Fenced`] update; the rows it matched.
+    fn fenced(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        token: Token,
+        change: Fenced<'_>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Reads the live record.
+    fn fetch(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, Self::Error>> + Send;
+
+    /// One purge round of at most `limit` rows per statement: what it
+    /// removed, and how many records it only re-filed to their next due
+    /// time (a round that removed something may report 0 re-filed).
+    fn purge_round(
+        &self,
+        conn: &mut DbConnection<Self>,
+        now: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<(PurgeReport, u64), Self::Error>> + Send;
+
+    /// The operator listing: at most `fetch` in-flight records of `query`,
+    /// in keyset order, after `after`.
+    fn list_in_flight(
+        &self,
+        conn: &mut DbConnection<Self>,
+        query: &InFlightQuery<'_>,
+        after: Option<KeysetPosition>,
+        fetch: u32,
+    ) -> impl Future<Output = Result<Vec<RecordSummary>, Self::Error>> + Send;
+
+    /// The operator's release (of `attempt` only, if given); the rows it
+    /// matched.
+    fn release_in_flight(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// The operator's delete of a completed record; the rows it matched.
+    fn delete_completed(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// The records in each state.
+    fn count_states(
+        &self,
+        conn: &mut DbConnection<Self>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<StateCounts, Self::Error>> + Send;
+
+    /// The statement that begins a transaction of the transactional mode
+    /// and bounds how long it waits for a concurrent duplicate's lock.
+    fn begin_statement(&self) -> String;
+
+    /// After a claim in a transaction that lost a race, before it runs
+    /// again: a dialect whose server rolled the transaction back (InnoDB
+    /// rolls a deadlock's victim back whole) ends it and begins the next
+    /// one on `conn` and says `true`; by default nothing is sent (`false`)
+    /// and the claim runs again in the same transaction.
+    fn restart_tx(
+        &self,
+        conn: &mut DbConnection<Self>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        let _ = conn;
+        async { Ok(false) }
+    }
+
+    /// Whether the claim in a transaction waited for a concurrent
+    /// transaction's lock longer than the transaction allows (by default
+    /// never: the begin statement took every lock).
+    fn is_lock_timeout(e: &Self::Error) -> bool {
+        let _ = e;
+        false
+    }
+
+    /// The error when the claim lost
+    /// [`CLAIM_RACE_TRIES`](idem_core::store::CLAIM_RACE_TRIES) races in a
+    /// row.
+    fn contention(tries: u32) -> StoreError {
+        StoreError::Unavailable {
+            backend: Self::BACKEND,
+            source: format!("the claim lost {tries} races in a row").into(),
+        }
+    }
+
+    /// Runs a write of the store (claim, completion, fenced update, purge),
+    /// e.g. within a check of the server and a time bound; by default as
+    /// it is.
+    fn write<T: Send>(
+        core: &SqlCore<Self>,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send {
+        let _ = core;
+        call
+    }
+
+    /// Runs before a transaction of the transactional mode (e.g. a check of
+    /// the server).
+    fn before_tx(core: &SqlCore<Self>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = core;
+        async { Ok(()) }
+    }
+
+    /// Sees the error a transactional call ended with.
+    fn observe(&self, e: &StoreError) {
+        let _ = e;
+    }
+
+    /// `fut` within the store's bound on a call, if it has one (the commit
+    /// of a transaction is bounded by it; its work is not).
+    fn bounded<T: Send>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send {
+        fut
+    }
+}
+
+/// The one SQL store: a [`Dialect`] on a store's [`Conns`]. It implements
+/// [`Store`] and [`AdminStore`]; a dialect crate's store type holds one and
+/// hands every call to it ([`sql_store!`](crate::sql_store)).
+pub struct SqlCore<D: Dialect> {
+    conns: Conns<D::Db>,
+    dialect: D,
+}
+
+impl<D: Dialect> Clone for SqlCore<D> {
+    fn clone(&self) -> Self {
+        Self {
+            conns: self.conns.clone(),
+            dialect: self.dialect.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> std::fmt::Debug for SqlCore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlCore")
+            .field("backend", &D::BACKEND)
+            .field("conns", &self.conns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dialect> SqlCore<D> {
+    /// `dialect` on `conns`.
+    #[must_use]
+    pub fn new(conns: Conns<D::Db>, dialect: D) -> Self {
+        Self { conns, dialect }
+    }
+
+    /// The dialect.
+    #[must_use]
+    pub fn dialect(&self) -> &D {
+        &self.dialect
+    }
+
+    /// The dialect, to change its settings.
+    pub fn dialect_mut(&mut self) -> &mut D {
+        &mut self.dialect
+    }
+
+    /// The store's connections.
+    #[must_use]
+    pub fn connections(&self) -> &Conns<D::Db> {
+        &self.conns
+    }
+
+    /// A fenced update as a store call: `Ok` when it matched the record,
+    /// [`StoreError::LeaseLost`] otherwise.
+    async fn fenced_call(
+        &self,
+        id: &RecordId,
+        token: Token,
+        change: Fenced<'_>,
+    ) -> Result<(), StoreError> {
+        D::write(self, async {
+            fenced(call!(self, |conn| self
+                .dialect
+                .fenced(conn, id, token, change))?)
+        })
+        .await
+    }
+
+    /// The completion, and when it matched no row, whether this completion
+    /// was already applied (not an error) or the lease is lost.
+    async fn complete_on(
+        &self,
+        conn: &mut DbConnection<D>,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<bool, D::Error> {
+        if self
+            .dialect
+            .complete(&mut *conn, id, token, completion)
+            .await?
+            == 1
+        {
+            return Ok(true);
+        }
+        self.dialect.completed_under(conn, id, token).await
+    }
+
+    /// Purge rounds on one connection until one removes something or finds
+    /// nothing to re-file. Each round moves every record it re-files past
+    /// `now`, so this ends.
+    async fn purge_on(
+        &self,
+        conn: &mut DbConnection<D>,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<PurgeReport, D::Error> {
+        loop {
+            let (report, refiled) = self.dialect.purge_round(&mut *conn, now, limit).await?;
+            if report != PurgeReport::default() || refiled == 0 {
+                return Ok(report);
+            }
+        }
+    }
+
+    /// The claim on a transaction's connection (see [`TxStore`]).
+    pub(crate) async fn claim_in_tx(
+        &self,
+        conn: &mut DbConnection<D>,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, D::Error> {
+        self.dialect.claim_once(conn, req).await
+    }
+
+    /// The completion on a transaction's connection: `Ok` when it applied,
+    /// [`StoreError::LeaseLost`] when no row matched.
+    pub(crate) async fn complete_in_tx(
+        &self,
+        conn: &mut DbConnection<D>,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        let rows = self.dialect.complete(conn, id, token, completion).await;
+        fenced(rows.map_err(Into::into)?)
+    }
+}
+
+impl<D: Dialect> SqlStore for SqlCore<D> {
+    type Db = D::Db;
+    type CallError = D::Error;
+
+    fn conns(&self) -> &Conns<D::Db> {
+        &self.conns
+    }
+
+    fn checkout_error(e: sqlx::Error) -> D::Error {
+        D::checkout_error(e)
+    }
+
+    fn call_leaves_connection_sound(e: &D::Error) -> bool {
+        D::leaves_connection_sound(e)
+    }
+}
+
+/// Every call on one checkout; the writes through [`Dialect::write`].
+#[deny(clippy::missing_trait_methods)]
+impl<D: Dialect> Store for SqlCore<D> {
+    /// The dialect's claim on one checkout, run again (at most 8 times in
+    /// all) only when it lost a race to a concurrent writer on the same
+    /// record, which the next run sees committed.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        D::write(
+            self,
+            retry_claim_race(D::BACKEND, || async {
+                let outcome = call!(self, |conn| self.dialect.claim_once(conn, req))?;
+                if outcome.is_none() {
+                    debug!("claim lost a race; running it again");
+                }
+                Ok(outcome)
+            }),
+        )
+        .await
+    }
+
+    /// One statement; when it matched no row, a read on the same checkout
+    /// tells a lost lease from this completion already applied (a retry
+    /// after a lost reply, which is not an error).
+    async fn complete(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Result<(), StoreError> {
+        D::write(self, async {
+            if call!(self, |conn| self.complete_on(conn, id, token, completion))? {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost)
+            }
+        })
+        .await
+    }
+
+    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
+        self.fenced_call(id, token, Fenced::Release { now }).await
+    }
+
+    async fn save_resource_id(
+        &self,
+        id: &RecordId,
+        token: Token,
+        resource_id: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced_call(id, token, Fenced::SaveResourceId(resource_id))
+            .await
+    }
+
+    async fn extend_lease(
+        &self,
+        id: &RecordId,
+        token: Token,
+        lease_until: Timestamp,
+    ) -> Result<(), StoreError> {
+        let until = Fenced::ExtendLease { until: lease_until };
+        self.fenced_call(id, token, until).await
+    }
+
+    async fn fetch(
+        &self,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        call!(self, |conn| self.dialect.fetch(conn, id, now))
+    }
+
+    /// Rounds of the dialect's purge on one checkout. A round that only
+    /// re-filed records (moved them to their next due time) removed
+    /// nothing, and an empty report tells the caller the purge is done; so
+    /// rounds run until one removes something or finds nothing due.
+    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
+        D::write(self, async {
+            call!(self, |conn| self.purge_on(conn, now, limit))
+        })
+        .await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none()
+    }
+}
+
+/// Indexed listing with keyset pagination (the sweep index, where an
+/// in-flight record sits at its lease end); release, delete and counts are
+/// one statement each. Counting scans the table.
+#[deny(clippy::missing_trait_methods)]
+impl<D: Dialect> AdminStore for SqlCore<D> {
+    async fn list_in_flight(&self, query: &InFlightQuery<'_>) -> Result<Page, StoreError> {
+        let limit = query.limit.max(1);
+        let after = query.cursor.map(Cursor::keyset_position).transpose()?;
+        let fetch = limit.saturating_add(1);
+        let records = call!(self, |conn| {
+            self.dialect.list_in_flight(conn, query, after, fetch)
+        })?;
+        Ok(Page::keyset(records, limit))
+    }
+
+    async fn release_in_flight(
+        &self,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let rows = call!(self, |conn| {
+            self.dialect.release_in_flight(conn, id, attempt, now)
+        })?;
+        Ok(rows == 1)
+    }
+
+    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
+        let rows = call!(self, |conn| self.dialect.delete_completed(conn, id, now))?;
+        Ok(rows == 1)
+    }
+
+    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
+        call!(self, |conn| self.dialect.count_states(conn, now))
+    }
+}
+
+/// A store type that runs on a [`SqlCore`]: what the transactional mode
+/// ([`SqlIdemExt`](crate::SqlIdemExt)) and the consumer's transactional
+/// inbox need of it. [`sql_store!`](crate::sql_store) implements it with
+/// [`Store`] and [`AdminStore`].
+pub trait TxStore: Store + Sized {
+    /// The store's dialect.
+    type Dialect: Dialect;
+
+    /// The store's core.
+    fn sql_core(&self) -> &SqlCore<Self::Dialect>;
+}
+
+impl<D: Dialect> TxStore for SqlCore<D> {
+    type Dialect = D;
+
+    fn sql_core(&self) -> &Self {
+        self
+    }
+}
+
+/// Implements [`TxStore`], [`Store`] and [`AdminStore`] for a dialect
+/// crate's store type by handing every call to its [`SqlCore`]:
+/// `sql_store!(PgStore, Pg, core)` for `struct PgStore { core: SqlCore<Pg>,
+/// .. }`.
+#[macro_export]
+macro_rules! sql_store {
+    ($store:ty, $dialect:ty, $field:ident) => {
+        impl $crate::TxStore for $store {
+            type Dialect = $dialect;
+
+            fn sql_core(&self) -> &$crate::SqlCore<$dialect> {
+                &self.$field
+            }
+        }
+
+        /// Every call is [`SqlCore`](idem_sql::SqlCore)'s: see the crate
+        /// docs for its statements.
+        impl $crate::__private::Store for $store {
+            async fn claim(
+                &self,
+                req: &$crate::__private::ClaimRequest<'_>,
+            ) -> $crate::__private::Result<$crate::__private::ClaimOutcome> {
+                $crate::__private::Store::claim(&self.$field, req).await
+            }
+            async fn complete(
+                &self,
+                id: &$crate::__private::RecordId,
+                token: $crate::__private::Token,
+                completion: &$crate::__private::Completion<'_>,
+            ) -> $crate::__private::Result<()> {
+                $crate::__private::Store::complete(&self.$field, id, token, completion).await
+            }
+            async fn release(
+                &self,
+                id: &$crate::__private::RecordId,
+                token: $crate::__private::Token,
+                now: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<()> {
+                $crate::__private::Store::release(&self.$field, id, token, now).await
+            }
+            async fn save_resource_id(
+                &self,
+                id: &$crate::__private::RecordId,
+                token: $crate::__private::Token,
+                resource_id: &str,
+            ) -> $crate::__private::Result<()> {
+                $crate::__private::Store::save_resource_id(&self.$field, id, token, resource_id)
+                    .await
+            }
+            async fn extend_lease(
+                &self,
+                id: &$crate::__private::RecordId,
+                token: $crate::__private::Token,
+                lease_until: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<()> {
+                $crate::__private::Store::extend_lease(&self.$field, id, token, lease_until).await
+            }
+            async fn fetch(
+                &self,
+                id: &$crate::__private::RecordId,
+                now: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<::std::option::Option<$crate::__private::StoredRecord>>
+            {
+                $crate::__private::Store::fetch(&self.$field, id, now).await
+            }
+            async fn purge_expired(
+                &self,
+                now: $crate::__private::Timestamp,
+                limit: u32,
+            ) -> $crate::__private::Result<$crate::__private::PurgeReport> {
+                $crate::__private::Store::purge_expired(&self.$field, now, limit).await
+            }
+            fn capabilities(&self) -> $crate::__private::Capabilities {
+                $crate::__private::Store::capabilities(&self.$field)
+            }
+        }
+
+        /// The operator API is [`SqlCore`](idem_sql::SqlCore)'s: indexed
+        /// listing with keyset pagination; release, delete and counts are
+        /// one statement each. Counting scans the table.
+        impl $crate::__private::AdminStore for $store {
+            async fn list_in_flight(
+                &self,
+                query: &$crate::__private::InFlightQuery<'_>,
+            ) -> $crate::__private::Result<$crate::__private::Page> {
+                $crate::__private::AdminStore::list_in_flight(&self.$field, query).await
+            }
+            async fn release_in_flight(
+                &self,
+                id: &$crate::__private::RecordId,
+                attempt: ::std::option::Option<u32>,
+                now: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<bool> {
+                $crate::__private::AdminStore::release_in_flight(&self.$field, id, attempt, now)
+                    .await
+            }
+            async fn delete_completed(
+                &self,
+                id: &$crate::__private::RecordId,
+                now: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<bool> {
+                $crate::__private::AdminStore::delete_completed(&self.$field, id, now).await
+            }
+            async fn count_states(
+                &self,
+                now: $crate::__private::Timestamp,
+            ) -> $crate::__private::Result<$crate::__private::StateCounts> {
+                $crate::__private::AdminStore::count_states(&self.$field, now).await
+            }
+        }
+    };
+}
+
+/// What [`sql_store!`](crate::sql_store) names, from wherever it expands.
+#[doc(hidden)]
+pub mod __private {
+    pub use idem_core::RecordId;
+    pub use idem_core::clock::Timestamp;
+    pub use idem_core::store::{
+        AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Page,
+        PurgeReport, StateCounts, Store, StoredRecord, Token,
+    };
+
+    /// A store call's result.
+    pub type Result<T> = std::result::Result<T, idem_core::store::StoreError>;
+}

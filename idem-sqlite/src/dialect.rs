@@ -1,0 +1,364 @@
+//! [`SqliteDialect`]: how every statement of the store is bound and read on
+//! one connection, for [`idem_sql::SqlCore`]. The claim logic is here; the
+//! SQL text is [`crate::sql`]'s.
+
+use std::sync::Arc;
+
+use idem_core::clock::Timestamp;
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
+    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+};
+use idem_core::{RecordId, TakeoverReason};
+use idem_sql::{Dialect, Fenced};
+use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
+use sqlx::{Row, Sqlite};
+
+use crate::error::{BACKEND, corrupt, map, row_error};
+use crate::sql::{Statements, q};
+
+/// The SQLite dialect of the SQL store: its statements for one table.
+/// [`SqliteStore`](crate::SqliteStore) runs on it; it has no API of its
+/// own.
+#[derive(Clone)]
+pub struct SqliteDialect {
+    pub(crate) table: Arc<str>,
+    pub(crate) sql: Arc<Statements>,
+}
+
+impl std::fmt::Debug for SqliteDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteDialect")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteDialect {
+    /// The dialect for `table`.
+    pub(crate) fn new(table: Arc<str>) -> Self {
+        Self {
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
+    }
+
+    /// The claim on one connection ; `None`: it raced
+    /// with another write and must run again.
+    async fn claim_once(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let id = req.id;
+        match fetch(self, conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
+            _ => {}
+        }
+        let won = q(&self.sql.claim)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(ms(req.lease_until))
+            .bind(ms(req.key_expires_at))
+            .bind(ms(req.now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        if let Some(row) = won {
+            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
+        }
+        match fetch(self, conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
+            // Gone or claimable since the insert ran: claim again.
+            _ => {
+                tracing::debug!("claim raced with another write; retrying");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What a connection of the store's own pool is after a call that failed
+/// with this error: the driver's error inside a [`StoreError`] says whether
+/// the connection is still sound; every other failure (a lost lease, a
+/// corrupt row, SQLite's own errors such as `SQLITE_BUSY`) comes after
+/// complete answers.
+fn call_leaves_connection_sound(e: &StoreError) -> bool {
+    match e {
+        StoreError::Unavailable { source, .. } | StoreError::Backend { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .is_none_or(sqlx_leaves_connection_sound),
+        _ => true,
+    }
+}
+
+/// [`call_leaves_connection_sound`] for the driver's error: SQLite's own
+/// errors never end the session.
+pub(crate) fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |_| false)
+}
+
+fn ms(t: Timestamp) -> i64 {
+    t.as_unix_millis()
+}
+
+fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
+    let attempt = idem_sql::attempt_of::<_, i64>(row).map_err(row_error)?;
+    let takeover: Option<String> = row.try_get("takeover").map_err(map)?;
+    let reason = takeover
+        .map(|t| {
+            TakeoverReason::parse(&t).ok_or_else(|| corrupt(format!("unknown takeover {t:?}")))
+        })
+        .transpose()?;
+    let resource_id: Option<String> = row.try_get("resource_id").map_err(map)?;
+    Ok(Claimed {
+        attempt,
+        previous: reason.map(|reason| Previous {
+            reason,
+            resource_id,
+        }),
+    })
+}
+
+/// Decodes a row of the `fetch` statement, refusing anything malformed.
+fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
+    idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
+}
+
+/// Whether `claim` would have taken this record (it changed under us).
+fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
+    r.takeover_reason(&req.fingerprint, req.now).is_some()
+}
+
+/// Reads a live record on `conn` (the `fetch` statement).
+async fn fetch(
+    dialect: &SqliteDialect,
+    conn: &mut SqliteConnection,
+    id: &RecordId,
+    now: Timestamp,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let row = q(&dialect.sql.fetch)
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .bind(ms(now))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map)?;
+    row.as_ref().map(decode_record).transpose()
+}
+
+/// The record's primary key and `token` bound first.
+fn fenced_query(
+    sql: &Arc<str>,
+    id: &RecordId,
+    token: Token,
+) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    q(sql)
+        .bind(id.owner())
+        .bind(id.operation())
+        .bind(id.key().as_str())
+        .bind(token.as_i64())
+}
+
+/// The rows a statement changed.
+async fn rows(
+    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
+    conn: &mut SqliteConnection,
+) -> Result<u64, StoreError> {
+    Ok(query.execute(conn).await.map_err(map)?.rows_affected())
+}
+
+/// On SQLite the claim reads first, on one connection: a record that exists
+/// and may not be claimed (a replay, a conflict, a mismatch) is answered by
+/// that read alone, which under WAL takes no lock and waits for no writer.
+/// Only a key that is absent or claimable runs the claim (a write, under
+/// SQLite's single write lock); when that claim loses (a concurrent writer
+/// got there first), the record is read again. One purge round is one
+/// batch of each purge statement, in one `BEGIN IMMEDIATE` transaction.
+///
+/// The transactional mode: `BEGIN IMMEDIATE` takes the database's one write
+/// lock before the claim, so the claim (a read, then a write) cannot lose a
+/// race, and a concurrent transactional call waits for that lock up to the
+/// busy timeout (5 s by default), then fails with
+/// [`StoreError::Unavailable`] (503). Plain calls that write wait the same
+/// way; reads do not (WAL). Keep transactional work short: every writer of
+/// the file waits for it.
+impl Dialect for SqliteDialect {
+    type Db = Sqlite;
+    type Error = StoreError;
+
+    const BACKEND: &'static str = BACKEND;
+
+    fn driver_error(e: sqlx::Error) -> StoreError {
+        map(e)
+    }
+
+    fn leaves_connection_sound(e: &StoreError) -> bool {
+        call_leaves_connection_sound(e)
+    }
+
+    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
+        sqlx_leaves_connection_sound(e)
+    }
+
+    async fn claim_once(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        SqliteDialect::claim_once(self, conn, req).await
+    }
+
+    async fn complete(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+        c: &Completion<'_>,
+    ) -> Result<u64, StoreError> {
+        let query = fenced_query(&self.sql.complete, id, token)
+            .bind(c.outcome.as_str())
+            .bind(c.body)
+            .bind(ms(c.response_expires_at))
+            .bind(ms(c.key_expires_at))
+            .bind(c.resource_id);
+        rows(query, conn).await
+    }
+
+    async fn completed_under(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+    ) -> Result<bool, StoreError> {
+        let applied = fenced_query(&self.sql.completed_under, id, token)
+            .fetch_optional(conn)
+            .await
+            .map_err(map)?;
+        Ok(applied.is_some())
+    }
+
+    async fn fenced(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        token: Token,
+        change: Fenced<'_>,
+    ) -> Result<u64, StoreError> {
+        let query = match change {
+            Fenced::Release { now } => fenced_query(&self.sql.release, id, token).bind(ms(now)),
+            Fenced::SaveResourceId(resource_id) => {
+                fenced_query(&self.sql.save_resource_id, id, token).bind(resource_id)
+            }
+            Fenced::ExtendLease { until } => {
+                fenced_query(&self.sql.extend_lease, id, token).bind(ms(until))
+            }
+        };
+        rows(query, conn).await
+    }
+
+    async fn fetch(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        fetch(self, conn, id, now).await
+    }
+
+    async fn purge_round(
+        &self,
+        conn: &mut SqliteConnection,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<(PurgeReport, u64), StoreError> {
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
+            .await
+            .map_err(map)?;
+        let mut run =
+            async |sql: &Arc<str>| rows(q(sql).bind(ms(now)).bind(i64::from(limit)), &mut tx).await;
+        let report = PurgeReport {
+            keys_removed: run(&self.sql.purge_keys).await?,
+            bodies_dropped: run(&self.sql.purge_bodies).await?,
+        };
+        let refiled = run(&self.sql.refile).await?;
+        tx.commit().await.map_err(map)?;
+        Ok((report, refiled))
+    }
+
+    async fn list_in_flight(
+        &self,
+        conn: &mut SqliteConnection,
+        qr: &InFlightQuery<'_>,
+        after: Option<KeysetPosition>,
+        fetch: u32,
+    ) -> Result<Vec<RecordSummary>, StoreError> {
+        let query = match &after {
+            None => q(&self.sql.list_in_flight),
+            Some(_) => q(&self.sql.list_in_flight_after),
+        }
+        .bind(ms(qr.lease_before))
+        .bind(ms(qr.now))
+        .bind(i64::from(fetch));
+        let query = match &after {
+            None => query,
+            Some(a) => query
+                .bind(ms(a.lease_until))
+                .bind(a.owner.as_str())
+                .bind(a.operation.as_str())
+                .bind(a.key.as_str()),
+        };
+        let rows = query.fetch_all(conn).await.map_err(map)?;
+        rows.iter()
+            .map(|row| idem_sql::decode_summary::<_, i64>(row, idem_sql::text).map_err(row_error))
+            .collect()
+    }
+
+    async fn release_in_flight(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        attempt: Option<u32>,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let query = q(&self.sql.release_in_flight)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(ms(now))
+            .bind(attempt.map(i64::from));
+        rows(query, conn).await
+    }
+
+    async fn delete_completed(
+        &self,
+        conn: &mut SqliteConnection,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let query = q(&self.sql.delete_completed)
+            .bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+            .bind(ms(now));
+        rows(query, conn).await
+    }
+
+    async fn count_states(
+        &self,
+        conn: &mut SqliteConnection,
+        now: Timestamp,
+    ) -> Result<StateCounts, StoreError> {
+        let query = q(&self.sql.count_states).bind(ms(now));
+        let row = query.fetch_one(conn).await.map_err(map)?;
+        idem_sql::decode_counts(&row).map_err(map)
+    }
+
+    fn begin_statement(&self) -> String {
+        "BEGIN IMMEDIATE".to_owned()
+    }
+}
