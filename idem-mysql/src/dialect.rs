@@ -11,7 +11,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
     PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{Dialect, Fenced};
+use idem_sql::{BindRecord, Dialect, Fenced};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -65,130 +65,6 @@ impl MySqlDialect {
         // Boxed: the rare path keeps its future out of every claim's.
         let server = Box::pin(detect(conn)).await?;
         Ok(*self.server.get_or_init(|| server))
-    }
-
-    /// Runs the claim once on `conn` (a pooled connection or a
-    /// transaction's). `None`: it lost a race (a deadlock, a record that
-    /// changed or went between two statements) and must be run again.
-    async fn claim_once(
-        &self,
-        conn: &mut MySqlConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let lease = req.lease_until.as_unix_millis();
-        let insert = |sql| {
-            q(sql)
-                .bind(req.id.owner())
-                .bind(req.id.operation())
-                .bind(req.id.key().as_str())
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(lease)
-                .bind(req.key_expires_at.as_unix_millis())
-                .bind(lease)
-                .bind(lease)
-        };
-        let now = req.now.as_unix_millis();
-        let row = match self.server_on(&mut *conn).await? {
-            Server::MariaDb => {
-                match insert(&self.sql.claim_returning)
-                    .bind(now)
-                    .fetch_one(&mut *conn)
-                    .await
-                {
-                    Ok(row) => row,
-                    Err(e) if is_race(&e) => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Server::MySql => match insert(&self.sql.insert).execute(&mut *conn).await {
-                Ok(_) => {
-                    return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                        attempt: 1,
-                        previous: None,
-                    })));
-                }
-                Err(e) if number(&e) == Some(code::DUP_ENTRY) => {
-                    let read = q(&self.sql.read)
-                        .bind(now)
-                        .bind(req.id.owner())
-                        .bind(req.id.operation())
-                        .bind(req.id.key().as_str())
-                        .fetch_optional(&mut *conn)
-                        .await;
-                    match read {
-                        Ok(Some(row)) => row,
-                        Ok(None) => return Ok(None),
-                        Err(e) if is_race(&e) => return Ok(None),
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(e) if is_race(&e) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            },
-        };
-        let token: i64 = row.try_get("token")?;
-        if token == req.token.as_i64() {
-            // Our insert (or, after a lost reply, our own earlier claim).
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(&row)?,
-                previous: None,
-            })));
-        }
-        let record = decode_record(&row)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        let expired = record.is_expired(req.now);
-        if !expired && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read. An expired key
-        // starts over (attempt 1, no resource id, the new key expiry);
-        // otherwise the attempt counts on and the resource id stays.
-        let (attempt, resource_id, key_expires_at) = if expired {
-            (1, None, req.key_expires_at.as_unix_millis().max(lease))
-        } else {
-            (
-                record.attempt.saturating_add(1),
-                record.resource_id.clone(),
-                record.key_expires_at.as_unix_millis().max(lease),
-            )
-        };
-        let took = q(&self.sql.takeover)
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
-            .bind(lease)
-            .bind(lease)
-            .bind(key_expires_at)
-            .bind(resource_id.as_deref())
-            .bind(req.id.owner())
-            .bind(req.id.operation())
-            .bind(req.id.key().as_str())
-            .bind(token)
-            .bind(record.state.as_str())
-            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
-            .bind(record.lease_until.as_unix_millis())
-            .bind(record.key_expires_at.as_unix_millis())
-            .bind(record.resource_id.as_deref())
-            .execute(&mut *conn)
-            .await;
-        match took {
-            Ok(done) if done.rows_affected() == 1 => {}
-            Ok(_) => return Ok(None),
-            Err(e) if is_race(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        // A takeover reports the state it read; a holder whose lease ended
-        // may have released since (same token, a guard column changed: then
-        // this takeover lost and runs again, and reads `Released`).
-        let previous = match reason {
-            Some(reason) if !expired => Some(Previous {
-                reason,
-                resource_id,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 }
 
@@ -290,16 +166,122 @@ impl Dialect for MySqlDialect {
         leaves_connection_sound(e)
     }
 
-    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
-        sqlx_leaves_connection_sound(e)
-    }
-
+    /// Runs the claim once on `conn` (a pooled connection or a
+    /// transaction's). `None`: it lost a race (a deadlock, a record that
+    /// changed or went between two statements) and must be run again.
     async fn claim_once(
         &self,
         conn: &mut MySqlConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        MySqlDialect::claim_once(self, conn, req).await
+        let lease = req.lease_until.as_unix_millis();
+        let insert = |sql| {
+            q(sql)
+                .bind_id(req.id)
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(lease)
+                .bind(req.key_expires_at.as_unix_millis())
+                .bind(lease)
+                .bind(lease)
+        };
+        let now = req.now.as_unix_millis();
+        let row = match self.server_on(&mut *conn).await? {
+            Server::MariaDb => {
+                match insert(&self.sql.claim_returning)
+                    .bind(now)
+                    .fetch_one(&mut *conn)
+                    .await
+                {
+                    Ok(row) => row,
+                    Err(e) if is_race(&e) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Server::MySql => match insert(&self.sql.insert).execute(&mut *conn).await {
+                Ok(_) => {
+                    return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                        attempt: 1,
+                        previous: None,
+                    })));
+                }
+                Err(e) if number(&e) == Some(code::DUP_ENTRY) => {
+                    let read = q(&self.sql.read)
+                        .bind(now)
+                        .bind_id(req.id)
+                        .fetch_optional(&mut *conn)
+                        .await;
+                    match read {
+                        Ok(Some(row)) => row,
+                        Ok(None) => return Ok(None),
+                        Err(e) if is_race(&e) => return Ok(None),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) if is_race(&e) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let token: i64 = row.try_get("token")?;
+        if token == req.token.as_i64() {
+            // Our insert (or, after a lost reply, our own earlier claim).
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        let expired = record.is_expired(req.now);
+        if !expired && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read. An expired key
+        // starts over (attempt 1, no resource id, the new key expiry);
+        // otherwise the attempt counts on and the resource id stays.
+        let (attempt, resource_id, key_expires_at) = if expired {
+            (1, None, req.key_expires_at.as_unix_millis().max(lease))
+        } else {
+            (
+                record.attempt.saturating_add(1),
+                record.resource_id.clone(),
+                record.key_expires_at.as_unix_millis().max(lease),
+            )
+        };
+        let took = q(&self.sql.takeover)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(lease)
+            .bind(lease)
+            .bind(key_expires_at)
+            .bind(resource_id.as_deref())
+            .bind_id(req.id)
+            .bind(token)
+            .bind(record.state.as_str())
+            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
+            .bind(record.lease_until.as_unix_millis())
+            .bind(record.key_expires_at.as_unix_millis())
+            .bind(record.resource_id.as_deref())
+            .execute(&mut *conn)
+            .await;
+        match took {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if is_race(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // A takeover reports the state it read; a holder whose lease ended
+        // may have released since (same token, a guard column changed: then
+        // this takeover lost and runs again, and reads `Released`).
+        let previous = match reason {
+            Some(reason) if !expired => Some(Previous {
+                reason,
+                resource_id,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     async fn complete(
@@ -315,10 +297,7 @@ impl Dialect for MySqlDialect {
             .bind(c.response_expires_at.as_unix_millis())
             .bind(c.key_expires_at.as_unix_millis())
             .bind(c.resource_id)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64());
+            .bind_fenced(id, token);
         rows(query, conn).await
     }
 
@@ -329,10 +308,7 @@ impl Dialect for MySqlDialect {
         token: Token,
     ) -> Result<bool, Error> {
         let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
+            .bind_fenced(id, token)
             .fetch_optional(conn)
             .await?;
         Ok(applied.is_some())
@@ -356,11 +332,7 @@ impl Dialect for MySqlDialect {
                     .bind(until)
             }
         };
-        let query = query
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64());
+        let query = query.bind_fenced(id, token);
         rows(query, conn).await
     }
 
@@ -373,9 +345,7 @@ impl Dialect for MySqlDialect {
         let now = now.as_unix_millis();
         let row = q(&self.sql.fetch)
             .bind(now)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now)
             .bind(now)
             .fetch_optional(conn)
@@ -446,9 +416,7 @@ impl Dialect for MySqlDialect {
         let query = q(&self.sql.release_in_flight)
             .bind(now)
             .bind(now)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now)
             .bind(attempt)
             .bind(attempt);
@@ -462,9 +430,7 @@ impl Dialect for MySqlDialect {
         now: Timestamp,
     ) -> Result<u64, Error> {
         let query = q(&self.sql.delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now.as_unix_millis());
         rows(query, conn).await
     }

@@ -11,7 +11,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
     PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{Dialect, Fenced, SqlCore};
+use idem_sql::{BindRecord, Dialect, Fenced, SqlCore};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row};
 
@@ -63,63 +63,6 @@ impl PgDialect {
             name: Arc::new(name),
             ..self.clone()
         }
-    }
-
-    /// Runs the claim statement once on `conn` (a pool or a transaction).
-    /// `None`: it lost a race and must be run again (see [`Statements::new`]).
-    async fn claim_once(
-        &self,
-        conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let bind = |sql| {
-            q(sql)
-                .bind(req.id.owner())
-                .bind(req.id.operation())
-                .bind(req.id.key().as_str())
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(req.now.as_unix_millis())
-                .bind(req.lease_until.as_unix_millis())
-                .bind(req.key_expires_at.as_unix_millis())
-        };
-        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
-            return Ok(None);
-        };
-        let kind: String = row.try_get("kind")?;
-        if kind == "claimed" {
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(&row)?,
-                previous: None,
-            })));
-        }
-        let record = decode_record(&row)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        if !record.is_expired(req.now) && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read (its token).
-        let seen: i64 = row.try_get("token")?;
-        let Some(row) = bind(&self.sql.takeover)
-            .bind(seen)
-            .fetch_optional(&mut *conn)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = attempt_of(&row)?;
-        // An expired key starts over (attempt 1, no previous attempt). A
-        // takeover reports the state it read; a holder whose lease ended may
-        // have released since (same token): the reason then reads
-        // `LeaseExpired`, the cautious answer (the work reconciles either way).
-        let previous = match reason {
-            Some(reason) if attempt > 1 => Some(Previous {
-                reason,
-                resource_id: row.try_get("resource_id")?,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     /// Makes the server suspect if `e` says it may have changed.
@@ -214,19 +157,6 @@ fn attempt_of(row: &PgRow) -> Result<u32, Error> {
     Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
-/// The record's primary key and `token` bound as `$1`–`$4`.
-fn fenced_query(
-    sql: &Arc<str>,
-    id: &RecordId,
-    token: Token,
-) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
-    q(sql)
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
-        .bind(token.as_i64())
-}
-
 /// On PostgreSQL every transition is one statement (two for a takeover),
 /// run again only when it lost a race to a concurrent writer on the same
 /// record, which the next run, with a fresh snapshot, sees committed. One
@@ -256,16 +186,59 @@ impl Dialect for PgDialect {
         leaves_connection_sound(e)
     }
 
-    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
-        sqlx_leaves_connection_sound(e)
-    }
-
+    /// Runs the claim statement once on `conn` (a pool or a transaction).
+    /// `None`: it lost a race and must be run again (see [`Statements::new`]).
     async fn claim_once(
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        PgDialect::claim_once(self, conn, req).await
+        let bind = |sql| {
+            q(sql)
+                .bind_id(req.id)
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(req.now.as_unix_millis())
+                .bind(req.lease_until.as_unix_millis())
+                .bind(req.key_expires_at.as_unix_millis())
+        };
+        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
+            return Ok(None);
+        };
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(&row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(&row)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = bind(&self.sql.takeover)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     async fn complete(
@@ -276,10 +249,7 @@ impl Dialect for PgDialect {
         c: &Completion<'_>,
     ) -> Result<u64, Error> {
         let done = q(&self.sql.complete)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
+            .bind_fenced(id, token)
             .bind(c.outcome.as_str())
             .bind(c.body)
             .bind(c.response_expires_at.as_unix_millis())
@@ -297,10 +267,7 @@ impl Dialect for PgDialect {
         token: Token,
     ) -> Result<bool, Error> {
         let applied = q(&self.sql.completed_under)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(token.as_i64())
+            .bind_fenced(id, token)
             .fetch_optional(conn)
             .await?;
         Ok(applied.is_some())
@@ -314,15 +281,15 @@ impl Dialect for PgDialect {
         change: Fenced<'_>,
     ) -> Result<u64, Error> {
         let query = match change {
-            Fenced::Release { now } => {
-                fenced_query(&self.sql.release, id, token).bind(now.as_unix_millis())
-            }
-            Fenced::SaveResourceId(resource_id) => {
-                fenced_query(&self.sql.save_resource_id, id, token).bind(resource_id)
-            }
-            Fenced::ExtendLease { until } => {
-                fenced_query(&self.sql.extend_lease, id, token).bind(until.as_unix_millis())
-            }
+            Fenced::Release { now } => q(&self.sql.release)
+                .bind_fenced(id, token)
+                .bind(now.as_unix_millis()),
+            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id)
+                .bind_fenced(id, token)
+                .bind(resource_id),
+            Fenced::ExtendLease { until } => q(&self.sql.extend_lease)
+                .bind_fenced(id, token)
+                .bind(until.as_unix_millis()),
         };
         Ok(query.execute(conn).await?.rows_affected())
     }
@@ -334,9 +301,7 @@ impl Dialect for PgDialect {
         now: Timestamp,
     ) -> Result<Option<StoredRecord>, Error> {
         let row = q(&self.sql.fetch)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now.as_unix_millis())
             .fetch_optional(conn)
             .await?;
@@ -402,9 +367,7 @@ impl Dialect for PgDialect {
     ) -> Result<u64, Error> {
         let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
         let done = q(&self.sql.release_in_flight)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now.as_unix_millis())
             .bind(attempt)
             .execute(conn)
@@ -419,9 +382,7 @@ impl Dialect for PgDialect {
         now: Timestamp,
     ) -> Result<u64, Error> {
         let done = q(&self.sql.delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(now.as_unix_millis())
             .execute(conn)
             .await?;

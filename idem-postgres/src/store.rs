@@ -108,16 +108,7 @@ impl PgStore {
     /// ```
     #[must_use]
     pub fn new(pool: PgPool) -> Self {
-        let name = TableName {
-            schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-        };
-        Self::build(
-            Conns::yours(pool),
-            name,
-            DEFAULT_TX_LOCK_TIMEOUT,
-            Arc::new(Guard::new(false)),
-        )
+        Self::build(Conns::yours(pool), Arc::new(Guard::new(false)))
     }
 
     /// Connects to `url` and returns a store with pools of its own (see
@@ -161,23 +152,11 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
-        let name = TableName {
-            schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-        };
         let guard = Arc::new(Guard::new(false));
         let check = replication::connect_check(&guard);
-        let store = Self::build(
-            Conns::own_checked(pool, options, Some(check)),
-            name,
-            DEFAULT_TX_LOCK_TIMEOUT,
-            guard,
-        );
-        if let Err(e) = store.check_replication().await {
-            store.close().await;
-            return Err(e);
-        }
-        Ok(store)
+        Self::build(Conns::own_checked(pool, options, Some(check)), guard)
+            .checked_at_start()
+            .await
     }
 
     /// Like [`PgStore::connect_with`], for reading only: a standby in
@@ -195,21 +174,19 @@ impl PgStore {
         pool: PgPoolOptions,
         options: PgConnectOptions,
     ) -> Result<Self, Error> {
-        let name = TableName {
-            schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-        };
-        let store = Self::build(
-            Conns::own(pool, options),
-            name,
-            DEFAULT_TX_LOCK_TIMEOUT,
-            Arc::new(Guard::for_reads()),
-        );
-        if let Err(e) = store.check_replication().await {
-            store.close().await;
+        Self::build(Conns::own(pool, options), Arc::new(Guard::for_reads()))
+            .checked_at_start()
+            .await
+    }
+
+    /// The store once [`PgStore::check_replication`] accepted its server;
+    /// closed otherwise.
+    async fn checked_at_start(self) -> Result<Self, Error> {
+        if let Err(e) = self.check_replication().await {
+            self.close().await;
             return Err(e);
         }
-        Ok(store)
+        Ok(self)
     }
 
     /// Refuses to run unless commits are synchronous to at least one
@@ -381,14 +358,15 @@ impl PgStore {
         self
     }
 
-    fn build(
-        conns: Conns<Postgres>,
-        name: TableName,
-        tx_lock_timeout: Duration,
-        guard: Arc<Guard>,
-    ) -> Self {
+    /// A store on `public.idem_records`.
+    fn build(conns: Conns<Postgres>, guard: Arc<Guard>) -> Self {
+        let name = TableName {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+        };
+        let dialect = PgDialect::new(name, DEFAULT_TX_LOCK_TIMEOUT, guard);
         Self {
-            core: SqlCore::new(conns, PgDialect::new(name, tx_lock_timeout, guard)),
+            core: SqlCore::new(conns, dialect),
         }
     }
 

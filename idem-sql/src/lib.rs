@@ -16,5 +16,5 @@ pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
 #[doc(hidden)]
 pub use store::__private;
-pub use store::{DbConnection, Dialect, Fenced, SqlCore, TxStore};
+pub use store::{BindRecord, DbConnection, Dialect, Fenced, SqlCore, TxStore};
 pub use tx::{SqlIdemExt, TxConnection, TxFuture};

@@ -13,7 +13,8 @@ use idem_core::store::{
     KeysetPosition, Page, PurgeReport, RecordSummary, StateCounts, Store, StoreError, StoredRecord,
     Token, retry_claim_race,
 };
-use sqlx::Database;
+use sqlx::query::Query;
+use sqlx::{Database, Encode, Type};
 use tracing::debug;
 
 use crate::conns::{Conns, SqlStore};
@@ -81,9 +82,6 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// Whether the connection is still sound after a statement failed with
     /// `e` (see [`ConnectionError`](crate::ConnectionError)).
     fn leaves_connection_sound(e: &Self::Error) -> bool;
-
-    /// [`Dialect::leaves_connection_sound`] for the driver's error.
-    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool;
 
     /// Runs the claim once. `None`: it lost a race to a concurrent writer
     /// of the same record and must run again (at most
@@ -640,6 +638,36 @@ macro_rules! sql_store {
             }
         }
     };
+}
+
+/// The binds every dialect's statements share, in the order its statement
+/// names them.
+pub trait BindRecord: Sized {
+    /// Binds the record's owner, operation and key, as the statement's next
+    /// three parameters.
+    #[must_use]
+    fn bind_id(self, id: &RecordId) -> Self;
+
+    /// [`BindRecord::bind_id`], then the fencing `token`.
+    #[must_use]
+    fn bind_fenced(self, id: &RecordId, token: Token) -> Self;
+}
+
+impl<'q, DB> BindRecord for Query<'q, DB, <DB as Database>::Arguments>
+where
+    DB: Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    fn bind_id(self, id: &RecordId) -> Self {
+        self.bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
+    }
+
+    fn bind_fenced(self, id: &RecordId, token: Token) -> Self {
+        self.bind_id(id).bind(token.as_i64())
+    }
 }
 
 /// What [`sql_store!`](crate::sql_store) names, from wherever it expands.

@@ -225,7 +225,7 @@ where
     let run = async {
         match conns.own_pool() {
             Some(own) => {
-                let mut checkout = own.get().await.map_err(store_error::<S>)?;
+                let mut checkout = own.get().await.map_err(checkout_failure::<S>)?;
                 let ran = checkout
                     .run(|conn| async move {
                         let (result, sound) = in_tx(idem, conn, prepared, work, committing).await;
@@ -239,7 +239,11 @@ where
                 Ok(ran.unwrap_or_else(|Unsound(result)| result))
             }
             None => {
-                let mut checkout = conns.pool().acquire().await.map_err(store_error::<S>)?;
+                let mut checkout = conns
+                    .pool()
+                    .acquire()
+                    .await
+                    .map_err(checkout_failure::<S>)?;
                 Ok(in_tx(idem, &mut checkout, prepared, work, committing)
                     .await
                     .0)
@@ -320,8 +324,8 @@ where
             (Ok(pending.written()), true)
         }
         Err(e) => {
-            let sound = driver_sound::<S>(&e);
-            (Err(Error::Store(store_error::<S>(e))), sound)
+            let (e, sound) = driver_failure::<S>(e);
+            (Err(e), sound)
         }
     }
 }
@@ -337,21 +341,16 @@ async fn claim_in_new_tx<'c, S: TxStore>(
     ticket: &ClaimTicket,
 ) -> Result<(Transaction<'c, Db<S>>, ClaimOutcome), (Error, bool)> {
     let req = ticket.request();
-    let failed = |e: sqlx::Error| {
-        let sound = driver_sound::<S>(&e);
-        (Error::Store(store_error::<S>(e)), sound)
-    };
     let mut tx = conn
         .begin_with(AssertSqlSafe(core.dialect().begin_statement()))
         .await
-        .map_err(failed)?;
+        .map_err(driver_failure::<S>)?;
     for _ in 1..CLAIM_RACE_TRIES {
         match core.claim_in_tx(&mut *tx, &req).await {
             Ok(Some(answer)) => return Ok((tx, answer)),
             Ok(None) => {
                 if let Err(e) = core.dialect().restart_tx(&mut *tx).await {
-                    let sound = driver_sound::<S>(&e);
-                    let e = Error::Store(store_error::<S>(e));
+                    let (e, sound) = driver_failure::<S>(e);
                     return Err((e, rollback::<S>(tx).await && sound));
                 }
             }
@@ -392,17 +391,20 @@ async fn rollback<S: TxStore>(tx: Transaction<'_, Db<S>>) -> bool {
         Err(e) => {
             // The server rolls back anyway when the connection goes.
             warn!(error = %e, "rollback failed");
-            driver_sound::<S>(&e)
+            driver_failure::<S>(e).1
         }
     }
 }
 
-/// The driver's error as store `S` reports it.
-fn store_error<S: TxStore>(e: sqlx::Error) -> StoreError {
-    <S::Dialect as Dialect>::driver_error(e).into()
+/// A checkout that failed, as store `S` reports it.
+fn checkout_failure<S: TxStore>(e: sqlx::Error) -> StoreError {
+    <S::Dialect as Dialect>::checkout_error(e).into()
 }
 
-/// Whether the connection is still sound after the driver's error `e`.
-fn driver_sound<S: TxStore>(e: &sqlx::Error) -> bool {
-    <S::Dialect as Dialect>::driver_leaves_connection_sound(e)
+/// The driver's error as store `S` reports it, and whether the connection
+/// is still sound after it.
+fn driver_failure<S: TxStore>(e: sqlx::Error) -> (Error, bool) {
+    let e = <S::Dialect as Dialect>::driver_error(e);
+    let sound = <S::Dialect as Dialect>::leaves_connection_sound(&e);
+    (Error::Store(e.into()), sound)
 }

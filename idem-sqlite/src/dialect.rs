@@ -10,7 +10,7 @@ use idem_core::store::{
     PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{Dialect, Fenced};
+use idem_sql::{BindRecord, Dialect, Fenced};
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite};
 
@@ -40,43 +40,6 @@ impl SqliteDialect {
         Self {
             sql: Arc::new(Statements::new(&table)),
             table,
-        }
-    }
-
-    /// The claim on one connection ; `None`: it raced
-    /// with another write and must run again.
-    async fn claim_once(
-        &self,
-        conn: &mut SqliteConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let id = req.id;
-        match fetch(self, conn, id, req.now).await? {
-            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
-            _ => {}
-        }
-        let won = q(&self.sql.claim)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(ms(req.lease_until))
-            .bind(ms(req.key_expires_at))
-            .bind(ms(req.now))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map)?;
-        if let Some(row) = won {
-            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
-        }
-        match fetch(self, conn, id, req.now).await? {
-            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
-            // Gone or claimable since the insert ran: claim again.
-            _ => {
-                tracing::debug!("claim raced with another write; retrying");
-                Ok(None)
-            }
         }
     }
 }
@@ -141,27 +104,12 @@ async fn fetch(
     now: Timestamp,
 ) -> Result<Option<StoredRecord>, StoreError> {
     let row = q(&dialect.sql.fetch)
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
+        .bind_id(id)
         .bind(ms(now))
         .fetch_optional(&mut *conn)
         .await
         .map_err(map)?;
     row.as_ref().map(decode_record).transpose()
-}
-
-/// The record's primary key and `token` bound first.
-fn fenced_query(
-    sql: &Arc<str>,
-    id: &RecordId,
-    token: Token,
-) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
-    q(sql)
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
-        .bind(token.as_i64())
 }
 
 /// The rows a statement changed.
@@ -201,16 +149,39 @@ impl Dialect for SqliteDialect {
         call_leaves_connection_sound(e)
     }
 
-    fn driver_leaves_connection_sound(e: &sqlx::Error) -> bool {
-        sqlx_leaves_connection_sound(e)
-    }
-
+    /// The claim on one connection ; `None`: it raced
+    /// with another write and must run again.
     async fn claim_once(
         &self,
         conn: &mut SqliteConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        SqliteDialect::claim_once(self, conn, req).await
+        let id = req.id;
+        match fetch(self, conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
+            _ => {}
+        }
+        let won = q(&self.sql.claim)
+            .bind_id(id)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(ms(req.lease_until))
+            .bind(ms(req.key_expires_at))
+            .bind(ms(req.now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        if let Some(row) = won {
+            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
+        }
+        match fetch(self, conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
+            // Gone or claimable since the insert ran: claim again.
+            _ => {
+                tracing::debug!("claim raced with another write; retrying");
+                Ok(None)
+            }
+        }
     }
 
     async fn complete(
@@ -220,7 +191,8 @@ impl Dialect for SqliteDialect {
         token: Token,
         c: &Completion<'_>,
     ) -> Result<u64, StoreError> {
-        let query = fenced_query(&self.sql.complete, id, token)
+        let query = q(&self.sql.complete)
+            .bind_fenced(id, token)
             .bind(c.outcome.as_str())
             .bind(c.body)
             .bind(ms(c.response_expires_at))
@@ -235,7 +207,8 @@ impl Dialect for SqliteDialect {
         id: &RecordId,
         token: Token,
     ) -> Result<bool, StoreError> {
-        let applied = fenced_query(&self.sql.completed_under, id, token)
+        let applied = q(&self.sql.completed_under)
+            .bind_fenced(id, token)
             .fetch_optional(conn)
             .await
             .map_err(map)?;
@@ -250,13 +223,13 @@ impl Dialect for SqliteDialect {
         change: Fenced<'_>,
     ) -> Result<u64, StoreError> {
         let query = match change {
-            Fenced::Release { now } => fenced_query(&self.sql.release, id, token).bind(ms(now)),
-            Fenced::SaveResourceId(resource_id) => {
-                fenced_query(&self.sql.save_resource_id, id, token).bind(resource_id)
-            }
-            Fenced::ExtendLease { until } => {
-                fenced_query(&self.sql.extend_lease, id, token).bind(ms(until))
-            }
+            Fenced::Release { now } => q(&self.sql.release).bind_fenced(id, token).bind(ms(now)),
+            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id)
+                .bind_fenced(id, token)
+                .bind(resource_id),
+            Fenced::ExtendLease { until } => q(&self.sql.extend_lease)
+                .bind_fenced(id, token)
+                .bind(ms(until)),
         };
         rows(query, conn).await
     }
@@ -326,9 +299,7 @@ impl Dialect for SqliteDialect {
         now: Timestamp,
     ) -> Result<u64, StoreError> {
         let query = q(&self.sql.release_in_flight)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+            .bind_id(id)
             .bind(ms(now))
             .bind(attempt.map(i64::from));
         rows(query, conn).await
@@ -340,11 +311,7 @@ impl Dialect for SqliteDialect {
         id: &RecordId,
         now: Timestamp,
     ) -> Result<u64, StoreError> {
-        let query = q(&self.sql.delete_completed)
-            .bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
-            .bind(ms(now));
+        let query = q(&self.sql.delete_completed).bind_id(id).bind(ms(now));
         rows(query, conn).await
     }
 
