@@ -671,11 +671,9 @@ mod plain {
             let capture = Capture::default();
             let lines = Arc::clone(&capture.lines);
             let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(capture));
-            // Other tests of this binary hit the same callsites on other
-            // threads with no subscriber; one registered while this
-            // dispatcher was being installed can keep a cached "never"
-            // (CI lost the retry event that way). Re-ask every callsite.
-            tracing::callsite::rebuild_interest_cache();
+            // `support::run` installed the quiet global subscriber first,
+            // so no callsite caches "never" (see
+            // `support::quiet_global_subscriber`).
             w.knobs.fail.store(1, Ordering::SeqCst);
             let intent = Intent::random();
             let resp = client()

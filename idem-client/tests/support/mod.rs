@@ -381,6 +381,7 @@ where
     Fut: Future<Output = ()>,
 {
     use futures_util::FutureExt;
+    quiet_global_subscriber();
     let place = Place::new(backend);
     let knobs = Arc::new(Knobs::default());
     let server = Server::start(&place, &knobs, None).await;
@@ -754,6 +755,7 @@ pub fn client() -> reqwest_middleware::ClientWithMiddleware {
 pub fn client_with(
     b: idem_client::IdempotencyClientBuilder,
 ) -> reqwest_middleware::ClientWithMiddleware {
+    quiet_global_subscriber();
     let inner = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -778,4 +780,43 @@ pub fn one_key(keys: &[String]) -> &str {
     assert!(!keys.is_empty(), "no key was recorded");
     assert!(keys.iter().all(|k| k == &keys[0]), "keys differ: {keys:?}");
     &keys[0]
+}
+
+/// Installs, once per test binary and before any test reaches a tracing
+/// callsite, a global subscriber that records nothing but answers every
+/// callsite's interest with "sometimes". Tests that read what the client
+/// logs install a subscriber on their own thread; without this, another
+/// test's thread (global `NoSubscriber`) that registers a callsite while
+/// that subscriber is being installed can cache "never" for it, and the
+/// event is lost (tracing's cache is per callsite and process-wide).
+/// "Sometimes" makes every hit ask the thread's subscriber instead.
+pub fn quiet_global_subscriber() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Another global subscriber of this binary is just as good.
+        let _ = tracing::subscriber::set_global_default(Quiet);
+    });
+}
+
+/// See [`quiet_global_subscriber`].
+struct Quiet;
+
+impl tracing::Subscriber for Quiet {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }
