@@ -187,7 +187,7 @@ impl Dialect for PgDialect {
     }
 
     /// Runs the claim statement once on `conn` (a pool or a transaction).
-    /// `None`: it lost a race and must be run again (see [`Statements::new`]).
+    /// `None`: it lost a race and must be run again (see the claim statement in `sql.rs`).
     async fn claim_once(
         &self,
         conn: &mut PgConnection,

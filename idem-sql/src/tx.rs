@@ -7,7 +7,7 @@
 //! it before `COMMIT`. What differs between dialects (the statement that
 //! begins the transaction and bounds its lock waits, what a lock timeout
 //! looks like, whether a lost race rolls the transaction back) is
-//! [`TxStore`]'s.
+//! [`Dialect`](crate::Dialect)'s.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -192,7 +192,7 @@ impl<S: TxStore> SqlIdemExt<S> for Idem<S> {
 }
 
 /// The transaction on one checkout of the store's connections. The commit
-/// is bounded by [`TxStore::bounded`] from outside the checkout, so that a
+/// is bounded by [`Dialect::bounded`] from outside the checkout, so that a
 /// commit cut short leaves its connection in flight (its answer awaited
 /// off the caller's path, see [`Conn`](crate::Conn)) rather than closed
 /// under a commit that may be waiting for a standby.

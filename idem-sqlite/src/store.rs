@@ -297,7 +297,8 @@ impl SqliteStore {
     /// Closes the store's connections: its own pool (its idle connections
     /// now, the others as their calls end) and [`SqliteStore::pool`], which
     /// for a store over your pool is yours. Every call after it fails with
-    /// [`StoreError::Unavailable`], on every clone.
+    /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
+    /// clone.
     pub async fn close(&self) {
         self.core.connections().close().await;
     }
