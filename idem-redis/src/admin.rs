@@ -17,7 +17,8 @@
 //!
 //! Records written before the operator API (without the `io`, `ip`, `ik`
 //! identity fields) are counted but not listed; they age out with their key.
-//! A record still in the hash layout is rewritten in layout 1 when read.
+//! A key of ours holding another type (a record of a layout before 0.1, or
+//! a key written by hand) is a [`StoreError::Corrupt`], never read.
 
 use idem_core::clock::Timestamp;
 use idem_core::store::{AdminStore, CursorError, InFlightQuery, StoreError};
@@ -175,8 +176,9 @@ impl RedisStore {
         format!("{}{{*}}:r", self.prefix.as_str())
     }
 
-    /// The records at `keys` (`None` for one gone since the scan), a record
-    /// still in the hash layout rewritten in layout 1 first.
+    /// The records at `keys` (`None` for one gone since the scan). A key
+    /// holding another type (e.g. a record of a layout before 0.1) is a
+    /// [`StoreError::Corrupt`], never read.
     async fn records(&self, keys: &[String]) -> Result<Vec<Option<Record>>, StoreError> {
         let values = self.values(keys).await?;
         values
@@ -189,23 +191,8 @@ impl RedisStore {
     async fn values(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let replies = self.conn.read_all(keys).await.map_err(store_error)?;
         let mut out = Vec::with_capacity(keys.len());
-        for (key, reply) in keys.iter().zip(replies) {
-            let value = match reply.map_err(store_error).and_then(string) {
-                Err(e)
-                    if crate::error::is_wrong_type(&e)
-                        && self.migrate_record(key.as_bytes()).await? =>
-                {
-                    tracing::info!("rewrote a record of the hash layout in layout 1");
-                    let v = self
-                        .conn
-                        .query(redis::cmd("GET").arg(key))
-                        .await
-                        .map_err(store_error)?;
-                    string(v)?
-                }
-                other => other?,
-            };
-            out.push(value);
+        for reply in replies {
+            out.push(reply.map_err(store_error).and_then(string)?);
         }
         Ok(out)
     }

@@ -55,11 +55,6 @@ impl Connection {
         v.extract_error()
     }
 
-    /// One command, typed (administration and rare paths).
-    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.command(cmd).await
-    }
-
     /// Sends `pipe` in one round trip and returns its `n` replies, error
     /// replies included as [`Value::ServerError`]. In a cluster the pipeline
     /// goes to the primary of `key`'s slot (every key of a record shares it,

@@ -46,8 +46,8 @@ impl From<Error> for idem_core::Error {
 /// * lost, refused or timed-out connections, a cluster that is down, moving
 ///   or has no node for the slot, a server still loading its data or a
 ///   primary turned replica: [`StoreError::Unavailable`] (temporary);
-/// * `WRONGTYPE` (a key of ours holding another type, i.e. written by hand or
-///   by something else): [`StoreError::Corrupt`];
+/// * `WRONGTYPE` (a key of ours holding another type: written by hand, by
+///   something else, or by a build before 0.1): [`StoreError::Corrupt`];
 /// * anything else: [`StoreError::Backend`].
 pub(crate) fn store_error(e: RedisError) -> StoreError {
     let unavailable = e.is_io_error()
@@ -83,15 +83,12 @@ pub(crate) fn store_error(e: RedisError) -> StoreError {
     }
 }
 
-/// How a `WRONGTYPE` reply's [`StoreError::Corrupt`] detail starts: a key of
-/// the record holds another type, e.g. a record still in the hash layout
-/// (which the store then rewrites, see `RedisStore::migrate_record`).
-const WRONG_TYPE: &str = "a key of the record holds another type";
-
-/// Whether `e` came from a `WRONGTYPE` reply.
-pub(crate) fn is_wrong_type(e: &StoreError) -> bool {
-    matches!(e, StoreError::Corrupt { detail, .. } if detail.starts_with(WRONG_TYPE))
-}
+/// A `WRONGTYPE` reply's [`StoreError::Corrupt`] detail: a key of the record
+/// holds another type. Nothing but this layout is read (a record written by
+/// a build before 0.1 is such a key): the record is refused, never guessed.
+const WRONG_TYPE: &str = "a key of the record holds another type: written by hand, by \
+     something else, or by a build of idem before 0.1, whose layout is not read; delete \
+     the key or let it expire";
 
 /// A record that cannot be decoded.
 pub(crate) fn corrupt(detail: impl Into<String>) -> StoreError {

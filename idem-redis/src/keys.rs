@@ -9,9 +9,8 @@
 //!   completion that wrote it, expiring natively at `response_expires_at`,
 //!   for a body not kept inside the record (layout 1).
 //!
-//! Before layout 1 the record was a hash at the same `:r` key and the body a
-//! bare string at `<prefix>{<hex>}:b`; such a record is rewritten in layout 1
-//! the first time the store touches it (see `migrate.lua`).
+//! Nothing else is read: a key of ours holding another type (a record of
+//! a build before 0.1 was a hash) is refused as corrupt.
 //!
 //! No byte of the owner, operation or key reaches a Redis key: whatever they
 //! hold (spaces, braces, newlines), the tag is 64 hex digits, so every key of
@@ -148,12 +147,8 @@ impl RecordKeys {
     }
 }
 
-/// The body key of the hash layout, for a record key `…:r`.
-pub(crate) fn legacy_body(record: &str) -> String {
-    format!("{}:b", record.strip_suffix(":r").unwrap_or(record))
-}
-
 /// The body key of layout 1, for a record key `…:r`.
+#[cfg(test)]
 pub(crate) fn body_for(record: &str) -> String {
     format!("{}:v", record.strip_suffix(":r").unwrap_or(record))
 }
@@ -211,7 +206,6 @@ mod tests {
                 text(k.staging(0x0123_4567_89ab_cdef)),
                 format!("idem:{{{tag}}}:s:0123456789abcdef")
             );
-            assert!(legacy_body(&record).ends_with("}:b"));
             assert!(record.starts_with("idem:{") && record.ends_with("}:r"));
             assert_eq!(record.len(), "idem:{}:r".len() + 64);
             assert_eq!(RecordKeys::from_record(&record), Some(k));

@@ -9,7 +9,6 @@ mod config;
 mod conn;
 mod error;
 mod keys;
-mod legacy;
 mod record;
 mod scripts;
 mod store;

@@ -478,7 +478,7 @@ pub(crate) fn validated(stored: StoredRecord) -> Result<StoredRecord, StoreError
 }
 
 /// A record decoded with its identity copied out: what the operator API
-/// lists, and what a record of the hash layout is rewritten from.
+/// lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
     pub(crate) state: RecordState,
@@ -573,6 +573,7 @@ pub(crate) fn body_of(v: &[u8], token: i64) -> Result<Option<&[u8]>, StoreError>
 }
 
 /// A body value: the header for `token`, then `body`.
+#[cfg(test)]
 pub(crate) fn encode_body(token: i64, body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(BODY_HEADER + body.len());
     v.push(VERSION);

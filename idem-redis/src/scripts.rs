@@ -33,8 +33,6 @@ pub(crate) mod sources {
     pub const EXTEND: &str = held!("../scripts/extend.lua");
     /// Replace a record if it still holds what the client read.
     pub const SWAP: &str = include_str!("../scripts/swap.lua");
-    /// Rewrite a record of the hash layout in layout 1.
-    pub const MIGRATE: &str = include_str!("../scripts/migrate.lua");
 }
 
 /// Store the outcome under the token.
@@ -48,5 +46,3 @@ pub(crate) static SAVE_RESOURCE_ID: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(sources::EXTEND));
 /// Replace a record if it still holds what the client read.
 pub(crate) static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(sources::SWAP));
-/// Rewrite a record of the hash layout in layout 1.
-pub(crate) static MIGRATE: LazyLock<Script> = LazyLock::new(|| Script::new(sources::MIGRATE));

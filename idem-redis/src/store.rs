@@ -21,7 +21,6 @@ use crate::config::KeyPrefix;
 use crate::conn::{Connection, evalsha};
 use crate::error::{BACKEND, Error, corrupt, store_error};
 use crate::keys::RecordKeys;
-use crate::legacy::migrating;
 use crate::record::{InFlight, Parsed};
 use crate::scripts;
 
@@ -189,10 +188,10 @@ impl RedisStore {
     /// It exists so that code written for any backend (a deployment step, the
     /// command-line tool) can call `migrate()` on every store alike.
     ///
-    /// Records of an older layout are not rewritten here, all at once (that
-    /// would walk the keyspace); each is rewritten in the current layout when
-    /// a call first meets it (one `WRONGTYPE` reply, then `migrate.lua`), and
-    /// the rest age out with their keys.
+    /// Nothing of another layout is read or rewritten: a record written by a
+    /// build before 0.1 fails the call that meets it with
+    /// [`StoreError::Corrupt`](idem_core::store::StoreError) (see the crate
+    /// docs).
     ///
     /// # Errors
     ///
@@ -332,8 +331,8 @@ impl RedisStore {
     /// **Rolling upgrades.** Records of layout 2 are refused as corrupt by
     /// versions of this crate that predate it. Turn the option on only once
     /// every instance sharing the Redis runs a version that reads layout 2
-    /// (this one or later); records of layout 1 and of the hash layout stay
-    /// readable and completable whatever the option.
+    /// (this one or later); records of layout 1 stay readable and
+    /// completable whatever the option.
     ///
     /// # Examples
     ///
@@ -552,11 +551,7 @@ impl Store for RedisStore {
         )?;
         let ttl = ttl_ms(key_expires_at, req.now);
         for _ in 0..CLAIM_ROUNDS {
-            let once = migrating!(
-                self,
-                keys.record(),
-                self.claim_once(req, &keys, &fresh, ttl).await
-            );
+            let once = self.claim_once(req, &keys, &fresh, ttl).await;
             if let Some(outcome) = once? {
                 return Ok(outcome);
             }
@@ -575,20 +570,12 @@ impl Store for RedisStore {
         c: &Completion<'_>,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        migrating!(
-            self,
-            keys.record(),
-            self.complete_once(&keys, token, c).await
-        )
+        self.complete_once(&keys, token, c).await
     }
 
     async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        migrating!(
-            self,
-            keys.record(),
-            self.release_keys(&keys, token, now).await
-        )
+        self.release_keys(&keys, token, now).await
     }
 
     async fn save_resource_id(
@@ -598,17 +585,15 @@ impl Store for RedisStore {
         resource_id: &str,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        migrating!(self, keys.record(), {
-            let mut call = evalsha(
-                &scripts::SAVE_RESOURCE_ID,
-                &[keys.record()],
-                2,
-                8 + resource_id.len(),
-            );
-            call.arg(&be8(token.as_i64())[..]).arg(resource_id);
-            self.guarded(&scripts::SAVE_RESOURCE_ID, call, keys.record())
-                .await
-        })
+        let mut call = evalsha(
+            &scripts::SAVE_RESOURCE_ID,
+            &[keys.record()],
+            2,
+            8 + resource_id.len(),
+        );
+        call.arg(&be8(token.as_i64())[..]).arg(resource_id);
+        self.guarded(&scripts::SAVE_RESOURCE_ID, call, keys.record())
+            .await
     }
 
     async fn extend_lease(
@@ -618,13 +603,11 @@ impl Store for RedisStore {
         lease_until: Timestamp,
     ) -> Result<(), StoreError> {
         let keys = RecordKeys::new(&self.prefix, id);
-        migrating!(self, keys.record(), {
-            let mut call = evalsha(&scripts::EXTEND, &[keys.record()], 3, 40);
-            call.arg(&be8(token.as_i64())[..])
-                .arg(&be8(lease_until.as_unix_millis())[..])
-                .arg(lease_until.as_unix_millis());
-            self.guarded(&scripts::EXTEND, call, keys.record()).await
-        })
+        let mut call = evalsha(&scripts::EXTEND, &[keys.record()], 3, 40);
+        call.arg(&be8(token.as_i64())[..])
+            .arg(&be8(lease_until.as_unix_millis())[..])
+            .arg(lease_until.as_unix_millis());
+        self.guarded(&scripts::EXTEND, call, keys.record()).await
     }
 
     async fn fetch(
@@ -635,8 +618,7 @@ impl Store for RedisStore {
         let keys = RecordKeys::new(&self.prefix, id);
         let now = now.as_unix_millis();
         for _ in 0..CLAIM_ROUNDS {
-            let Some((value, body)) = migrating!(self, keys.record(), self.read(&keys).await)?
-            else {
+            let Some((value, body)) = self.read(&keys).await? else {
                 return Ok(None);
             };
             let rec = Parsed::parse(&value)?;

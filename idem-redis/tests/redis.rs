@@ -1,6 +1,7 @@
 //! Redis-specific behaviour on the shared server and the cluster: NOSCRIPT
 //! reload on every primary, garbage records, the key layout, records of the
-//! hash layout migrated, isolation, native expiry, contention and volume.
+//! hash layout of builds before 0.1 refused, isolation, native expiry,
+//! contention and volume.
 
 mod support;
 
@@ -575,8 +576,8 @@ async fn ten_thousand_distinct_keys_run_ten_thousand_times() {
     fixture.teardown_checked().await;
 }
 
-/// Writes a record in the hash layout (before layout 1) by hand, as the old
-/// claim and complete scripts left it; returns its token.
+/// Writes a record in the hash layout of the builds before 0.1 by hand, as
+/// their claim and complete scripts left it; returns its token.
 async fn write_hash_layout(
     admin: &mut redis::aio::MultiplexedConnection,
     store: &RedisStore,
@@ -617,44 +618,62 @@ async fn write_hash_layout(
     token
 }
 
-/// Records written in the hash layout (before layout 1) are still read and
-/// written correctly: the first touch rewrites them in layout 1, native TTLs
-/// carried over.
+/// A record written in the hash layout of the builds before 0.1 is refused
+/// with a typed error that says what to do, by every call that meets it: it
+/// is never read, rewritten or claimed over, and stays as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
-    use idem_core::store::RecordState;
-    use idem_core::store::{AdminStore, ClaimOutcome, InFlightQuery};
+async fn records_of_the_hash_layout_are_refused_never_read() {
+    use idem_core::store::{AdminStore, InFlightQuery};
 
     let fixture = support::standalone().await;
     let store = fixture.store.clone();
     let mut admin = support::admin(&support::standalone_url()).await;
     let clock = ManualClock::starting_now();
     let scope = scope();
+    let refused = |what: &str, r: Result<(), StoreError>| match r {
+        Err(StoreError::Corrupt { detail, .. }) => {
+            assert!(detail.contains("before 0.1"), "{what}: {detail}");
+            assert!(detail.contains("delete the key"), "{what}: {detail}");
+        }
+        other => panic!("{what}: expected Corrupt, got {other:?}"),
+    };
 
-    // A completed record replays its body.
     let done = record_id(&scope);
     write_hash_layout(&mut admin, &store, &done, "completed", clock.now()).await;
-    let Ok(ClaimOutcome::Existing(rec)) = store.claim(&claim_req(&done, &clock)).await else {
-        panic!("the completed record stands");
-    };
-    assert_eq!(rec.state, RecordState::Completed);
-    assert_eq!(rec.attempt, 2);
-    assert_eq!(rec.outcome, Some(OutcomeKind::Success));
-    assert_eq!(rec.resource_id.as_deref(), Some("ch_legacy"));
-    assert_eq!(rec.response.as_deref(), Some(b"legacy body".as_slice()));
-    let kind: String = redis::cmd("TYPE")
-        .arg(store.record_key(&done))
-        .query_async(&mut admin)
-        .await
-        .expect("TYPE");
-    assert_eq!(kind, "string", "rewritten in layout 1");
-    let record_ttl: i64 = admin.pttl(store.record_key(&done)).await.expect("PTTL");
-    assert!(
-        (86_000_000..=86_400_000).contains(&record_ttl),
-        "{record_ttl}"
+    refused(
+        "claim",
+        store.claim(&claim_req(&done, &clock)).await.map(drop),
     );
-    let body_ttl: i64 = admin.pttl(store.body_key(&done)).await.expect("PTTL");
-    assert!((3_500_000..=3_600_000).contains(&body_ttl), "{body_ttl}");
+    refused("fetch", store.fetch(&done, clock.now()).await.map(drop));
+
+    let flying = record_id(&scope);
+    let token = write_hash_layout(&mut admin, &store, &flying, "in_flight", clock.now()).await;
+    let now = clock.now();
+    refused(
+        "complete",
+        store
+            .complete(&flying, token, &success(now, b"new body", None))
+            .await,
+    );
+    refused("release", store.release(&flying, token, now).await);
+    let listing = store
+        .list_in_flight(&InFlightQuery {
+            now,
+            lease_before: now.plus(LEASE),
+            cursor: None,
+            limit: 100,
+        })
+        .await;
+    refused("listing", listing.map(drop));
+
+    for id in [&done, &flying] {
+        let kind: String = redis::cmd("TYPE")
+            .arg(store.record_key(id))
+            .query_async(&mut admin)
+            .await
+            .expect("TYPE");
+        assert_eq!(kind, "hash", "left as it was");
+    }
     let old_body: bool = admin
         .exists(format!(
             "{}:b",
@@ -662,49 +681,7 @@ async fn records_of_the_hash_layout_are_migrated_on_first_touch() {
         ))
         .await
         .expect("EXISTS");
-    assert!(!old_body, "the old body key is gone");
-    assert_eq!(
-        store.fetch(&done, clock.now()).await.expect("fetch"),
-        Some(rec),
-        "read again in layout 1"
-    );
-
-    // An in-flight record is listed, and its holder completes it.
-    let flying = record_id(&scope);
-    let token = write_hash_layout(&mut admin, &store, &flying, "in_flight", clock.now()).await;
-    let page = store
-        .list_in_flight(&InFlightQuery {
-            now: clock.now(),
-            lease_before: clock.now().plus(LEASE),
-            cursor: None,
-            limit: 100,
-        })
-        .await
-        .expect("list");
-    assert_eq!(page.records.len(), 1, "{page:?}");
-    assert_eq!(page.records[0].id, flying);
-    let now = clock.now();
-    store
-        .complete(&flying, token, &success(now, b"new body", None))
-        .await
-        .expect("the legacy token still holds the lease");
-    let rec = store
-        .fetch(&flying, clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
-    assert_eq!(rec.response.as_deref(), Some(b"new body".as_slice()));
-    assert_eq!(
-        rec.resource_id.as_deref(),
-        Some("ch_legacy"),
-        "resource id kept"
-    );
-
-    // Another token is still fenced off after the migration.
-    let other = record_id(&scope);
-    write_hash_layout(&mut admin, &store, &other, "in_flight", clock.now()).await;
-    let lost = store.release(&other, Token::random(), clock.now()).await;
-    assert!(matches!(lost, Err(StoreError::LeaseLost)), "{lost:?}");
+    assert!(old_body, "its body is left as it was");
     fixture.teardown_checked().await;
 }
 
