@@ -1,4 +1,7 @@
--- idem: the idempotency record table (MariaDB 10.5+ or MySQL 8.0.16+, InnoDB).
+-- idem: the idempotency record table (MariaDB 10.5+ or MySQL 8.0.16+, InnoDB),
+-- layout 1 (idem 0.1). The table's comment names its layout:
+-- `MySqlStore::migrate()` refuses a table that exists with another (or none:
+-- a build before 0.1), never reads it, and never alters it.
 --
 -- `{table}` is a placeholder for the (validated, backtick-quoted) table name,
 -- in the connection's database. Default: `idem_records`. The statement is
@@ -41,3 +44,4 @@ CREATE TABLE IF NOT EXISTS {table} (
     CHECK (outcome IN ('success', 'failure', 'not_stored')),
     CHECK (LENGTH(fingerprint) = 32)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin ROW_FORMAT = DYNAMIC
+  COMMENT = 'idem layout 1'

@@ -2,8 +2,10 @@
 
 use crate::sql::TableName;
 
-/// The SQL that creates the record table and its index, as shipped in
-/// `migrations/0001_idem.sql`: one `CREATE TABLE IF NOT EXISTS` statement.
+/// The SQL that creates the record table and its index in layout 1, the
+/// layout frozen for 0.1, as shipped in `migrations/0001_idem.sql`: one
+/// `CREATE TABLE IF NOT EXISTS` statement, whose table comment is
+/// [`idem_sql::LAYOUT`].
 ///
 /// It holds one placeholder, `{table}` (the backtick-quoted table name).
 /// [`MySqlStore::migrate`](crate::MySqlStore::migrate) fills it in and runs

@@ -232,10 +232,15 @@ impl MySqlStore {
     /// never touches sqlx's `_sqlx_migrations` table, so it does not
     /// interfere with your application's own migrations.
     ///
+    /// A table that already exists must carry this build's layout mark (its
+    /// comment, [`idem_sql::LAYOUT`]); any other is refused and left as it
+    /// is, never read or altered.
+    ///
     /// # Errors
     ///
-    /// [`Error::Sqlx`] when the server refuses (e.g. no `CREATE` privilege,
-    /// or the lock not granted within 60 s).
+    /// [`Error::Layout`] for a table of another layout; [`Error::Sqlx`] when
+    /// the server refuses (e.g. no `CREATE` privilege, or the lock not
+    /// granted within 60 s).
     pub async fn migrate(&self) -> Result<(), Error> {
         let conns = self.core.connections();
         idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |conn| {
@@ -255,6 +260,23 @@ impl MySqlStore {
             return Err(Error::Sqlx(sqlx::Error::Protocol(
                 "could not take the migration lock within 60 s".into(),
             )));
+        }
+        // An existing table must be of this layout: never touched otherwise.
+        let table = self.table_name();
+        let mark: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(TABLE_COMMENT AS CHAR) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(table)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let checked = mark.map_or(Ok(()), |m| idem_sql::check_layout(table, Some(&m)));
+        if let Err(refused) = checked {
+            sqlx::query("SELECT RELEASE_LOCK(?)")
+                .bind(crate::schema::MIGRATE_LOCK)
+                .execute(&mut *conn)
+                .await?;
+            return Err(refused.into());
         }
         let done = conn
             .execute(sqlx::AssertSqlSafe(self.migration_sql()))

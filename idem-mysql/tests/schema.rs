@@ -93,6 +93,56 @@ async fn migrate_is_idempotent_and_concurrent_starts_are_safe() {
     fx.drop_tables(&[&name]).await;
 }
 
+/// A table that exists without this layout's mark (as a build before 0.1
+/// made it: no comment) is refused by `migrate` with a typed error and left
+/// as it was; the table this build makes carries the mark, and is accepted
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_table_of_another_layout() {
+    let fx = MyFixture::new(2).await;
+    let name = support::unique("idem_old");
+    let store = fx.store.clone().with_table_name(&name).expect("name");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE `{name}` (owner VARBINARY(1024) NOT NULL, operation VARBINARY(1024) NOT NULL, \
+         `key` VARBINARY(255) NOT NULL, fingerprint VARBINARY(32) NOT NULL, \
+         PRIMARY KEY (owner, operation, `key`)) ENGINE = InnoDB"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("a table of a build before 0.1");
+    match store.migrate().await {
+        Err(idem_mysql::Error::Layout(e)) => {
+            assert_eq!(e.found, None, "{e}");
+            assert!(e.to_string().contains("before 0.1"), "{e}");
+        }
+        other => panic!("expected Error::Layout, got {other:?}"),
+    }
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(&name)
+    .fetch_one(store.pool())
+    .await
+    .expect("columns");
+    assert_eq!(columns, 4, "left as it was");
+
+    let fresh = support::unique("idem_new");
+    let made = fx.store.clone().with_table_name(&fresh).expect("name");
+    made.migrate().await.expect("migrate");
+    let comment: String = sqlx::query_scalar(
+        "SELECT CAST(TABLE_COMMENT AS CHAR) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+    )
+    .bind(&fresh)
+    .fetch_one(made.pool())
+    .await
+    .expect("comment");
+    assert_eq!(comment, idem_sql::LAYOUT);
+    made.migrate().await.expect("accepted again");
+    fx.drop_tables(&[&name, &fresh]).await;
+}
+
 /// The version string decides the flavour; this server is MariaDB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_is_detected() {

@@ -1,4 +1,4 @@
--- idem: the idempotency record table (PostgreSQL 13+).
+-- idem: the idempotency record table (PostgreSQL 13+), layout 1 (idem 0.1).
 --
 -- `{schema}` and `{table}` are placeholders for the (validated, quoted)
 -- schema and table names; `{prefix}` is the unquoted table name, used to name
@@ -6,8 +6,37 @@
 -- Every statement is idempotent, so this file can be run again safely, by
 -- `PgStore::migrate()` (in one transaction) or by your own migration tool.
 -- All times are Unix milliseconds decided by the engine, never `now()`.
+--
+-- The table's comment names its layout; a table that exists with another
+-- (or none: a build before 0.1) is refused, by `PgStore::migrate()` with a
+-- typed error before this file runs and by this file itself, never read.
+--
+-- One index besides the primary key, on `sweep_at`, a column a completion
+-- never changes: a completion sets the state, the outcome, the body and both
+-- expiries, touches no indexed column, and so is a HOT update (the row is
+-- rewritten in place, no index entry is written).
+--
+-- * a claim (and a lease extension or an operator release) sets `sweep_at`
+--   to the lease end, so an in-flight record's `sweep_at` is its
+--   `lease_until`: the stuck list walks this index in `lease_until` order;
+-- * a purge walks the index up to `now`: it deletes expired keys, drops
+--   expired bodies, and moves every other record it passes to the time it
+--   next has something to do (the body's expiry, else the key's). So each
+--   completed record is re-filed once, by the purge, off the request path,
+--   instead of at every completion.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- A table that exists must already be of this layout: this file never
+-- alters, and never marks, a table of another (or of none).
+DO $idem$
+BEGIN
+    IF to_regclass('{schema}.{table}') IS NOT NULL
+       AND obj_description(to_regclass('{schema}.{table}'), 'pg_class') IS DISTINCT FROM 'idem layout 1' THEN
+        RAISE EXCEPTION 'idem: the table {schema}.{table} exists but is not in idem layout 1; use another table';
+    END IF;
+END
+$idem$;
 
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
     owner               text    NOT NULL,
@@ -23,33 +52,25 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
     response            bytea,
     response_expires_at bigint,
     key_expires_at      bigint  NOT NULL,
+    sweep_at            bigint  NOT NULL,
     CONSTRAINT "{prefix}_pkey" PRIMARY KEY (owner, operation, key),
     CONSTRAINT "{prefix}_state_check" CHECK (state IN ('in_flight', 'released', 'completed')),
     CONSTRAINT "{prefix}_outcome_check" CHECK (outcome IN ('success', 'failure', 'not_stored')),
     CONSTRAINT "{prefix}_fingerprint_check" CHECK (octet_length(fingerprint) = 32)
 );
 
--- The expiry and in-flight indexes of this first version. 0002 replaces
--- them with one sweep index and adds the `sweep_at` column: on a table that
--- has it they are not made again (running this file again must not rebuild,
--- under a lock that blocks writes, three indexes the next file drops).
+COMMENT ON TABLE {schema}.{table} IS 'idem layout 1';
+
+-- Made only when absent: `CREATE INDEX IF NOT EXISTS` would take its lock
+-- (which waits for, and then blocks, every write) even when the index
+-- exists, so running this file again on a live table would stall writes.
+-- On a large table of your own, create it with CREATE INDEX CONCURRENTLY
+-- first, and this step finds it.
 DO $idem$
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_attribute
-        WHERE attrelid = '{schema}.{table}'::regclass AND attname = 'sweep_at' AND NOT attisdropped
-    ) THEN
-        -- Purging expired keys walks this index, never the table.
-        CREATE INDEX IF NOT EXISTS "{prefix}_key_expires_idx"
-            ON {schema}.{table} (key_expires_at);
-        -- Dropping expired bodies walks this one; rows whose body is gone leave it.
-        CREATE INDEX IF NOT EXISTS "{prefix}_response_expires_idx"
-            ON {schema}.{table} (response_expires_at) WHERE response IS NOT NULL;
-        -- Operators list records stuck in flight through this one, in keyset
-        -- order (added with the operator API; `IF NOT EXISTS` adds it to an
-        -- existing first-version table on the next migrate).
-        CREATE INDEX IF NOT EXISTS "{prefix}_in_flight_idx"
-            ON {schema}.{table} (lease_until, owner, operation, key) WHERE state = 'in_flight';
+    IF to_regclass('{schema}."{prefix}_sweep_idx"') IS NULL THEN
+        CREATE INDEX "{prefix}_sweep_idx"
+            ON {schema}.{table} (sweep_at, owner, operation, key);
     END IF;
 END
 $idem$;

@@ -119,7 +119,8 @@ pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
         | Error::Standby
         | Error::NotSynchronous { .. }
         | Error::ClaimContention { .. }
-        | Error::InvalidIdentifier { .. } => true,
+        | Error::InvalidIdentifier { .. }
+        | Error::Layout(_) => true,
         Error::Timeout { .. } => false,
     }
 }

@@ -25,6 +25,12 @@ pub enum Error {
     /// impl classifies it).
     #[error(transparent)]
     Sqlx(#[from] sqlx::Error),
+    /// The table exists but was not written in the layout this build reads
+    /// and writes ([`idem_sql::LAYOUT`]): a build before 0.1, a later
+    /// layout, or a table of something else. Refused by `migrate`, never
+    /// read. Permanent: point the store at a new table.
+    #[error(transparent)]
+    Layout(#[from] idem_sql::LayoutError),
     /// A stored row cannot be decoded into a record (unknown state, a
     /// fingerprint that is not 32 bytes, ...). Permanent until repaired.
     #[error("corrupted record: {detail}")]
@@ -140,7 +146,9 @@ impl From<Error> for StoreError {
             };
         }
         let class = match &e {
-            Error::Corrupt { .. } | Error::InvalidIdentifier { .. } => Class::Backend,
+            Error::Corrupt { .. } | Error::InvalidIdentifier { .. } | Error::Layout(_) => {
+                Class::Backend
+            }
             Error::Sqlx(s) => idem_sql::classify(
                 s,
                 |s| matches!(s, sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_unavailable_state)),

@@ -2,20 +2,16 @@
 
 use crate::sql::TableName;
 
-/// The SQL that creates the record table and its indexes, as shipped in
-/// `migrations/0001_idem.sql` followed by `migrations/0002_hot_completions.sql`
-/// (which upgrades a table made by 0001: see that file).
+/// The SQL that creates the record table and its index in layout 1, the
+/// layout frozen for 0.1, as shipped in `migrations/0001_idem.sql`. It marks
+/// the table with [`idem_sql::LAYOUT`] (its comment).
 ///
 /// It holds three placeholders: `{schema}` and `{table}` (quoted names) and
 /// `{prefix}` (the bare table name, used for index and constraint names).
 /// [`PgStore::migrate`](crate::PgStore::migrate) fills them in and runs it; to apply it with your own
 /// migration tool, use [`PgStore::migration_sql`](crate::PgStore::migration_sql) for the filled-in text.
 /// Every statement is idempotent (`IF NOT EXISTS`).
-pub const MIGRATION: &str = concat!(
-    include_str!("../migrations/0001_idem.sql"),
-    "\n",
-    include_str!("../migrations/0002_hot_completions.sql")
-);
+pub const MIGRATION: &str = include_str!("../migrations/0001_idem.sql");
 
 /// Serializes concurrent `migrate()` calls (two instances starting at once
 /// would otherwise race on `CREATE TABLE IF NOT EXISTS`). An arbitrary
@@ -42,5 +38,6 @@ mod tests {
         assert!(!sql.contains('{'), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"s1\".\"t1\""));
         assert!(sql.contains("\"t1_sweep_idx\""));
+        assert!(sql.contains(idem_sql::LAYOUT));
     }
 }

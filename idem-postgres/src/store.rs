@@ -397,11 +397,16 @@ impl PgStore {
     /// returns, and logs at `info`, what it found: whether commits wait for
     /// a standby, and the settings that say so.
     ///
+    /// A table that already exists must carry this build's layout mark (its
+    /// comment, [`idem_sql::LAYOUT`]); any other is refused and left as it
+    /// is, never read or altered.
+    ///
     /// # Errors
     ///
     /// [`Error::Standby`] on a standby, [`Error::NotSynchronous`] if
-    /// [required](PgStore::require_synchronous_replication), [`Error::Sqlx`]
-    /// when the server refuses (e.g. no `CREATE` privilege).
+    /// [required](PgStore::require_synchronous_replication), [`Error::Layout`]
+    /// for a table of another layout, [`Error::Sqlx`] when the server refuses
+    /// (e.g. no `CREATE` privilege).
     pub async fn migrate(&self) -> Result<Replication, Error> {
         let found = self.check_replication().await?;
         replication::report(&found);
@@ -411,6 +416,18 @@ impl PgStore {
                 .bind(crate::schema::MIGRATE_LOCK)
                 .execute(&mut *tx)
                 .await?;
+            // An existing table must be of this layout: never touched otherwise.
+            let name = self.core.dialect().name.qualified();
+            let mark: Option<Option<String>> = sqlx::query_scalar(
+                "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c \
+                 WHERE c.oid = to_regclass($1)",
+            )
+            .bind(&name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(mark) = mark {
+                idem_sql::check_layout(&name, mark.as_deref())?;
+            }
             // Several statements in one simple-protocol query; the text is
             // the shipped file with validated identifiers spliced in.
             sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))

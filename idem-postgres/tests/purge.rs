@@ -19,11 +19,11 @@ async fn purge_uses_the_sweep_index() {
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                  outcome, response, response_expires_at, key_expires_at)
+                                  outcome, response, response_expires_at, key_expires_at, sweep_at)
                  SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea), 'completed', i, 1, 0,
                         'success', '\\x00'::bytea,
                         CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
-                        CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END
+                        CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END, 0
                  FROM generate_series(1, 20000) AS i;
                  -- Where a purge has filed them: at the next expiry.
                  UPDATE {t} SET sweep_at = LEAST(response_expires_at, key_expires_at);
@@ -65,11 +65,11 @@ async fn stuck_listing_uses_the_sweep_index() {
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                  outcome, response, response_expires_at, key_expires_at)
+                                  outcome, response, response_expires_at, key_expires_at, sweep_at)
                  SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea),
                         CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
                         CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
-                        CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000
+                        CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000, 0
                  FROM generate_series(1, 20000) AS i;
                  -- In flight: at the lease end; completed: where a purge filed them.
                  UPDATE {t} SET sweep_at = CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END;

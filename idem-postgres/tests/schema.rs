@@ -1,7 +1,8 @@
 //! The table as the migration builds it: the SQL suite's values and
 //! corrupted rows (`idem_test_support::sql::schema`), then validated names,
-//! completions as HOT updates, and upgrades of a first-version table that
-//! neither rebuild nor wait for writers.
+//! completions as HOT updates, the layout's mark (a table of another layout
+//! refused and left alone), and a migrate again that neither rebuilds nor
+//! waits for writers.
 
 mod support;
 
@@ -65,7 +66,7 @@ async fn table_and_schema_names_are_validated_and_configurable() {
         assert!(
             custom
                 .migration_sql()
-                .contains("\"Payments_Idem_key_expires_idx\"")
+                .contains("\"Payments_Idem_sweep_idx\"")
         );
         custom.close().await;
     })
@@ -121,12 +122,13 @@ async fn completions_are_hot_updates() {
     .await;
 }
 
-/// A table made by the first migration (three expiry and in-flight indexes,
-/// no `sweep_at`) is upgraded in place by `migrate`: records survive, an
-/// in-flight one keeps its place in the stuck list, the old indexes go, and
-/// a purge re-files or removes the old records.
+/// A table that exists without this layout's mark (here as a build before
+/// 0.1 made it: the old columns, the old indexes, no comment) is refused by
+/// `migrate` with a typed error and left exactly as it was: no column, index
+/// or comment added, its rows never read. The shipped file refuses it too,
+/// for a migration tool of your own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_upgrades_a_first_version_table() {
+async fn migrate_refuses_a_table_of_another_layout() {
     let schema = support::schema_name();
     let pool = support::pool(2, support::options()).await;
     let store = PgStore::new(pool.clone())
@@ -138,26 +140,47 @@ async fn migrate_upgrades_a_first_version_table() {
     };
     with_fixture(fx, |fx| async move {
         let t = fx.table();
-        let v1 = include_str!("../migrations/0001_idem.sql")
-            .replace("{schema}", &format!("\"{}\"", fx.schema))
-            .replace("{table}", "\"idem_records\"")
-            .replace("{prefix}", "idem_records");
-        let now: i64 = 1_000_000_000_000;
         fx.store
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
-                "{v1};
-                 INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                  outcome, response, response_expires_at, key_expires_at)
-                 VALUES ('o', 'op', 'stuck', sha256('1'), 'in_flight', 1, 1, {now} - 10, NULL, NULL, NULL, {now} + 1000),
-                        ('o', 'op', 'live', sha256('2'), 'completed', 2, 1, {now} - 500, 'success', '\\x01', {now} + 500, {now} + 1000),
-                        ('o', 'op', 'old-body', sha256('3'), 'completed', 3, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} + 1000),
-                        ('o', 'op', 'expired', sha256('4'), 'completed', 4, 1, {now} - 500, 'success', '\\x01', {now} - 1, {now} - 1);"
+                "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+                 CREATE TABLE {t} (owner text NOT NULL, operation text NOT NULL, key text NOT NULL,
+                     fingerprint bytea NOT NULL, state text NOT NULL, token bigint NOT NULL,
+                     attempt integer NOT NULL, lease_until bigint NOT NULL, resource_id text,
+                     outcome text, response bytea, response_expires_at bigint,
+                     key_expires_at bigint NOT NULL, PRIMARY KEY (owner, operation, key));
+                 CREATE INDEX old_key_expires_idx ON {t} (key_expires_at);
+                 INSERT INTO {t} VALUES ('o', 'op', 'k', sha256('1'), 'completed', 1, 1, 0,
+                     NULL, 'success', '\\x01', 1, 9000000000000);",
+                schema = fx.schema,
             )))
             .await
-            .expect("a first-version table");
-        fx.store.migrate().await.expect("upgrade");
-        fx.store.migrate().await.expect("upgrade again: idempotent");
+            .expect("a table of a build before 0.1");
+        let refused = fx.store.migrate().await;
+        match &refused {
+            Err(idem_postgres::Error::Layout(e)) => {
+                assert_eq!(e.found, None, "{e}");
+                assert!(e.to_string().contains("before 0.1"), "{e}");
+            }
+            other => panic!("expected Error::Layout, got {other:?}"),
+        }
+        let mine = fx.store.migration_sql();
+        let by_file = fx.store.pool().execute(sqlx::AssertSqlSafe(mine)).await;
+        assert!(
+            by_file
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("not in idem layout 1")),
+            "{by_file:?}"
+        );
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND column_name = 'sweep_at'",
+        )
+        .bind(&fx.schema)
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("columns");
+        assert!(columns.is_empty(), "no column added: {columns:?}");
         let indexes: Vec<String> = sqlx::query_scalar(
             "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
         )
@@ -165,54 +188,47 @@ async fn migrate_upgrades_a_first_version_table() {
         .fetch_all(fx.store.pool())
         .await
         .expect("indexes");
-        assert_eq!(indexes, ["idem_records_pkey", "idem_records_sweep_idx"]);
-        let sweep: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT key, sweep_at FROM {t} ORDER BY key"
+        assert_eq!(indexes, ["idem_records_pkey", "old_key_expires_idx"]);
+        let comment: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT obj_description('{t}'::regclass, 'pg_class')"
         )))
-        .fetch_all(fx.store.pool())
+        .fetch_one(fx.store.pool())
         .await
-        .expect("sweep_at");
+        .expect("comment");
+        assert_eq!(comment, None, "never marked");
         assert_eq!(
-            sweep,
-            [
-                ("expired".to_owned(), 0),
-                ("live".to_owned(), 0),
-                ("old-body".to_owned(), 0),
-                ("stuck".to_owned(), now - 10)
-            ],
-            "in-flight records at their lease end, the rest due now"
+            count_rows(&fx, fx.store.table_name()).await,
+            1,
+            "its row is left alone"
         );
-        let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
-        let idem = engine(&fx.store, &clock);
-        let stuck = idem
-            .admin().list_stuck(Duration::ZERO, None, 10)
-            .await
-            .expect("stuck list");
-        let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
-        assert_eq!(keys, ["stuck"]);
-        let report = idem.admin().purge_expired(1).await.expect("purge");
-        assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
-        let sweep: Vec<(String, i64, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT key, sweep_at, response IS NOT NULL FROM {t} ORDER BY key"
+    })
+    .await;
+}
+
+/// A table this build made carries its layout's mark, and `migrate` accepts
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_marks_its_table_and_accepts_it_again() {
+    let schema = support::schema_name();
+    let pool = support::pool(2, support::options()).await;
+    let store = PgStore::new(pool.clone())
+        .with_schema_name(&schema)
+        .expect("schema");
+    let fx = PgFixture {
+        store: store.clone(),
+        schema: schema.clone(),
+    };
+    with_fixture(fx, |fx| async move {
+        fx.store.migrate().await.expect("migrate");
+        let t = fx.table();
+        let comment: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT obj_description('{t}'::regclass, 'pg_class')"
         )))
-        .fetch_all(fx.store.pool())
+        .fetch_one(fx.store.pool())
         .await
-        .expect("sweep_at");
-        assert_eq!(
-            sweep,
-            [
-                ("live".to_owned(), now + 500, true),
-                ("old-body".to_owned(), now + 1000, false),
-                ("stuck".to_owned(), now - 10, false)
-            ],
-            "re-filed at the next expiry; the stuck record stays at its lease end"
-        );
-        // The upgraded table serves calls.
-        idem.execute(&scope(), "after-upgrade", &request(), |_| async {
-            Out::Success("x".into())
-        })
-        .await
-        .expect("call");
+        .expect("comment");
+        assert_eq!(comment.as_deref(), Some(idem_sql::LAYOUT));
+        fx.store.migrate().await.expect("migrate again");
     })
     .await;
 }
@@ -221,9 +237,8 @@ async fn migrate_upgrades_a_first_version_table() {
 /// has already brought up to date it builds nothing and takes no lock that
 /// waits for a writer. A transaction holding an uncommitted insert (the
 /// `ROW EXCLUSIVE` lock every write takes) stays open across it. Before this
-/// held, the first file rebuilt three indexes the second one then dropped,
-/// and `CREATE INDEX IF NOT EXISTS` waited for the writer even when the index
-/// was there.
+/// held, `CREATE INDEX IF NOT EXISTS` waited for the writer even when the
+/// index was there; the layout's `COMMENT ON TABLE` must not wait either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
     let fx = PgFixture::new(2).await;
@@ -243,8 +258,8 @@ async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
         let mut writer = fx.store.pool().acquire().await.expect("connection");
         writer
             .execute(sqlx::AssertSqlSafe(format!(
-                "BEGIN; INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at) \
-                 VALUES ('o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1)"
+                "BEGIN; INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at) \
+                 VALUES ('o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1, 1)"
             )))
             .await
             .expect("an open write");

@@ -4,6 +4,7 @@
 mod conns;
 mod error;
 mod ident;
+mod layout;
 mod pool;
 mod row;
 mod store;
@@ -12,6 +13,7 @@ mod tx;
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;
+pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
 #[doc(hidden)]

@@ -24,15 +24,21 @@ pub enum Error {
     /// The driver failed (the file cannot be opened, a statement failed).
     #[error(transparent)]
     Sqlx(#[from] sqlx::Error),
+    /// The table exists but was not written in the layout this build reads
+    /// and writes ([`idem_sql::LAYOUT`]): a build before 0.1, a later
+    /// layout, or a table of something else. Refused by `migrate`, never
+    /// read. Permanent: point the store at a new table.
+    #[error(transparent)]
+    Layout(#[from] idem_sql::LayoutError),
 }
 
 impl From<Error> for StoreError {
     fn from(e: Error) -> Self {
         match e {
             Error::Sqlx(e) => map(e),
-            invalid @ Error::InvalidIdentifier { .. } => StoreError::Backend {
+            refused @ (Error::InvalidIdentifier { .. } | Error::Layout(_)) => StoreError::Backend {
                 backend: BACKEND,
-                source: Box::new(invalid),
+                source: Box::new(refused),
             },
         }
     }

@@ -28,7 +28,7 @@ pub(crate) struct Statements {
     pub(crate) release_in_flight: Arc<str>,
     pub(crate) delete_completed: Arc<str>,
     pub(crate) count_states: Arc<str>,
-    pub(crate) has_sweep: Arc<str>,
+    pub(crate) layout: Arc<str>,
 }
 
 /// The key of a record is expired and no lease holds it (an in-flight record
@@ -59,7 +59,7 @@ impl Statements {
             // the new lease ends (`key_expires_at = MAX(key_expires_at,
             // lease_until)`). Returns a row only when the caller won. An
             // in-flight record's `sweep_at` is its lease end (see
-            // `migrations/0002_sweep.sql`).
+            // `migrations/0001_idem.sql`).
             claim: format!(
                 "INSERT INTO {t}
     (owner, operation, key, fingerprint, state, token, attempt, lease_until,
@@ -207,10 +207,11 @@ WHERE {pk} AND state = 'in_flight'
 FROM {t}"
             )
             .into(),
-            // Whether the table exists and has had `0002_sweep.sql`. The
-            // name is a validated identifier, so it is safe in a literal.
-            has_sweep: format!(
-                "SELECT EXISTS (SELECT 1 FROM pragma_table_info('{table}') WHERE name = 'sweep_at')"
+            // The text that created the table (its layout's mark is in it),
+            // if the table exists. The name is a validated identifier, so it
+            // is safe in a literal.
+            layout: format!(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{table}'"
             )
             .into(),
         }
@@ -252,6 +253,6 @@ mod tests {
             assert!(!sql.contains("idem_records"), "{sql}");
             assert!(!sql.contains('{'), "{sql}");
         }
-        assert!(s.has_sweep.contains("pragma_table_info('t_1')"));
+        assert!(s.layout.contains("name = 't_1'"));
     }
 }

@@ -36,7 +36,7 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// under WAL); a key that is absent or claimable then runs an
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING` that SQLite runs under
 /// its write lock, so two racing claims can never both win. A completion
-/// writes the table and no index (see `migrations/0002_sweep.sql`). A claim that loses
+/// writes the table and no index (see `migrations/0001_idem.sql`). A claim that loses
 /// reads the standing record again; if that read finds the record claimable
 /// after all (it changed in between), the claim runs again.
 ///
@@ -315,20 +315,22 @@ impl SqliteStore {
     /// once, on a new database.
     #[must_use]
     pub fn migration_sql(&self) -> String {
-        crate::schema::render_all(&self.core.dialect().table)
+        crate::schema::render(&self.core.dialect().table)
     }
 
-    /// Creates the table and its index, or brings a table made by an earlier
-    /// version up to date: the shipped `migrations/0001_idem.sql` and
-    /// `migrations/0002_sweep.sql`, each only when the table lacks it, in one
-    /// `BEGIN IMMEDIATE` transaction. On an up-to-date table it is one read
-    /// and takes no write lock (so it waits for no writer, and a read-only
-    /// file opens). Safe to call at every start, from several processes.
+    /// Creates the table and its index when the table does not exist: the
+    /// shipped `migrations/0001_idem.sql`, in one `BEGIN IMMEDIATE`
+    /// transaction. A table that exists must carry this build's layout mark
+    /// ([`idem_sql::LAYOUT`], in the text that created it); any other is
+    /// refused and left as it is, never read or altered. On a table of this
+    /// layout it is one read and takes no write lock (so it waits for no
+    /// writer, and a read-only file opens). Safe to call at every start,
+    /// from several processes.
     ///
     /// # Errors
     ///
-    /// [`Error::Sqlx`] when the DDL fails (e.g. a read-only file without the
-    /// table).
+    /// [`Error::Layout`] for a table of another layout; [`Error::Sqlx`] when
+    /// the DDL fails (e.g. a read-only file without the table).
     pub async fn migrate(&self) -> Result<(), Error> {
         let conns = self.core.connections();
         idem_sql::on_conn!(conns, Error::Sqlx, leaves_connection_sound, |conn| {
@@ -338,31 +340,31 @@ impl SqliteStore {
 
     /// The migration on one connection.
     async fn migrate_on(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
-        if self.has_sweep(&mut *conn).await? {
-            return Ok(());
+        if let Some(created) = self.layout(&mut *conn).await? {
+            return Ok(idem_sql::check_layout(self.table_name(), Some(&created))?);
         }
         let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
         // Asked again under the write lock: another process may have
         // migrated in between.
-        if !self.has_sweep(&mut tx).await? {
-            let [v1, v2] = crate::schema::render_parts(self.table_name());
-            tracing::info!(table = %self.table_name(), "creating or upgrading the idem table");
-            // Several statements in one call; the text is the shipped file
-            // with a validated table name spliced in.
-            sqlx::raw_sql(sqlx::AssertSqlSafe(v1))
-                .execute(&mut *tx)
-                .await?;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(v2))
-                .execute(&mut *tx)
-                .await?;
+        match self.layout(&mut tx).await? {
+            Some(created) => idem_sql::check_layout(self.table_name(), Some(&created))?,
+            None => {
+                tracing::info!(table = %self.table_name(), "creating the idem table");
+                // Several statements in one call; the text is the shipped
+                // file with a validated table name spliced in.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(self.migration_sql()))
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         Ok(tx.commit().await?)
     }
 
-    /// Whether the table exists and has had `0002_sweep.sql`.
-    async fn has_sweep(&self, conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql().has_sweep)))
-            .fetch_one(conn)
+    /// The text that created the table (its layout's mark is in it), if the
+    /// table exists.
+    async fn layout(&self, conn: &mut SqliteConnection) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql().layout)))
+            .fetch_optional(conn)
             .await
     }
 

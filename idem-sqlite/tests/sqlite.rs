@@ -316,14 +316,12 @@ async fn a_completion_writes_the_table_and_no_index() {
     db.teardown().await;
 }
 
-/// A database made by the first migration (three expiry and in-flight
-/// indexes, no `sweep_at`) is upgraded in place by `migrate`: records
-/// survive, an in-flight one keeps its place in the stuck list, the old
-/// indexes go, and a purge re-files or removes the old records.
+/// A table that exists without this layout's mark (as a build before 0.1
+/// made it) is refused by `migrate` with a typed error and left as it was;
+/// the table this build makes carries the mark in the text that created it,
+/// and is accepted again.
 #[tokio::test]
-async fn migrate_upgrades_a_first_version_database() {
-    use idem_core::clock::{ManualClock, Timestamp};
-
+async fn migrate_refuses_a_table_of_another_layout() {
     let path = std::env::temp_dir().join(format!(
         "idem-test-{}.db",
         idem_core::IdempotencyKey::random()
@@ -337,89 +335,44 @@ async fn migrate_upgrades_a_first_version_database() {
         .connect_with(options)
         .await
         .unwrap();
-    let now: i64 = 1_000_000_000_000;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "{v1};
-         INSERT INTO idem_records (owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                   outcome, response, response_expires_at, key_expires_at)
-         VALUES ('o', 'op', 'stuck', x'01', 'in_flight', 1, 1, {now} - 10, NULL, NULL, NULL, {now} + 1000),
-                ('o', 'op', 'live', x'02', 'completed', 2, 1, {now} - 500, 'success', x'01', {now} + 500, {now} + 1000),
-                ('o', 'op', 'old-body', x'03', 'completed', 3, 1, {now} - 500, 'success', x'01', {now} - 1, {now} + 1000),
-                ('o', 'op', 'expired', x'04', 'completed', 4, 1, {now} - 500, 'success', x'01', {now} - 1, {now} - 1);",
-        v1 = include_str!("../migrations/0001_idem.sql")
-            .replace("{table}", "idem_records")
-            .replace("{prefix}", "idem_records")
-    )))
+    sqlx::raw_sql(
+        "CREATE TABLE idem_records (owner TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL,
+             fingerprint BLOB NOT NULL, PRIMARY KEY (owner, operation, key));
+         INSERT INTO idem_records VALUES ('o', 'op', 'k', x'01');",
+    )
     .execute(&pool)
     .await
-    .expect("a first-version database");
+    .expect("a table of a build before 0.1");
     let store = SqliteStore::new(pool.clone());
-    store.migrate().await.expect("upgrade");
-    store.migrate().await.expect("upgrade again: a no-op");
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' ORDER BY 1",
+    match store.migrate().await {
+        Err(idem_sqlite::Error::Layout(e)) => {
+            assert_eq!(e.table, "idem_records");
+            assert!(e.to_string().contains("before 0.1"), "{e}");
+        }
+        other => panic!("expected Error::Layout, got {other:?}"),
+    }
+    let columns: i64 = sqlx::query_scalar("SELECT count(*) FROM pragma_table_info('idem_records')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(columns, 4, "left as it was");
+
+    let made = SqliteStore::new(pool.clone())
+        .with_table_name("idem_new")
+        .unwrap();
+    made.migrate().await.expect("migrate");
+    let created: String = sqlx::query_scalar(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'idem_new'",
     )
-    .fetch_all(&pool)
+    .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        indexes,
-        ["idem_records_sweep", "sqlite_autoindex_idem_records_1"]
-    );
-    let sweep = |pool: sqlx::SqlitePool| async move {
-        sqlx::query_as::<_, (String, i64, bool)>(
-            "SELECT key, sweep_at, response IS NOT NULL FROM idem_records ORDER BY key",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap()
-    };
-    assert_eq!(
-        sweep(pool.clone()).await,
-        [
-            ("expired".to_owned(), 0, true),
-            ("live".to_owned(), 0, true),
-            ("old-body".to_owned(), 0, true),
-            ("stuck".to_owned(), now - 10, false)
-        ],
-        "in-flight records at their lease end, the rest due now"
-    );
-    let clock = ManualClock::new(Timestamp::from_unix_millis(now));
-    let idem = Idem::new(store.clone()).with_clock(clock);
-    let stuck = idem
-        .admin()
-        .list_stuck(std::time::Duration::ZERO, None, 10)
-        .await
-        .expect("stuck list");
-    let keys: Vec<&str> = stuck.records.iter().map(|r| r.id.key().as_str()).collect();
-    assert_eq!(keys, ["stuck"]);
-    let report = idem.admin().purge_expired(1).await.expect("purge");
-    assert_eq!((report.keys_removed, report.bodies_dropped), (1, 1));
-    assert_eq!(
-        sweep(pool.clone()).await,
-        [
-            ("live".to_owned(), now + 500, true),
-            ("old-body".to_owned(), now + 1000, false),
-            ("stuck".to_owned(), now - 10, false)
-        ],
-        "re-filed at the next expiry; the stuck record stays at its lease end"
-    );
-    let reply = idem
-        .execute(
-            &Scope::new("o", "op").unwrap(),
-            "after-upgrade",
-            &json!({"amount": 1}),
-            |_| async {
-                Out::Success(Charge {
-                    id: "x".into(),
-                    amount: 1,
-                })
-            },
-        )
-        .await
-        .expect("the upgraded table serves calls");
-    assert!(!reply.is_replay());
-    FileDb { store, path }.teardown().await;
+    assert!(created.contains(idem_sql::LAYOUT), "{created}");
+    made.migrate().await.expect("accepted again");
+    pool.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
 }
 
 /// Two in-memory stores are separate databases.
