@@ -35,7 +35,8 @@ use idem_mysql::MySqlStore;
 use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
 use idem_test_support::sql::{Counter, policy, scope};
 use idem_test_support::work::{
-    acknowledged_batch, assert_switch_error, call, call_held, call_until_answered, state,
+    acknowledged_batch, assert_switch_error, assert_waiting_calls_never_stored, call, call_held,
+    call_until_answered, state,
 };
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
@@ -218,15 +219,7 @@ async fn semi_sync_after_sync_loses_nothing_acknowledged() {
     // the promotion: a store retry after it could land on the promoted
     // replica): never "stored".
     lose_primary(&mut cluster, &front, &engine, &scope).await;
-    let claim = claim
-        .await
-        .expect("join")
-        .expect_err("the claim never committed");
-    assert_switch_error(&claim);
-    assert_eq!(claim_runs.get(), 0, "no work without a committed claim");
-    let held = held.await.expect("join").expect("the work's outcome");
-    assert!(!held.is_stored(), "the completion's commit never returned");
-    assert_eq!(held_runs.get(), 1);
+    assert_waiting_calls_never_stored(claim, &claim_runs, held, &held_runs).await;
     assert_eq!(engine.pending_completions(), 1, "the engine kept it");
     promote(&cluster, &front).await;
 

@@ -40,7 +40,8 @@ use idem_postgres::sqlx::{self, PgPool};
 use idem_postgres::{Error, PgIdemExt, PgStore, TxFuture};
 use idem_test_support::sql::{Counter, Out, policy, request, scope};
 use idem_test_support::work::{
-    acknowledged_batch, assert_switch_error, call, call_held, call_until_answered, state,
+    acknowledged_batch, assert_switch_error, assert_waiting_calls_never_stored, call, call_held,
+    call_until_answered, state,
 };
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
@@ -294,15 +295,7 @@ async fn synchronous_replication_loses_nothing_acknowledged(mode: Mode) {
     fail_over(&cluster, &front, &engine, &scope).await;
 
     // What the waiting calls were told: never "stored".
-    let claim = claim
-        .await
-        .expect("join")
-        .expect_err("the claim never committed");
-    assert_switch_error(&claim);
-    assert_eq!(claim_runs.get(), 0, "no work without a committed claim");
-    let held = held.await.expect("join").expect("the work's outcome");
-    assert!(!held.is_stored(), "the completion's commit never returned");
-    assert_eq!(held_runs.get(), 1);
+    assert_waiting_calls_never_stored(claim, &claim_runs, held, &held_runs).await;
 
     // The store that requires synchronous replication refuses the promoted
     // server (no synchronous standby of its own), typed, and runs nothing.

@@ -174,3 +174,28 @@ pub async fn call_held<S: AdminStore + 'static>(
         .expect("the work started");
     task
 }
+
+/// What two calls left waiting at a failover were told once the primary
+/// was gone: `claim` (a fresh claim whose commit never returned) failed
+/// with a switch error and ran no work; `held` (a call whose work ran and
+/// whose completion's commit never returned) got its outcome, not stored.
+///
+/// # Panics
+///
+/// When either was told anything else.
+pub async fn assert_waiting_calls_never_stored(
+    claim: tokio::task::JoinHandle<Result<Reply<String, String>, Error>>,
+    claim_runs: &Counter,
+    held: tokio::task::JoinHandle<Result<Reply<String, String>, Error>>,
+    held_runs: &Counter,
+) {
+    let claim = claim
+        .await
+        .expect("join")
+        .expect_err("the claim never committed");
+    assert_switch_error(&claim);
+    assert_eq!(claim_runs.get(), 0, "no work without a committed claim");
+    let held = held.await.expect("join").expect("the work's outcome");
+    assert!(!held.is_stored(), "the completion's commit never returned");
+    assert_eq!(held_runs.get(), 1);
+}
