@@ -12,18 +12,22 @@
 -- Byte-exact identities: owner, operation and key are VARBINARY, compared
 -- byte for byte (`order-A` and `order-a` are two records, and so are `a` and
 -- `a ` with a trailing space: a PAD SPACE collation such as MariaDB's
--- `utf8mb4_bin` would make those equal). 1024 + 1024 + 255 bytes fit
--- InnoDB's 3072-byte index key (DYNAMIC rows, the default since 10.2 / 5.7).
+-- `utf8mb4_bin` would make those equal).
+--
+-- The primary key is compact: `id`, the first 16 bytes of the SHA-256 of the
+-- record's identity (see `RecordId::digest`); the owner, operation and key
+-- are stored beside it and checked on every read, so two identities sharing
+-- an `id` are a typed error, never a wrong replay.
 --
 -- One index besides the primary key, on `sweep_at`, a column a completion
 -- never changes (a completion touches no secondary index). InnoDB appends the
--- primary key to every secondary index, so the index orders
--- (sweep_at, owner, operation, key): the purge and the stuck-record listing
--- walk it in keyset order. An in-flight record's `sweep_at` is its lease end;
+-- primary key to every secondary index, so the index orders (sweep_at, id):
+-- the purge and the stuck-record listing walk it in keyset order. An in-flight record's `sweep_at` is its lease end;
 -- a purge moves every other record it passes to the time it next has
 -- something to do (its body's expiry, else its key's).
 
 CREATE TABLE IF NOT EXISTS {table} (
+    id                  BINARY(16)      NOT NULL,
     owner               VARBINARY(1024) NOT NULL,
     operation           VARBINARY(1024) NOT NULL,
     `key`               VARBINARY(255)  NOT NULL,
@@ -38,7 +42,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     response_expires_at BIGINT          NULL,
     key_expires_at      BIGINT          NOT NULL,
     sweep_at            BIGINT          NOT NULL,
-    PRIMARY KEY (owner, operation, `key`),
+    PRIMARY KEY (id),
     KEY sweep_idx (sweep_at),
     CHECK (state IN ('in_flight', 'released', 'completed')),
     CHECK (outcome IN ('success', 'failure', 'not_stored')),

@@ -8,10 +8,10 @@ use std::time::Duration;
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
-    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
+    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BindRecord, Dialect, Fenced};
+use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -85,8 +85,10 @@ fn is_race(e: &sqlx::Error) -> bool {
     matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
 }
 
-/// Reads a record from the row, refusing anything a record cannot hold.
-fn decode_record(row: &MySqlRow) -> Result<StoredRecord, Error> {
+/// Reads the record `id` from the row, refusing anything a record cannot
+/// hold and another identity sharing its key.
+fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
+    idem_sql::check_identity(row, id, text)?;
     Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 
@@ -178,6 +180,7 @@ impl Dialect for MySqlDialect {
         let insert = |sql| {
             q(sql)
                 .bind_id(req.id)
+                .bind_identity(req.id)
                 .bind(req.fingerprint.as_bytes().as_slice())
                 .bind(req.token.as_i64())
                 .bind(lease)
@@ -230,7 +233,7 @@ impl Dialect for MySqlDialect {
                 previous: None,
             })));
         }
-        let record = decode_record(&row)?;
+        let record = decode_record(&row, req.id)?;
         let reason = record.takeover_reason(&req.fingerprint, req.now);
         let expired = record.is_expired(req.now);
         if !expired && reason.is_none() {
@@ -350,7 +353,7 @@ impl Dialect for MySqlDialect {
             .bind(now)
             .fetch_optional(conn)
             .await?;
-        row.as_ref().map(decode_record).transpose()
+        row.as_ref().map(|row| decode_record(row, id)).transpose()
     }
 
     async fn purge_round(
@@ -379,7 +382,7 @@ impl Dialect for MySqlDialect {
         &self,
         conn: &mut MySqlConnection,
         qr: &InFlightQuery<'_>,
-        after: Option<KeysetPosition>,
+        after: Option<KeysetAfter>,
         fetch: u32,
     ) -> Result<Vec<RecordSummary>, Error> {
         let lease_before = qr.lease_before.as_unix_millis();
@@ -392,11 +395,7 @@ impl Dialect for MySqlDialect {
         .bind(qr.now.as_unix_millis());
         let query = match after {
             None => query,
-            Some(a) => query
-                .bind(a.lease_until.as_unix_millis())
-                .bind(a.owner)
-                .bind(a.operation)
-                .bind(a.key),
+            Some(a) => query.bind(a.lease_until.as_unix_millis()).bind(&a.key[..]),
         };
         let rows = query.bind(i64::from(fetch)).fetch_all(conn).await?;
         rows.iter()

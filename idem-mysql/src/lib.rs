@@ -31,36 +31,35 @@ pub mod statements {
     use crate::MySqlStore;
 
     /// MariaDB's claim: `INSERT … ON DUPLICATE KEY UPDATE token = token
-    /// RETURNING …` (binds: owner, operation, key, fingerprint, token,
-    /// lease end, key expiry, lease end, lease end, now; Unix ms).
+    /// RETURNING …` (binds: the record's 16-byte key, `idem_sql::record_key`;
+    /// owner, operation, key, fingerprint, token, lease end, key expiry,
+    /// lease end, lease end, now; Unix ms).
     #[must_use]
     pub fn claim_returning(store: &MySqlStore) -> &str {
         &store.sql().claim_returning
     }
 
-    /// MySQL's claim: the plain insert (the first nine binds of
+    /// MySQL's claim: the plain insert (the first ten binds of
     /// [`claim_returning`]).
     #[must_use]
     pub fn insert(store: &MySqlStore) -> &str {
         &store.sql().insert
     }
 
-    /// MySQL's read after a duplicate key (binds: now, owner, operation,
-    /// key).
+    /// MySQL's read after a duplicate key (binds: now, the record's key).
     #[must_use]
     pub fn read(store: &MySqlStore) -> &str {
         &store.sql().read
     }
 
     /// The completion (binds: outcome, body, response expiry, key expiry,
-    /// resource id or NULL; owner, operation, key, token).
+    /// resource id or NULL; the record's key, token).
     #[must_use]
     pub fn complete(store: &MySqlStore) -> &str {
         &store.sql().complete
     }
 
-    /// The read of a live record (binds: now; owner, operation, key; now,
-    /// now).
+    /// The read of a live record (binds: now; the record's key; now, now).
     #[must_use]
     pub fn fetch(store: &MySqlStore) -> &str {
         &store.sql().fetch

@@ -49,14 +49,14 @@ pub(crate) struct Statements {
 
 /// The columns a record is decoded from (`store::decode_record`), plus its
 /// token. The one `?` is `now`: the body only while it lives.
-const RECORD_COLUMNS: &str = "token, fingerprint, state, attempt, lease_until, resource_id, outcome, \
+const RECORD_COLUMNS: &str = "token, owner, operation, `key`, fingerprint, state, attempt, lease_until, resource_id, outcome, \
      IF(response_expires_at > ?, response, NULL) AS response, response_expires_at, key_expires_at";
 
 const SUMMARY_COLUMNS: &str =
     "owner, operation, `key`, state, attempt, lease_until, resource_id, key_expires_at";
 
-/// The primary key: binds owner, operation, key.
-const PK: &str = "owner = ? AND operation = ? AND `key` = ?";
+/// The primary key: binds the record's key (`idem_sql::record_key`).
+const PK: &str = "id = ?";
 
 impl Statements {
     #[allow(clippy::too_many_lines)]
@@ -64,23 +64,23 @@ impl Statements {
         let t = name.quoted();
         let cols = RECORD_COLUMNS;
         let summary = SUMMARY_COLUMNS;
-        // Binds: the SET values, then owner, operation, key, token.
+        // Binds: the SET values, then the record's key and the token.
         let guarded = |set: &str| {
             format!("UPDATE {t} SET {set} WHERE {PK} AND token = ? AND state = 'in_flight'")
         };
-        // The insert of a fresh claim. Binds: owner, operation, key,
-        // fingerprint, token, lease_until, key_expires_at, lease_until,
-        // lease_until (the sweep time). The key lives at least as long as
-        // the lease.
+        // The insert of a fresh claim. Binds: the record's key, owner,
+        // operation, key, fingerprint, token, lease_until, key_expires_at,
+        // lease_until, lease_until (the sweep time). The key lives at least
+        // as long as the lease.
         let insert = format!(
-            "INSERT INTO {t} (owner, operation, `key`, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
-             VALUES (?, ?, ?, ?, 'in_flight', ?, 1, ?, GREATEST(?, ?), ?)"
+            "INSERT INTO {t} (id, owner, operation, `key`, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+             VALUES (?, ?, ?, ?, ?, 'in_flight', ?, 1, ?, GREATEST(?, ?), ?)"
         );
         Self {
             // MariaDB's claim (10.5+: `INSERT … RETURNING`): the insert
             // above, and on a duplicate key a no-op update (`token = token`
             // is the standing row's own token), returning the row as it now
-            // stands. Binds: the insert's nine, then now. One statement, one
+            // stands. Binds: the insert's ten, then now. One statement, one
             // round trip:
             //
             // * absent → inserted, and the row returned carries our token;
@@ -97,8 +97,8 @@ impl Statements {
             // key (`ER_DUP_ENTRY`, a typed error, no `IGNORE` that would
             // also turn truncations into warnings) → `read`.
             insert: insert.clone().into(),
-            // The read after a duplicate key on MySQL. Binds: now, owner,
-            // operation, key. No row: the record went between the two
+            // The read after a duplicate key on MySQL. Binds: now, the
+            // record's key. No row: the record went between the two
             // statements (purged): a race lost, run again.
             read: format!("SELECT {cols} FROM {t} WHERE {PK}").into(),
             // The takeover of exactly the version the claim read: guarded by
@@ -108,7 +108,7 @@ impl Statements {
             // from it hold, and of two racing takeovers exactly one updates.
             // No row: a race lost. Binds: fingerprint, token, attempt,
             // lease_until, sweep_at, key_expires_at, resource_id; then
-            // owner, operation, key and the token, state, attempt,
+            // the record's key and the token, state, attempt,
             // lease_until, key_expires_at and resource_id read.
             takeover: format!(
                 "UPDATE {t} SET fingerprint = ?, state = 'in_flight', token = ?, attempt = ?,
@@ -119,7 +119,7 @@ impl Statements {
             )
             .into(),
             // Binds: outcome, body, response expiry, key expiry, resource id
-            // or NULL; owner, operation, key, token. A completion changes no
+            // or NULL; the record's key, token. A completion changes no
             // indexed column.
             complete: guarded(
                 "state = 'completed', outcome = ?, response = ?, response_expires_at = ?, \
@@ -128,7 +128,7 @@ impl Statements {
             .into(),
             // Asked only when a completion matched no row: is the record
             // already completed under this token (a retry after a lost
-            // reply, not a lost lease)? Binds: owner, operation, key, token.
+            // reply, not a lost lease)? Binds: the record's key, token.
             completed_under: format!(
                 "SELECT 1 FROM {t} WHERE {PK} AND token = ? AND state = 'completed'"
             )
@@ -143,7 +143,7 @@ impl Statements {
                 "lease_until = ?, sweep_at = ?, key_expires_at = GREATEST(key_expires_at, ?)",
             )
             .into(),
-            // Binds: now; owner, operation, key; now, now.
+            // Binds: now; the record's key; now, now.
             fetch: format!(
                 "SELECT {cols} FROM {t} WHERE {PK} \
                  AND (key_expires_at > ? OR (state = 'in_flight' AND lease_until > ?))"
@@ -185,30 +185,30 @@ impl Statements {
             // The operator listing, walking the sweep index (an in-flight
             // record's `sweep_at` is its lease end, so the index order is
             // the lease order). Binds: lease bound ×2, now, limit; the next
-            // pages: lease bound ×2, now, the keyset position (4), limit.
+            // pages: lease bound ×2, now, the keyset position (lease end,
+            // record key), limit.
             list_in_flight: format!(
                 "SELECT {summary} FROM {t}
                  WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
-                 ORDER BY sweep_at, owner, operation, `key` LIMIT ?"
+                 ORDER BY sweep_at, id LIMIT ?"
             )
             .into(),
             list_in_flight_after: format!(
                 "SELECT {summary} FROM {t}
                  WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
-                   AND (sweep_at, owner, operation, `key`) > (?, ?, ?, ?)
-                 ORDER BY sweep_at, owner, operation, `key` LIMIT ?"
+                   AND (sweep_at, id) > (?, ?)
+                 ORDER BY sweep_at, id LIMIT ?"
             )
             .into(),
             // The lease ends now; the token, resource id and attempt stay.
-            // Binds: now ×2; owner, operation, key; now; the attempt or NULL
-            // ×2.
+            // Binds: now ×2; the record's key; now; the attempt or NULL ×2.
             release_in_flight: format!(
                 "UPDATE {t} SET lease_until = LEAST(lease_until, ?), sweep_at = LEAST(lease_until, ?)
                  WHERE {PK} AND state = 'in_flight' AND key_expires_at > ?
                    AND (? IS NULL OR attempt = ?)"
             )
             .into(),
-            // Binds: owner, operation, key, now.
+            // Binds: the record's key, now.
             delete_completed: format!(
                 "DELETE FROM {t} WHERE {PK} AND (state = 'completed' OR key_expires_at <= ?)"
             )

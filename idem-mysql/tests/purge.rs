@@ -62,11 +62,12 @@ async fn purge_uses_the_sweep_index() {
         fx.store
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {t} (owner, operation, `key`, fingerprint, state, token, attempt,
+                "INSERT INTO {t} (id, owner, operation, `key`, fingerprint, state, token, attempt,
                                   lease_until, outcome, response, response_expires_at, key_expires_at, sweep_at)
                  WITH RECURSIVE d (i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM d WHERE i < 99),
                       seq (n) AS (SELECT a.i * 100 + b.i + 1 FROM d a CROSS JOIN d b WHERE a.i < 50)
-                 SELECT 'o', 'op', CONCAT('k', n), REPEAT('x', 32), 'completed', n, 1,
+                 SELECT UNHEX(LEFT(SHA2(CONCAT('k', n), 256), 32)), 'o', 'op', CONCAT('k', n),
+                        REPEAT('x', 32), 'completed', n, 1,
                         n * 1000, 'success', 'body', n * 1000 + 500, n * 1000 + 900, n * 1000
                  FROM seq",
                 t = fx.quoted()

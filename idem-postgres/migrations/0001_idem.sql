@@ -11,6 +11,12 @@
 -- (or none: a build before 0.1) is refused, by `PgStore::migrate()` with a
 -- typed error before this file runs and by this file itself, never read.
 --
+-- The primary key is compact: `id`, the first 16 bytes of the SHA-256 of
+-- the record's identity (owner, operation and key, length-prefixed; see
+-- `RecordId::digest`). The owner, operation and key are stored beside it and
+-- checked on every read, so two identities sharing an `id` are a typed
+-- error, never a wrong replay.
+--
 -- One index besides the primary key, on `sweep_at`, a column a completion
 -- never changes: a completion sets the state, the outcome, the body and both
 -- expiries, touches no indexed column, and so is a HOT update (the row is
@@ -39,6 +45,7 @@ END
 $idem$;
 
 CREATE TABLE IF NOT EXISTS {schema}.{table} (
+    id                  bytea   NOT NULL,
     owner               text    NOT NULL,
     operation           text    NOT NULL,
     key                 text    NOT NULL,
@@ -53,7 +60,8 @@ CREATE TABLE IF NOT EXISTS {schema}.{table} (
     response_expires_at bigint,
     key_expires_at      bigint  NOT NULL,
     sweep_at            bigint  NOT NULL,
-    CONSTRAINT "{prefix}_pkey" PRIMARY KEY (owner, operation, key),
+    CONSTRAINT "{prefix}_pkey" PRIMARY KEY (id),
+    CONSTRAINT "{prefix}_id_check" CHECK (octet_length(id) = 16),
     CONSTRAINT "{prefix}_state_check" CHECK (state IN ('in_flight', 'released', 'completed')),
     CONSTRAINT "{prefix}_outcome_check" CHECK (outcome IN ('success', 'failure', 'not_stored')),
     CONSTRAINT "{prefix}_fingerprint_check" CHECK (octet_length(fingerprint) = 32)
@@ -70,7 +78,7 @@ DO $idem$
 BEGIN
     IF to_regclass('{schema}."{prefix}_sweep_idx"') IS NULL THEN
         CREATE INDEX "{prefix}_sweep_idx"
-            ON {schema}.{table} (sweep_at, owner, operation, key);
+            ON {schema}.{table} (sweep_at, id);
     END IF;
 END
 $idem$;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
-    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
+    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BindRecord, Dialect, Fenced, SqlCore};
+use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter, SqlCore};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row};
 
@@ -148,8 +148,10 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
     fatal || db.code().is_some_and(|c| c.starts_with("08"))
 }
 
-/// Reads a record from the row, refusing anything a record cannot hold.
-fn decode_record(row: &PgRow) -> Result<StoredRecord, Error> {
+/// Reads the record `id` from the row, refusing anything a record cannot
+/// hold and another identity sharing its key.
+fn decode_record(row: &PgRow, id: &RecordId) -> Result<StoredRecord, Error> {
+    idem_sql::check_identity(row, id, idem_sql::text)?;
     Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 
@@ -196,12 +198,13 @@ impl Dialect for PgDialect {
     ) -> Result<Option<ClaimOutcome>, Error> {
         let bind = |sql| {
             q(sql)
-                .bind_id(req.id)
+                .bind_identity(req.id)
                 .bind(req.fingerprint.as_bytes().as_slice())
                 .bind(req.token.as_i64())
                 .bind(req.now.as_unix_millis())
                 .bind(req.lease_until.as_unix_millis())
                 .bind(req.key_expires_at.as_unix_millis())
+                .bind_id(req.id)
         };
         let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
             return Ok(None);
@@ -213,7 +216,7 @@ impl Dialect for PgDialect {
                 previous: None,
             })));
         }
-        let record = decode_record(&row)?;
+        let record = decode_record(&row, req.id)?;
         let reason = record.takeover_reason(&req.fingerprint, req.now);
         if !record.is_expired(req.now) && reason.is_none() {
             return Ok(Some(ClaimOutcome::Existing(record)));
@@ -306,7 +309,7 @@ impl Dialect for PgDialect {
             .bind(now.as_unix_millis())
             .fetch_optional(conn)
             .await?;
-        row.as_ref().map(decode_record).transpose()
+        row.as_ref().map(|row| decode_record(row, id)).transpose()
     }
 
     async fn purge_round(
@@ -335,7 +338,7 @@ impl Dialect for PgDialect {
         &self,
         conn: &mut PgConnection,
         qr: &InFlightQuery<'_>,
-        after: Option<KeysetPosition>,
+        after: Option<KeysetAfter>,
         fetch: u32,
     ) -> Result<Vec<RecordSummary>, Error> {
         let query = match &after {
@@ -347,11 +350,7 @@ impl Dialect for PgDialect {
         .bind(i64::from(fetch));
         let query = match after {
             None => query,
-            Some(a) => query
-                .bind(a.lease_until.as_unix_millis())
-                .bind(a.owner)
-                .bind(a.operation)
-                .bind(a.key),
+            Some(a) => query.bind(a.lease_until.as_unix_millis()).bind(&a.key[..]),
         };
         let rows = query.fetch_all(conn).await?;
         rows.iter()

@@ -35,21 +35,22 @@ pub mod statements {
     use crate::PgStore;
 
     /// The claim (`$1` owner, `$2` operation, `$3` key, `$4` fingerprint,
-    /// `$5` token, `$6` now, `$7` lease end, `$8` key expiry; Unix ms).
+    /// `$5` token, `$6` now, `$7` lease end, `$8` key expiry, Unix ms; `$9`
+    /// the record's 16-byte key, `idem_sql::record_key`).
     #[must_use]
     pub fn claim(store: &PgStore) -> &str {
         &store.sql().claim
     }
 
-    /// The completion (`$1`–`$3` the record, `$4` token, `$5` outcome,
-    /// `$6` body, `$7` response expiry, `$8` key expiry, `$9` resource id or
+    /// The completion (`$1` the record's key, `$2` token, `$3` outcome,
+    /// `$4` body, `$5` response expiry, `$6` key expiry, `$7` resource id or
     /// NULL).
     #[must_use]
     pub fn complete(store: &PgStore) -> &str {
         &store.sql().complete
     }
 
-    /// The read of a live record (`$1`–`$3` the record, `$4` now).
+    /// The read of a live record (`$1` the record's key, `$2` now).
     #[must_use]
     pub fn fetch(store: &PgStore) -> &str {
         &store.sql().fetch

@@ -40,14 +40,20 @@ pub(crate) struct Statements {
     pub(crate) count_states: Arc<str>,
 }
 
-/// The columns a record is decoded from (`store::decode_record`).
-const RECORD_COLUMNS: &str = "fingerprint, state, attempt, lease_until, resource_id, outcome, \
+/// The columns a record is decoded from (`dialect::decode_record`), its
+/// identity first (checked on every read).
+const RECORD_COLUMNS: &str = "owner, operation, key, fingerprint, state, attempt, lease_until, resource_id, outcome, \
      CASE WHEN response_expires_at > $N THEN response END AS response, response_expires_at, key_expires_at";
+
+/// [`idem_sql::keyed`] for this dialect's `$N` parameters.
+fn keyed(sql: &str) -> Arc<str> {
+    idem_sql::keyed(sql, '$')
+}
 
 impl Statements {
     pub(crate) fn new(name: &TableName) -> Self {
         let t = name.qualified();
-        let pk = "owner = $1 AND operation = $2 AND key = $3";
+        let pk = "id = $1";
         let summary = SUMMARY_COLUMNS;
         let guarded = |set: &str| {
             format!("UPDATE {t} SET {set} WHERE {pk} AND token = $4 AND state = 'in_flight'")
@@ -55,7 +61,7 @@ impl Statements {
         Self {
             // The claim. Parameters: $1 owner, $2 operation, $3 key,
             // $4 fingerprint, $5 token, $6 now, $7 lease_until,
-            // $8 key_expires_at.
+            // $8 key_expires_at, $9 the record's key (its primary key).
             //
             // * `cur` reads the record as of the statement's snapshot;
             // * absent → `ins` inserts it. `ON CONFLICT DO NOTHING` covers a
@@ -75,29 +81,30 @@ impl Statements {
             // three-part statement it replaced, in pgbench on this table).
             claim: format!(
                 "WITH cur AS (
-                    SELECT {cols}, token FROM {t} WHERE {pk}
+                    SELECT {cols}, token FROM {t} WHERE id = $9
                 ),
                 ins AS (
-                    INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
-                    SELECT $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7), $7
+                    INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+                    SELECT $9, $1, $2, $3, $4, 'in_flight', $5, 1, $7, GREATEST($8, $7), $7
                     WHERE NOT EXISTS (SELECT 1 FROM cur)
-                    ON CONFLICT (owner, operation, key) DO NOTHING
+                    ON CONFLICT (id) DO NOTHING
                     RETURNING attempt
                 )
-                SELECT 'claimed' AS kind, NULL::bytea AS fingerprint, NULL::text AS state, attempt,
+                SELECT 'claimed' AS kind, NULL::text AS owner, NULL::text AS operation, NULL::text AS key,
+                       NULL::bytea AS fingerprint, NULL::text AS state, attempt,
                        NULL::bigint AS lease_until, NULL::text AS resource_id, NULL::text AS outcome,
                        NULL::bytea AS response, NULL::bigint AS response_expires_at,
                        NULL::bigint AS key_expires_at, NULL::bigint AS token
                 FROM ins
                 UNION ALL
-                SELECT 'existing', fingerprint, state, attempt, lease_until, resource_id, outcome, response,
-                       response_expires_at, key_expires_at, token
+                SELECT 'existing', owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
+                       outcome, response, response_expires_at, key_expires_at, token
                 FROM cur",
                 cols = RECORD_COLUMNS.replace("$N", "$6"),
             )
             .into(),
-            // The takeover of the record the claim read ($1..$8 as the claim,
-            // $9 the token it read): only that version (a new claim changes
+            // The takeover of the record the claim read ($1..$9 as the claim,
+            // $10 the token it read): only that version (a new claim changes
             // the token), and only while it is claimable, a condition Postgres
             // re-checks on the newest row version if a concurrent writer
             // changed it, so of two racing takeovers exactly one updates. An
@@ -115,7 +122,7 @@ impl Statements {
                     outcome = NULL,
                     response = NULL,
                     response_expires_at = NULL
-                 WHERE {pk} AND token = $9
+                 WHERE id = $9 AND token = $10
                    AND ({expired}
                         OR (fingerprint = $4
                             AND (state = 'released' OR (state = 'in_flight' AND lease_until <= $6))))
@@ -123,31 +130,27 @@ impl Statements {
                 expired = "(key_expires_at <= $6 AND (state <> 'in_flight' OR lease_until <= $6))",
             )
             .into(),
-            complete: guarded(
+            complete: keyed(&guarded(
                 "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
                  key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
-            )
-            .into(),
+            )),
             // Asked only when a completion changed no row: is the record
             // already completed under this token (a retry after a lost
             // reply, not a lost lease)?
-            completed_under: format!(
+            completed_under: keyed(&format!(
                 "SELECT 1 FROM {t} WHERE {pk} AND token = $4 AND state = 'completed'"
-            )
-            .into(),
-            release: guarded("state = 'released', lease_until = $5").into(),
-            save_resource_id: guarded("resource_id = $5").into(),
+            )),
+            release: keyed(&guarded("state = 'released', lease_until = $5")),
+            save_resource_id: keyed(&guarded("resource_id = $5")),
             // The key is kept at least until the lease ends.
-            extend_lease: guarded(
+            extend_lease: keyed(&guarded(
                 "lease_until = $5, sweep_at = $5, key_expires_at = GREATEST(key_expires_at, $5)",
-            )
-                .into(),
-            fetch: format!(
+            )),
+            fetch: keyed(&format!(
                 "SELECT {cols} FROM {t} WHERE {pk} \
                  AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
                 cols = RECORD_COLUMNS.replace("$N", "$4")
-            )
-            .into(),
+            )),
             // The purge walks the sweep index up to $1 (now), at most $2
             // rows, skipping rows being written right now (`SKIP LOCKED`)
             // and in-flight records whose key lives on (an in-flight
@@ -192,36 +195,35 @@ impl Statements {
             )
             .into(),
             // The operator listing ($1 lease bound, $2 now, $3 limit; then
-            // $4..$7 the keyset position), walking the sweep index: an
-            // in-flight record's `sweep_at` is its lease end, so the index
+            // $4, $5 the keyset position: lease end and record key), walking
+            // the sweep index: an in-flight record's `sweep_at` is its lease
+            // end, so the index
             // order is the lease order. It also passes the completed and
             // released records a purge has not re-filed yet (the ones
             // completed since the last purge), which it filters out.
             list_in_flight: format!(
                 "SELECT {summary} FROM {t}
                  WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                 ORDER BY sweep_at, owner, operation, key LIMIT $3"
+                 ORDER BY sweep_at, id LIMIT $3"
             )
             .into(),
             list_in_flight_after: format!(
                 "SELECT {summary} FROM {t}
                  WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                   AND (sweep_at, owner, operation, key) > ($4, $5, $6, $7)
-                 ORDER BY sweep_at, owner, operation, key LIMIT $3"
+                   AND (sweep_at, id) > ($4, $5)
+                 ORDER BY sweep_at, id LIMIT $3"
             )
             .into(),
             // $4 now, $5 the attempt or NULL: the lease ends now; the token,
             // resource id and attempt stay.
-            release_in_flight: format!(
+            release_in_flight: keyed(&format!(
                 "UPDATE {t} SET lease_until = LEAST(lease_until, $4), sweep_at = LEAST(lease_until, $4)
                  WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
                    AND ($5::integer IS NULL OR attempt = $5::integer)"
-            )
-            .into(),
-            delete_completed: format!(
+            )),
+            delete_completed: keyed(&format!(
                 "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
-            )
-            .into(),
+            )),
             count_states: format!(
                 "SELECT
                    count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,

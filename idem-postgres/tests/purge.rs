@@ -9,6 +9,18 @@ use idem_test_support::sql::{engine, with_fixture};
 use support::{PgFixture, count_rows};
 
 /// The purge walks the sweep index, never the table.
+/// The record key the store gives `(o, op, <key>)` (`idem_sql::record_key`:
+/// the first 16 bytes of the SHA-256 of the tagged, length-prefixed
+/// identity), computed in SQL for seeded rows, so that a listing's cursor,
+/// which the store derives from the identity, finds them in key order.
+fn record_key_sql(key: &str) -> String {
+    format!(
+        "substring(sha256('idem-record-v1'::bytea || '\\x00'::bytea \
+         || int8send(1) || 'o'::bytea || int8send(2) || 'op'::bytea \
+         || int8send(octet_length({key})::bigint) || convert_to({key}, 'UTF8')) for 16)"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_uses_the_sweep_index() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
@@ -18,16 +30,17 @@ async fn purge_uses_the_sweep_index() {
         fx.store
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                "INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
                                   outcome, response, response_expires_at, key_expires_at, sweep_at)
-                 SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea), 'completed', i, 1, 0,
+                 SELECT {id}, 'o', 'op', 'k' || i, sha256(i::text::bytea), 'completed', i, 1, 0,
                         'success', '\\x00'::bytea,
                         CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
                         CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END, 0
                  FROM generate_series(1, 20000) AS i;
                  -- Where a purge has filed them: at the next expiry.
                  UPDATE {t} SET sweep_at = LEAST(response_expires_at, key_expires_at);
-                 ANALYZE {t};"
+                 ANALYZE {t};",
+                id = record_key_sql("'k' || i"),
             )))
             .await
             .expect("seed");
@@ -64,16 +77,17 @@ async fn stuck_listing_uses_the_sweep_index() {
         fx.store
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                "INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
                                   outcome, response, response_expires_at, key_expires_at, sweep_at)
-                 SELECT 'o', 'op', 'k' || i, sha256(i::text::bytea),
+                 SELECT {id}, 'o', 'op', 'k' || i, sha256(i::text::bytea),
                         CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
                         CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
                         CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000, 0
                  FROM generate_series(1, 20000) AS i;
                  -- In flight: at the lease end; completed: where a purge filed them.
                  UPDATE {t} SET sweep_at = CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END;
-                 ANALYZE {t};"
+                 ANALYZE {t};",
+                id = record_key_sql("'k' || i"),
             )))
             .await
             .expect("seed");

@@ -258,8 +258,8 @@ async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
         let mut writer = fx.store.pool().acquire().await.expect("connection");
         writer
             .execute(sqlx::AssertSqlSafe(format!(
-                "BEGIN; INSERT INTO {t} (owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at) \
-                 VALUES ('o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1, 1)"
+                "BEGIN; INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at) \
+                 VALUES (substring(sha256('held') for 16), 'o', 'op', 'held', sha256('x'), 'in_flight', 1, 1, 1, 1, 1)"
             )))
             .await
             .expect("an open write");

@@ -15,8 +15,13 @@ pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error
 pub use ident::check_identifier;
 pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
-pub use row::{RowError, attempt_of, decode_counts, decode_record, decode_summary, text, truncate};
+pub use row::{
+    RowError, attempt_of, check_identity, decode_counts, decode_record, decode_summary, text,
+    truncate,
+};
 #[doc(hidden)]
 pub use store::__private;
-pub use store::{BindRecord, DbConnection, Dialect, Fenced, SqlCore, TxStore};
+pub use store::{
+    BindRecord, DbConnection, Dialect, Fenced, KeysetAfter, SqlCore, TxStore, keyed, record_key,
+};
 pub use tx::{SqlIdemExt, TxConnection, TxFuture};

@@ -130,7 +130,7 @@ where
     let corrupt = |what: &str, e: &dyn Display| RowError::Corrupt(format!("stored {what}: {e}"));
     let scope = Scope::new(text(row, "owner")?, text(row, "operation")?)
         .map_err(|e| corrupt("scope", &e))?;
-    let key = IdempotencyKey::parse(&text(row, "key")?).map_err(|e| corrupt("key", &e))?;
+    let key = IdempotencyKey::parse_exact(&text(row, "key")?).map_err(|e| corrupt("key", &e))?;
     Ok(RecordSummary {
         id: RecordId::new(scope, key),
         state: state_of(row)?,
@@ -139,6 +139,36 @@ where
         resource_id: row.try_get("resource_id")?,
         key_expires_at: Timestamp::from_unix_millis(row.try_get("key_expires_at")?),
     })
+}
+
+/// Checks that the row read by its primary key ([`record_key`](crate::record_key))
+/// holds the identity `id` (its `owner`, `operation` and `key` columns, read
+/// with `text`).
+///
+/// # Errors
+///
+/// [`RowError::Corrupt`] when it holds another identity (two identities
+/// sharing the first 16 bytes of their digest: never a wrong replay); the
+/// driver's when a column cannot be read.
+pub fn check_identity<'r, R>(
+    row: &'r R,
+    id: &RecordId,
+    text: impl Fn(&'r R, &'static str) -> Result<String, RowError>,
+) -> Result<(), RowError>
+where
+    R: Row,
+{
+    let same = text(row, "owner")? == id.owner()
+        && text(row, "operation")? == id.operation()
+        && text(row, "key")? == id.key().as_str();
+    if same {
+        Ok(())
+    } else {
+        Err(RowError::Corrupt(format!(
+            "another record identity shares this one's 16-byte key ({})",
+            id.log_hash()
+        )))
+    }
 }
 
 /// An identity column stored as text.

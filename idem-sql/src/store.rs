@@ -6,13 +6,13 @@
 
 use std::future::Future;
 
-use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
     AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, Cursor, InFlightQuery,
     KeysetPosition, Page, PurgeReport, RecordSummary, StateCounts, Store, StoreError, StoredRecord,
     Token, retry_claim_race,
 };
+use idem_core::{IdempotencyKey, RecordId, Scope};
 use sqlx::query::Query;
 use sqlx::{Database, Encode, Type};
 use tracing::debug;
@@ -138,12 +138,12 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(PurgeReport, u64), Self::Error>> + Send;
 
     /// The operator listing: at most `fetch` in-flight records of `query`,
-    /// in keyset order, after `after`.
+    /// in keyset order (`sweep_at`, then the record's key), after `after`.
     fn list_in_flight(
         &self,
         conn: &mut DbConnection<Self>,
         query: &InFlightQuery<'_>,
-        after: Option<KeysetPosition>,
+        after: Option<KeysetAfter>,
         fetch: u32,
     ) -> impl Future<Output = Result<Vec<RecordSummary>, Self::Error>> + Send;
 
@@ -478,6 +478,7 @@ impl<D: Dialect> AdminStore for SqlCore<D> {
     async fn list_in_flight(&self, query: &InFlightQuery<'_>) -> Result<Page, StoreError> {
         let limit = query.limit.max(1);
         let after = query.cursor.map(Cursor::keyset_position).transpose()?;
+        let after = after.as_ref().map(KeysetAfter::of).transpose()?;
         let fetch = limit.saturating_add(1);
         let records = call!(self, |conn| {
             self.dialect.list_in_flight(conn, query, after, fetch)
@@ -640,33 +641,111 @@ macro_rules! sql_store {
     };
 }
 
+/// The primary key of a record's row: the first 16 bytes of the SHA-256 of
+/// its identity ([`RecordId::digest`]). The owner, operation and key are
+/// stored beside it and checked on every read ([`check_identity`](crate::check_identity)),
+/// so that two identities sharing a key are a typed error, never a wrong
+/// replay.
+#[must_use]
+pub fn record_key(id: &RecordId) -> [u8; 16] {
+    let digest = id.digest();
+    let mut key = [0; 16];
+    key.copy_from_slice(&digest[..16]);
+    key
+}
+
+/// `sql` with its numbered parameters (`$N` with `sigil` `'$'`, `?N` with
+/// `'?'`) renumbered for a statement that names the record by its one key
+/// parameter ([`record_key`], number 1) rather than by owner, operation and
+/// key (numbers 1 to 3): 4 becomes 2, and so on. A dialect writes its
+/// statements in the identity's numbering and keys them with this.
+#[must_use]
+pub fn keyed(sql: &str, sigil: char) -> std::sync::Arc<str> {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(sigil) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let digits = after
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(after.len());
+        match after[..digits].parse::<u32>() {
+            Ok(n) if n >= 4 => out.push_str(&format!("{sigil}{}", n - 2)),
+            _ => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out.into()
+}
+
+/// Where a listing's previous page stopped, in the keyset order of every
+/// dialect's listing: `(sweep_at, key)`, an in-flight record's `sweep_at`
+/// being its lease end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeysetAfter {
+    /// The last record's lease end.
+    pub lease_until: Timestamp,
+    /// The last record's primary key ([`record_key`]).
+    pub key: [u8; 16],
+}
+
+impl KeysetAfter {
+    /// The position a cursor names.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidCursor`] when it names no record identity (a
+    /// cursor this store did not write).
+    fn of(position: &KeysetPosition) -> Result<Self, StoreError> {
+        let scope = Scope::new(position.owner.as_str(), position.operation.as_str())
+            .map_err(|_| StoreError::InvalidCursor)?;
+        let key =
+            IdempotencyKey::parse_exact(&position.key).map_err(|_| StoreError::InvalidCursor)?;
+        Ok(Self {
+            lease_until: position.lease_until,
+            key: record_key(&RecordId::new(scope, key)),
+        })
+    }
+}
+
 /// The binds every dialect's statements share, in the order its statement
 /// names them.
 pub trait BindRecord: Sized {
-    /// Binds the record's owner, operation and key, as the statement's next
-    /// three parameters.
+    /// Binds the record's primary key ([`record_key`]) as the statement's
+    /// next parameter.
     #[must_use]
     fn bind_id(self, id: &RecordId) -> Self;
 
     /// [`BindRecord::bind_id`], then the fencing `token`.
     #[must_use]
     fn bind_fenced(self, id: &RecordId, token: Token) -> Self;
+
+    /// Binds the record's owner, operation and key, as the statement's next
+    /// three parameters (the columns an insert stores beside the key).
+    #[must_use]
+    fn bind_identity(self, id: &RecordId) -> Self;
 }
 
 impl<'q, DB> BindRecord for Query<'q, DB, <DB as Database>::Arguments>
 where
     DB: Database,
     for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
     fn bind_id(self, id: &RecordId) -> Self {
-        self.bind(id.owner())
-            .bind(id.operation())
-            .bind(id.key().as_str())
+        self.bind(&record_key(id)[..])
     }
 
     fn bind_fenced(self, id: &RecordId, token: Token) -> Self {
         self.bind_id(id).bind(token.as_i64())
+    }
+
+    fn bind_identity(self, id: &RecordId) -> Self {
+        self.bind(id.owner())
+            .bind(id.operation())
+            .bind(id.key().as_str())
     }
 }
 
@@ -682,4 +761,21 @@ pub mod __private {
 
     /// A store call's result.
     pub type Result<T> = std::result::Result<T, idem_core::store::StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_renumbers_the_parameters_after_the_identity() {
+        assert_eq!(
+            &*keyed("id = $1 AND t = $4 AND v = $5 OR w = $12 AND x = $3", '$'),
+            "id = $1 AND t = $2 AND v = $3 OR w = $10 AND x = $3"
+        );
+        assert_eq!(
+            &*keyed("id = ?1 AND t = ?4 AND ?", '?'),
+            "id = ?1 AND t = ?2 AND ?"
+        );
+    }
 }

@@ -1,4 +1,7 @@
 -- idem: one row per (owner, operation, key), layout 1 (idem 0.1).
+-- The primary key is compact: `id`, the first 16 bytes of the SHA-256 of the
+-- record's identity (see `RecordId::digest`); the owner, operation and key
+-- are stored beside it and checked on every read.
 -- Idempotent: safe to run on every start.
 -- The table's name is a placeholder, in braces: `table` for the (validated,
 -- quoted) name, `prefix` for the bare name that starts the index names.
@@ -22,6 +25,7 @@
 --   next has something to do (the body's expiry, else the key's). So each
 --   completed record is re-filed once, by a purge, off the request path.
 CREATE TABLE IF NOT EXISTS {table} ( -- idem layout 1
+    id                  BLOB    NOT NULL PRIMARY KEY CHECK (length(id) = 16),
     owner               TEXT    NOT NULL,
     operation           TEXT    NOT NULL,
     key                 TEXT    NOT NULL,
@@ -36,9 +40,8 @@ CREATE TABLE IF NOT EXISTS {table} ( -- idem layout 1
     response            BLOB,
     response_expires_at INTEGER,
     key_expires_at      INTEGER NOT NULL,
-    sweep_at            INTEGER NOT NULL,
-    PRIMARY KEY (owner, operation, key)
+    sweep_at            INTEGER NOT NULL
 );
 
 CREATE INDEX IF NOT EXISTS "{prefix}_sweep"
-    ON {table} (sweep_at, owner, operation, key);
+    ON {table} (sweep_at, id);

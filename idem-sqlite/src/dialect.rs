@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, KeysetPosition, Previous,
-    PurgeReport, RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
+    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{BindRecord, Dialect, Fenced};
+use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter};
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Row, Sqlite};
 
@@ -86,8 +86,10 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
     })
 }
 
-/// Decodes a row of the `fetch` statement, refusing anything malformed.
-fn decode_record(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
+/// Decodes a row of the `fetch` statement for the record `id`, refusing
+/// anything malformed and another identity sharing its key.
+fn decode_record(row: &SqliteRow, id: &RecordId) -> Result<StoredRecord, StoreError> {
+    idem_sql::check_identity(row, id, idem_sql::text).map_err(row_error)?;
     idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
 }
 
@@ -109,7 +111,7 @@ async fn fetch(
         .fetch_optional(&mut *conn)
         .await
         .map_err(map)?;
-    row.as_ref().map(decode_record).transpose()
+    row.as_ref().map(|row| decode_record(row, id)).transpose()
 }
 
 /// The rows a statement changed.
@@ -162,12 +164,13 @@ impl Dialect for SqliteDialect {
             _ => {}
         }
         let won = q(&self.sql.claim)
-            .bind_id(id)
+            .bind_identity(id)
             .bind(req.fingerprint.as_bytes().as_slice())
             .bind(req.token.as_i64())
             .bind(ms(req.lease_until))
             .bind(ms(req.key_expires_at))
             .bind(ms(req.now))
+            .bind_id(id)
             .fetch_optional(&mut *conn)
             .await
             .map_err(map)?;
@@ -267,7 +270,7 @@ impl Dialect for SqliteDialect {
         &self,
         conn: &mut SqliteConnection,
         qr: &InFlightQuery<'_>,
-        after: Option<KeysetPosition>,
+        after: Option<KeysetAfter>,
         fetch: u32,
     ) -> Result<Vec<RecordSummary>, StoreError> {
         let query = match &after {
@@ -279,11 +282,7 @@ impl Dialect for SqliteDialect {
         .bind(i64::from(fetch));
         let query = match &after {
             None => query,
-            Some(a) => query
-                .bind(ms(a.lease_until))
-                .bind(a.owner.as_str())
-                .bind(a.operation.as_str())
-                .bind(a.key.as_str()),
+            Some(a) => query.bind(ms(a.lease_until)).bind(&a.key[..]),
         };
         let rows = query.fetch_all(conn).await.map_err(map)?;
         rows.iter()

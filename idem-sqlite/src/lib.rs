@@ -35,22 +35,23 @@ pub mod statements {
     use crate::SqliteStore;
 
     /// The claim (`?1` owner, `?2` operation, `?3` key, `?4` fingerprint,
-    /// `?5` token, `?6` lease end, `?7` key expiry, `?8` now; Unix ms).
+    /// `?5` token, `?6` lease end, `?7` key expiry, `?8` now, Unix ms; `?9`
+    /// the record's 16-byte key, `idem_sql::record_key`).
     /// Returns a row only when the caller won.
     #[must_use]
     pub fn claim(store: &SqliteStore) -> &str {
         &store.sql().claim
     }
 
-    /// The completion (`?1`–`?3` the record, `?4` token, `?5` outcome, `?6`
-    /// body, `?7` response expiry, `?8` key expiry, `?9` resource id or
+    /// The completion (`?1` the record's key, `?2` token, `?3` outcome, `?4`
+    /// body, `?5` response expiry, `?6` key expiry, `?7` resource id or
     /// NULL).
     #[must_use]
     pub fn complete(store: &SqliteStore) -> &str {
         &store.sql().complete
     }
 
-    /// The read of a live record (`?1`–`?3` the record, `?4` now).
+    /// The read of a live record (`?1` the record's key, `?2` now).
     #[must_use]
     pub fn fetch(store: &SqliteStore) -> &str {
         &store.sql().fetch
@@ -66,8 +67,8 @@ pub mod statements {
     }
 
     /// The operator listing of in-flight records: the first page (`?1`
-    /// lease bound, `?2` now, `?3` limit) and the next ones (then `?4`–`?7`
-    /// the keyset position).
+    /// lease bound, `?2` now, `?3` limit) and the next ones (then `?4`, `?5`
+    /// the keyset position: lease end, record key).
     #[must_use]
     pub fn list_in_flight(store: &SqliteStore) -> [&str; 2] {
         let sql = store.sql();

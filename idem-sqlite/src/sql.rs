@@ -36,11 +36,16 @@ pub(crate) struct Statements {
 const EXPIRED: &str =
     "({t}.key_expires_at <= ?8 AND ({t}.state <> 'in_flight' OR {t}.lease_until <= ?8))";
 
+/// [`idem_sql::keyed`] for this dialect's `?N` parameters.
+fn keyed(sql: &str) -> Arc<str> {
+    idem_sql::keyed(sql, '?')
+}
+
 impl Statements {
     /// The statements on the table `table` (a validated identifier).
     pub(crate) fn new(table: &str) -> Self {
         let t = format!("\"{table}\"");
-        let pk = "owner = ?1 AND operation = ?2 AND key = ?3";
+        let pk = "id = ?1";
         let expired = EXPIRED.replace("{t}", &t);
         // Every guarded write ends with this condition on `?1..?4`.
         let guarded = |set: &str| {
@@ -53,7 +58,7 @@ impl Statements {
         Self {
             // The claim (`?1` owner, `?2` operation, `?3` key, `?4`
             // fingerprint, `?5` token, `?6` lease end, `?7` key expiry, `?8`
-            // now): insert when absent; overwrite when the key expired (and
+            // now, `?9` the record's key): insert when absent; overwrite when the key expired (and
             // no lease holds); take over a released record or an expired
             // lease with the same fingerprint. The key is kept at least until
             // the new lease ends (`key_expires_at = MAX(key_expires_at,
@@ -62,10 +67,13 @@ impl Statements {
             // `migrations/0001_idem.sql`).
             claim: format!(
                 "INSERT INTO {t}
-    (owner, operation, key, fingerprint, state, token, attempt, lease_until,
+    (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
      takeover, resource_id, outcome, response, response_expires_at, key_expires_at, sweep_at)
-VALUES (?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6), ?6)
-ON CONFLICT (owner, operation, key) DO UPDATE SET
+VALUES (?9, ?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6), ?6)
+ON CONFLICT (id) DO UPDATE SET
+    owner = excluded.owner,
+    operation = excluded.operation,
+    key = excluded.key,
     takeover = CASE
         WHEN {expired} THEN NULL
         WHEN {t}.state = 'released' THEN 'released'
@@ -84,6 +92,8 @@ ON CONFLICT (owner, operation, key) DO UPDATE SET
     response_expires_at = NULL
 WHERE {expired}
    OR ({t}.fingerprint = excluded.fingerprint
+       AND {t}.owner = excluded.owner AND {t}.operation = excluded.operation
+       AND {t}.key = excluded.key
        AND ({t}.state = 'released'
             OR ({t}.state = 'in_flight' AND {t}.lease_until <= ?8)))
 RETURNING attempt, takeover, resource_id"
@@ -92,39 +102,35 @@ RETURNING attempt, takeover, resource_id"
             // Reads a live record (`?1`–`?3` the record, `?4` now): its key
             // has not expired, or it is in flight under a lease; the body
             // only while `now < response_expires_at`.
-            fetch: format!(
-                "SELECT fingerprint, state, attempt, lease_until, resource_id, outcome,
-       CASE WHEN response_expires_at > ?4 THEN response END AS response,
+            fetch: keyed(&format!(
+                "SELECT owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
+       outcome, CASE WHEN response_expires_at > ?4 THEN response END AS response,
        response_expires_at, key_expires_at
 FROM {t}
 WHERE {pk}
   AND (key_expires_at > ?4 OR (state = 'in_flight' AND lease_until > ?4))"
-            )
-            .into(),
+            )),
             // The completion: `?1`–`?4` the record and token, `?5` outcome,
             // `?6` body, `?7` response expiry, `?8` key expiry, `?9` resource
             // id or NULL. It changes no indexed column, so it rewrites the
             // table's page and no index (the record is re-filed in the sweep
             // index later, by a purge).
-            complete: guarded(
+            complete: keyed(&guarded(
                 "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
                  key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)",
-            )
-            .into(),
+            )),
             // Whether the record is already completed under the token `?4`:
             // asked only when a completion changed no row, so that a retry
             // after a lost reply is not reported as a lost lease.
-            completed_under: format!(
+            completed_under: keyed(&format!(
                 "SELECT 1 FROM {t} WHERE {pk} AND token = ?4 AND state = 'completed'"
-            )
-            .into(),
-            release: guarded("state = 'released', lease_until = ?5").into(),
-            save_resource_id: guarded("resource_id = ?5").into(),
+            )),
+            release: keyed(&guarded("state = 'released', lease_until = ?5")),
+            save_resource_id: keyed(&guarded("resource_id = ?5")),
             // Extending a lease keeps the key at least until the lease ends.
-            extend_lease: guarded(
+            extend_lease: keyed(&guarded(
                 "lease_until = ?5, sweep_at = ?5, key_expires_at = MAX(key_expires_at, ?5)",
-            )
-            .into(),
+            )),
             // A purge walks the sweep index up to `?1` (now), at most `?2`
             // rows per statement; in-flight records whose key lives on (a
             // lease that ended: a stuck record) are passed over. First the
@@ -168,34 +174,33 @@ WHERE rowid IN (
             list_in_flight: format!(
                 "SELECT {summary} FROM {t}
 WHERE {in_flight}
-ORDER BY sweep_at, owner, operation, key
+ORDER BY sweep_at, id
 LIMIT ?3"
             )
             .into(),
-            // The next pages: after the keyset position `(?4, ?5, ?6, ?7)`.
+            // The next pages: after the keyset position `(?4, ?5)` (lease
+            // end, record key).
             list_in_flight_after: format!(
                 "SELECT {summary} FROM {t}
 WHERE {in_flight}
-  AND (sweep_at, owner, operation, key) > (?4, ?5, ?6, ?7)
-ORDER BY sweep_at, owner, operation, key
+  AND (sweep_at, id) > (?4, ?5)
+ORDER BY sweep_at, id
 LIMIT ?3"
             )
             .into(),
             // The operator release (`?1`–`?3` the record, `?4` now, `?5` the
             // attempt or NULL): the lease ends now; token, resource id and
             // attempt stay.
-            release_in_flight: format!(
+            release_in_flight: keyed(&format!(
                 "UPDATE {t} SET lease_until = MIN(lease_until, ?4), sweep_at = MIN(lease_until, ?4)
 WHERE {pk} AND state = 'in_flight'
   AND key_expires_at > ?4 AND (?5 IS NULL OR attempt = ?5)"
-            )
-            .into(),
+            )),
             // The operator delete (`?1`–`?3` the record, `?4` now): completed
             // or expired records only.
-            delete_completed: format!(
+            delete_completed: keyed(&format!(
                 "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= ?4)"
-            )
-            .into(),
+            )),
             // Counts by state at `?1` (a full scan).
             count_states: format!(
                 "SELECT

@@ -74,6 +74,12 @@ async fn hand_corrupted_records_are_typed_errors() {
             "lease",
             "UPDATE idem_records SET lease_until = 'soon' WHERE key = 'lease'",
         ),
+        // Another identity under this record's key: what two identities
+        // sharing the first 16 bytes of their digest would look like.
+        (
+            "identity",
+            "UPDATE idem_records SET key = 'someone-else' WHERE key = 'identity'",
+        ),
     ];
     let runs = Arc::new(AtomicUsize::new(0));
     for (key, sql) in corruptions {

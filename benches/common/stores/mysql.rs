@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use idem_mysql::sqlx::{self, AssertSqlSafe, MySqlPool, Row};
 use idem_mysql::{MySqlStore, Server};
 
-use super::workload::{OPERATION, OWNER, Statements, body};
+use super::workload::{OPERATION, OWNER, Statements, body, record_key};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `MySqlStore` on its own pool.
@@ -59,6 +59,7 @@ impl Statements for RawMySql {
             let now = now_ms();
             let bind = |sql: &str| {
                 sqlx::query(AssertSqlSafe(sql.to_owned()))
+                    .bind(record_key(key))
                     .bind(OWNER)
                     .bind(OPERATION)
                     .bind(key.to_owned())
@@ -80,9 +81,7 @@ impl Statements for RawMySql {
                     Err(e) if duplicate(&e) => {
                         let row = sqlx::query(AssertSqlSafe(self.read.as_str()))
                             .bind(now)
-                            .bind(OWNER)
-                            .bind(OPERATION)
-                            .bind(key)
+                            .bind(record_key(key))
                             .fetch_optional(&self.pool)
                             .await
                             .expect("read");
@@ -108,9 +107,7 @@ impl Statements for RawMySql {
             .bind(now + TTL_MS)
             .bind(now + TTL_MS)
             .bind(None::<&str>)
-            .bind(OWNER)
-            .bind(OPERATION)
-            .bind(key)
+            .bind(record_key(key))
             .bind(token)
             .execute(&self.pool)
             .await

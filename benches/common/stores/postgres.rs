@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
-use super::workload::{OPERATION, OWNER, Statements, body};
+use super::workload::{OPERATION, OWNER, Statements, body, record_key};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `PgStore` on its own pool.
@@ -54,6 +54,7 @@ impl Statements for RawPostgres {
                 .bind(now)
                 .bind(now + LEASE_MS)
                 .bind(now + TTL_MS)
+                .bind(record_key(key))
                 .fetch_optional(&self.pool)
                 .await
                 .expect("claim");
@@ -70,9 +71,7 @@ impl Statements for RawPostgres {
     async fn complete(&self, key: &str, token: i64) {
         let now = now_ms();
         let done = sqlx::query(AssertSqlSafe(self.complete.as_str()))
-            .bind(OWNER)
-            .bind(OPERATION)
-            .bind(key)
+            .bind(record_key(key))
             .bind(token)
             .bind("success")
             .bind(self.body.as_slice())

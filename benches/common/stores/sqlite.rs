@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, AssertSqlSafe, Row, SqlitePool};
 
-use super::workload::{OPERATION, OWNER, Statements, body};
+use super::workload::{OPERATION, OWNER, Statements, body, record_key};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `SqliteStore` on its own pool.
@@ -51,9 +51,7 @@ impl Statements for RawSqlite {
         let now = now_ms();
         let read = || {
             sqlx::query(AssertSqlSafe(self.fetch.as_str()))
-                .bind(OWNER)
-                .bind(OPERATION)
-                .bind(key)
+                .bind(record_key(key))
                 .bind(now)
         };
         if let Some(row) = read().fetch_optional(&mut *conn).await.expect("fetch") {
@@ -69,6 +67,7 @@ impl Statements for RawSqlite {
             .bind(now + LEASE_MS)
             .bind(now + TTL_MS)
             .bind(now)
+            .bind(record_key(key))
             .fetch_optional(&mut *conn)
             .await
             .expect("claim");
@@ -87,9 +86,7 @@ impl Statements for RawSqlite {
     async fn complete(&self, key: &str, token: i64) {
         let now = now_ms();
         let done = sqlx::query(AssertSqlSafe(self.complete.as_str()))
-            .bind(OWNER)
-            .bind(OPERATION)
-            .bind(key)
+            .bind(record_key(key))
             .bind(token)
             .bind("success")
             .bind(self.body.as_slice())

@@ -14,6 +14,15 @@ use serde_json::{Value, json};
 pub(crate) const OWNER: &str = "bench-owner";
 pub(crate) const OPERATION: &str = "POST /payments";
 
+/// The primary key the SQL stores give the bench record `key`: the first
+/// 16 bytes of its identity's digest (`idem_sql::record_key`), for the raw
+/// baselines that run the stores' own statements.
+pub(crate) fn record_key(key: &str) -> Vec<u8> {
+    let scope = Scope::new(OWNER, OPERATION).expect("the bench scope");
+    let key = idem_core::IdempotencyKey::parse_exact(key).expect("a bench key");
+    idem_core::RecordId::new(scope, key).digest()[..16].to_vec()
+}
+
 /// Records kept completed for the replay scenario, per target.
 pub(crate) const REPLAY_KEYS: u64 = 256;
 /// Hot keys of the contention scenario.

@@ -332,6 +332,9 @@ impl CorruptDialect for MySql {
             ("fingerprint", "fingerprint = X'0102'"),
             ("outcome", "outcome = 'maybe'"),
             ("attempt", "attempt = -1"),
+            // Another identity under this record's key: what two identities
+            // sharing the first 16 bytes of their digest would look like.
+            ("identity", "`key` = 'someone-else'"),
         ]
     }
     async fn corrupt(&self, fx: &MyFixture, set: &str, key: &str) {
@@ -576,12 +579,10 @@ impl KillDialect for MySql {
     ) -> Transaction<'static, sqlx::MySql> {
         let mut lock = Transaction::begin(blocker.0, None).await.expect("begin");
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE owner = ? AND operation = ? AND `key` = ? FOR UPDATE",
+            "SELECT 1 FROM {} WHERE id = ? FOR UPDATE",
             fx.quoted()
         )))
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
+        .bind(&idem_sql::record_key(id)[..])
         .execute(&mut *lock)
         .await
         .expect("lock");

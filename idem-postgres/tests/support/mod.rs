@@ -234,6 +234,9 @@ impl CorruptDialect for Pg {
             ("state", "state = 'exploded'"),
             ("fingerprint", "fingerprint = '\\x0102'::bytea"),
             ("outcome", "outcome = 'maybe'"),
+            // Another identity under this record's key: what two identities
+            // sharing the first 16 bytes of their digest would look like.
+            ("identity", "key = 'someone-else'"),
         ]
     }
     async fn corrupt(&self, fx: &PgFixture, set: &str, key: &str) {
@@ -420,12 +423,10 @@ impl KillDialect for Pg {
     ) -> Transaction<'static, Postgres> {
         let mut lock = Transaction::begin(blocker, None).await.expect("begin");
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE owner = $1 AND operation = $2 AND key = $3 FOR UPDATE",
+            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE",
             fx.table()
         )))
-        .bind(id.owner())
-        .bind(id.operation())
-        .bind(id.key().as_str())
+        .bind(&idem_sql::record_key(id)[..])
         .execute(&mut *lock)
         .await
         .expect("lock");
