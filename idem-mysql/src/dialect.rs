@@ -88,7 +88,7 @@ fn is_race(e: &sqlx::Error) -> bool {
 /// Reads the record `id` from the row, refusing anything a record cannot
 /// hold and another identity sharing its key.
 fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
-    idem_sql::check_identity(row, id, text)?;
+    idem_sql::check_identity::<_, &[u8]>(row, id)?;
     Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 

@@ -151,7 +151,7 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
 /// Reads the record `id` from the row, refusing anything a record cannot
 /// hold and another identity sharing its key.
 fn decode_record(row: &PgRow, id: &RecordId) -> Result<StoredRecord, Error> {
-    idem_sql::check_identity(row, id, idem_sql::text)?;
+    idem_sql::check_identity::<_, &str>(row, id)?;
     Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
 }
 

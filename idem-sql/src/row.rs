@@ -142,25 +142,28 @@ where
 }
 
 /// Checks that the row read by its primary key ([`record_key`](crate::record_key))
-/// holds the identity `id` (its `owner`, `operation` and `key` columns, read
-/// with `text`).
+/// holds the identity `id`: its `owner`, `operation` and `key` columns, read
+/// borrowed as `T` (`&str` for a text column, `&[u8]` for a binary one) and
+/// compared byte for byte, with no copy.
 ///
 /// # Errors
 ///
 /// [`RowError::Corrupt`] when it holds another identity (two identities
 /// sharing the first 16 bytes of their digest: never a wrong replay); the
 /// driver's when a column cannot be read.
-pub fn check_identity<'r, R>(
-    row: &'r R,
-    id: &RecordId,
-    text: impl Fn(&'r R, &'static str) -> Result<String, RowError>,
-) -> Result<(), RowError>
+pub fn check_identity<'r, R, T>(row: &'r R, id: &RecordId) -> Result<(), RowError>
 where
     R: Row,
+    &'static str: ColumnIndex<R>,
+    T: Decode<'r, R::Database> + Type<R::Database> + AsRef<[u8]>,
 {
-    let same = text(row, "owner")? == id.owner()
-        && text(row, "operation")? == id.operation()
-        && text(row, "key")? == id.key().as_str();
+    let holds = |col: &'static str, want: &str| -> Result<bool, RowError> {
+        let stored: T = row.try_get(col)?;
+        Ok(stored.as_ref() == want.as_bytes())
+    };
+    let same = holds("owner", id.owner())?
+        && holds("operation", id.operation())?
+        && holds("key", id.key().as_str())?;
     if same {
         Ok(())
     } else {

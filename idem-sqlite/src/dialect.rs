@@ -89,7 +89,7 @@ fn decode_claimed(row: &SqliteRow) -> Result<Claimed, StoreError> {
 /// Decodes a row of the `fetch` statement for the record `id`, refusing
 /// anything malformed and another identity sharing its key.
 fn decode_record(row: &SqliteRow, id: &RecordId) -> Result<StoredRecord, StoreError> {
-    idem_sql::check_identity(row, id, idem_sql::text).map_err(row_error)?;
+    idem_sql::check_identity::<_, &str>(row, id).map_err(row_error)?;
     idem_sql::decode_record::<_, i64>(row, BACKEND).map_err(row_error)
 }
 
