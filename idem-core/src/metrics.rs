@@ -18,6 +18,8 @@
 //! | `idem_store_errors_total` | counter | `call`, `kind` | a store call failed: `call` is `claim`, `complete`, `release`, `fetch` (an operator's inspect), `purge`; `kind` is `unavailable`, `corrupt` or `backend` (a lost lease is counted as a rejection, not here) |
 //! | `idem_store_call_seconds` | histogram | `call` | the latency of each store call the engine makes |
 //! | `idem_work_seconds` | histogram | `operation` | how long the work ran: from the won claim to its completion, release or hand-over to a transaction (every path) |
+//! | `idem_store_batch_size` | histogram | `store`, `call` | how many calls one statement of a SQL store carried: `call` is `claim` or `complete`; 1 for a call that went alone, more when calls that waited for a busy pool were coalesced (see [`record_batch`](crate::store::record_batch)) |
+//! | `idem_store_calls_coalesced_total` | counter | `store`, `call` | calls that found every connection of the store busy, waited, and went in a batch (none while the pool has a connection free) |
 //! | `idem_purge_keys_removed_total`, `idem_purge_bodies_dropped_total` | counter | | what purges removed |
 //! | `idem_purge_runs_total`, `idem_purge_errors_total` | counter | | purge batches (store calls, by the purger or by [`Admin::purge_expired`](crate::ops::Admin::purge_expired)), and batches that failed |
 //!
@@ -186,6 +188,26 @@ mod on {
             .record(d.as_secs_f64());
     }
 
+    /// How many calls of kind `call` one statement (or transaction) of
+    /// store `backend` carried, and whether they waited for a connection.
+    pub(crate) fn record_batch(
+        backend: &'static str,
+        call: &'static str,
+        calls: usize,
+        waited: bool,
+    ) {
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "a batch holds far fewer than 2^52 calls"
+        )]
+        metrics::histogram!("idem_store_batch_size", "store" => backend, "call" => call)
+            .record(calls as f64);
+        if waited {
+            metrics::counter!("idem_store_calls_coalesced_total", "store" => backend, "call" => call)
+                .increment(u64::try_from(calls).unwrap_or(u64::MAX));
+        }
+    }
+
     /// One purge batch: what it removed, or `None` when it failed.
     pub(crate) fn record_purge(report: Option<&PurgeReport>) {
         metrics::counter!("idem_purge_runs_total").increment(1);
@@ -260,6 +282,15 @@ mod on {
 
     #[inline(always)]
     pub(crate) fn record_work(_op: &Arc<str>, _d: Duration) {}
+
+    #[inline(always)]
+    pub(crate) fn record_batch(
+        _backend: &'static str,
+        _call: &'static str,
+        _calls: usize,
+        _waited: bool,
+    ) {
+    }
 
     #[inline(always)]
     pub(crate) fn record_purge(_report: Option<&PurgeReport>) {}

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod conns;
 mod error;
 mod ident;
@@ -10,6 +11,7 @@ mod row;
 mod store;
 mod tx;
 
+pub use batch::{BatchCompletion, Coalescing, MAX_BATCH};
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;

@@ -5,6 +5,7 @@
 //! statement is bound and read on one connection.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use idem_core::clock::Timestamp;
 use idem_core::store::{
@@ -14,9 +15,10 @@ use idem_core::store::{
 };
 use idem_core::{IdempotencyKey, RecordId, Scope};
 use sqlx::query::Query;
-use sqlx::{Database, Encode, Type};
+use sqlx::{AssertSqlSafe, Connection, Database, Encode, Type};
 use tracing::debug;
 
+use crate::batch::{BatchCompletion, Coalescing, Queues};
 use crate::conns::{Conns, SqlStore};
 use crate::error::fenced;
 
@@ -100,6 +102,93 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         token: Token,
         completion: &Completion<'_>,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// The completion, and when it matched no row, whether this completion
+    /// was already applied under `token` (`true`: not an error) or the
+    /// lease is lost (`false`).
+    fn complete_applied(
+        &self,
+        conn: &mut DbConnection<Self>,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        async move {
+            if self.complete(&mut *conn, id, token, completion).await? == 1 {
+                return Ok(true);
+            }
+            self.completed_under(conn, id, token).await
+        }
+    }
+
+    /// The claims of a batch (distinct records, sorted by key), each
+    /// answered as [`Dialect::claim_once`] would answer it alone; `None`
+    /// when the batch was rolled back because one of its claims lost a
+    /// race (each then runs alone).
+    ///
+    /// By default one transaction ([`Dialect::begin_statement`]) that runs
+    /// every claim and commits once; an error rolls it back.
+    fn claim_batch(
+        &self,
+        conn: &mut DbConnection<Self>,
+        reqs: &[ClaimRequest<'_>],
+    ) -> impl Future<Output = Result<Option<Vec<ClaimOutcome>>, Self::Error>> + Send {
+        async move {
+            let begin = AssertSqlSafe(self.begin_statement());
+            let mut tx = conn.begin_with(begin).await.map_err(Self::driver_error)?;
+            let mut answers = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                match self.claim_once(&mut tx, req).await {
+                    Ok(Some(answer)) => answers.push(answer),
+                    Ok(None) => {
+                        tx.rollback().await.map_err(Self::driver_error)?;
+                        return Ok(None);
+                    }
+                    Err(e) => {
+                        // The claim's error says what went wrong; a
+                        // rollback that fails too leaves the connection to
+                        // be judged by it.
+                        drop(tx.rollback().await);
+                        return Err(e);
+                    }
+                }
+            }
+            tx.commit().await.map_err(Self::driver_error)?;
+            Ok(Some(answers))
+        }
+    }
+
+    /// The completions of a batch (distinct records, sorted by key):
+    /// whether each is applied, as [`Dialect::complete_applied`] would say
+    /// alone.
+    ///
+    /// By default one transaction ([`Dialect::begin_statement`]) that runs
+    /// every completion and commits once; an error rolls it back.
+    fn complete_batch(
+        &self,
+        conn: &mut DbConnection<Self>,
+        items: &[BatchCompletion<'_>],
+    ) -> impl Future<Output = Result<Vec<bool>, Self::Error>> + Send {
+        async move {
+            let begin = AssertSqlSafe(self.begin_statement());
+            let mut tx = conn.begin_with(begin).await.map_err(Self::driver_error)?;
+            let mut applied = Vec::with_capacity(items.len());
+            for item in items {
+                let done = self
+                    .complete_applied(&mut tx, item.id, item.token, &item.completion)
+                    .await;
+                match done {
+                    Ok(done) => applied.push(done),
+                    Err(e) => {
+                        drop(tx.rollback().await);
+                        return Err(e);
+                    }
+                }
+            }
+            tx.commit().await.map_err(Self::driver_error)?;
+            Ok(applied)
+        }
+    }
 
     /// Whether the record is completed under `token` (a completion that
     /// matched no row was already applied: a retry after a lost reply).
@@ -246,6 +335,8 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 pub struct SqlCore<D: Dialect> {
     conns: Conns<D::Db>,
     dialect: D,
+    pub(crate) coalescing: Coalescing,
+    pub(crate) queues: Arc<Queues>,
 }
 
 impl<D: Dialect> Clone for SqlCore<D> {
@@ -253,6 +344,8 @@ impl<D: Dialect> Clone for SqlCore<D> {
         Self {
             conns: self.conns.clone(),
             dialect: self.dialect.clone(),
+            coalescing: self.coalescing,
+            queues: Arc::clone(&self.queues),
         }
     }
 }
@@ -262,6 +355,7 @@ impl<D: Dialect> std::fmt::Debug for SqlCore<D> {
         f.debug_struct("SqlCore")
             .field("backend", &D::BACKEND)
             .field("conns", &self.conns)
+            .field("coalescing", &self.coalescing)
             .finish_non_exhaustive()
     }
 }
@@ -270,7 +364,24 @@ impl<D: Dialect> SqlCore<D> {
     /// `dialect` on `conns`.
     #[must_use]
     pub fn new(conns: Conns<D::Db>, dialect: D) -> Self {
-        Self { conns, dialect }
+        Self {
+            conns,
+            dialect,
+            coalescing: Coalescing::default(),
+            queues: Arc::default(),
+        }
+    }
+
+    /// Whether the store coalesces its claims and completions (see
+    /// [`Coalescing`]).
+    #[must_use]
+    pub fn coalescing(&self) -> Coalescing {
+        self.coalescing
+    }
+
+    /// Sets whether the store coalesces its claims and completions.
+    pub fn set_coalescing(&mut self, coalescing: Coalescing) {
+        self.coalescing = coalescing;
     }
 
     /// The dialect.
@@ -279,8 +390,11 @@ impl<D: Dialect> SqlCore<D> {
         &self.dialect
     }
 
-    /// The dialect, to change its settings.
+    /// The dialect, to change its settings. The store stops sharing its
+    /// waiting calls with its clones: a batch runs on one dialect (one
+    /// table), so a store whose statements may change waits alone.
     pub fn dialect_mut(&mut self) -> &mut D {
+        self.queues = Arc::default();
         &mut self.dialect
     }
 
@@ -308,22 +422,16 @@ impl<D: Dialect> SqlCore<D> {
 
     /// The completion, and when it matched no row, whether this completion
     /// was already applied (not an error) or the lease is lost.
-    async fn complete_on(
+    pub(crate) async fn complete_on(
         &self,
         conn: &mut DbConnection<D>,
         id: &RecordId,
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<bool, D::Error> {
-        if self
-            .dialect
-            .complete(&mut *conn, id, token, completion)
-            .await?
-            == 1
-        {
-            return Ok(true);
-        }
-        self.dialect.completed_under(conn, id, token).await
+        self.dialect
+            .complete_applied(conn, id, token, completion)
+            .await
     }
 
     /// Purge rounds on one connection until one removes something or finds
@@ -389,7 +497,14 @@ impl<D: Dialect> Store for SqlCore<D> {
     /// The dialect's claim on one checkout, run again (at most 8 times in
     /// all) only when it lost a race to a concurrent writer on the same
     /// record, which the next run sees committed.
+    ///
+    /// Coalesced (see [`Coalescing`]) on the store's own pool: a claim that
+    /// finds every connection busy waits and goes with the others waiting,
+    /// in one batch ([`Dialect::claim_batch`]).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        if let Some(answer) = self.claim_coalesced(req).await {
+            return answer;
+        }
         D::write(
             self,
             retry_claim_race(D::BACKEND, || async {
@@ -412,6 +527,9 @@ impl<D: Dialect> Store for SqlCore<D> {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
+        if let Some(answer) = self.complete_coalesced(id, token, completion).await {
+            return answer;
+        }
         D::write(self, async {
             if call!(self, |conn| self.complete_on(conn, id, token, completion))? {
                 Ok(())
@@ -535,6 +653,34 @@ impl<D: Dialect> TxStore for SqlCore<D> {
 #[macro_export]
 macro_rules! sql_store {
     ($store:ty, $dialect:ty, $field:ident) => {
+        impl $store {
+            /// Whether claims and completions that find every connection
+            /// of the store's own pool busy are coalesced: sent together,
+            /// as one batch on the next connection free, each answered as
+            /// it would be alone (default `true`). A call that finds a
+            /// connection free always goes at once, alone; a store built on
+            /// your sqlx pool (`new(pool)`) never coalesces. The batch sizes
+            /// are the `idem_store_batch_size` metric.
+            #[must_use]
+            pub fn with_coalescing(mut self, on: bool) -> Self {
+                self.$field.set_coalescing(if on {
+                    $crate::Coalescing::WhenBusy
+                } else {
+                    $crate::Coalescing::Off
+                });
+                self
+            }
+
+            /// [`with_coalescing`](Self::with_coalescing) with any
+            /// [`Coalescing`](idem_sql::Coalescing), for tests.
+            #[doc(hidden)]
+            #[must_use]
+            pub fn with_coalescing_mode(mut self, mode: $crate::Coalescing) -> Self {
+                self.$field.set_coalescing(mode);
+                self
+            }
+        }
+
         impl $crate::TxStore for $store {
             type Dialect = $dialect;
 

@@ -271,10 +271,9 @@ impl SqliteStore {
     /// SQLite ignores ASCII case in names: `Idem` and `idem` are one table.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_table_name(table)?;
-        Ok(Self::build(
-            self.core.connections().clone(),
-            Arc::from(table),
-        ))
+        let mut renamed = Self::build(self.core.connections().clone(), Arc::from(table));
+        renamed.core.set_coalescing(self.core.coalescing());
+        Ok(renamed)
     }
 
     fn build(conns: Conns<Sqlite>, table: Arc<str>) -> Self {

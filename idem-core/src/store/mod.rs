@@ -126,6 +126,17 @@ pub use self::record::{
 pub use crate::fingerprint::Fingerprint;
 pub use crate::util::BoxDynError;
 
+/// Reports that one statement (or one transaction) of store `backend`
+/// carried `calls` calls of kind `call` (`claim`, `complete`), and whether
+/// they `waited` for a connection (a batch of calls that found the store's
+/// pool busy) or went at once: the histogram `idem_store_batch_size` and
+/// the counter `idem_store_calls_coalesced_total` under the `metrics`
+/// feature, nothing without it. A store that coalesces concurrent calls
+/// reports every statement it sends, 1 for a call that went alone.
+pub fn record_batch(backend: &'static str, call: &'static str, calls: usize, waited: bool) {
+    crate::metrics::record_batch(backend, call, calls, waited);
+}
+
 use std::fmt;
 use std::future::Future;
 

@@ -259,6 +259,9 @@ impl Dialect for MySql {
         }
         stores
     }
+    fn coalescing(store: MySqlStore, mode: idem_sql::Coalescing) -> MySqlStore {
+        store.with_coalescing_mode(mode)
+    }
     async fn close(&self, store: &MySqlStore) {
         store.pool().close().await;
     }

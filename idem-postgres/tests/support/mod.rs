@@ -198,6 +198,9 @@ impl Dialect for Pg {
         }
         stores
     }
+    fn coalescing(store: PgStore, mode: idem_sql::Coalescing) -> PgStore {
+        store.with_coalescing_mode(mode)
+    }
     async fn close(&self, store: &PgStore) {
         store.close().await;
     }

@@ -221,12 +221,38 @@ impl<C: Connection + 'static> Pool<C> {
                 .await
                 .map_err(|_| sqlx::Error::PoolTimedOut)?,
         };
+        Self::checked_out(got)
+    }
+
+    /// A checkout's result, its error as the driver's.
+    fn checked_out(
+        got: Result<managed::Object<Manager<C>>, PoolError<sqlx::Error>>,
+    ) -> Result<Conn<C>, sqlx::Error> {
         match got {
             Ok(obj) => Ok(Conn::new(obj)),
             Err(PoolError::Backend(e)) => Err(e),
             Err(PoolError::Closed) => Err(sqlx::Error::PoolClosed),
             Err(PoolError::Timeout(_)) => Err(sqlx::Error::PoolTimedOut),
             Err(other) => Err(sqlx::Error::Protocol(format!("connection pool: {other}"))),
+        }
+    }
+
+    /// Checks a connection out if one is free now (idle, or room to open
+    /// one), without waiting for a busy one: `None` when every connection
+    /// is checked out and the pool is full.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error::PoolClosed`] after [`Pool::close`], and the driver's
+    /// error when a new connection cannot be opened.
+    pub async fn try_get(&self) -> Result<Option<Conn<C>>, sqlx::Error> {
+        let now = managed::Timeouts {
+            wait: Some(Duration::ZERO),
+            ..managed::Timeouts::new()
+        };
+        match self.inner.timeout_get(&now).await {
+            Err(PoolError::Timeout(managed::TimeoutType::Wait)) => Ok(None),
+            got => Self::checked_out(got).map(Some),
         }
     }
 

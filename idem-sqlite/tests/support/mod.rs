@@ -114,6 +114,9 @@ impl Dialect for Sqlite {
         }
         stores
     }
+    fn coalescing(store: SqliteStore, mode: idem_sql::Coalescing) -> SqliteStore {
+        store.with_coalescing_mode(mode)
+    }
     async fn close(&self, store: &SqliteStore) {
         store.close().await;
     }

@@ -23,6 +23,7 @@
 //! (`mariadb_cluster`, feature `sql-mysql`) and a Postgres primary and
 //! standby (`pg_cluster`, feature `sql-postgres`).
 
+pub mod coalescing;
 pub mod costs;
 pub mod faults;
 #[cfg(feature = "sql-mysql")]
@@ -51,6 +52,7 @@ use idem_core::{
     PolicyBuilder, RecordId, Reply, Scope,
 };
 
+pub use coalescing::*;
 pub use costs::*;
 pub use faults::*;
 pub use metrics::*;
@@ -177,6 +179,8 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Vec<Self::Store>> + Send;
     /// Closes a store of [`stores_on`](Dialect::stores_on).
     fn close(&self, store: &Self::Store) -> impl Future<Output = ()> + Send;
+    /// `store` with coalescing `mode` (`with_coalescing_mode`).
+    fn coalescing(store: Self::Store, mode: idem_sql::Coalescing) -> Self::Store;
     /// The rows of the fixture's records table.
     fn count_records(&self, fx: &Self::Fixture) -> impl Future<Output = i64> + Send;
     /// `(owner, operation, key)` of the one row of the fixture's table, as

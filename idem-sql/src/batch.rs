@@ -1,0 +1,567 @@
+//! Coalescing: claims and completions that arrive while every connection of
+//! the store's own pool is busy wait in a queue of their kind, and the next
+//! connection that comes free takes all of them (at most [`MAX_BATCH`], one
+//! per record) as one batch: one transaction, one commit, or one statement
+//! where the dialect has one ([`Dialect::claim_batch`],
+//! [`Dialect::complete_batch`]).
+//!
+//! There is no timer. A call that finds a connection free goes at once,
+//! alone, as it would without coalescing; only calls that would have waited
+//! for a connection anyway wait together. Every call of a batch gets the
+//! answer it would get alone: a batch that fails as a whole (a statement the
+//! server refused, a lock wait, a race lost inside it) is rolled back and
+//! its calls run one by one on the same connection; only a batch whose
+//! connection broke answers every call with the error.
+//!
+//! A batch runs in a task of its own, so that a caller whose future is
+//! dropped while its batch is in flight stops no other call's statement:
+//! its claim, if the batch made it, stays in flight until its lease ends,
+//! exactly as a dropped single call's does.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use idem_core::RecordId;
+use idem_core::clock::Timestamp;
+use idem_core::store::Fingerprint;
+use idem_core::store::{
+    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, OutcomeKind, StoreError, Token,
+    record_batch,
+};
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::conns::Judged;
+use crate::pool::{Conn, ConnectionError, Pool};
+use crate::store::{DbConnection, Dialect, SqlCore, record_key};
+
+/// Whether a SQL store coalesces its claims and completions (see
+/// `with_coalescing` on each store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Coalescing {
+    /// Every call on a checkout of its own.
+    Off,
+    /// A call that finds a connection free goes at once, alone; calls that
+    /// find every connection busy wait together and go as one batch on the
+    /// next connection free. The default, on the store's own pool (a store
+    /// built on the user's sqlx pool never coalesces).
+    #[default]
+    WhenBusy,
+    /// Every call waits in the queue, even when a connection is free: a
+    /// batch of one when nothing else waits. For tests that run every
+    /// answer through the batched statements; it adds a queue's hand-over
+    /// to every call.
+    Always,
+}
+
+/// The most calls one batch takes.
+pub const MAX_BATCH: usize = 128;
+
+/// A claim as it waits in the queue (owning what [`ClaimRequest`]
+/// borrows).
+pub(crate) struct ClaimCall {
+    id: RecordId,
+    fingerprint: Fingerprint,
+    token: Token,
+    now: Timestamp,
+    lease_until: Timestamp,
+    key_expires_at: Timestamp,
+}
+
+impl ClaimCall {
+    fn of(req: &ClaimRequest<'_>) -> Self {
+        Self {
+            id: req.id.clone(),
+            fingerprint: req.fingerprint,
+            token: req.token,
+            now: req.now,
+            lease_until: req.lease_until,
+            key_expires_at: req.key_expires_at,
+        }
+    }
+
+    fn request(&self) -> ClaimRequest<'_> {
+        ClaimRequest::new(
+            &self.id,
+            self.fingerprint,
+            self.token,
+            self.now,
+            self.lease_until,
+            self.key_expires_at,
+        )
+    }
+}
+
+/// A completion as it waits in the queue (owning what [`Completion`]
+/// borrows).
+pub(crate) struct CompleteCall {
+    id: RecordId,
+    token: Token,
+    outcome: OutcomeKind,
+    body: Option<Vec<u8>>,
+    resource_id: Option<String>,
+    now: Timestamp,
+    response_expires_at: Timestamp,
+    key_expires_at: Timestamp,
+}
+
+impl CompleteCall {
+    fn of(id: &RecordId, token: Token, c: &Completion<'_>) -> Self {
+        Self {
+            id: id.clone(),
+            token,
+            outcome: c.outcome,
+            body: c.body.map(<[u8]>::to_vec),
+            resource_id: c.resource_id.map(str::to_owned),
+            now: c.now,
+            response_expires_at: c.response_expires_at,
+            key_expires_at: c.key_expires_at,
+        }
+    }
+
+    fn completion(&self) -> Completion<'_> {
+        Completion::new(
+            self.outcome,
+            self.body.as_deref(),
+            self.resource_id.as_deref(),
+            self.now,
+            self.response_expires_at,
+            self.key_expires_at,
+        )
+    }
+}
+
+/// One completion of a batch, as [`Dialect::complete_batch`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchCompletion<'a> {
+    /// The record.
+    pub id: &'a RecordId,
+    /// The fencing token the completion holds.
+    pub token: Token,
+    /// What it stores.
+    pub completion: Completion<'a>,
+}
+
+/// A call waiting for its batch.
+pub(crate) struct Queued<R, A> {
+    seq: u64,
+    key: [u8; 16],
+    call: R,
+    answer: oneshot::Sender<A>,
+}
+
+impl<R, A> Queued<R, A> {
+    fn answer(self, a: A) {
+        // The caller may be gone (its future dropped): nobody to tell.
+        let _ = self.answer.send(a);
+    }
+}
+
+/// The calls of one kind waiting for a connection, oldest first.
+pub(crate) struct Queue<R, A> {
+    waiting: Mutex<Waiting<R, A>>,
+}
+
+struct Waiting<R, A> {
+    next: u64,
+    calls: VecDeque<Queued<R, A>>,
+}
+
+impl<R, A> Default for Queue<R, A> {
+    fn default() -> Self {
+        Self {
+            waiting: Mutex::new(Waiting {
+                next: 0,
+                calls: VecDeque::new(),
+            }),
+        }
+    }
+}
+
+impl<R, A> Queue<R, A> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting<R, A>> {
+        // A panic while holding the lock leaves the queue as it was between
+        // two whole operations: it stays usable.
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues `call` on the record whose key is `key`: its place, and where
+    /// its answer comes.
+    fn push(&self, key: [u8; 16], call: R) -> (u64, oneshot::Receiver<A>) {
+        let (answer, told) = oneshot::channel();
+        let mut w = self.lock();
+        let seq = w.next;
+        w.next += 1;
+        w.calls.push_back(Queued {
+            seq,
+            key,
+            call,
+            answer,
+        });
+        (seq, told)
+    }
+
+    /// Takes at most `max` waiting calls, oldest first, at most one per
+    /// record (a second call on a record waits for the next batch, so that
+    /// one batch never writes a row twice), skipping calls whose caller is
+    /// gone; sorted by key, so that two batches take their row locks in the
+    /// same order and never deadlock on each other.
+    fn take(&self, max: usize) -> Vec<Queued<R, A>> {
+        let mut w = self.lock();
+        let mut batch: Vec<Queued<R, A>> = Vec::new();
+        let mut kept = VecDeque::new();
+        while let Some(q) = w.calls.pop_front() {
+            if q.answer.is_closed() {
+                continue;
+            }
+            if batch.len() == max || batch.iter().any(|b| b.key == q.key) {
+                kept.push_back(q);
+            } else {
+                batch.push(q);
+            }
+        }
+        w.calls = kept;
+        drop(w);
+        batch.sort_unstable_by_key(|q| q.key);
+        batch
+    }
+
+    /// Whether the call at `seq` still waits in the queue.
+    fn holds(&self, seq: u64) -> bool {
+        self.lock().calls.iter().any(|q| q.seq == seq)
+    }
+
+    /// Takes the call at `seq` out of the queue; whether it was still
+    /// there (not yet taken into a batch).
+    fn withdraw(&self, seq: u64) -> bool {
+        let mut w = self.lock();
+        let before = w.calls.len();
+        w.calls.retain(|q| q.seq != seq);
+        w.calls.len() != before
+    }
+}
+
+/// A claim's answer.
+type ClaimAnswer = Result<ClaimOutcome, StoreError>;
+/// A completion's answer.
+type CompleteAnswer = Result<(), StoreError>;
+
+/// The queues of one store (shared by its clones).
+#[derive(Default)]
+pub(crate) struct Queues {
+    claims: Queue<ClaimCall, ClaimAnswer>,
+    completions: Queue<CompleteCall, CompleteAnswer>,
+}
+
+/// The store's own pool.
+type OwnPool<D> = Pool<DbConnection<D>>;
+/// A checkout of it.
+type OwnConn<D> = Conn<DbConnection<D>>;
+
+/// `Err` of a batch call as its caller sees it, with the verdict on the
+/// connection.
+type Judgement<D> = Judged<<D as Dialect>::Error>;
+
+impl<D: Dialect> SqlCore<D> {
+    /// The pool a call may coalesce on, if coalescing is on and the store
+    /// runs on its own pool.
+    fn coalescing_pool(&self) -> Option<&OwnPool<D>> {
+        match self.coalescing {
+            Coalescing::Off => None,
+            Coalescing::WhenBusy | Coalescing::Always => self.connections().own_pool(),
+        }
+    }
+
+    /// The claim, coalesced if coalescing is on: `None` when it is off (the
+    /// caller runs it on its own checkout).
+    pub(crate) async fn claim_coalesced(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> Option<Result<ClaimOutcome, StoreError>> {
+        let own = self.coalescing_pool()?;
+        if self.coalescing == Coalescing::WhenBusy {
+            match own.try_get().await {
+                Ok(Some(mut conn)) => {
+                    record_batch(D::BACKEND, "claim", 1, false);
+                    return Some(self.claim_alone(&mut conn, req).await);
+                }
+                Ok(None) => {}
+                Err(e) => return Some(Err(D::checkout_error(e).into())),
+            }
+        }
+        let call = ClaimCall::of(req);
+        Some(
+            self.queued(own, &self.queues.claims, record_key(req.id), call)
+                .await,
+        )
+    }
+
+    /// The completion, coalesced if coalescing is on: `None` when it is
+    /// off.
+    pub(crate) async fn complete_coalesced(
+        &self,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> Option<Result<(), StoreError>> {
+        let own = self.coalescing_pool()?;
+        if self.coalescing == Coalescing::WhenBusy {
+            match own.try_get().await {
+                Ok(Some(mut conn)) => {
+                    record_batch(D::BACKEND, "complete", 1, false);
+                    return Some(self.complete_alone(&mut conn, id, token, completion).await);
+                }
+                Ok(None) => {}
+                Err(e) => return Some(Err(D::checkout_error(e).into())),
+            }
+        }
+        let call = CompleteCall::of(id, token, completion);
+        Some(
+            self.queued(own, &self.queues.completions, record_key(id), call)
+                .await,
+        )
+    }
+
+    /// Queues `call` and waits for its answer. While it waits, it also waits
+    /// for a connection; whoever gets one first takes every call waiting in
+    /// the queue (its own too, unless another batch took it) and runs them
+    /// as one batch in a task of its own.
+    async fn queued<R, A>(
+        &self,
+        own: &OwnPool<D>,
+        queue: &Queue<R, Result<A, StoreError>>,
+        key: [u8; 16],
+        call: R,
+    ) -> Result<A, StoreError>
+    where
+        R: Batched<D, Answer = A>,
+        A: Send + 'static,
+    {
+        let lost = || StoreError::Unavailable {
+            backend: D::BACKEND,
+            source: "the batch this call was in ended without an answer".into(),
+        };
+        let (seq, mut told) = queue.push(key, call);
+        loop {
+            let conn = tokio::select! {
+                biased;
+                answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
+                conn = own.get() => conn,
+            };
+            let conn = match conn {
+                Ok(conn) => conn,
+                Err(e) if queue.withdraw(seq) => return Err(D::checkout_error(e).into()),
+                // Taken into a batch already: its answer comes.
+                Err(_) => break,
+            };
+            let batch = queue.take(MAX_BATCH);
+            if !batch.is_empty() {
+                record_batch(D::BACKEND, R::CALL, batch.len(), true);
+                let run = R::run(self.clone(), conn, batch);
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn(run)),
+                    Err(_) => run.await,
+                }
+            }
+            if !queue.holds(seq) {
+                break;
+            }
+        }
+        told.await.unwrap_or_else(|_| Err(lost()))
+    }
+
+    /// A claim on `conn`, run again after a lost race as on its own
+    /// checkout.
+    async fn claim_alone(&self, conn: &mut OwnConn<D>, req: &ClaimRequest<'_>) -> ClaimAnswer {
+        D::write(self, async {
+            for _ in 0..CLAIM_RACE_TRIES {
+                let once = conn
+                    .run(|c| async { self.dialect().claim_once(c, req).await.map_err(judge::<D>) })
+                    .await;
+                match once.map_err(|j| j.into_inner().into())? {
+                    Some(outcome) => return Ok(outcome),
+                    None => debug!("claim lost a race; running it again"),
+                }
+            }
+            Err(D::contention(CLAIM_RACE_TRIES))
+        })
+        .await
+    }
+
+    /// A completion on `conn`, as on its own checkout.
+    async fn complete_alone(
+        &self,
+        conn: &mut OwnConn<D>,
+        id: &RecordId,
+        token: Token,
+        completion: &Completion<'_>,
+    ) -> CompleteAnswer {
+        D::write(self, async {
+            let applied = conn
+                .run(|c| async {
+                    self.complete_on(c, id, token, completion)
+                        .await
+                        .map_err(judge::<D>)
+                })
+                .await
+                .map_err(|j| j.into_inner().into())?;
+            if applied {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost)
+            }
+        })
+        .await
+    }
+
+    /// A batch that failed as a whole: when its connection is sound (the
+    /// server refused a statement and the batch was rolled back), `None`, and
+    /// every call runs alone; otherwise the error each call gets (what
+    /// reached the server is unknown, as for a single call that lost its
+    /// connection).
+    fn failed_batch(&self, j: Judgement<D>) -> Option<StoreError> {
+        if j.leaves_connection_sound() {
+            debug!("a batch failed; its calls run one by one");
+            return None;
+        }
+        let e: StoreError = j.into_inner().into();
+        self.dialect().observe(&e);
+        Some(e)
+    }
+}
+
+/// A store call's error, judged by the dialect.
+fn judge<D: Dialect>(e: D::Error) -> Judgement<D> {
+    Judged::new(e, D::leaves_connection_sound)
+}
+
+/// Every call of a batch whose connection broke gets the error: the first
+/// the error itself, the others its text.
+fn answer_all<R, A>(
+    batch: Vec<Queued<R, Result<A, StoreError>>>,
+    backend: &'static str,
+    e: StoreError,
+) {
+    let text = e.to_string();
+    let mut first = Some(e);
+    for q in batch {
+        let e = first.take().unwrap_or_else(|| StoreError::Unavailable {
+            backend,
+            source: text.clone().into(),
+        });
+        q.answer(Err(e));
+    }
+}
+
+/// A kind of call that can wait in a batch.
+pub(crate) trait Batched<D: Dialect>: Sized + Send + 'static {
+    /// What the call returns.
+    type Answer;
+    /// The call's name in the `idem_store_batch_size` metric.
+    const CALL: &'static str;
+
+    /// Runs `batch` on `conn` and answers every call of it.
+    fn run(
+        core: SqlCore<D>,
+        conn: OwnConn<D>,
+        batch: Vec<Queued<Self, Result<Self::Answer, StoreError>>>,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
+
+impl<D: Dialect> Batched<D> for ClaimCall {
+    type Answer = ClaimOutcome;
+    const CALL: &'static str = "claim";
+
+    async fn run(core: SqlCore<D>, mut conn: OwnConn<D>, batch: Vec<Queued<Self, ClaimAnswer>>) {
+        let reqs: Vec<ClaimRequest<'_>> = batch.iter().map(|q| q.call.request()).collect();
+        let got = D::write(&core, async {
+            Ok(conn
+                .run(|c| async {
+                    core.dialect()
+                        .claim_batch(c, &reqs)
+                        .await
+                        .map_err(judge::<D>)
+                })
+                .await)
+        })
+        .await;
+        drop(reqs);
+        let failed = match got {
+            Err(e) => Some(e),
+            Ok(Ok(Some(answers))) if answers.len() == batch.len() => {
+                for (q, answer) in batch.into_iter().zip(answers) {
+                    q.answer(Ok(answer));
+                }
+                return;
+            }
+            Ok(Ok(_)) => None,
+            Ok(Err(j)) => core.failed_batch(j),
+        };
+        match failed {
+            Some(e) => answer_all(batch, D::BACKEND, e),
+            None => {
+                for q in batch {
+                    let answer = core.claim_alone(&mut conn, &q.call.request()).await;
+                    q.answer(answer);
+                }
+            }
+        }
+    }
+}
+
+impl<D: Dialect> Batched<D> for CompleteCall {
+    type Answer = ();
+    const CALL: &'static str = "complete";
+
+    async fn run(core: SqlCore<D>, mut conn: OwnConn<D>, batch: Vec<Queued<Self, CompleteAnswer>>) {
+        let items: Vec<BatchCompletion<'_>> = batch
+            .iter()
+            .map(|q| BatchCompletion {
+                id: &q.call.id,
+                token: q.call.token,
+                completion: q.call.completion(),
+            })
+            .collect();
+        let got = D::write(&core, async {
+            Ok(conn
+                .run(|c| async {
+                    core.dialect()
+                        .complete_batch(c, &items)
+                        .await
+                        .map_err(judge::<D>)
+                })
+                .await)
+        })
+        .await;
+        drop(items);
+        let failed = match got {
+            Err(e) => Some(e),
+            Ok(Ok(applied)) if applied.len() == batch.len() => {
+                for (q, applied) in batch.into_iter().zip(applied) {
+                    q.answer(if applied {
+                        Ok(())
+                    } else {
+                        Err(StoreError::LeaseLost)
+                    });
+                }
+                return;
+            }
+            Ok(Ok(_)) => None,
+            Ok(Err(j)) => core.failed_batch(j),
+        };
+        match failed {
+            Some(e) => answer_all(batch, D::BACKEND, e),
+            None => {
+                for q in batch {
+                    let c = q.call.completion();
+                    let answer = core
+                        .complete_alone(&mut conn, &q.call.id, q.call.token, &c)
+                        .await;
+                    q.answer(answer);
+                }
+            }
+        }
+    }
+}
