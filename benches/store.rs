@@ -393,7 +393,9 @@ fn bench_backend<L, R, M, P, F>(
             }
             let group = format!("{backend}/{}/{body}B/c{tasks}", scenario.name());
             if paired_rounds() > 0 {
+                batches::forget();
                 paired(rt, summary, &group, &sides, scenario, tasks);
+                batches::note(&group);
                 continue;
             }
             let at = At {
@@ -893,7 +895,101 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     rt.block_on(clean(&conn, &prefix));
 }
 
+/// `IDEM_BENCH_BATCHES=1` (with `IDEM_BENCH_PAIRED`): how many calls each
+/// store statement carried, from the `idem_store_batch_size` histogram,
+/// per group, printed after the table. A run of its own: the recorder costs
+/// the library some of its speed, so its throughput is not the table's.
+#[cfg(feature = "metrics")]
+mod batches {
+    use std::sync::{Mutex, OnceLock};
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// Installs the recorder if asked.
+    pub(super) fn install() {
+        if std::env::var_os("IDEM_BENCH_BATCHES").is_none() {
+            return;
+        }
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        if recorder.install().is_ok() {
+            let _ = SNAPSHOTTER.set(snapshotter);
+        }
+    }
+
+    /// Drops what was recorded so far (histograms drain on a snapshot).
+    pub(super) fn forget() {
+        if let Some(s) = SNAPSHOTTER.get() {
+            drop(s.snapshot());
+        }
+    }
+
+    /// Notes the batch sizes recorded since [`forget`] under `group`.
+    pub(super) fn note(group: &str) {
+        let Some(s) = SNAPSHOTTER.get() else {
+            return;
+        };
+        let mut cells = Vec::new();
+        for (key, _, _, value) in s.snapshot().into_vec() {
+            let key = key.key();
+            if key.name() != "idem_store_batch_size" {
+                continue;
+            }
+            let call = key
+                .labels()
+                .find(|l| l.key() == "call")
+                .map_or("?", |l| l.value())
+                .to_owned();
+            if let DebugValue::Histogram(samples) = value {
+                if samples.is_empty() {
+                    continue;
+                }
+                let calls: f64 = samples.iter().map(|x| x.into_inner()).sum();
+                let max = samples.iter().map(|x| x.into_inner()).fold(0.0, f64::max);
+                #[allow(clippy::cast_precision_loss, reason = "sample counts are small")]
+                let mean = calls / samples.len().max(1) as f64;
+                cells.push(format!(
+                    "{call}: {calls} calls in {} statements, mean {mean:.1}, max {max}",
+                    samples.len()
+                ));
+            }
+        }
+        cells.sort();
+        let line = format!("| {group} | {} |", cells.join("; "));
+        LINES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line);
+    }
+
+    /// Prints the notes.
+    pub(super) fn print() {
+        let lines = LINES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !lines.is_empty() {
+            println!("\n| group | idem's statements (coalescing) |\n|---|---|");
+            for line in lines.iter() {
+                println!("{line}");
+            }
+        }
+    }
+}
+
+/// Without the `metrics` feature there is nothing to read.
+#[cfg(not(feature = "metrics"))]
+mod batches {
+    pub(super) fn install() {}
+    pub(super) fn forget() {}
+    pub(super) fn note(_: &str) {}
+    pub(super) fn print() {}
+}
+
 fn main() {
+    batches::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -916,6 +1012,7 @@ fn main() {
     c.final_summary();
     let table = summary.table();
     println!("\n{table}");
+    batches::print();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/idem-bench-store.md");
     if let Err(e) = std::fs::write(&path, &table) {
         eprintln!("could not write {}: {e}", path.display());

@@ -7,7 +7,9 @@ mod support;
 
 use idem_sql::Coalescing;
 
-idem_test_support::sql_suite!(crate::support::MySql::MARIADB; a_lone_task_never_waits_for_a_batch);
+idem_test_support::sql_suite!(crate::support::MySql::MARIADB; a_lone_task_never_waits_for_a_batch,
+    one_failing_call_fails_no_other_in_its_batch,
+);
 
 mod mysql_path {
     idem_test_support::sql_suite!(crate::support::MySql::MYSQL_PATH;

@@ -11,7 +11,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
     RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter, SqlCore};
+use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SqlCore};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row};
 
@@ -63,6 +63,58 @@ impl PgDialect {
             name: Arc::new(name),
             ..self.clone()
         }
+    }
+
+    /// The claim's answer from the row its statement returned for it: won,
+    /// the standing record, or (claimable) the takeover of exactly the
+    /// version read; `None` when the takeover lost a race.
+    async fn settle(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+        row: &PgRow,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(row, req.id)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = q(&self.sql.takeover)
+            .bind_identity(req.id)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(req.now.as_unix_millis())
+            .bind(req.lease_until.as_unix_millis())
+            .bind(req.key_expires_at.as_unix_millis())
+            .bind_id(req.id)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     /// Makes the server suspect if `e` says it may have changed.
@@ -177,6 +229,10 @@ impl Dialect for PgDialect {
 
     const BACKEND: &'static str = BACKEND;
 
+    /// On: a batch is one statement (`unnest` arrays into the claim and
+    /// the completion), one round trip and one commit for all its calls.
+    const COALESCING: Coalescing = Coalescing::WhenBusy;
+
     fn driver_error(e: sqlx::Error) -> Error {
         Error::Sqlx(e)
     }
@@ -209,40 +265,87 @@ impl Dialect for PgDialect {
         let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
             return Ok(None);
         };
-        let kind: String = row.try_get("kind")?;
-        if kind == "claimed" {
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(&row)?,
-                previous: None,
-            })));
+        self.settle(conn, req, &row).await
+    }
+
+    async fn claim_batch(
+        &self,
+        conn: &mut PgConnection,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<ClaimOutcome>>, Error> {
+        let each = |f: fn(&ClaimRequest<'_>) -> i64| reqs.iter().map(f).collect::<Vec<i64>>();
+        let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
+        let rows = q(&self.sql.claim_batch)
+            .bind(reqs.iter().map(|r| r.id.owner()).collect::<Vec<_>>())
+            .bind(reqs.iter().map(|r| r.id.operation()).collect::<Vec<_>>())
+            .bind(reqs.iter().map(|r| r.id.key().as_str()).collect::<Vec<_>>())
+            .bind(
+                reqs.iter()
+                    .map(|r| r.fingerprint.as_bytes().as_slice())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(each(|r| r.token.as_i64()))
+            .bind(each(|r| r.now.as_unix_millis()))
+            .bind(each(|r| r.lease_until.as_unix_millis()))
+            .bind(each(|r| r.key_expires_at.as_unix_millis()))
+            .bind(keys.iter().map(|k| &k[..]).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
+        for row in &rows {
+            let id: Vec<u8> = row.try_get("id")?;
+            let Some(at) = keys.iter().position(|k| k[..] == id[..]) else {
+                return Err(Error::Corrupt {
+                    detail: "the batched claim returned a row of no claim in it".to_owned(),
+                });
+            };
+            answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
         }
-        let record = decode_record(&row, req.id)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        if !record.is_expired(req.now) && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
+        Ok(answers)
+    }
+
+    async fn complete_batch(
+        &self,
+        conn: &mut PgConnection,
+        items: &[BatchCompletion<'_>],
+    ) -> Result<Vec<bool>, Error> {
+        let keys: Vec<[u8; 16]> = items.iter().map(|i| idem_sql::record_key(i.id)).collect();
+        let each = |f: fn(&BatchCompletion<'_>) -> i64| items.iter().map(f).collect::<Vec<i64>>();
+        let rows = q(&self.sql.complete_batch)
+            .bind(keys.iter().map(|k| &k[..]).collect::<Vec<_>>())
+            .bind(each(|i| i.token.as_i64()))
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.completion.outcome.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(items.iter().map(|i| i.completion.body).collect::<Vec<_>>())
+            .bind(each(|i| i.completion.response_expires_at.as_unix_millis()))
+            .bind(each(|i| i.completion.key_expires_at.as_unix_millis()))
+            .bind(
+                items
+                    .iter()
+                    .map(|i| i.completion.resource_id)
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut applied = vec![false; items.len()];
+        for row in &rows {
+            let id: Vec<u8> = row.try_get("id")?;
+            if let Some(at) = keys.iter().position(|k| k[..] == id[..]) {
+                applied[at] = true;
+            }
         }
-        // Claimable: take over exactly the version read (its token).
-        let seen: i64 = row.try_get("token")?;
-        let Some(row) = bind(&self.sql.takeover)
-            .bind(seen)
-            .fetch_optional(&mut *conn)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = attempt_of(&row)?;
-        // An expired key starts over (attempt 1, no previous attempt). A
-        // takeover reports the state it read; a holder whose lease ended may
-        // have released since (same token): the reason then reads
-        // `LeaseExpired`, the cautious answer (the work reconciles either way).
-        let previous = match reason {
-            Some(reason) if attempt > 1 => Some(Previous {
-                reason,
-                resource_id: row.try_get("resource_id")?,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+        for (at, item) in items.iter().enumerate() {
+            if !applied[at] {
+                applied[at] = self
+                    .completed_under(&mut *conn, item.id, item.token)
+                    .await?;
+            }
+        }
+        Ok(applied)
     }
 
     async fn complete(

@@ -25,8 +25,10 @@ impl TableName {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
+    pub(crate) claim_batch: Arc<str>,
     pub(crate) takeover: Arc<str>,
     pub(crate) complete: Arc<str>,
+    pub(crate) complete_batch: Arc<str>,
     pub(crate) completed_under: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) save_resource_id: Arc<str>,
@@ -103,6 +105,51 @@ impl Statements {
                 cols = RECORD_COLUMNS.replace("$N", "$6"),
             )
             .into(),
+            // The claim of a batch: the claim above for N records at once,
+            // each parameter an array with one element per claim ($1 owner,
+            // $2 operation, $3 key, $4 fingerprint, $5 token, $6 now,
+            // $7 lease_until, $8 key_expires_at, $9 the record's key). The
+            // records are distinct and sorted by key, and inserted in that
+            // order, so two batches take their index locks in one order. A
+            // row comes back per claim, named by `id`: `claimed` (inserted)
+            // or `existing` (as read); a claim with no row lost a race to a
+            // concurrent writer and runs again alone. One statement, one
+            // commit, whatever N.
+            claim_batch: format!(
+                "WITH req AS (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[],
+                                         $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[])
+                        AS r(owner, operation, key, fingerprint, token, now, lease_until, key_expires_at, id)
+                ),
+                cur AS (
+                    SELECT t.id, t.owner, t.operation, t.key, t.fingerprint, t.state, t.attempt,
+                           t.lease_until, t.resource_id, t.outcome,
+                           CASE WHEN t.response_expires_at > req.now THEN t.response END AS response,
+                           t.response_expires_at, t.key_expires_at, t.token
+                    FROM req JOIN {t} t ON t.id = req.id
+                ),
+                ins AS (
+                    INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+                    SELECT id, owner, operation, key, fingerprint, 'in_flight', token, 1, lease_until,
+                           GREATEST(key_expires_at, lease_until), lease_until
+                    FROM req
+                    WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.id = req.id)
+                    ORDER BY id
+                    ON CONFLICT (id) DO NOTHING
+                    RETURNING id, attempt
+                )
+                SELECT 'claimed' AS kind, id, NULL::text AS owner, NULL::text AS operation, NULL::text AS key,
+                       NULL::bytea AS fingerprint, NULL::text AS state, attempt,
+                       NULL::bigint AS lease_until, NULL::text AS resource_id, NULL::text AS outcome,
+                       NULL::bytea AS response, NULL::bigint AS response_expires_at,
+                       NULL::bigint AS key_expires_at, NULL::bigint AS token
+                FROM ins
+                UNION ALL
+                SELECT 'existing', id, owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
+                       outcome, response, response_expires_at, key_expires_at, token
+                FROM cur"
+            )
+            .into(),
             // The takeover of the record the claim read ($1..$9 as the claim,
             // $10 the token it read): only that version (a new claim changes
             // the token), and only while it is claimable, a condition Postgres
@@ -134,6 +181,22 @@ impl Statements {
                 "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
                  key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
             )),
+            // The completions of a batch, one fenced update: each parameter
+            // an array with one element per completion ($1 the record's key,
+            // $2 token, $3 outcome, $4 response, $5 response_expires_at,
+            // $6 key_expires_at, $7 resource_id), distinct records. The keys
+            // of the rows it changed come back; a completion whose row is
+            // not among them is asked `completed_under`, alone.
+            complete_batch: format!(
+                "UPDATE {t} AS t SET state = 'completed', outcome = c.outcome, response = c.response,
+                        response_expires_at = c.response_expires_at, key_expires_at = c.key_expires_at,
+                        resource_id = COALESCE(c.resource_id, t.resource_id)
+                 FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[], $7::text[])
+                      AS c(id, token, outcome, response, response_expires_at, key_expires_at, resource_id)
+                 WHERE t.id = c.id AND t.token = c.token AND t.state = 'in_flight'
+                 RETURNING t.id"
+            )
+            .into(),
             // Asked only when a completion changed no row: is the record
             // already completed under this token (a retry after a lost
             // reply, not a lost lease)?

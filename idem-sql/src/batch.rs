@@ -36,16 +36,16 @@ use crate::pool::{Conn, ConnectionError, Pool};
 use crate::store::{DbConnection, Dialect, SqlCore, record_key};
 
 /// Whether a SQL store coalesces its claims and completions (see
-/// `with_coalescing` on each store).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// `with_coalescing` on each store; the default is the dialect's,
+/// [`Dialect::COALESCING`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Coalescing {
     /// Every call on a checkout of its own.
     Off,
     /// A call that finds a connection free goes at once, alone; calls that
     /// find every connection busy wait together and go as one batch on the
-    /// next connection free. The default, on the store's own pool (a store
-    /// built on the user's sqlx pool never coalesces).
-    #[default]
+    /// next connection free. Only on the store's own pool (a store built
+    /// on the user's sqlx pool never coalesces).
     WhenBusy,
     /// Every call waits in the queue, even when a connection is free: a
     /// batch of one when nothing else waits. For tests that run every
@@ -373,21 +373,27 @@ impl<D: Dialect> SqlCore<D> {
     }
 
     /// A claim on `conn`, run again after a lost race as on its own
-    /// checkout.
+    /// checkout, within [`Dialect::bounded`]. The checks of
+    /// [`Dialect::write`] ran in the caller before it took a connection (a
+    /// check takes a connection of its own, which a call holding one must
+    /// not wait for); a batch's callers ran them before they queued.
     async fn claim_alone(&self, conn: &mut OwnConn<D>, req: &ClaimRequest<'_>) -> ClaimAnswer {
-        D::write(self, async {
-            for _ in 0..CLAIM_RACE_TRIES {
-                let once = conn
-                    .run(|c| async { self.dialect().claim_once(c, req).await.map_err(judge::<D>) })
-                    .await;
-                match once.map_err(|j| j.into_inner().into())? {
-                    Some(outcome) => return Ok(outcome),
-                    None => debug!("claim lost a race; running it again"),
+        self.dialect()
+            .bounded(async {
+                for _ in 0..CLAIM_RACE_TRIES {
+                    let once = conn
+                        .run(|c| async {
+                            self.dialect().claim_once(c, req).await.map_err(judge::<D>)
+                        })
+                        .await;
+                    match once.map_err(|j| j.into_inner().into())? {
+                        Some(outcome) => return Ok(outcome),
+                        None => debug!("claim lost a race; running it again"),
+                    }
                 }
-            }
-            Err(D::contention(CLAIM_RACE_TRIES))
-        })
-        .await
+                Err(D::contention(CLAIM_RACE_TRIES))
+            })
+            .await
     }
 
     /// A completion on `conn`, as on its own checkout.
@@ -398,22 +404,23 @@ impl<D: Dialect> SqlCore<D> {
         token: Token,
         completion: &Completion<'_>,
     ) -> CompleteAnswer {
-        D::write(self, async {
-            let applied = conn
-                .run(|c| async {
-                    self.complete_on(c, id, token, completion)
-                        .await
-                        .map_err(judge::<D>)
-                })
-                .await
-                .map_err(|j| j.into_inner().into())?;
-            if applied {
-                Ok(())
-            } else {
-                Err(StoreError::LeaseLost)
-            }
-        })
-        .await
+        self.dialect()
+            .bounded(async {
+                let applied = conn
+                    .run(|c| async {
+                        self.complete_on(c, id, token, completion)
+                            .await
+                            .map_err(judge::<D>)
+                    })
+                    .await
+                    .map_err(|j| j.into_inner().into())?;
+                if applied {
+                    Ok(())
+                } else {
+                    Err(StoreError::LeaseLost)
+                }
+            })
+            .await
     }
 
     /// A batch that failed as a whole: when its connection is sound (the
@@ -476,23 +483,34 @@ impl<D: Dialect> Batched<D> for ClaimCall {
 
     async fn run(core: SqlCore<D>, mut conn: OwnConn<D>, batch: Vec<Queued<Self, ClaimAnswer>>) {
         let reqs: Vec<ClaimRequest<'_>> = batch.iter().map(|q| q.call.request()).collect();
-        let got = D::write(&core, async {
-            Ok(conn
-                .run(|c| async {
-                    core.dialect()
-                        .claim_batch(c, &reqs)
-                        .await
-                        .map_err(judge::<D>)
-                })
-                .await)
-        })
-        .await;
+        let got = core
+            .dialect()
+            .bounded(async {
+                Ok(conn
+                    .run(|c| async {
+                        core.dialect()
+                            .claim_batch(c, &reqs)
+                            .await
+                            .map_err(judge::<D>)
+                    })
+                    .await)
+            })
+            .await;
         drop(reqs);
         let failed = match got {
             Err(e) => Some(e),
-            Ok(Ok(Some(answers))) if answers.len() == batch.len() => {
+            Ok(Ok(answers)) if answers.len() == batch.len() => {
+                // The answered first; then the races lost, each alone.
+                let mut again = Vec::new();
                 for (q, answer) in batch.into_iter().zip(answers) {
-                    q.answer(Ok(answer));
+                    match answer {
+                        Some(answer) => q.answer(Ok(answer)),
+                        None => again.push(q),
+                    }
+                }
+                for q in again {
+                    let answer = core.claim_alone(&mut conn, &q.call.request()).await;
+                    q.answer(answer);
                 }
                 return;
             }
@@ -524,17 +542,19 @@ impl<D: Dialect> Batched<D> for CompleteCall {
                 completion: q.call.completion(),
             })
             .collect();
-        let got = D::write(&core, async {
-            Ok(conn
-                .run(|c| async {
-                    core.dialect()
-                        .complete_batch(c, &items)
-                        .await
-                        .map_err(judge::<D>)
-                })
-                .await)
-        })
-        .await;
+        let got = core
+            .dialect()
+            .bounded(async {
+                Ok(conn
+                    .run(|c| async {
+                        core.dialect()
+                            .complete_batch(c, &items)
+                            .await
+                            .map_err(judge::<D>)
+                    })
+                    .await)
+            })
+            .await;
         drop(items);
         let failed = match got {
             Err(e) => Some(e),

@@ -73,6 +73,11 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// The backend's name in [`StoreError`]s.
     const BACKEND: &'static str;
 
+    /// Whether a store of this dialect coalesces its calls unless told
+    /// otherwise: [`Coalescing::WhenBusy`] where the benches show it pays,
+    /// [`Coalescing::Off`] by default.
+    const COALESCING: Coalescing = Coalescing::Off;
+
     /// The driver's error, as this dialect's.
     fn driver_error(e: sqlx::Error) -> Self::Error;
 
@@ -121,28 +126,29 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         }
     }
 
-    /// The claims of a batch (distinct records, sorted by key), each
-    /// answered as [`Dialect::claim_once`] would answer it alone; `None`
-    /// when the batch was rolled back because one of its claims lost a
-    /// race (each then runs alone).
+    /// The claims of a batch (distinct records, sorted by key), one answer
+    /// per claim, in order, each as [`Dialect::claim_once`] would give it
+    /// alone: `None` for a claim that lost a race (it runs again alone).
     ///
     /// By default one transaction ([`Dialect::begin_statement`]) that runs
-    /// every claim and commits once; an error rolls it back.
+    /// every claim and commits once; an error rolls it back, and so does a
+    /// race lost inside it (a dialect may roll the whole transaction back
+    /// on it), every claim then answered `None`.
     fn claim_batch(
         &self,
         conn: &mut DbConnection<Self>,
         reqs: &[ClaimRequest<'_>],
-    ) -> impl Future<Output = Result<Option<Vec<ClaimOutcome>>, Self::Error>> + Send {
+    ) -> impl Future<Output = Result<Vec<Option<ClaimOutcome>>, Self::Error>> + Send {
         async move {
             let begin = AssertSqlSafe(self.begin_statement());
             let mut tx = conn.begin_with(begin).await.map_err(Self::driver_error)?;
             let mut answers = Vec::with_capacity(reqs.len());
             for req in reqs {
                 match self.claim_once(&mut tx, req).await {
-                    Ok(Some(answer)) => answers.push(answer),
+                    Ok(Some(answer)) => answers.push(Some(answer)),
                     Ok(None) => {
                         tx.rollback().await.map_err(Self::driver_error)?;
-                        return Ok(None);
+                        return Ok(vec![None; reqs.len()]);
                     }
                     Err(e) => {
                         // The claim's error says what went wrong; a
@@ -154,7 +160,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
                 }
             }
             tx.commit().await.map_err(Self::driver_error)?;
-            Ok(Some(answers))
+            Ok(answers)
         }
     }
 
@@ -367,7 +373,7 @@ impl<D: Dialect> SqlCore<D> {
         Self {
             conns,
             dialect,
-            coalescing: Coalescing::default(),
+            coalescing: D::COALESCING,
             queues: Arc::default(),
         }
     }
@@ -502,19 +508,19 @@ impl<D: Dialect> Store for SqlCore<D> {
     /// finds every connection busy waits and goes with the others waiting,
     /// in one batch ([`Dialect::claim_batch`]).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        if let Some(answer) = self.claim_coalesced(req).await {
-            return answer;
-        }
-        D::write(
-            self,
+        D::write(self, async {
+            if let Some(answer) = self.claim_coalesced(req).await {
+                return answer;
+            }
             retry_claim_race(D::BACKEND, || async {
                 let outcome = call!(self, |conn| self.dialect.claim_once(conn, req))?;
                 if outcome.is_none() {
                     debug!("claim lost a race; running it again");
                 }
                 Ok(outcome)
-            }),
-        )
+            })
+            .await
+        })
         .await
     }
 
@@ -527,10 +533,10 @@ impl<D: Dialect> Store for SqlCore<D> {
         token: Token,
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
-        if let Some(answer) = self.complete_coalesced(id, token, completion).await {
-            return answer;
-        }
         D::write(self, async {
+            if let Some(answer) = self.complete_coalesced(id, token, completion).await {
+                return answer;
+            }
             if call!(self, |conn| self.complete_on(conn, id, token, completion))? {
                 Ok(())
             } else {
@@ -657,10 +663,16 @@ macro_rules! sql_store {
             /// Whether claims and completions that find every connection
             /// of the store's own pool busy are coalesced: sent together,
             /// as one batch on the next connection free, each answered as
-            /// it would be alone (default `true`). A call that finds a
-            /// connection free always goes at once, alone; a store built on
-            /// your sqlx pool (`new(pool)`) never coalesces. The batch sizes
-            /// are the `idem_store_batch_size` metric.
+            /// it would be alone. A call that finds a connection free always
+            /// goes at once, alone; a store built on your sqlx pool
+            /// (`new(pool)`) never coalesces. The batch sizes are the
+            /// `idem_store_batch_size` metric.
+            ///
+            /// The default is where the benches show it pays: on for
+            /// PostgreSQL (one statement per batch), off for MySQL/MariaDB
+            /// and SQLite (a batch is one transaction of single statements
+            /// there, which measured slower under load than calls on
+            /// connections of their own).
             #[must_use]
             pub fn with_coalescing(mut self, on: bool) -> Self {
                 self.$field.set_coalescing(if on {

@@ -12,7 +12,7 @@ use idem_core::store::{
 use idem_core::{RecordId, TakeoverReason};
 use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter};
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
-use sqlx::{Row, Sqlite};
+use sqlx::{Connection, Row, Sqlite};
 
 use crate::error::{BACKEND, corrupt, map, row_error};
 use crate::sql::{Statements, q};
@@ -326,5 +326,48 @@ impl Dialect for SqliteDialect {
 
     fn begin_statement(&self) -> String {
         "BEGIN IMMEDIATE".to_owned()
+    }
+
+    /// The reads first, outside any transaction: each claim whose record
+    /// exists and may not be claimed (a replay, a conflict, a mismatch) is
+    /// answered by its read, under WAL without a lock. The others (absent or
+    /// claimable) run in one `BEGIN IMMEDIATE` transaction, one commit for
+    /// all of them; a race lost in it rolls it back, and they run again
+    /// alone.
+    async fn claim_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
+        let mut writes = Vec::new();
+        for (at, req) in reqs.iter().enumerate() {
+            match fetch(self, conn, req.id, req.now).await? {
+                Some(r) if !claimable(&r, req) => answers[at] = Some(ClaimOutcome::Existing(r)),
+                _ => writes.push(at),
+            }
+        }
+        if writes.is_empty() {
+            return Ok(answers);
+        }
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
+        for &at in &writes {
+            match self.claim_once(&mut tx, &reqs[at]).await {
+                Ok(Some(answer)) => answers[at] = Some(answer),
+                Ok(None) => {
+                    tx.rollback().await.map_err(map)?;
+                    for &at in &writes {
+                        answers[at] = None;
+                    }
+                    return Ok(answers);
+                }
+                Err(e) => {
+                    drop(tx.rollback().await);
+                    return Err(e);
+                }
+            }
+        }
+        tx.commit().await.map_err(map)?;
+        Ok(answers)
     }
 }

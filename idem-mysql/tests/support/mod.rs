@@ -636,3 +636,16 @@ impl OutageDialect for MySql {
         (fx, Restart(db))
     }
 }
+
+impl idem_test_support::sql::PoisonDialect for MySql {
+    async fn poison(&self, fx: &MyFixture, key: &'static str) {
+        let t = &fx.table;
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE `{t}` ADD CONSTRAINT `{t}_poison` CHECK (`key` <> '{key}')"
+            )))
+            .await
+            .expect("poison");
+    }
+}

@@ -498,3 +498,16 @@ fn backend_error(e: &Error) -> Option<&idem_postgres::Error> {
     };
     source.downcast_ref::<idem_postgres::Error>()
 }
+
+impl idem_test_support::sql::PoisonDialect for Pg {
+    async fn poison(&self, fx: &PgFixture, key: &'static str) {
+        let t = fx.table();
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "ALTER TABLE {t} ADD CONSTRAINT idem_poison CHECK (key <> '{key}')"
+            )))
+            .await
+            .expect("poison");
+    }
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
 use idem_sqlite::SqliteStore;
-use idem_sqlite::sqlx::{self, Row};
+use idem_sqlite::sqlx::{self, Executor, Row};
 use idem_test_support::sql::{Dialect, SqlFixture};
 
 /// A database file in the temp dir, deleted (with its WAL files) on teardown.
@@ -138,5 +138,19 @@ impl Dialect for Sqlite {
         .await
         .expect("the table is still there, with one row");
         ["owner", "operation", "key"].map(|c| row.get::<String, _>(c).into_bytes())
+    }
+}
+
+impl idem_test_support::sql::PoisonDialect for Sqlite {
+    async fn poison(&self, fx: &FileDb, key: &'static str) {
+        let t = fx.store.table_name();
+        fx.store
+            .pool()
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE TRIGGER idem_poison BEFORE INSERT ON \"{t}\" WHEN NEW.\"key\" = '{key}' \
+                 BEGIN SELECT RAISE(ABORT, 'poison'); END"
+            )))
+            .await
+            .expect("poison");
     }
 }

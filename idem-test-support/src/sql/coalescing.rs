@@ -163,3 +163,61 @@ pub async fn coalesced_calls_keep_every_answer<D: Dialect>(d: D, mode: Coalescin
         "{m:#?}"
     );
 }
+
+/// A dialect whose table can be made to refuse one key (a check
+/// constraint, or a trigger), to fail one row of a batch.
+pub trait PoisonDialect: Dialect {
+    /// From now on, an insert of a record whose key is `key` fails.
+    fn poison(&self, fx: &Self::Fixture, key: &'static str) -> impl Future<Output = ()> + Send;
+}
+
+/// 16 fresh keys and one key the table refuses, sent at once through the
+/// batched path on one connection: the refused call fails alone (its work
+/// never runs), and the 16 others are stored, each run once, though they
+/// shared a batch with it.
+pub async fn one_failing_call_fails_no_other_in_its_batch<D: PoisonDialect>(d: D) {
+    let m = record(move || async move {
+        let fx = d.open(1).await;
+        d.poison(&fx, "poison").await;
+        with_fixture(fx, move |fx| async move {
+            let store = D::coalescing(fx.store().clone(), Coalescing::Always);
+            let idem = Arc::new(Idem::new(store).with_policy(policy(1)));
+            let scope = scope();
+            let runs: Vec<Counter> = (0..17).map(|_| Counter::default()).collect();
+            let tasks: Vec<_> = (0..17)
+                .map(|i| {
+                    let key = if i == 8 {
+                        "poison".to_owned()
+                    } else {
+                        format!("ok-{i}")
+                    };
+                    let (idem, scope, runs) = (Arc::clone(&idem), scope.clone(), runs[i].clone());
+                    tokio::spawn(async move {
+                        idem.execute(&scope, key, &request(), move |_| async move {
+                            runs.hit();
+                            Out::Success(format!("body {i}"))
+                        })
+                        .await
+                    })
+                })
+                .collect();
+            for (i, task) in tasks.into_iter().enumerate() {
+                let answer = task.await.expect("task");
+                if i == 8 {
+                    assert!(answer.is_err(), "the refused key fails: {answer:?}");
+                    assert_eq!(runs[i].get(), 0, "its work never runs");
+                } else {
+                    let reply = answer.expect("stored despite the refused neighbour");
+                    assert_eq!(reply.into_result(), Ok(format!("body {i}")));
+                    assert_eq!(runs[i].get(), 1, "ok-{i} ran once");
+                }
+            }
+        })
+        .await;
+    });
+    let claims = sum(&m, "idem_store_batch_size", "claim");
+    assert!(
+        sum(&m, "idem_store_calls_coalesced_total", "claim") > claims,
+        "calls shared a batch: {m:#?}"
+    );
+}
