@@ -11,7 +11,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
     RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter};
+use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -58,6 +58,83 @@ impl MySqlDialect {
     }
 
     /// The server's flavour: named, detected before, or asked now on `conn`.
+    /// The claim's answer from the row its insert returned for it (or the
+    /// read after a duplicate key): won (our token), the standing record,
+    /// or (claimable) the takeover of exactly the version read; `None`
+    /// when the takeover lost a race.
+    async fn settle(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+        row: &MySqlRow,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let lease = req.lease_until.as_unix_millis();
+        let token: i64 = row.try_get("token")?;
+        if token == req.token.as_i64() {
+            // Our insert (or, after a lost reply, our own earlier claim).
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(row)?,
+                previous: None,
+            })));
+        }
+        let mut record = decode_record(row, req.id)?;
+        // A batch's rows carry the body whatever its expiry.
+        if record.response_expires_at.is_some_and(|at| at <= req.now) {
+            record.response = None;
+        }
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        let expired = record.is_expired(req.now);
+        if !expired && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read. An expired key
+        // starts over (attempt 1, no resource id, the new key expiry);
+        // otherwise the attempt counts on and the resource id stays.
+        let (attempt, resource_id, key_expires_at) = if expired {
+            (1, None, req.key_expires_at.as_unix_millis().max(lease))
+        } else {
+            (
+                record.attempt.saturating_add(1),
+                record.resource_id.clone(),
+                record.key_expires_at.as_unix_millis().max(lease),
+            )
+        };
+        let took = q(&self.sql.takeover)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(lease)
+            .bind(lease)
+            .bind(key_expires_at)
+            .bind(resource_id.as_deref())
+            .bind_id(req.id)
+            .bind(token)
+            .bind(record.state.as_str())
+            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
+            .bind(record.lease_until.as_unix_millis())
+            .bind(record.key_expires_at.as_unix_millis())
+            .bind(record.resource_id.as_deref())
+            .execute(&mut *conn)
+            .await;
+        match took {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if is_race(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // A takeover reports the state it read; a holder whose lease ended
+        // may have released since (same token, a guard column changed: then
+        // this takeover lost and runs again, and reads `Released`).
+        let previous = match reason {
+            Some(reason) if !expired => Some(Previous {
+                reason,
+                resource_id,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
+
     pub(crate) async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
         if let Some(server) = self.server.get() {
             return Ok(*server);
@@ -160,6 +237,11 @@ impl Dialect for MySqlDialect {
 
     const BACKEND: &'static str = BACKEND;
 
+    /// On: on MariaDB a batch is one statement (a multi-row insert
+    /// returning every row, a fenced update joined to the batch's values),
+    /// one round trip and one commit for all its calls.
+    const COALESCING: Coalescing = Coalescing::WhenBusy;
+
     fn driver_error(e: sqlx::Error) -> Error {
         Error::Sqlx(e)
     }
@@ -225,66 +307,123 @@ impl Dialect for MySqlDialect {
                 Err(e) => return Err(e.into()),
             },
         };
-        let token: i64 = row.try_get("token")?;
-        if token == req.token.as_i64() {
-            // Our insert (or, after a lost reply, our own earlier claim).
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(&row)?,
-                previous: None,
-            })));
+        self.settle(conn, req, &row).await
+    }
+
+    /// A power of two: the batch statements' text has one row per call, and
+    /// sqlx prepares each text once per connection, so a store prepares at
+    /// most eight sizes of each.
+    fn batch_len(&self, waiting: usize) -> usize {
+        match waiting.checked_ilog2() {
+            Some(log) => 1 << log,
+            None => 1,
         }
-        let record = decode_record(&row, req.id)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        let expired = record.is_expired(req.now);
-        if !expired && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
+    }
+
+    /// MariaDB: one multi-row `INSERT … ON DUPLICATE KEY UPDATE …
+    /// RETURNING` for the batch (the records sorted by key, so two batches
+    /// take their locks in one order), each claim then settled from its row
+    /// as alone. A deadlock rolls the statement back: every claim runs
+    /// again alone. MySQL (no `RETURNING`): one transaction over the single
+    /// claims ([`idem_sql::claim_batch_in_tx`]).
+    async fn claim_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<ClaimOutcome>>, Error> {
+        if self.server_on(&mut *conn).await? == Server::MySql {
+            return idem_sql::claim_batch_in_tx(self, conn, reqs).await;
         }
-        // Claimable: take over exactly the version read. An expired key
-        // starts over (attempt 1, no resource id, the new key expiry);
-        // otherwise the attempt counts on and the resource id stays.
-        let (attempt, resource_id, key_expires_at) = if expired {
-            (1, None, req.key_expires_at.as_unix_millis().max(lease))
-        } else {
-            (
-                record.attempt.saturating_add(1),
-                record.resource_id.clone(),
-                record.key_expires_at.as_unix_millis().max(lease),
-            )
-        };
-        let took = q(&self.sql.takeover)
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
-            .bind(lease)
-            .bind(lease)
-            .bind(key_expires_at)
-            .bind(resource_id.as_deref())
-            .bind_id(req.id)
-            .bind(token)
-            .bind(record.state.as_str())
-            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
-            .bind(record.lease_until.as_unix_millis())
-            .bind(record.key_expires_at.as_unix_millis())
-            .bind(record.resource_id.as_deref())
-            .execute(&mut *conn)
-            .await;
-        match took {
-            Ok(done) if done.rows_affected() == 1 => {}
-            Ok(_) => return Ok(None),
-            Err(e) if is_race(&e) => return Ok(None),
+        let sql = self.sql.claim_batch(reqs.len());
+        let mut query = q(&sql);
+        for req in reqs {
+            let lease = req.lease_until.as_unix_millis();
+            query = query
+                .bind_id(req.id)
+                .bind_identity(req.id)
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.token.as_i64())
+                .bind(lease)
+                .bind(req.key_expires_at.as_unix_millis())
+                .bind(lease)
+                .bind(lease);
+        }
+        let rows = match query.fetch_all(&mut *conn).await {
+            Ok(rows) => rows,
+            Err(e) if is_race(&e) => return Ok(vec![None; reqs.len()]),
             Err(e) => return Err(e.into()),
-        }
-        // A takeover reports the state it read; a holder whose lease ended
-        // may have released since (same token, a guard column changed: then
-        // this takeover lost and runs again, and reads `Released`).
-        let previous = match reason {
-            Some(reason) if !expired => Some(Previous {
-                reason,
-                resource_id,
-            }),
-            _ => None,
         };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+        let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
+        for row in &rows {
+            let id: Vec<u8> = row.try_get("id")?;
+            let Some(at) = keys.iter().position(|k| k[..] == id[..]) else {
+                return Err(Error::Corrupt {
+                    detail: "the batched claim returned a row of no claim in it".to_owned(),
+                });
+            };
+            answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
+        }
+        Ok(answers)
+    }
+
+    /// MariaDB and MySQL: one update of the batch's rows, fenced like the
+    /// single completion. When it changed fewer rows than
+    /// the batch holds, one read tells each completion applied (now, or
+    /// before under the same token) from a lost lease.
+    async fn complete_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        items: &[BatchCompletion<'_>],
+    ) -> Result<Vec<bool>, Error> {
+        let sql = self.sql.complete_batch(items.len());
+        let keys: Vec<[u8; 16]> = items.iter().map(|i| idem_sql::record_key(i.id)).collect();
+        let mut query = q(&sql);
+        for (key, item) in keys.iter().zip(items) {
+            query = query.bind(&key[..]).bind(item.completion.outcome.as_str());
+        }
+        for (key, item) in keys.iter().zip(items) {
+            query = query.bind(&key[..]).bind(item.completion.body);
+        }
+        for (key, item) in keys.iter().zip(items) {
+            let at = item.completion.response_expires_at.as_unix_millis();
+            query = query.bind(&key[..]).bind(at);
+        }
+        for (key, item) in keys.iter().zip(items) {
+            let at = item.completion.key_expires_at.as_unix_millis();
+            query = query.bind(&key[..]).bind(at);
+        }
+        for (key, item) in keys.iter().zip(items) {
+            query = query.bind(&key[..]).bind(item.completion.resource_id);
+        }
+        for key in &keys {
+            query = query.bind(&key[..]);
+        }
+        for (key, item) in keys.iter().zip(items) {
+            query = query.bind(&key[..]).bind(item.token.as_i64());
+        }
+        let changed = query.execute(&mut *conn).await?.rows_affected();
+        if usize::try_from(changed).is_ok_and(|n| n == items.len()) {
+            return Ok(vec![true; items.len()]);
+        }
+        let sql = self.sql.completed_batch(items.len());
+        let mut query = q(&sql);
+        for item in items {
+            query = query.bind_id(item.id);
+        }
+        let rows = query.fetch_all(&mut *conn).await?;
+        let mut applied = vec![false; items.len()];
+        for row in &rows {
+            let id: Vec<u8> = row.try_get("id")?;
+            let token: i64 = row.try_get("token")?;
+            if let Some(at) = items
+                .iter()
+                .position(|i| idem_sql::record_key(i.id)[..] == id[..] && i.token.as_i64() == token)
+            {
+                applied[at] = true;
+            }
+        }
+        Ok(applied)
     }
 
     async fn complete(

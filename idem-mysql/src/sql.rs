@@ -45,6 +45,10 @@ pub(crate) struct Statements {
     pub(crate) release_in_flight: Arc<str>,
     pub(crate) delete_completed: Arc<str>,
     pub(crate) count_states: Arc<str>,
+    /// The table, quoted, for the statements built per batch size.
+    table: String,
+    /// The fresh claim's `INSERT INTO … (columns)`.
+    insert_into: String,
 }
 
 /// The columns a record is decoded from (`store::decode_record`), plus its
@@ -57,6 +61,69 @@ const SUMMARY_COLUMNS: &str =
 
 /// The primary key: binds the record's key (`idem_sql::record_key`).
 const PK: &str = "id = ?";
+
+/// One fresh claim's values. Binds: the record's key, owner, operation,
+/// key, fingerprint, token, lease_until, key_expires_at, lease_until,
+/// lease_until (the sweep time). The key lives at least as long as the
+/// lease.
+const FRESH_ROW: &str = "(?, ?, ?, ?, ?, 'in_flight', ?, 1, ?, GREATEST(?, ?), ?)";
+
+/// What a batch's claim returns per record: its key, and the columns of
+/// [`RECORD_COLUMNS`] with the body whatever its expiry (the store drops an
+/// expired one; a multi-row `RETURNING` has no per-row `now`).
+const BATCH_COLUMNS: &str = "id, token, owner, operation, `key`, fingerprint, state, attempt, lease_until, resource_id, \
+     outcome, response, response_expires_at, key_expires_at";
+
+impl Statements {
+    /// MariaDB's claim of a batch of `n` records: the fresh claim's insert
+    /// with `n` rows ([`FRESH_ROW`] each, in the batch's key order), a
+    /// no-op update on a duplicate, every row returned as it now stands
+    /// ([`BATCH_COLUMNS`]). Built per batch size; sqlx prepares each text
+    /// once per connection.
+    pub(crate) fn claim_batch(&self, n: usize) -> Arc<str> {
+        let rows = vec![FRESH_ROW; n].join(", ");
+        format!(
+            "{} VALUES {rows} ON DUPLICATE KEY UPDATE token = token RETURNING {BATCH_COLUMNS}",
+            self.insert_into
+        )
+        .into()
+    }
+
+    /// The completions of a batch of `n` records: one fenced update of the
+    /// rows its keys name (`id IN (…)`, a range of the primary key), each
+    /// column set per row by a `CASE` on the key (no derived table, so no
+    /// temporary table per batch). Binds, each list in the batch's order:
+    /// (key, outcome) per completion, (key, body), (key, response expiry),
+    /// (key, key expiry), (key, resource id or NULL); then every key; then
+    /// (key, token).
+    pub(crate) fn complete_batch(&self, n: usize) -> Arc<str> {
+        let case = " WHEN ? THEN ?".repeat(n);
+        let keys = vec!["?"; n].join(", ");
+        format!(
+            "UPDATE {t} SET state = 'completed',
+                 outcome = CASE id{case} END,
+                 response = CASE id{case} END,
+                 response_expires_at = CASE id{case} END,
+                 key_expires_at = CASE id{case} END,
+                 resource_id = COALESCE(CASE id{case} END, resource_id)
+             WHERE id IN ({keys}) AND state = 'in_flight' AND token = CASE id{case} END",
+            t = self.table
+        )
+        .into()
+    }
+
+    /// The completed records among `n` (binds: each record's key): their
+    /// key and token, to tell a completion already applied from a lost
+    /// lease after a batch changed fewer rows than it held.
+    pub(crate) fn completed_batch(&self, n: usize) -> Arc<str> {
+        let keys = vec!["?"; n].join(", ");
+        format!(
+            "SELECT id, token FROM {t} WHERE id IN ({keys}) AND state = 'completed'",
+            t = self.table
+        )
+        .into()
+    }
+}
 
 impl Statements {
     #[allow(clippy::too_many_lines)]
@@ -72,10 +139,10 @@ impl Statements {
         // operation, key, fingerprint, token, lease_until, key_expires_at,
         // lease_until, lease_until (the sweep time). The key lives at least
         // as long as the lease.
-        let insert = format!(
-            "INSERT INTO {t} (id, owner, operation, `key`, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
-             VALUES (?, ?, ?, ?, ?, 'in_flight', ?, 1, ?, GREATEST(?, ?), ?)"
+        let insert_into = format!(
+            "INSERT INTO {t} (id, owner, operation, `key`, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)"
         );
+        let insert = format!("{insert_into}\n             VALUES {FRESH_ROW}");
         Self {
             // MariaDB's claim (10.5+: `INSERT … RETURNING`): the insert
             // above, and on a duplicate key a no-op update (`token = token`
@@ -224,6 +291,8 @@ impl Statements {
                  FROM {t}"
             )
             .into(),
+            table: t,
+            insert_into,
         }
     }
 }

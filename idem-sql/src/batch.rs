@@ -206,9 +206,10 @@ impl<R, A> Queue<R, A> {
     /// Takes at most `max` waiting calls, oldest first, at most one per
     /// record (a second call on a record waits for the next batch, so that
     /// one batch never writes a row twice), skipping calls whose caller is
-    /// gone; sorted by key, so that two batches take their row locks in the
-    /// same order and never deadlock on each other.
-    fn take(&self, max: usize) -> Vec<Queued<R, A>> {
+    /// gone; of those, the oldest `fit(n)` (at least one). Sorted by key,
+    /// so that two batches take their row locks in the same order and never
+    /// deadlock on each other.
+    fn take(&self, max: usize, fit: impl Fn(usize) -> usize) -> Vec<Queued<R, A>> {
         let mut w = self.lock();
         let mut batch: Vec<Queued<R, A>> = Vec::new();
         let mut kept = VecDeque::new();
@@ -220,6 +221,12 @@ impl<R, A> Queue<R, A> {
                 kept.push_back(q);
             } else {
                 batch.push(q);
+            }
+        }
+        let n = fit(batch.len()).clamp(1, batch.len().max(1));
+        while batch.len() > n {
+            if let Some(q) = batch.pop() {
+                kept.push_front(q);
             }
         }
         w.calls = kept;
@@ -356,7 +363,7 @@ impl<D: Dialect> SqlCore<D> {
                 // Taken into a batch already: its answer comes.
                 Err(_) => break,
             };
-            let batch = queue.take(MAX_BATCH);
+            let batch = queue.take(MAX_BATCH, |n| self.dialect().batch_len(n));
             if !batch.is_empty() {
                 record_batch(D::BACKEND, R::CALL, batch.len(), true);
                 let run = R::run(self.clone(), conn, batch);

@@ -24,6 +24,7 @@ pub use row::{
 #[doc(hidden)]
 pub use store::__private;
 pub use store::{
-    BindRecord, DbConnection, Dialect, Fenced, KeysetAfter, SqlCore, TxStore, keyed, record_key,
+    BindRecord, DbConnection, Dialect, Fenced, KeysetAfter, SqlCore, TxStore, claim_batch_in_tx,
+    keyed, record_key,
 };
 pub use tx::{SqlIdemExt, TxConnection, TxFuture};

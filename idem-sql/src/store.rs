@@ -126,42 +126,26 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         }
     }
 
+    /// How many of `waiting` queued calls (at least one) one batch takes:
+    /// all of them by default. A dialect whose batch statement's text
+    /// depends on its size takes fewer (a power of two, say), so that each
+    /// connection prepares few texts; the others wait for the next batch.
+    fn batch_len(&self, waiting: usize) -> usize {
+        waiting
+    }
+
     /// The claims of a batch (distinct records, sorted by key), one answer
     /// per claim, in order, each as [`Dialect::claim_once`] would give it
     /// alone: `None` for a claim that lost a race (it runs again alone).
     ///
-    /// By default one transaction ([`Dialect::begin_statement`]) that runs
-    /// every claim and commits once; an error rolls it back, and so does a
-    /// race lost inside it (a dialect may roll the whole transaction back
-    /// on it), every claim then answered `None`.
+    /// By default [`claim_batch_in_tx`]: one transaction over the single
+    /// claims.
     fn claim_batch(
         &self,
         conn: &mut DbConnection<Self>,
         reqs: &[ClaimRequest<'_>],
     ) -> impl Future<Output = Result<Vec<Option<ClaimOutcome>>, Self::Error>> + Send {
-        async move {
-            let begin = AssertSqlSafe(self.begin_statement());
-            let mut tx = conn.begin_with(begin).await.map_err(Self::driver_error)?;
-            let mut answers = Vec::with_capacity(reqs.len());
-            for req in reqs {
-                match self.claim_once(&mut tx, req).await {
-                    Ok(Some(answer)) => answers.push(Some(answer)),
-                    Ok(None) => {
-                        tx.rollback().await.map_err(Self::driver_error)?;
-                        return Ok(vec![None; reqs.len()]);
-                    }
-                    Err(e) => {
-                        // The claim's error says what went wrong; a
-                        // rollback that fails too leaves the connection to
-                        // be judged by it.
-                        drop(tx.rollback().await);
-                        return Err(e);
-                    }
-                }
-            }
-            tx.commit().await.map_err(Self::driver_error)?;
-            Ok(answers)
-        }
+        claim_batch_in_tx(self, conn, reqs)
     }
 
     /// The completions of a batch (distinct records, sorted by key):
@@ -333,6 +317,42 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<T, StoreError>> + Send {
         fut
     }
+}
+
+/// [`Dialect::claim_batch`]'s default, for a dialect that overrides it for
+/// some servers only: one transaction ([`Dialect::begin_statement`]) that
+/// runs every claim ([`Dialect::claim_once`]) and commits once. An error
+/// rolls it back, and so does a race lost inside it (a dialect may roll the
+/// whole transaction back on it), every claim then answered `None`.
+///
+/// # Errors
+///
+/// The first claim's error, or the driver's on `BEGIN` or `COMMIT`.
+pub async fn claim_batch_in_tx<D: Dialect>(
+    dialect: &D,
+    conn: &mut DbConnection<D>,
+    reqs: &[ClaimRequest<'_>],
+) -> Result<Vec<Option<ClaimOutcome>>, D::Error> {
+    let begin = AssertSqlSafe(dialect.begin_statement());
+    let mut tx = conn.begin_with(begin).await.map_err(D::driver_error)?;
+    let mut answers = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        match dialect.claim_once(&mut tx, req).await {
+            Ok(Some(answer)) => answers.push(Some(answer)),
+            Ok(None) => {
+                tx.rollback().await.map_err(D::driver_error)?;
+                return Ok(vec![None; reqs.len()]);
+            }
+            Err(e) => {
+                // The claim's error says what went wrong; a rollback that
+                // fails too leaves the connection to be judged by it.
+                drop(tx.rollback().await);
+                return Err(e);
+            }
+        }
+    }
+    tx.commit().await.map_err(D::driver_error)?;
+    Ok(answers)
 }
 
 /// The one SQL store: a [`Dialect`] on a store's [`Conns`]. It implements
@@ -669,10 +689,11 @@ macro_rules! sql_store {
             /// `idem_store_batch_size` metric.
             ///
             /// The default is where the benches show it pays: on for
-            /// PostgreSQL (one statement per batch), off for MySQL/MariaDB
-            /// and SQLite (a batch is one transaction of single statements
-            /// there, which measured slower under load than calls on
-            /// connections of their own).
+            /// PostgreSQL and MySQL/MariaDB (a batch is one statement of
+            /// each kind), off for SQLite (a batch there is one write
+            /// transaction of single statements, which holds the file's one
+            /// write lock long enough for the other connections' writers to
+            /// back off, and measured slower under load).
             #[must_use]
             pub fn with_coalescing(mut self, on: bool) -> Self {
                 self.$field.set_coalescing(if on {
