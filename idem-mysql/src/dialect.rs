@@ -162,6 +162,24 @@ fn is_race(e: &sqlx::Error) -> bool {
     matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
 }
 
+/// `query` with one fresh claim's values bound (the ten of the insert's row,
+/// in `crate::sql`'s `FRESH_ROW` order).
+fn bind_fresh<'q>(
+    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    req: &'q ClaimRequest<'_>,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    let lease = req.lease_until.as_unix_millis();
+    query
+        .bind_id(req.id)
+        .bind_identity(req.id)
+        .bind(req.fingerprint.as_bytes().as_slice())
+        .bind(req.token.as_i64())
+        .bind(lease)
+        .bind(req.key_expires_at.as_unix_millis())
+        .bind(lease)
+        .bind(lease)
+}
+
 /// Reads the record `id` from the row, refusing anything a record cannot
 /// hold and another identity sharing its key.
 fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
@@ -258,18 +276,7 @@ impl Dialect for MySqlDialect {
         conn: &mut MySqlConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        let lease = req.lease_until.as_unix_millis();
-        let insert = |sql| {
-            q(sql)
-                .bind_id(req.id)
-                .bind_identity(req.id)
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(lease)
-                .bind(req.key_expires_at.as_unix_millis())
-                .bind(lease)
-                .bind(lease)
-        };
+        let insert = |sql| bind_fresh(q(sql), req);
         let now = req.now.as_unix_millis();
         let row = match self.server_on(&mut *conn).await? {
             Server::MariaDb => {
@@ -337,16 +344,7 @@ impl Dialect for MySqlDialect {
         let sql = self.sql.claim_batch(reqs.len());
         let mut query = q(&sql);
         for req in reqs {
-            let lease = req.lease_until.as_unix_millis();
-            query = query
-                .bind_id(req.id)
-                .bind_identity(req.id)
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(lease)
-                .bind(req.key_expires_at.as_unix_millis())
-                .bind(lease)
-                .bind(lease);
+            query = bind_fresh(query, req);
         }
         let rows = match query.fetch_all(&mut *conn).await {
             Ok(rows) => rows,
@@ -356,12 +354,7 @@ impl Dialect for MySqlDialect {
         let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
         for row in &rows {
-            let id: Vec<u8> = row.try_get("id")?;
-            let Some(at) = keys.iter().position(|k| k[..] == id[..]) else {
-                return Err(Error::Corrupt {
-                    detail: "the batched claim returned a row of no claim in it".to_owned(),
-                });
-            };
+            let at = idem_sql::batch_position(row, &keys)?;
             answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
         }
         Ok(answers)
@@ -414,14 +407,9 @@ impl Dialect for MySqlDialect {
         let rows = query.fetch_all(&mut *conn).await?;
         let mut applied = vec![false; items.len()];
         for row in &rows {
-            let id: Vec<u8> = row.try_get("id")?;
+            let at = idem_sql::batch_position(row, &keys)?;
             let token: i64 = row.try_get("token")?;
-            if let Some(at) = items
-                .iter()
-                .position(|i| idem_sql::record_key(i.id)[..] == id[..] && i.token.as_i64() == token)
-            {
-                applied[at] = true;
-            }
+            applied[at] = items[at].token.as_i64() == token;
         }
         Ok(applied)
     }

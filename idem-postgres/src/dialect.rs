@@ -88,14 +88,7 @@ impl PgDialect {
         }
         // Claimable: take over exactly the version read (its token).
         let seen: i64 = row.try_get("token")?;
-        let Some(row) = q(&self.sql.takeover)
-            .bind_identity(req.id)
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(req.now.as_unix_millis())
-            .bind(req.lease_until.as_unix_millis())
-            .bind(req.key_expires_at.as_unix_millis())
-            .bind_id(req.id)
+        let Some(row) = claim_query(&self.sql.takeover, req)
             .bind(seen)
             .fetch_optional(&mut *conn)
             .await?
@@ -200,6 +193,21 @@ fn ends_session(db: &dyn sqlx::error::DatabaseError) -> bool {
     fatal || db.code().is_some_and(|c| c.starts_with("08"))
 }
 
+/// `sql` (the claim or the takeover) with the claim's nine parameters bound.
+fn claim_query<'q>(
+    sql: &Arc<str>,
+    req: &'q ClaimRequest<'_>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    q(sql)
+        .bind_identity(req.id)
+        .bind(req.fingerprint.as_bytes().as_slice())
+        .bind(req.token.as_i64())
+        .bind(req.now.as_unix_millis())
+        .bind(req.lease_until.as_unix_millis())
+        .bind(req.key_expires_at.as_unix_millis())
+        .bind_id(req.id)
+}
+
 /// Reads the record `id` from the row, refusing anything a record cannot
 /// hold and another identity sharing its key.
 fn decode_record(row: &PgRow, id: &RecordId) -> Result<StoredRecord, Error> {
@@ -252,17 +260,8 @@ impl Dialect for PgDialect {
         conn: &mut PgConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        let bind = |sql| {
-            q(sql)
-                .bind_identity(req.id)
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.token.as_i64())
-                .bind(req.now.as_unix_millis())
-                .bind(req.lease_until.as_unix_millis())
-                .bind(req.key_expires_at.as_unix_millis())
-                .bind_id(req.id)
-        };
-        let Some(row) = bind(&self.sql.claim).fetch_optional(&mut *conn).await? else {
+        let claim = claim_query(&self.sql.claim, req);
+        let Some(row) = claim.fetch_optional(&mut *conn).await? else {
             return Ok(None);
         };
         self.settle(conn, req, &row).await
@@ -293,12 +292,7 @@ impl Dialect for PgDialect {
             .await?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
         for row in &rows {
-            let id: Vec<u8> = row.try_get("id")?;
-            let Some(at) = keys.iter().position(|k| k[..] == id[..]) else {
-                return Err(Error::Corrupt {
-                    detail: "the batched claim returned a row of no claim in it".to_owned(),
-                });
-            };
+            let at = idem_sql::batch_position(row, &keys)?;
             answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
         }
         Ok(answers)
@@ -333,10 +327,7 @@ impl Dialect for PgDialect {
             .await?;
         let mut applied = vec![false; items.len()];
         for row in &rows {
-            let id: Vec<u8> = row.try_get("id")?;
-            if let Some(at) = keys.iter().position(|k| k[..] == id[..]) {
-                applied[at] = true;
-            }
+            applied[idem_sql::batch_position(row, &keys)?] = true;
         }
         for (at, item) in items.iter().enumerate() {
             if !applied[at] {

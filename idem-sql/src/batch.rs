@@ -25,7 +25,7 @@ use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::Fingerprint;
 use idem_core::store::{
-    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, OutcomeKind, StoreError, Token,
+    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, OwnedCompletion, StoreError, Token,
     record_batch,
 };
 use tokio::sync::oneshot;
@@ -92,17 +92,11 @@ impl ClaimCall {
     }
 }
 
-/// A completion as it waits in the queue (owning what [`Completion`]
-/// borrows).
+/// A completion as it waits in the queue.
 pub(crate) struct CompleteCall {
     id: RecordId,
     token: Token,
-    outcome: OutcomeKind,
-    body: Option<Vec<u8>>,
-    resource_id: Option<String>,
-    now: Timestamp,
-    response_expires_at: Timestamp,
-    key_expires_at: Timestamp,
+    completion: OwnedCompletion,
 }
 
 impl CompleteCall {
@@ -110,24 +104,8 @@ impl CompleteCall {
         Self {
             id: id.clone(),
             token,
-            outcome: c.outcome,
-            body: c.body.map(<[u8]>::to_vec),
-            resource_id: c.resource_id.map(str::to_owned),
-            now: c.now,
-            response_expires_at: c.response_expires_at,
-            key_expires_at: c.key_expires_at,
+            completion: OwnedCompletion::of(c),
         }
-    }
-
-    fn completion(&self) -> Completion<'_> {
-        Completion::new(
-            self.outcome,
-            self.body.as_deref(),
-            self.resource_id.as_deref(),
-            self.now,
-            self.response_expires_at,
-            self.key_expires_at,
-        )
     }
 }
 
@@ -366,7 +344,7 @@ impl<D: Dialect> SqlCore<D> {
             let batch = queue.take(MAX_BATCH, |n| self.dialect().batch_len(n));
             if !batch.is_empty() {
                 record_batch(D::BACKEND, R::CALL, batch.len(), true);
-                let run = R::run(self.clone(), conn, batch);
+                let run = run(self.clone(), conn, batch);
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => drop(runtime.spawn(run)),
                     Err(_) => run.await,
@@ -470,125 +448,134 @@ fn answer_all<R, A>(
 }
 
 /// A kind of call that can wait in a batch.
-pub(crate) trait Batched<D: Dialect>: Sized + Send + 'static {
+pub(crate) trait Batched<D: Dialect>: Sized + Send + Sync + 'static {
     /// What the call returns.
-    type Answer;
+    type Answer: Send + 'static;
+    /// What the batch's statement says of one call.
+    type Said: Send;
     /// The call's name in the `idem_store_batch_size` metric.
     const CALL: &'static str;
 
-    /// Runs `batch` on `conn` and answers every call of it.
-    fn run(
-        core: SqlCore<D>,
-        conn: OwnConn<D>,
-        batch: Vec<Queued<Self, Result<Self::Answer, StoreError>>>,
-    ) -> impl Future<Output = ()> + Send + 'static;
+    /// The batch's statement(s) on `conn`: what they say of each call, in
+    /// order.
+    fn statement<'a>(
+        core: &'a SqlCore<D>,
+        conn: &'a mut DbConnection<D>,
+        calls: &'a [&'a Self],
+    ) -> impl Future<Output = Result<Vec<Self::Said>, D::Error>> + Send + 'a;
+
+    /// The call's answer from what the statement said of it; `None`: the
+    /// call runs again alone.
+    fn answer(said: Self::Said) -> Option<Result<Self::Answer, StoreError>>;
+
+    /// The call alone on `conn`, as on its own checkout.
+    fn alone<'a>(
+        &'a self,
+        core: &'a SqlCore<D>,
+        conn: &'a mut OwnConn<D>,
+    ) -> impl Future<Output = Result<Self::Answer, StoreError>> + Send + 'a;
+}
+
+/// Runs `batch` on `conn` and answers every call of it: what the batch's
+/// statement says, and the calls it leaves open run alone on `conn`; a
+/// batch that failed as a whole runs every call alone, or answers every
+/// call with the error when its connection broke (see
+/// [`SqlCore::failed_batch`]).
+async fn run<D: Dialect, R: Batched<D>>(
+    core: SqlCore<D>,
+    mut conn: OwnConn<D>,
+    batch: Vec<Queued<R, Result<R::Answer, StoreError>>>,
+) {
+    let calls: Vec<&R> = batch.iter().map(|q| &q.call).collect();
+    // Bounded like a single call; the checks of `Dialect::write` ran in the
+    // callers, before they queued.
+    let got = core
+        .dialect()
+        .bounded(async {
+            Ok(conn
+                .run(|c| async { R::statement(&core, c, &calls).await.map_err(judge::<D>) })
+                .await)
+        })
+        .await;
+    drop(calls);
+    let again = match got {
+        Ok(Ok(said)) if said.len() == batch.len() => {
+            let mut again = Vec::new();
+            for (q, said) in batch.into_iter().zip(said) {
+                match R::answer(said) {
+                    Some(answer) => q.answer(answer),
+                    None => again.push(q),
+                }
+            }
+            again
+        }
+        Ok(Ok(_)) => batch,
+        Ok(Err(j)) => match core.failed_batch(j) {
+            None => batch,
+            Some(e) => return answer_all(batch, D::BACKEND, e),
+        },
+        Err(e) => return answer_all(batch, D::BACKEND, e),
+    };
+    for q in again {
+        let answer = q.call.alone(&core, &mut conn).await;
+        q.answer(answer);
+    }
 }
 
 impl<D: Dialect> Batched<D> for ClaimCall {
     type Answer = ClaimOutcome;
+    type Said = Option<ClaimOutcome>;
     const CALL: &'static str = "claim";
 
-    async fn run(core: SqlCore<D>, mut conn: OwnConn<D>, batch: Vec<Queued<Self, ClaimAnswer>>) {
-        let reqs: Vec<ClaimRequest<'_>> = batch.iter().map(|q| q.call.request()).collect();
-        let got = core
-            .dialect()
-            .bounded(async {
-                Ok(conn
-                    .run(|c| async {
-                        core.dialect()
-                            .claim_batch(c, &reqs)
-                            .await
-                            .map_err(judge::<D>)
-                    })
-                    .await)
-            })
-            .await;
-        drop(reqs);
-        let failed = match got {
-            Err(e) => Some(e),
-            Ok(Ok(answers)) if answers.len() == batch.len() => {
-                // The answered first; then the races lost, each alone.
-                let mut again = Vec::new();
-                for (q, answer) in batch.into_iter().zip(answers) {
-                    match answer {
-                        Some(answer) => q.answer(Ok(answer)),
-                        None => again.push(q),
-                    }
-                }
-                for q in again {
-                    let answer = core.claim_alone(&mut conn, &q.call.request()).await;
-                    q.answer(answer);
-                }
-                return;
-            }
-            Ok(Ok(_)) => None,
-            Ok(Err(j)) => core.failed_batch(j),
-        };
-        match failed {
-            Some(e) => answer_all(batch, D::BACKEND, e),
-            None => {
-                for q in batch {
-                    let answer = core.claim_alone(&mut conn, &q.call.request()).await;
-                    q.answer(answer);
-                }
-            }
-        }
+    async fn statement(
+        core: &SqlCore<D>,
+        conn: &mut DbConnection<D>,
+        calls: &[&Self],
+    ) -> Result<Vec<Option<ClaimOutcome>>, D::Error> {
+        let reqs: Vec<ClaimRequest<'_>> = calls.iter().map(|c| c.request()).collect();
+        core.dialect().claim_batch(conn, &reqs).await
+    }
+
+    fn answer(said: Option<ClaimOutcome>) -> Option<ClaimAnswer> {
+        said.map(Ok)
+    }
+
+    async fn alone(&self, core: &SqlCore<D>, conn: &mut OwnConn<D>) -> ClaimAnswer {
+        core.claim_alone(conn, &self.request()).await
     }
 }
 
 impl<D: Dialect> Batched<D> for CompleteCall {
     type Answer = ();
+    type Said = bool;
     const CALL: &'static str = "complete";
 
-    async fn run(core: SqlCore<D>, mut conn: OwnConn<D>, batch: Vec<Queued<Self, CompleteAnswer>>) {
-        let items: Vec<BatchCompletion<'_>> = batch
+    async fn statement(
+        core: &SqlCore<D>,
+        conn: &mut DbConnection<D>,
+        calls: &[&Self],
+    ) -> Result<Vec<bool>, D::Error> {
+        let items: Vec<BatchCompletion<'_>> = calls
             .iter()
-            .map(|q| BatchCompletion {
-                id: &q.call.id,
-                token: q.call.token,
-                completion: q.call.completion(),
+            .map(|c| BatchCompletion {
+                id: &c.id,
+                token: c.token,
+                completion: c.completion.completion(),
             })
             .collect();
-        let got = core
-            .dialect()
-            .bounded(async {
-                Ok(conn
-                    .run(|c| async {
-                        core.dialect()
-                            .complete_batch(c, &items)
-                            .await
-                            .map_err(judge::<D>)
-                    })
-                    .await)
-            })
-            .await;
-        drop(items);
-        let failed = match got {
-            Err(e) => Some(e),
-            Ok(Ok(applied)) if applied.len() == batch.len() => {
-                for (q, applied) in batch.into_iter().zip(applied) {
-                    q.answer(if applied {
-                        Ok(())
-                    } else {
-                        Err(StoreError::LeaseLost)
-                    });
-                }
-                return;
-            }
-            Ok(Ok(_)) => None,
-            Ok(Err(j)) => core.failed_batch(j),
-        };
-        match failed {
-            Some(e) => answer_all(batch, D::BACKEND, e),
-            None => {
-                for q in batch {
-                    let c = q.call.completion();
-                    let answer = core
-                        .complete_alone(&mut conn, &q.call.id, q.call.token, &c)
-                        .await;
-                    q.answer(answer);
-                }
-            }
-        }
+        core.dialect().complete_batch(conn, &items).await
+    }
+
+    fn answer(applied: bool) -> Option<CompleteAnswer> {
+        Some(if applied {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        })
+    }
+
+    async fn alone(&self, core: &SqlCore<D>, conn: &mut OwnConn<D>) -> CompleteAnswer {
+        let c = self.completion.completion();
+        core.complete_alone(conn, &self.id, self.token, &c).await
     }
 }

@@ -18,8 +18,8 @@ pub use ident::check_identifier;
 pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{
-    RowError, attempt_of, check_identity, decode_counts, decode_record, decode_summary, text,
-    truncate,
+    RowError, attempt_of, batch_position, check_identity, decode_counts, decode_record,
+    decode_summary, text, truncate,
 };
 #[doc(hidden)]
 pub use store::__private;

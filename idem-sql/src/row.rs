@@ -174,6 +174,25 @@ where
     }
 }
 
+/// Which record of a batch a row names by its `id` column (its primary key,
+/// [`record_key`](crate::record_key)), among the batch's `keys`.
+///
+/// # Errors
+///
+/// The driver's, or [`RowError::Corrupt`] when the row names no record of
+/// the batch.
+pub fn batch_position<'r, R>(row: &'r R, keys: &[[u8; 16]]) -> Result<usize, RowError>
+where
+    R: Row,
+    &'static str: ColumnIndex<R>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let id: Vec<u8> = row.try_get("id")?;
+    keys.iter().position(|k| k[..] == id[..]).ok_or_else(|| {
+        RowError::Corrupt("a batch's statement returned a row of none of its records".to_owned())
+    })
+}
+
 /// An identity column stored as text.
 ///
 /// # Errors

@@ -30,9 +30,8 @@ use tracing::{info, warn};
 use crate::RecordId;
 use crate::clock::{Clock, Timestamp};
 use crate::engine::core::Idem;
-use crate::store::OutcomeKind;
 use crate::store::any::DynStore;
-use crate::store::{Completion, StoreError, Token};
+use crate::store::{Completion, OwnedCompletion, StoreError, Token};
 
 /// The longest pause between two background writes of one completion.
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -70,41 +69,6 @@ impl Kept {
 pub(crate) struct Backlog {
     pending: AtomicUsize,
     idle: Notify,
-}
-
-/// A completion the engine owns, to write again later.
-#[derive(Debug)]
-pub(crate) struct OwnedCompletion {
-    pub(crate) outcome: OutcomeKind,
-    pub(crate) body: Option<Vec<u8>>,
-    pub(crate) resource_id: Option<String>,
-    pub(crate) now: Timestamp,
-    pub(crate) response_expires_at: Timestamp,
-    pub(crate) key_expires_at: Timestamp,
-}
-
-impl OwnedCompletion {
-    pub(crate) fn of(c: &Completion<'_>) -> Self {
-        Self {
-            outcome: c.outcome,
-            body: c.body.map(<[u8]>::to_vec),
-            resource_id: c.resource_id.map(str::to_owned),
-            now: c.now,
-            response_expires_at: c.response_expires_at,
-            key_expires_at: c.key_expires_at,
-        }
-    }
-
-    fn completion(&self) -> Completion<'_> {
-        Completion {
-            outcome: self.outcome,
-            body: self.body.as_deref(),
-            resource_id: self.resource_id.as_deref(),
-            now: self.now,
-            response_expires_at: self.response_expires_at,
-            key_expires_at: self.key_expires_at,
-        }
-    }
 }
 
 /// Decrements the count when a kept completion's task ends, however it ends.

@@ -426,6 +426,47 @@ impl<'a> Completion<'a> {
     }
 }
 
+/// A [`Completion`] that owns its body and resource id: what a caller keeps
+/// to write later (the engine's completions written again in the
+/// background, a SQL store's completions waiting for a batch).
+#[derive(Debug, Clone)]
+pub struct OwnedCompletion {
+    outcome: OutcomeKind,
+    body: Option<Vec<u8>>,
+    resource_id: Option<String>,
+    now: Timestamp,
+    response_expires_at: Timestamp,
+    key_expires_at: Timestamp,
+}
+
+impl OwnedCompletion {
+    /// A copy of `c`.
+    #[must_use]
+    pub fn of(c: &Completion<'_>) -> Self {
+        Self {
+            outcome: c.outcome,
+            body: c.body.map(<[u8]>::to_vec),
+            resource_id: c.resource_id.map(str::to_owned),
+            now: c.now,
+            response_expires_at: c.response_expires_at,
+            key_expires_at: c.key_expires_at,
+        }
+    }
+
+    /// The completion, as [`Store::complete`] takes it.
+    #[must_use]
+    pub fn completion(&self) -> Completion<'_> {
+        Completion {
+            outcome: self.outcome,
+            body: self.body.as_deref(),
+            resource_id: self.resource_id.as_deref(),
+            now: self.now,
+            response_expires_at: self.response_expires_at,
+            key_expires_at: self.key_expires_at,
+        }
+    }
+}
+
 /// What a backend can do beyond the contract.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
