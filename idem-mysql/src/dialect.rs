@@ -264,6 +264,26 @@ impl Dialect for MySqlDialect {
         Error::Sqlx(e)
     }
 
+    fn table(&self) -> String {
+        self.name.table.clone()
+    }
+
+    /// The table's comment, if the table exists in the connection's
+    /// database.
+    async fn layout_mark(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<Option<String>>, Error> {
+        let mark: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT CAST(TABLE_COMMENT AS CHAR) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(&self.name.table)
+        .fetch_optional(conn)
+        .await?;
+        Ok(mark)
+    }
+
     fn leaves_connection_sound(e: &Error) -> bool {
         leaves_connection_sound(e)
     }

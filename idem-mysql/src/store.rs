@@ -4,6 +4,7 @@
 //! claim on MySQL (an insert, then a read when the key exists) and a
 //! takeover (the claim, then a guarded update).
 
+use idem_sql::Dialect;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -263,14 +264,8 @@ impl MySqlStore {
         }
         // An existing table must be of this layout: never touched otherwise.
         let table = self.table_name();
-        let mark: Option<String> = sqlx::query_scalar(
-            "SELECT CAST(TABLE_COMMENT AS CHAR) FROM information_schema.TABLES \
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
-        )
-        .bind(table)
-        .fetch_optional(&mut *conn)
-        .await?;
-        let checked = mark.map_or(Ok(()), |m| idem_sql::check_layout(table, Some(&m)));
+        let mark = self.core.dialect().layout_mark(&mut *conn).await?;
+        let checked = mark.map_or(Ok(()), |m| idem_sql::check_layout(table, m.as_deref()));
         if let Err(refused) = checked {
             sqlx::query("SELECT RELEASE_LOCK(?)")
                 .bind(crate::schema::MIGRATE_LOCK)

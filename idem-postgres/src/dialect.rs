@@ -249,6 +249,21 @@ impl Dialect for PgDialect {
         replication::unwrap_checkout(e)
     }
 
+    fn table(&self) -> String {
+        self.name.qualified()
+    }
+
+    /// The table's comment, if the table exists.
+    async fn layout_mark(&self, conn: &mut PgConnection) -> Result<Option<Option<String>>, Error> {
+        Ok(sqlx::query_scalar(
+            "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c \
+             WHERE c.oid = to_regclass($1)",
+        )
+        .bind(self.name.qualified())
+        .fetch_optional(conn)
+        .await?)
+    }
+
     fn leaves_connection_sound(e: &Error) -> bool {
         leaves_connection_sound(e)
     }

@@ -2,6 +2,7 @@
 //! [`idem_sql::SqlCore`]'s, on the statements of [`crate::dialect`]: every
 //! transition is one SQL statement of [`crate::sql`].
 
+use idem_sql::Dialect;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -417,16 +418,9 @@ impl PgStore {
                 .execute(&mut *tx)
                 .await?;
             // An existing table must be of this layout: never touched otherwise.
-            let name = self.core.dialect().name.qualified();
-            let mark: Option<Option<String>> = sqlx::query_scalar(
-                "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c \
-                 WHERE c.oid = to_regclass($1)",
-            )
-            .bind(&name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(mark) = mark {
-                idem_sql::check_layout(&name, mark.as_deref())?;
+            let dialect = self.core.dialect();
+            if let Some(mark) = dialect.layout_mark(&mut tx).await? {
+                idem_sql::check_layout(&dialect.table(), mark.as_deref())?;
             }
             // Several statements in one simple-protocol query; the text is
             // the shipped file with validated identifiers spliced in.

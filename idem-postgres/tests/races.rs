@@ -8,7 +8,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::clock::ManualClock;
+use idem_core::clock::{Clock, ManualClock};
+use idem_core::store::AdminStore;
 use idem_core::{Error, IdempotencyKey};
 use idem_test_support::sql::{Counter, Out, engine, request, scope, with_fixture};
 use support::proxy::{Protocol, Proxy};
@@ -35,12 +36,15 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
                 .await
                 .with_schema_name(&fx.schema)
                 .expect("schema");
-            // The start check, before the counted race (a store over a
-            // pool checks at its first call otherwise).
+            // The start checks, before the counted race (a store checks
+            // the server and its table's layout at its first call
+            // otherwise): the replication check, and a first call.
             store.check_replication().await.expect("check");
+            let now = clock.now();
+            store.count_states(now).await.expect("layout checked");
             engines.push(engine(&store, &clock));
         }
-        // The eight start checks went through the proxy too: count from here.
+        // The start checks went through the proxy too: count from here.
         let setup = proxy.snapshot().statements();
         let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
         let barrier = Arc::new(tokio::sync::Barrier::new(64));

@@ -164,6 +164,8 @@ async fn migrate_refuses_a_table_of_another_layout() {
             }
             other => panic!("expected Error::Layout, got {other:?}"),
         }
+        // A store that was never migrated finds out at its first call.
+        idem_test_support::sql::assert_calls_refused_on_another_layout(&fx.store).await;
         let mine = fx.store.migration_sql();
         let by_file = fx.store.pool().execute(sqlx::AssertSqlSafe(mine)).await;
         assert!(

@@ -21,10 +21,25 @@ use tracing::debug;
 use crate::batch::{BatchCompletion, Coalescing, Queues};
 use crate::conns::{Conns, SqlStore};
 use crate::error::fenced;
+use crate::layout::{LayoutError, check_layout};
 
 /// [`on_conn!`](crate::on_conn) on a [`SqlCore`], its error as a
 /// [`StoreError`].
 macro_rules! call {
+    ($core:expr, |$conn:ident| $call:expr) => {
+        async {
+            $core.ensure_layout().await?;
+            async { crate::on_conn!($core, |$conn| $call) }
+                .await
+                .map_err(Into::<StoreError>::into)
+        }
+        .await
+    };
+}
+
+/// [`on_conn!`](crate::on_conn) on a [`SqlCore`], without the layout
+/// check (the check's own statement).
+macro_rules! call_unchecked {
     ($core:expr, |$conn:ident| $call:expr) => {
         async { crate::on_conn!($core, |$conn| $call) }
             .await
@@ -80,6 +95,18 @@ pub trait Dialect: Clone + Send + Sync + 'static {
 
     /// The driver's error, as this dialect's.
     fn driver_error(e: sqlx::Error) -> Self::Error;
+
+    /// The store's table, as the store names it (in errors).
+    fn table(&self) -> String;
+
+    /// The layout mark on the store's table (its comment, or the text that
+    /// created it): `None` when there is no such table, `Some(None)` when
+    /// it carries no mark. Read by `migrate` before it touches a table, and
+    /// by a store's first call ([`check_layout`](crate::check_layout)).
+    fn layout_mark(
+        &self,
+        conn: &mut DbConnection<Self>,
+    ) -> impl Future<Output = Result<Option<Option<String>>, Self::Error>> + Send;
 
     /// A checkout that failed (by default the driver's error).
     fn checkout_error(e: sqlx::Error) -> Self::Error {
@@ -363,6 +390,9 @@ pub struct SqlCore<D: Dialect> {
     dialect: D,
     pub(crate) coalescing: Coalescing,
     pub(crate) queues: Arc<Queues>,
+    /// The verdict on the table's layout mark, once a call found the table
+    /// (one check at a time: concurrent first calls wait for it).
+    layout: Arc<tokio::sync::OnceCell<Result<(), LayoutError>>>,
 }
 
 impl<D: Dialect> Clone for SqlCore<D> {
@@ -372,6 +402,7 @@ impl<D: Dialect> Clone for SqlCore<D> {
             dialect: self.dialect.clone(),
             coalescing: self.coalescing,
             queues: Arc::clone(&self.queues),
+            layout: Arc::clone(&self.layout),
         }
     }
 }
@@ -382,6 +413,7 @@ impl<D: Dialect> std::fmt::Debug for SqlCore<D> {
             .field("backend", &D::BACKEND)
             .field("conns", &self.conns)
             .field("coalescing", &self.coalescing)
+            .field("layout", &self.layout.get())
             .finish_non_exhaustive()
     }
 }
@@ -395,6 +427,44 @@ impl<D: Dialect> SqlCore<D> {
             dialect,
             coalescing: D::COALESCING,
             queues: Arc::default(),
+            layout: Arc::default(),
+        }
+    }
+
+    /// Refuses to run a call on a table of another layout: the first call
+    /// that finds the table reads its mark and keeps the verdict (a store
+    /// migrated by a tool of the user's own, or never migrated, is checked
+    /// this way; `migrate` checks before it touches a table). No table yet:
+    /// nothing to check (the call fails on its own, and the next call
+    /// looks again).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] with the [`LayoutError`] for a table of
+    /// another layout, on every call of the store; the driver's error when
+    /// the mark cannot be read.
+    pub(crate) async fn ensure_layout(&self) -> Result<(), StoreError> {
+        let refused = |e: LayoutError| StoreError::Backend {
+            backend: D::BACKEND,
+            source: Box::new(e),
+        };
+        if let Some(verdict) = self.layout.get() {
+            return verdict.clone().map_err(refused);
+        }
+        let checked = self
+            .layout
+            .get_or_try_init(|| async {
+                match call_unchecked!(self, |conn| self.dialect.layout_mark(conn))? {
+                    Some(mark) => Ok(check_layout(&self.dialect.table(), mark.as_deref())),
+                    // Nothing to keep: the next call looks again.
+                    None => Err(None),
+                }
+            })
+            .await;
+        match checked {
+            Ok(verdict) => verdict.clone().map_err(refused),
+            Err(None) => Ok(()),
+            Err(Some(e)) => Err(e),
         }
     }
 
@@ -421,6 +491,7 @@ impl<D: Dialect> SqlCore<D> {
     /// table), so a store whose statements may change waits alone.
     pub fn dialect_mut(&mut self) -> &mut D {
         self.queues = Arc::default();
+        self.layout = Arc::default();
         &mut self.dialect
     }
 
@@ -529,6 +600,7 @@ impl<D: Dialect> Store for SqlCore<D> {
     /// in one batch ([`Dialect::claim_batch`]).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         D::write(self, async {
+            self.ensure_layout().await?;
             if let Some(answer) = self.claim_coalesced(req).await {
                 return answer;
             }
@@ -554,6 +626,7 @@ impl<D: Dialect> Store for SqlCore<D> {
         completion: &Completion<'_>,
     ) -> Result<(), StoreError> {
         D::write(self, async {
+            self.ensure_layout().await?;
             if let Some(answer) = self.complete_coalesced(id, token, completion).await {
                 return answer;
             }

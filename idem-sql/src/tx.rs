@@ -183,6 +183,7 @@ impl<S: TxStore> SqlIdemExt<S> for Idem<S> {
     {
         let core = self.store().sql_core();
         <S::Dialect as Dialect>::before_tx(core).await?;
+        core.ensure_layout().await?;
         let result = on_checkout(self, prepared, work).await;
         if let Err(Error::Store(e)) = &result {
             core.dialect().observe(e);

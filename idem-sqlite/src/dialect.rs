@@ -35,6 +35,16 @@ impl std::fmt::Debug for SqliteDialect {
 }
 
 impl SqliteDialect {
+    /// The text that created the table, if it exists.
+    pub(crate) async fn created(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.layout)))
+            .fetch_optional(conn)
+            .await
+    }
+
     /// The dialect for `table`.
     pub(crate) fn new(table: Arc<str>) -> Self {
         Self {
@@ -145,6 +155,19 @@ impl Dialect for SqliteDialect {
 
     fn driver_error(e: sqlx::Error) -> StoreError {
         map(e)
+    }
+
+    fn table(&self) -> String {
+        self.table.to_string()
+    }
+
+    /// The text that created the table (its mark is in it), if the table
+    /// exists.
+    async fn layout_mark(
+        &self,
+        conn: &mut SqliteConnection,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        Ok(self.created(conn).await.map_err(map)?.map(Some))
     }
 
     fn leaves_connection_sound(e: &StoreError) -> bool {

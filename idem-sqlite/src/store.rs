@@ -339,13 +339,13 @@ impl SqliteStore {
 
     /// The migration on one connection.
     async fn migrate_on(&self, conn: &mut SqliteConnection) -> Result<(), Error> {
-        if let Some(created) = self.layout(&mut *conn).await? {
+        if let Some(created) = self.core.dialect().created(&mut *conn).await? {
             return Ok(idem_sql::check_layout(self.table_name(), Some(&created))?);
         }
         let mut tx = sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await?;
         // Asked again under the write lock: another process may have
         // migrated in between.
-        match self.layout(&mut tx).await? {
+        match self.core.dialect().created(&mut tx).await? {
             Some(created) => idem_sql::check_layout(self.table_name(), Some(&created))?,
             None => {
                 tracing::info!(table = %self.table_name(), "creating the idem table");
@@ -359,14 +359,7 @@ impl SqliteStore {
         Ok(tx.commit().await?)
     }
 
-    /// The text that created the table (its layout's mark is in it), if the
-    /// table exists.
-    async fn layout(&self, conn: &mut SqliteConnection) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql().layout)))
-            .fetch_optional(conn)
-            .await
-    }
-
+    /// The store's statements.
     pub(crate) fn sql(&self) -> &Statements {
         &self.core.dialect().sql
     }

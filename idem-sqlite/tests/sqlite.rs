@@ -362,6 +362,8 @@ async fn migrate_refuses_a_table_of_another_layout() {
         .await
         .unwrap();
     assert_eq!(columns, 4, "left as it was");
+    // A store that was never migrated finds out at its first call.
+    idem_test_support::sql::assert_calls_refused_on_another_layout(&store).await;
 
     let made = SqliteStore::new(pool.clone())
         .with_table_name("idem_new")

@@ -209,3 +209,30 @@ pub async fn corrupted_rows_are_typed_errors_not_panics<D: CorruptDialect>(d: D)
     })
     .await;
 }
+
+/// Every call of `store`, a store over a table of another layout that was
+/// never migrated (so `migrate` did not check it), is refused with the
+/// typed layout error ([`StoreError::Backend`] around
+/// `idem_sql::LayoutError`): the claim, the read, the operator's counts.
+///
+/// # Panics
+///
+/// When a call goes through, or fails otherwise (that is the test failing).
+pub async fn assert_calls_refused_on_another_layout<S>(store: &S)
+where
+    S: idem_core::store::AdminStore,
+{
+    let refused = |what: &str, e: Result<(), StoreError>| match e {
+        Err(StoreError::Backend { source, .. })
+            if source.downcast_ref::<idem_sql::LayoutError>().is_some() => {}
+        other => panic!("{what}: expected the layout error, got {other:?}"),
+    };
+    let now = ManualClock::starting_now().now();
+    let id = RecordId::new(scope(), IdempotencyKey::random());
+    refused(
+        "claim",
+        store.claim(&super::claim_request(&id, now)).await.map(drop),
+    );
+    refused("fetch", store.fetch(&id, now).await.map(drop));
+    refused("counts", store.count_states(now).await.map(drop));
+}
