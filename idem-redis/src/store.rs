@@ -328,11 +328,9 @@ impl RedisStore {
     /// costs one more round trip (the claim, then a `GET` of the body key),
     /// and so does replaying a record written without the option.
     ///
-    /// **Rolling upgrades.** Records of layout 2 are refused as corrupt by
-    /// versions of this crate that predate it. Turn the option on only once
-    /// every instance sharing the Redis runs a version that reads layout 2
-    /// (this one or later); records of layout 1 stay readable and
-    /// completable whatever the option.
+    /// **Mixed settings.** Every build of idem 0.1 reads both forms of a
+    /// record (body inside, body in the body key) whatever its own limit,
+    /// so instances with different limits may share one Redis.
     ///
     /// # Examples
     ///
