@@ -70,9 +70,19 @@ pub async fn connect(max: u32, options: MySqlConnectOptions) -> MySqlStore {
     let pool = MySqlPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(std::time::Duration::from_secs(10));
-    MySqlStore::connect_with(pool, options)
+    let store = MySqlStore::connect_with(pool, options)
         .await
-        .unwrap_or_else(|e| unreachable(&e))
+        .unwrap_or_else(|e| unreachable(&e));
+    batched_if_asked(store)
+}
+
+/// `store`, sending every call through the batched path if this test
+/// binary asked for it ([`MySql::batched`]).
+pub fn batched_if_asked(store: MySqlStore) -> MySqlStore {
+    match idem_test_support::sql::forced_coalescing() {
+        Some(mode) => store.with_coalescing_mode(mode),
+        None => store,
+    }
 }
 
 /// A store over `pool` (`MySqlStore::new`; the server's version is read by
@@ -238,6 +248,13 @@ impl MySql {
     /// `server`'s statements; the races' extra stores at `isolation`.
     pub const fn at(server: Server, isolation: &'static str) -> Self {
         Self { server, isolation }
+    }
+
+    /// `self`, with every store this test binary builds on a pool of its
+    /// own sending every call through the batched path.
+    pub fn batched(self) -> Self {
+        idem_test_support::sql::batch_every_call();
+        self
     }
 }
 
@@ -620,9 +637,11 @@ impl OutageDialect for MySql {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(2));
         let store = if own_pool {
-            MySqlStore::connect_with(options, admin.clone())
-                .await
-                .expect("connect to the throwaway server")
+            batched_if_asked(
+                MySqlStore::connect_with(options, admin.clone())
+                    .await
+                    .expect("connect to the throwaway server"),
+            )
         } else {
             over(
                 options

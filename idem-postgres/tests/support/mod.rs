@@ -73,9 +73,19 @@ pub fn pool_options(max: u32) -> PgPoolOptions {
 /// idem-sqlx's pool), on the default table (fails the test, never skips, if
 /// the server is unreachable).
 pub async fn connect(max: u32, options: PgConnectOptions) -> PgStore {
-    PgStore::connect_with(pool_options(max), options)
+    let store = PgStore::connect_with(pool_options(max), options)
         .await
-        .unwrap_or_else(|e| unreachable(&e))
+        .unwrap_or_else(|e| unreachable(&e));
+    batched_if_asked(store)
+}
+
+/// `store`, sending every call through the batched path if this test
+/// binary asked for it ([`Pg::batched`]).
+pub fn batched_if_asked(store: PgStore) -> PgStore {
+    match idem_test_support::sql::forced_coalescing() {
+        Some(mode) => store.with_coalescing_mode(mode),
+        None => store,
+    }
 }
 
 /// A fresh schema name.
@@ -176,6 +186,15 @@ pub async fn count_rows(fx: &PgFixture, table: &str) -> i64 {
 /// The Postgres dialect of the SQL suite.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Pg;
+
+impl Pg {
+    /// The dialect, with every store this test binary builds on a pool of
+    /// its own sending every call through the batched path.
+    pub fn batched() -> Self {
+        idem_test_support::sql::batch_every_call();
+        Self
+    }
+}
 
 impl Dialect for Pg {
     type Store = PgStore;
@@ -464,9 +483,11 @@ impl OutageDialect for Pg {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(2));
         let store = if own_pool {
-            PgStore::connect_with(options, via(&proxy))
-                .await
-                .expect("connect through proxy")
+            batched_if_asked(
+                PgStore::connect_with(options, via(&proxy))
+                    .await
+                    .expect("connect through proxy"),
+            )
         } else {
             PgStore::new(
                 options

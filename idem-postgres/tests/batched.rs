@@ -1,0 +1,19 @@
+//! The SQL suite's fault, race and schema scenarios again, with every call
+//! of every store this binary builds on a pool of its own sent through the
+//! batched path (`Coalescing::Always`): a killed connection, a dropped pool,
+//! 64 racers over 8 pools, racing takeovers, a thousand keys, hostile and
+//! corrupted values, each answered as the single calls answer them.
+
+mod support;
+
+idem_test_support::sql_suite!(crate::support::Pg::batched();
+    killed_connection_mid_statement,
+    pool_recovers_after_connections_are_dropped,
+    sixty_four_racers,
+    racing_takeovers_have_exactly_one_winner,
+    thousand_keys,
+    hostile_values_go_through_bind_parameters_only,
+    identities_are_byte_exact,
+    binary_bodies_round_trip,
+    corrupted_rows_are_typed_errors_not_panics,
+);
