@@ -6,6 +6,19 @@ use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
+use idem_test_support::sql::forced_coalescing;
+
+/// `$store` (a SQL store), sending every call through the batched path when
+/// the run asks for it ([`forced_coalescing`]: the crash suite run once more
+/// that way).
+macro_rules! batched_if_asked {
+    ($store:expr) => {
+        match forced_coalescing() {
+            Some(mode) => $store.with_coalescing_mode(mode),
+            None => $store,
+        }
+    };
+}
 
 /// Opens the store `spec` names: `sqlite:<file>`, `postgres:<url>#<schema>`,
 /// `mysql:<url>#<table>`, `redis:<url>` (the default prefix) or
@@ -20,14 +33,17 @@ pub async fn open(spec: &str, migrate: bool) -> Result<AnyStore, String> {
     let unknown = || format!("unknown backend {spec:?}");
     let (kind, rest) = spec.split_once(':').ok_or_else(unknown)?;
     match kind {
-        "sqlite" => Ok(AnyStore::new(SqliteStore::open(rest).await.map_err(text)?)),
+        "sqlite" => {
+            let store = SqliteStore::open(rest).await.map_err(text)?;
+            Ok(AnyStore::new(batched_if_asked!(store)))
+        }
         "postgres" => {
             let (url, schema) = rest.split_once('#').ok_or("postgres:<url>#<schema>")?;
             let store = postgres(url, schema).await?;
             if migrate {
                 store.migrate().await.map_err(text)?;
             }
-            Ok(AnyStore::new(store))
+            Ok(AnyStore::new(batched_if_asked!(store)))
         }
         "mysql" => {
             let (url, table) = rest.split_once('#').ok_or("mysql:<url>#<table>")?;
@@ -39,7 +55,7 @@ pub async fn open(spec: &str, migrate: bool) -> Result<AnyStore, String> {
             if migrate {
                 store.migrate().await.map_err(text)?;
             }
-            Ok(AnyStore::new(store))
+            Ok(AnyStore::new(batched_if_asked!(store)))
         }
         "redis" => {
             let (url, prefix) = rest

@@ -64,9 +64,10 @@ fn pool_options() -> PgPoolOptions {
 /// A store reaching the primary through `front`.
 async fn store_via(front: &Proxy, cluster: &Cluster) -> PgStore {
     let options: PgConnectOptions = cluster.primary.options().port(front.addr.port());
-    PgStore::connect_with(pool_options(), options)
+    let store = PgStore::connect_with(pool_options(), options)
         .await
-        .expect("connect through the front proxy")
+        .expect("connect through the front proxy");
+    support::batched_if_asked(store)
 }
 
 fn engine(store: &PgStore, clock: &ManualClock) -> Engine {

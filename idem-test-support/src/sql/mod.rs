@@ -81,12 +81,17 @@ pub fn batch_every_call() {
     BATCH_EVERY_CALL.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// The coalescing mode [`batch_every_call`] asked for, if it did: what a
-/// dialect's support applies to each store it builds on a pool of its own.
+/// The variable that asks the same as [`batch_every_call`] for a whole
+/// test run (`.ci/run` runs the failover suites once more with it set).
+pub const BATCH_EVERY_CALL_VAR: &str = "IDEM_TEST_BATCH_EVERY_CALL";
+
+/// The coalescing mode [`batch_every_call`] (or [`BATCH_EVERY_CALL_VAR`]
+/// set to `1`) asked for, if it did: what a dialect's support applies to
+/// each store it builds on a pool of its own.
 pub fn forced_coalescing() -> Option<idem_sql::Coalescing> {
-    BATCH_EVERY_CALL
-        .load(std::sync::atomic::Ordering::SeqCst)
-        .then_some(idem_sql::Coalescing::Always)
+    let asked = BATCH_EVERY_CALL.load(std::sync::atomic::Ordering::SeqCst)
+        || std::env::var(BATCH_EVERY_CALL_VAR).is_ok_and(|v| v == "1");
+    asked.then_some(idem_sql::Coalescing::Always)
 }
 
 /// A boxed future borrowing `'c` (a transactional work's, which borrows its
