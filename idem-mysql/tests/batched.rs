@@ -7,14 +7,10 @@
 
 mod support;
 
+idem_test_support::sql_suite!(crate::support::MySql::MARIADB.batched(); @races);
+idem_test_support::sql_suite!(crate::support::MySql::MARIADB.batched(); @values);
 idem_test_support::sql_suite!(crate::support::MySql::MARIADB.batched();
     killed_connection_mid_statement,
     pool_recovers_after_connections_are_dropped,
-    sixty_four_racers,
-    racing_takeovers_have_exactly_one_winner,
-    thousand_keys,
-    hostile_values_go_through_bind_parameters_only,
-    identities_are_byte_exact,
-    binary_bodies_round_trip,
     corrupted_rows_are_typed_errors_not_panics,
 );

@@ -8,43 +8,27 @@ mod support;
 mod repeatable_read_mariadb {
     use crate::support::{MySql, RR};
     use idem_mysql::Server;
-    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RR);
-        sixty_four_racers,
-        racing_takeovers_have_exactly_one_winner,
-        thousand_keys,
-        transactional_racers_with_rollbacks,
-    );
+    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RR); @races);
+    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RR); transactional_racers_with_rollbacks);
 }
 
 mod read_committed_mariadb {
     use crate::support::{MySql, RC};
     use idem_mysql::Server;
-    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RC);
-        sixty_four_racers,
-        racing_takeovers_have_exactly_one_winner,
-        thousand_keys,
-        transactional_racers_with_rollbacks,
-    );
+    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RC); @races);
+    idem_test_support::sql_suite!(MySql::at(Server::MariaDb, RC); transactional_racers_with_rollbacks);
 }
 
 mod repeatable_read_mysql_path {
     use crate::support::{MySql, RR};
     use idem_mysql::Server;
-    idem_test_support::sql_suite!(MySql::at(Server::MySql, RR);
-        sixty_four_racers,
-        racing_takeovers_have_exactly_one_winner,
-        thousand_keys,
-        transactional_racers_with_rollbacks,
-    );
+    idem_test_support::sql_suite!(MySql::at(Server::MySql, RR); @races);
+    idem_test_support::sql_suite!(MySql::at(Server::MySql, RR); transactional_racers_with_rollbacks);
 }
 
 mod read_committed_mysql_path {
     use crate::support::{MySql, RC};
     use idem_mysql::Server;
-    idem_test_support::sql_suite!(MySql::at(Server::MySql, RC);
-        sixty_four_racers,
-        racing_takeovers_have_exactly_one_winner,
-        thousand_keys,
-        transactional_racers_with_rollbacks,
-    );
+    idem_test_support::sql_suite!(MySql::at(Server::MySql, RC); @races);
+    idem_test_support::sql_suite!(MySql::at(Server::MySql, RC); transactional_racers_with_rollbacks);
 }

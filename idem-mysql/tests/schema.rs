@@ -14,19 +14,15 @@ use idem_test_support::sql::{Out, engine, request, scope};
 use support::MyFixture;
 
 mod mariadb {
+    idem_test_support::sql_suite!(crate::support::MySql::MARIADB; @values);
     idem_test_support::sql_suite!(crate::support::MySql::MARIADB;
-        identities_are_byte_exact,
-        binary_bodies_round_trip,
-        hostile_values_go_through_bind_parameters_only,
         corrupted_rows_are_typed_errors_not_panics,
     );
 }
 
 mod mysql_path {
+    idem_test_support::sql_suite!(crate::support::MySql::MYSQL_PATH; @values);
     idem_test_support::sql_suite!(crate::support::MySql::MYSQL_PATH;
-        identities_are_byte_exact,
-        binary_bodies_round_trip,
-        hostile_values_go_through_bind_parameters_only,
         corrupted_rows_are_typed_errors_not_panics,
     );
 }

@@ -92,17 +92,9 @@ impl Statements {
                     ON CONFLICT (id) DO NOTHING
                     RETURNING attempt
                 )
-                SELECT 'claimed' AS kind, NULL::text AS owner, NULL::text AS operation, NULL::text AS key,
-                       NULL::bytea AS fingerprint, NULL::text AS state, attempt,
-                       NULL::bigint AS lease_until, NULL::text AS resource_id, NULL::text AS outcome,
-                       NULL::bytea AS response, NULL::bigint AS response_expires_at,
-                       NULL::bigint AS key_expires_at, NULL::bigint AS token
-                FROM ins
-                UNION ALL
-                SELECT 'existing', owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
-                       outcome, response, response_expires_at, key_expires_at, token
-                FROM cur",
+                {rows}",
                 cols = RECORD_COLUMNS.replace("$N", "$6"),
+                rows = claim_rows(""),
             )
             .into(),
             // The claim of a batch: the claim above for N records at once,
@@ -138,16 +130,8 @@ impl Statements {
                     ON CONFLICT (id) DO NOTHING
                     RETURNING id, attempt
                 )
-                SELECT 'claimed' AS kind, id, NULL::text AS owner, NULL::text AS operation, NULL::text AS key,
-                       NULL::bytea AS fingerprint, NULL::text AS state, attempt,
-                       NULL::bigint AS lease_until, NULL::text AS resource_id, NULL::text AS outcome,
-                       NULL::bytea AS response, NULL::bigint AS response_expires_at,
-                       NULL::bigint AS key_expires_at, NULL::bigint AS token
-                FROM ins
-                UNION ALL
-                SELECT 'existing', id, owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
-                       outcome, response, response_expires_at, key_expires_at, token
-                FROM cur"
+                {rows}",
+                rows = claim_rows("id, "),
             )
             .into(),
             // The takeover of the record the claim read ($1..$9 as the claim,
@@ -299,6 +283,25 @@ impl Statements {
             .into(),
         }
     }
+}
+
+/// What a claim statement returns (each claim's row, after `first`: the
+/// batch's `id, `, or nothing): the won claim's attempt from `ins` (kind
+/// `claimed`), or the record as `cur` read it (kind `existing`), the same
+/// columns either way.
+fn claim_rows(first: &str) -> String {
+    format!(
+        "SELECT 'claimed' AS kind, {first}NULL::text AS owner, NULL::text AS operation, NULL::text AS key,
+                NULL::bytea AS fingerprint, NULL::text AS state, attempt,
+                NULL::bigint AS lease_until, NULL::text AS resource_id, NULL::text AS outcome,
+                NULL::bytea AS response, NULL::bigint AS response_expires_at,
+                NULL::bigint AS key_expires_at, NULL::bigint AS token
+         FROM ins
+         UNION ALL
+         SELECT 'existing', {first}owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
+                outcome, response, response_expires_at, key_expires_at, token
+         FROM cur"
+    )
 }
 
 const SUMMARY_COLUMNS: &str =

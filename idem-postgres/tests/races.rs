@@ -15,12 +15,8 @@ use idem_test_support::sql::{Counter, Out, engine, request, scope, with_fixture}
 use support::proxy::{Protocol, Proxy};
 use support::{PgFixture, count_rows};
 
-idem_test_support::sql_suite!(crate::support::Pg;
-    sixty_four_racers,
-    racing_takeovers_have_exactly_one_winner,
-    thousand_keys,
-    transactional_racers_with_rollbacks,
-);
+idem_test_support::sql_suite!(crate::support::Pg; @races);
+idem_test_support::sql_suite!(crate::support::Pg; transactional_racers_with_rollbacks);
 
 /// 64 tasks on one key, spread over 8 separate pools ("8 processes"): the
 /// work runs exactly once; everyone else gets the replay or a 409.

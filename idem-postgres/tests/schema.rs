@@ -14,12 +14,8 @@ use idem_postgres::sqlx::{self, Executor, Row};
 use idem_test_support::sql::{Out, engine, request, scope, with_fixture};
 use support::{PgFixture, count_rows};
 
-idem_test_support::sql_suite!(crate::support::Pg;
-    hostile_values_go_through_bind_parameters_only,
-    identities_are_byte_exact,
-    binary_bodies_round_trip,
-    corrupted_rows_are_typed_errors_not_panics,
-);
+idem_test_support::sql_suite!(crate::support::Pg; @values);
+idem_test_support::sql_suite!(crate::support::Pg; corrupted_rows_are_typed_errors_not_panics);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_and_schema_names_are_validated_and_configurable() {

@@ -7,11 +7,5 @@
 
 mod support;
 
-idem_test_support::sql_suite!(crate::support::Sqlite;
-    sixty_four_racers,
-    racing_takeovers_have_exactly_one_winner,
-    thousand_keys,
-    hostile_values_go_through_bind_parameters_only,
-    identities_are_byte_exact,
-    binary_bodies_round_trip,
-);
+idem_test_support::sql_suite!(crate::support::Sqlite; @races);
+idem_test_support::sql_suite!(crate::support::Sqlite; @values);

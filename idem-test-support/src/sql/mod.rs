@@ -351,8 +351,27 @@ pub trait Outage: Send + Sync + 'static {
 ///
 /// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`)
 /// as a dev-dependency.
+///
+/// Two named groups stand for the scenarios every dialect runs together:
+/// `@races` (64 racers over several stores, racing takeovers, a thousand
+/// keys) and `@values` (hostile values, byte-exact identities, binary
+/// bodies): `sql_suite!(d; @races)`.
 #[macro_export]
 macro_rules! sql_suite {
+    ($dialect:expr; @races) => {
+        $crate::sql_suite!($dialect;
+            sixty_four_racers,
+            racing_takeovers_have_exactly_one_winner,
+            thousand_keys,
+        );
+    };
+    ($dialect:expr; @values) => {
+        $crate::sql_suite!($dialect;
+            hostile_values_go_through_bind_parameters_only,
+            identities_are_byte_exact,
+            binary_bodies_round_trip,
+        );
+    };
     ($dialect:expr; $($name:ident),+ $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
