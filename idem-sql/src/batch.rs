@@ -245,18 +245,39 @@ type OwnPool<D> = Pool<DbConnection<D>>;
 /// A checkout of it.
 type OwnConn<D> = Conn<DbConnection<D>>;
 
+/// Where a coalescing store sends a call ([`SqlCore::route`]).
+enum Route<'a, D: Dialect> {
+    /// Alone, on this free connection.
+    Alone(OwnConn<D>),
+    /// To the queue, to go with the next batch on this pool.
+    Queue(&'a OwnPool<D>),
+}
+
 /// `Err` of a batch call as its caller sees it, with the verdict on the
 /// connection.
 type Judgement<D> = Judged<<D as Dialect>::Error>;
 
 impl<D: Dialect> SqlCore<D> {
-    /// The pool a call may coalesce on, if coalescing is on and the store
-    /// runs on its own pool.
-    fn coalescing_pool(&self) -> Option<&OwnPool<D>> {
-        match self.coalescing {
-            Coalescing::Off => None,
-            Coalescing::WhenBusy | Coalescing::Always => self.connections().own_pool(),
+    /// Where a call of kind `call` goes: `None` when coalescing is off or
+    /// the store runs on the user's pool (the caller runs it on its own
+    /// checkout); a free connection of the store's own pool, taken now, to
+    /// run it alone on (under [`Coalescing::WhenBusy`]); or the queue.
+    async fn route(&self, call: &'static str) -> Option<Result<Route<'_, D>, StoreError>> {
+        let own = match self.coalescing {
+            Coalescing::Off => return None,
+            Coalescing::WhenBusy | Coalescing::Always => self.connections().own_pool()?,
+        };
+        if self.coalescing == Coalescing::WhenBusy {
+            match own.try_get().await {
+                Ok(Some(conn)) => {
+                    record_batch(D::BACKEND, call, 1, false);
+                    return Some(Ok(Route::Alone(conn)));
+                }
+                Ok(None) => {}
+                Err(e) => return Some(Err(D::checkout_error(e).into())),
+            }
         }
+        Some(Ok(Route::Queue(own)))
     }
 
     /// The claim, coalesced if coalescing is on: `None` when it is off (the
@@ -265,22 +286,15 @@ impl<D: Dialect> SqlCore<D> {
         &self,
         req: &ClaimRequest<'_>,
     ) -> Option<Result<ClaimOutcome, StoreError>> {
-        let own = self.coalescing_pool()?;
-        if self.coalescing == Coalescing::WhenBusy {
-            match own.try_get().await {
-                Ok(Some(mut conn)) => {
-                    record_batch(D::BACKEND, "claim", 1, false);
-                    return Some(self.claim_alone(&mut conn, req).await);
-                }
-                Ok(None) => {}
-                Err(e) => return Some(Err(D::checkout_error(e).into())),
+        Some(match self.route("claim").await? {
+            Err(e) => Err(e),
+            Ok(Route::Alone(mut conn)) => self.claim_alone(&mut conn, req).await,
+            Ok(Route::Queue(own)) => {
+                let call = ClaimCall::of(req);
+                self.queued(own, &self.queues.claims, record_key(req.id), call)
+                    .await
             }
-        }
-        let call = ClaimCall::of(req);
-        Some(
-            self.queued(own, &self.queues.claims, record_key(req.id), call)
-                .await,
-        )
+        })
     }
 
     /// The completion, coalesced if coalescing is on: `None` when it is
@@ -291,22 +305,17 @@ impl<D: Dialect> SqlCore<D> {
         token: Token,
         completion: &Completion<'_>,
     ) -> Option<Result<(), StoreError>> {
-        let own = self.coalescing_pool()?;
-        if self.coalescing == Coalescing::WhenBusy {
-            match own.try_get().await {
-                Ok(Some(mut conn)) => {
-                    record_batch(D::BACKEND, "complete", 1, false);
-                    return Some(self.complete_alone(&mut conn, id, token, completion).await);
-                }
-                Ok(None) => {}
-                Err(e) => return Some(Err(D::checkout_error(e).into())),
+        Some(match self.route("complete").await? {
+            Err(e) => Err(e),
+            Ok(Route::Alone(mut conn)) => {
+                self.complete_alone(&mut conn, id, token, completion).await
             }
-        }
-        let call = CompleteCall::of(id, token, completion);
-        Some(
-            self.queued(own, &self.queues.completions, record_key(id), call)
-                .await,
-        )
+            Ok(Route::Queue(own)) => {
+                let call = CompleteCall::of(id, token, completion);
+                self.queued(own, &self.queues.completions, record_key(id), call)
+                    .await
+            }
+        })
     }
 
     /// Queues `call` and waits for its answer. While it waits, it also waits
