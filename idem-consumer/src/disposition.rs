@@ -191,6 +191,18 @@ impl<T, E> Processed<T, E> {
         }
     }
 
+    /// A message an adapter found no key for: dead-lettered as
+    /// [`Cause::InvalidMessage`], nothing claimed or run.
+    #[cfg(any(feature = "rabbitmq", feature = "sqs-lambda"))]
+    pub(crate) fn keyless() -> Self {
+        Self::bare(
+            Disposition::DeadLetter {
+                reason: DeadLetterReason::InvalidMessage,
+            },
+            Cause::InvalidMessage,
+        )
+    }
+
     /// Whether the work ran in this call (its outcome may still be lost, see
     /// [`Cause::LeaseLost`]).
     #[must_use]
