@@ -9,11 +9,14 @@ use idem_core::store::{Store, StoreError};
 use idem_core::testkit::{Charge, Counter, Decline, FailingStore};
 use idem_core::{Attempt, Failure, Outcome, TakeoverReason};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use super::support::{
     BASE, LEASE, RESPONSE_TTL, backend_error, builder, consumer, corrupt_error, message_id,
 };
-use idem_consumer::{Cause, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed};
+use idem_consumer::{
+    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
+};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;
@@ -37,6 +40,60 @@ fn decline(code: &str) -> Decline {
 fn succeed(runs: &Counter) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
     let runs = runs.clone();
     move |_| std::future::ready(Ok(charge(&format!("ch_{}", runs.hit()))))
+}
+
+/// Work that counts its runs and fails with `failure`.
+fn fail(
+    runs: &Counter,
+    failure: Failure<Decline>,
+) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
+    let runs = runs.clone();
+    move |_| {
+        runs.hit();
+        std::future::ready(Err(failure))
+    }
+}
+
+/// Delivery `n` of message `id` (the scenarios' payload), its work counted
+/// by `runs` and succeeding.
+async fn deliver<S: Store>(consumer: &Consumer<S>, n: u32, id: &str, runs: &Counter) -> P {
+    consumer
+        .delivery(n)
+        .process(id, PAYLOAD, succeed(runs))
+        .await
+}
+
+/// The first delivery of `id` in a task of its own, its work counted by
+/// `runs` and holding (the lease taken) until the returned sender fires,
+/// then succeeding with `charge(done)`. Returns once the work has started.
+async fn holding<S: Store>(
+    consumer: &Consumer<S>,
+    id: &str,
+    runs: &Counter,
+    done: &'static str,
+) -> (JoinHandle<P>, oneshot::Sender<()>) {
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let (c, i, r) = (consumer.clone(), id.to_owned(), runs.clone());
+    let task = tokio::spawn(async move {
+        let p: P = c
+            .process(&i, PAYLOAD, move |_| async move {
+                r.hit();
+                let _ = entered_tx.send(());
+                let _ = go_rx.await;
+                Ok(charge(done))
+            })
+            .await;
+        p
+    });
+    entered_rx.await.expect("first delivery in work");
+    (task, go_tx)
+}
+
+/// `p` acknowledged, for `cause`.
+#[track_caller]
+fn assert_acked(p: &P, cause: Cause) {
+    assert_eq!((p.disposition, p.cause), (Disposition::Ack, cause));
 }
 
 fn retry(after: Duration) -> Disposition {
@@ -76,13 +133,10 @@ pub async fn c02_permanent_failure_is_acked_and_reported_once<S: Store>(store: A
         .expect("consumer");
     let (id, runs) = (message_id(), Counter::default());
     for delivery in 1..=2u32 {
-        let r = runs.clone();
+        let declined = fail(&runs, Failure::permanent(decline("card_declined")));
         let p: P = consumer
             .delivery(delivery)
-            .process(&id, PAYLOAD, move |_| async move {
-                r.hit();
-                Err::<Charge, _>(Failure::permanent(decline("card_declined")))
-            })
+            .process(&id, PAYLOAD, declined)
             .await;
         assert_eq!(p.disposition, Disposition::Ack, "delivery {delivery}");
         assert_eq!(p.outcome, Some(Outcome::Failure(decline("card_declined"))));
@@ -110,13 +164,10 @@ pub async fn c02_permanent_failure_dead_letters_when_configured<S: Store>(store:
         .expect("consumer");
     let (id, runs) = (message_id(), Counter::default());
     for delivery in 1..=2u32 {
-        let r = runs.clone();
+        let unknown = fail(&runs, Failure::permanent(decline("unknown_account")));
         let p: P = consumer
             .delivery(delivery)
-            .process(&id, PAYLOAD, move |_| async move {
-                r.hit();
-                Err::<Charge, _>(Failure::permanent(decline("unknown_account")))
-            })
+            .process(&id, PAYLOAD, unknown)
             .await;
         assert_eq!(p.disposition, dead(DeadLetterReason::PermanentFailure));
         assert_eq!(p.replayed, delivery == 2);
@@ -145,14 +196,8 @@ pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<
         assert_eq!(p.cause, Cause::TransientFailure);
         assert_eq!(p.outcome, Some(Outcome::Transient(decline("psp_503"))));
     }
-    let p: P = consumer
-        .delivery(5)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::Succeeded)
-    );
+    let p: P = deliver(&consumer, 5, &id, &runs).await;
+    assert_acked(&p, Cause::Succeeded);
     assert_eq!((p.attempt, p.recovery), (4, true));
     assert_eq!(runs.get(), 4);
 }
@@ -171,10 +216,7 @@ pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
             .delivery(2)
             .process(&id, payload, succeed(&runs))
             .await;
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Replayed)
-        );
+        assert_acked(&p, Cause::Replayed);
         assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
         assert!(p.replayed && !p.ran());
     }
@@ -234,26 +276,9 @@ pub async fn c05_in_flight_retries_after_the_lease_left<S: Store>(store: Arc<S>)
     let clock = ManualClock::starting_now();
     let consumer = consumer(store, &clock);
     let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let first = tokio::spawn(async move {
-        let p: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                let _ = go_rx.await;
-                Ok(charge("ch_first"))
-            })
-            .await;
-        p
-    });
-    entered_rx.await.expect("first delivery in work");
+    let (first, go_tx) = holding(&consumer, &id, &runs, "ch_first").await;
     clock.advance(Duration::from_secs(20));
-    let second: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let second: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(second.disposition, retry(Duration::from_secs(40)));
     assert_eq!((second.cause, second.attempt), (Cause::InFlight, 0));
     go_tx.send(()).expect("first still waiting");
@@ -294,10 +319,7 @@ pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(st
             Ok(charge(a.previous_resource_id().unwrap_or("missing")))
         })
         .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::Succeeded)
-    );
+    assert_acked(&p, Cause::Succeeded);
     assert_eq!((p.attempt, p.recovery), (2, true));
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_created"))));
     assert_eq!(runs.get(), 2);
@@ -309,21 +331,7 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let consumer = consumer(store, &clock);
     let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let slow = tokio::spawn(async move {
-        let p: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                let _ = go_rx.await;
-                Ok(charge("ch_slow"))
-            })
-            .await;
-        p
-    });
-    entered_rx.await.expect("slow delivery in work");
+    let (slow, go_tx) = holding(&consumer, &id, &runs, "ch_slow").await;
     clock.advance(LEASE + Duration::from_secs(1));
     let r = runs.clone();
     let newer: P = consumer
@@ -339,10 +347,7 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
     assert_eq!(p.cause, Cause::LeaseLost);
     assert_eq!(p.disposition, retry(Duration::from_secs(1)));
     assert_eq!(p.attempt, 1);
-    let replay: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let replay: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(replay.outcome, Some(Outcome::Success(charge("ch_newer"))));
     assert_eq!(replay.cause, Cause::Replayed);
     assert_eq!(runs.get(), 2);
@@ -357,14 +362,8 @@ pub async fn c08_done_without_a_stored_response_is_acked<S: Store>(store: Arc<S>
     let first: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_eq!(first.cause, Cause::Succeeded);
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::AlreadyDone)
-    );
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
+    assert_acked(&p, Cause::AlreadyDone);
     assert_eq!(p.outcome, None);
     assert_eq!(runs.get(), 1);
 }
@@ -432,19 +431,13 @@ pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>)
     let (id, runs) = (message_id(), Counter::default());
     failing.fail_all(true);
     for (delivery, after) in [(1u32, BASE), (3, BASE * 4)] {
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, succeed(&runs))
-            .await;
+        let p: P = deliver(&consumer, delivery, &id, &runs).await;
         assert_eq!(p.disposition, retry(after));
         assert_eq!(p.cause, Cause::StoreUnavailable);
     }
     assert_eq!(runs.get(), 0);
     failing.fail_all(false);
-    let p: P = consumer
-        .delivery(4)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 4, &id, &runs).await;
     assert_eq!((p.cause, p.recovery), (Cause::Succeeded, false));
     assert_eq!(runs.get(), 1);
 }
@@ -461,15 +454,9 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
     let (id, runs) = (message_id(), Counter::default());
     failing.fail_complete(true);
     let p: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::NotStored)
-    );
+    assert_acked(&p, Cause::NotStored);
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(p.cause, Cause::InFlight);
     failing.fail_complete(false);
     let left = consumer
@@ -477,10 +464,7 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
         .drain_completions(std::time::Duration::from_secs(10))
         .await;
     assert_eq!(left, 0, "stored in the background");
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(p.disposition, Disposition::Ack);
     assert!(p.replayed, "{:?}", p.cause);
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
@@ -503,16 +487,10 @@ pub async fn c13_panicking_work_retries_after_the_lease<S: Store>(store: Arc<S>)
         .await;
     assert_eq!(p.disposition, retry(LEASE));
     assert_eq!((p.cause, p.attempt), (Cause::Panicked, 1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(p.cause, Cause::InFlight);
     clock.advance(LEASE);
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(
         (p.cause, p.recovery, p.attempt),
         (Cause::Succeeded, true, 2)
@@ -534,34 +512,18 @@ pub async fn c14_consumer_killed_mid_work_is_in_flight_then_recovered<S: Store>(
     let clock = ManualClock::starting_now();
     let consumer = consumer(store, &clock);
     let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let killed = tokio::spawn(async move {
-        let _: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                std::future::pending::<Out>().await
-            })
-            .await;
-    });
-    entered_rx.await.expect("in work");
+    // Killed while it holds: the work never finishes.
+    let (killed, _never) = holding(&consumer, &id, &runs, "never").await;
     killed.abort();
     let _ = killed.await;
     clock.advance(LEASE - Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(
         (p.cause, p.disposition),
         (Cause::InFlight, retry(Duration::from_secs(1)))
     );
     clock.advance(Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!((p.cause, p.recovery), (Cause::Succeeded, true));
     assert_eq!(runs.get(), 2);
 }
