@@ -36,6 +36,14 @@ fn decline(code: &str) -> Decline {
     }
 }
 
+/// A scenario's start: a manual clock, the default consumer on `store`
+/// with it, a fresh message id and a run counter.
+fn start<S: Store>(store: S) -> (ManualClock, Consumer<S>, String, Counter) {
+    let clock = ManualClock::starting_now();
+    let consumer = consumer(store, &clock);
+    (clock, consumer, message_id(), Counter::default())
+}
+
 /// Work that counts its runs and succeeds with `ch_<n>`.
 fn succeed(runs: &Counter) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
     let runs = runs.clone();
@@ -179,9 +187,7 @@ pub async fn c02_permanent_failure_dead_letters_when_configured<S: Store>(store:
 /// the backoff of its delivery count; each delivery runs the work again, as a
 /// recovery, until one succeeds.
 pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     for (delivery, after) in [(1u32, BASE), (2, BASE * 2), (4, BASE * 8)] {
         let r = runs.clone();
         let p: P = consumer
@@ -205,9 +211,7 @@ pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<
 /// C4: a redelivery of a processed message (even re-serialised JSON) replays
 /// the stored outcome, acknowledged, without running the work.
 pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let first: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_eq!(first.cause, Cause::Succeeded);
     let reordered: &[u8] = br#"{ "currency":"eur", "amount":1000.0, "order":"ord_1" }"#;
@@ -227,9 +231,7 @@ pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
 /// the work once; the others are told to retry after the lease, and a
 /// later redelivery replays.
 pub async fn c04_concurrent_duplicates_run_once<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let (release_tx, release_rx) = tokio::sync::watch::channel(false);
     let mut pending = Vec::new();
     for _ in 0..16 {
@@ -273,9 +275,7 @@ pub async fn c04_concurrent_duplicates_run_once<S: Store>(store: Arc<S>) {
 /// C5: a delivery while another holds a valid lease is retried after the
 /// lease left, without running.
 pub async fn c05_in_flight_retries_after_the_lease_left<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let (first, go_tx) = holding(&consumer, &id, &runs, "ch_first").await;
     clock.advance(Duration::from_secs(20));
     let second: P = deliver(&consumer, 2, &id, &runs).await;
@@ -290,9 +290,7 @@ pub async fn c05_in_flight_retries_after_the_lease_left<S: Store>(store: Arc<S>)
 /// runs the work as a recovery, with the resource id the first attempt
 /// saved, and is acknowledged.
 pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let (saved_tx, saved_rx) = oneshot::channel();
     let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
     let crashed = tokio::spawn(async move {
@@ -328,9 +326,7 @@ pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(st
 /// C7: a delivery whose lease was taken over before it completed is told to
 /// retry; its outcome is discarded and the newer attempt's is replayed.
 pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let (slow, go_tx) = holding(&consumer, &id, &runs, "ch_slow").await;
     clock.advance(LEASE + Duration::from_secs(1));
     let r = runs.clone();
@@ -356,9 +352,7 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
 /// C8: a message done long ago, whose response is no longer stored, is
 /// acknowledged without running.
 pub async fn c08_done_without_a_stored_response_is_acked<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let first: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_eq!(first.cause, Cause::Succeeded);
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
@@ -371,9 +365,7 @@ pub async fn c08_done_without_a_stored_response_is_acked<S: Store>(store: Arc<S>
 /// C9: the same message id with another payload (JSON or bytes) goes to
 /// the dead letter, without running, and the stored outcome is untouched.
 pub async fn c09_same_id_other_payload_is_dead_lettered<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let _: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     let other = br#"{"order":"ord_1","amount":999999,"currency":"eur"}"#;
     let p: P = consumer
@@ -425,10 +417,8 @@ pub async fn c10_unfingerprintable_payload_is_dead_lettered<S: Store>(store: Arc
 /// C11: the store unreachable at the claim: retry after the backoff, the
 /// work not run; once it is back, the next delivery runs.
 pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
     let failing = FailingStore::new(store);
-    let consumer = consumer(failing.clone(), &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(failing.clone());
     failing.fail_all(true);
     for (delivery, after) in [(1u32, BASE), (3, BASE * 4)] {
         let p: P = deliver(&consumer, delivery, &id, &runs).await;
@@ -448,10 +438,8 @@ pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>)
 /// store still fails is in flight, and once it is stored a redelivery is a
 /// replay. The work ran once.
 pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
     let failing = FailingStore::new(store);
-    let consumer = consumer(failing.clone(), &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(failing.clone());
     failing.fail_complete(true);
     let p: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_acked(&p, Cause::NotStored);
@@ -474,9 +462,7 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
 /// C13: a panicking work is a crash: retry after the lease, the record in
 /// flight until then, then a recovery.
 pub async fn c13_panicking_work_retries_after_the_lease<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let r = runs.clone();
     let p: P = consumer
         .process(&id, PAYLOAD, move |_| async move {
@@ -509,9 +495,7 @@ fn injected_panic() {
 /// flight until the lease ends (C5), then one recovers (C6); the work ran
 /// twice in all, the second time told to reconcile.
 pub async fn c14_consumer_killed_mid_work_is_in_flight_then_recovered<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     // Killed while it holds: the work never finishes.
     let (killed, _never) = holding(&consumer, &id, &runs, "never").await;
     killed.abort();
