@@ -460,6 +460,24 @@ async fn let_go(hold: WriteHold) {
     }
 }
 
+/// [`killed_process`] with a random owner and one record whose lease
+/// ended, nothing checked after the kill.
+async fn killed_process_one_ended<S: AdminStore>(store: S, backend: Backend) {
+    let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+    killed_process(store, backend, owner(), ended, || ()).await;
+}
+
+/// Runs `sql` on `pool`, dropping the test's own table or schema.
+async fn drop_on<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, sql: String)
+where
+    for<'p> &'p sqlx::Pool<DB>: sqlx::Executor<'p, Database = DB>,
+{
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 /// The whole operator story on one store, after a real process was killed
 /// holding `1 + ended.len()` records in flight.
 async fn killed_process<S: AdminStore>(
@@ -736,8 +754,7 @@ fn sqlite_killed_process() {
         let backend = Backend::Sqlite {
             path: path.display().to_string(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
+        killed_process_one_ended(store.clone(), backend).await;
         store.close().await;
         remove_sqlite_files(&path);
     });
@@ -752,44 +769,59 @@ fn remove_sqlite_files(path: &std::path::Path) {
     }
 }
 
-/// What connecting to the server at `url` gave, or a panic saying to
-/// start `server` or set `env`.
-fn reached<S>(
-    connected: Result<S, impl std::fmt::Display>,
-    server: &str,
-    url: &str,
-    env: &str,
-) -> S {
-    connected
-        .unwrap_or_else(|e| panic!("cannot reach {server} at {url} ({e}): start it or set {env}"))
+/// A server the tests use: its name, and the variable naming its URL.
+struct Server {
+    name: &'static str,
+    env: &'static str,
+    default_url: &'static str,
+}
+
+const POSTGRES: Server = Server {
+    name: "Postgres",
+    env: "IDEM_POSTGRES_URL",
+    default_url: "postgres://postgres@127.0.0.1:5432/test",
+};
+const MYSQL: Server = Server {
+    name: "MySQL/MariaDB",
+    env: "IDEM_MYSQL_URL",
+    default_url: "mysql://root@127.0.0.1:3306/test",
+};
+const REDIS: Server = Server {
+    name: "Redis",
+    env: "IDEM_REDIS_URL",
+    default_url: "redis://127.0.0.1:6379/",
+};
+
+impl Server {
+    /// Its URL: the variable's, else the default.
+    fn url(&self) -> String {
+        std::env::var(self.env).unwrap_or_else(|_| self.default_url.to_owned())
+    }
+
+    /// What connecting to it at `url` gave, or a panic saying to start it
+    /// or set its variable.
+    fn reached<S>(&self, url: &str, connected: Result<S, impl std::fmt::Display>) -> S {
+        connected.unwrap_or_else(|e| {
+            panic!(
+                "cannot reach {} at {url} ({e}): start it or set {}",
+                self.name, self.env
+            )
+        })
+    }
 }
 
 fn owner() -> String {
     format!("tenant-{}", IdempotencyKey::random())
 }
 
-fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
-
 fn mysql_killed_process() {
     runtime().block_on(async {
-        let url = mysql_url();
+        let url = MYSQL.url();
         let table = format!("idem_cli_{}", IdempotencyKey::random().as_str());
-        let store = reached(
-            idem_mysql::MySqlStore::connect(&url).await,
-            "MySQL/MariaDB",
-            &url,
-            "IDEM_MYSQL_URL",
-        )
-        .with_table_name(&table)
-        .expect("table name");
+        let store = MYSQL
+            .reached(&url, idem_mysql::MySqlStore::connect(&url).await)
+            .with_table_name(&table)
+            .expect("table name");
         // The tool creates the table (`migrate`), as an operator would.
         let args = ["--url", url.as_str(), "--table", table.as_str()].map(str::to_owned);
         let (code, doc) = idem(&args, &["migrate"]);
@@ -803,49 +835,29 @@ fn mysql_killed_process() {
             url: url.clone(),
             table: table.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
-        idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
-            "DROP TABLE `{table}`"
-        )))
-        .execute(store.pool())
-        .await
-        .expect("drop table");
+        killed_process_one_ended(store.clone(), backend).await;
+        drop_on(store.pool(), format!("DROP TABLE `{table}`")).await;
     });
-}
-
-fn redis_url() -> String {
-    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
 fn postgres_killed_process() {
     runtime().block_on(async {
-        let url = postgres_url();
+        let url = POSTGRES.url();
         let schema = format!(
             "idem_cli_{}",
             IdempotencyKey::random().as_str().to_lowercase()
         );
-        let store = reached(
-            idem_postgres::PgStore::connect(&url).await,
-            "Postgres",
-            &url,
-            "IDEM_POSTGRES_URL",
-        )
-        .with_schema_name(&schema)
-        .expect("schema name");
+        let store = POSTGRES
+            .reached(&url, idem_postgres::PgStore::connect(&url).await)
+            .with_schema_name(&schema)
+            .expect("schema name");
         store.migrate().await.expect("migrate");
         let backend = Backend::Postgres {
             url: url.clone(),
             schema: schema.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
-        idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA \"{schema}\" CASCADE"
-        )))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+        killed_process_one_ended(store.clone(), backend).await;
+        drop_on(store.pool(), format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
     });
 }
 
@@ -865,22 +877,17 @@ async fn delete_prefix(url: &str, prefix: &str) {
 
 fn redis_killed_process() {
     runtime().block_on(async {
-        let url = redis_url();
+        let url = REDIS.url();
         let prefix = format!("idemcli:{}:", IdempotencyKey::random().as_str());
-        let store = reached(
-            idem_redis::RedisStore::connect(&url).await,
-            "Redis",
-            &url,
-            "IDEM_REDIS_URL",
-        )
-        .with_prefix(&prefix)
-        .expect("prefix");
+        let store = REDIS
+            .reached(&url, idem_redis::RedisStore::connect(&url).await)
+            .with_prefix(&prefix)
+            .expect("prefix");
         let backend = Backend::Redis {
             url: url.clone(),
             prefix: prefix.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store, backend, owner(), ended, || ()).await;
+        killed_process_one_ended(store, backend).await;
         delete_prefix(&url, &prefix).await;
     });
 }
