@@ -50,16 +50,28 @@ fn succeed(runs: &Counter) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + 
     move |_| std::future::ready(Ok(charge(&format!("ch_{}", runs.hit()))))
 }
 
-/// Work that counts its runs and fails with `failure`.
-fn fail(
-    runs: &Counter,
-    failure: Failure<Decline>,
-) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
-    let runs = runs.clone();
-    move |_| {
-        runs.hit();
-        std::future::ready(Err(failure))
+/// Deliveries 1 and 2 of a fresh message whose work fails permanently with
+/// `code`; the work ran once. The message id and both results.
+async fn failing_permanently_twice<S: Store>(
+    consumer: &Consumer<S>,
+    code: &str,
+) -> (String, [P; 2]) {
+    let (id, runs) = (message_id(), Counter::default());
+    let mut results = Vec::new();
+    for delivery in 1..=2u32 {
+        let r = runs.clone();
+        let failure = Failure::permanent(decline(code));
+        let p: P = consumer
+            .delivery(delivery)
+            .process(&id, PAYLOAD, move |_| async move {
+                r.hit();
+                Err::<Charge, _>(failure)
+            })
+            .await;
+        results.push(p);
     }
+    assert_eq!(runs.get(), 1);
+    (id, results.try_into().expect("two deliveries"))
 }
 
 /// Delivery `n` of message `id` (the scenarios' payload), its work counted
@@ -139,23 +151,15 @@ pub async fn c02_permanent_failure_is_acked_and_reported_once<S: Store>(store: A
         })
         .build()
         .expect("consumer");
-    let (id, runs) = (message_id(), Counter::default());
-    for delivery in 1..=2u32 {
-        let declined = fail(&runs, Failure::permanent(decline("card_declined")));
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, declined)
-            .await;
-        assert_eq!(p.disposition, Disposition::Ack, "delivery {delivery}");
+    let (id, deliveries) = failing_permanently_twice(&consumer, "card_declined").await;
+    for (p, cause) in deliveries
+        .into_iter()
+        .zip([Cause::PermanentFailure, Cause::Replayed])
+    {
+        assert_eq!(p.disposition, Disposition::Ack, "{cause:?}");
         assert_eq!(p.outcome, Some(Outcome::Failure(decline("card_declined"))));
-        let cause = if delivery == 1 {
-            Cause::PermanentFailure
-        } else {
-            Cause::Replayed
-        };
         assert_eq!(p.cause, cause);
     }
-    assert_eq!(runs.get(), 1);
     let reported = reported.lock().expect("hook lock").clone();
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert!(reported[0].starts_with(&id) && reported[0].contains("card_declined"));
@@ -170,17 +174,11 @@ pub async fn c02_permanent_failure_dead_letters_when_configured<S: Store>(store:
         .permanent_failure(ConsumerPermanentFailure::DeadLetter)
         .build()
         .expect("consumer");
-    let (id, runs) = (message_id(), Counter::default());
-    for delivery in 1..=2u32 {
-        let unknown = fail(&runs, Failure::permanent(decline("unknown_account")));
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, unknown)
-            .await;
+    let (_, deliveries) = failing_permanently_twice(&consumer, "unknown_account").await;
+    for (p, replayed) in deliveries.into_iter().zip([false, true]) {
         assert_eq!(p.disposition, dead(DeadLetterReason::PermanentFailure));
-        assert_eq!(p.replayed, delivery == 2);
+        assert_eq!(p.replayed, replayed);
     }
-    assert_eq!(runs.get(), 1);
 }
 
 /// C3: a transient failure releases the key and asks for a redelivery after
