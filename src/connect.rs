@@ -840,16 +840,37 @@ mod tests {
         idem_core::IdempotencyKey::random().as_str().to_lowercase()
     }
 
+    /// The URL of a server of the tests: `$env`, else `default`.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+    fn server_url(env: &str, default: &str) -> String {
+        std::env::var(env).unwrap_or_else(|_| default.to_owned())
+    }
+
+    /// The store `options` open at `url`, or a panic saying to start
+    /// `server` or set `env`.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+    async fn reach(options: &ConnectOptions, url: &str, server: &str, env: &str) -> AnyStore {
+        options.connect(url).await.unwrap_or_else(|e| {
+            panic!("cannot reach {server} at {url} ({e}): start it or set {env}")
+        })
+    }
+
+    /// The Postgres the tests use (`IDEM_POSTGRES_URL`).
+    #[cfg(feature = "postgres")]
+    fn postgres_url() -> String {
+        server_url(
+            "IDEM_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        )
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_with_a_schema() {
-        let url = std::env::var("IDEM_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = postgres_url();
         let schema = format!("idem_connect_{}", random());
         let options = ConnectOptions::new().schema_name(&schema);
-        let store = options.connect(&url).await.unwrap_or_else(|e| {
-            panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
-        });
+        let store = reach(&options, &url, "Postgres", "IDEM_POSTGRES_URL").await;
         runs(store).await;
         let e = ConnectOptions::new()
             .schema_name("no such schema")
@@ -874,8 +895,7 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_requiring_synchronous_replication_is_refused_without_a_standby() {
-        let url = std::env::var("IDEM_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = postgres_url();
         let schema = format!("idem_connect_{}", random());
         let e = ConnectOptions::new()
             .schema_name(&schema)
@@ -899,8 +919,7 @@ mod tests {
     #[cfg(feature = "mysql")]
     #[tokio::test]
     async fn mysql_and_mariadb_urls_with_a_table() {
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = server_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
         let table = format!("idem_connect_{}", random());
         let options = ConnectOptions::new()
             .table_name(&table)
@@ -909,9 +928,7 @@ mod tests {
             .iter()
             .enumerate()
         {
-            let store = options.connect(url).await.unwrap_or_else(|e| {
-                panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
-            });
+            let store = reach(&options, url, "MySQL/MariaDB", "IDEM_MYSQL_URL").await;
             let reply = runs(store).await;
             assert_eq!(reply.is_replay(), i == 1, "both URL forms reach one table");
         }
@@ -941,7 +958,7 @@ mod tests {
     /// The Redis the tests use (`IDEM_REDIS_URL`).
     #[cfg(feature = "redis")]
     fn redis_url() -> String {
-        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+        server_url("IDEM_REDIS_URL", "redis://127.0.0.1:6379/")
     }
 
     /// Opens the store `options` name on the tests' Redis, and a connection
@@ -951,9 +968,7 @@ mod tests {
         options: ConnectOptions,
     ) -> (AnyStore, idem_redis::redis::aio::MultiplexedConnection) {
         let url = redis_url();
-        let store = options.connect(&url).await.unwrap_or_else(|e| {
-            panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-        });
+        let store = reach(&options, &url, "Redis", "IDEM_REDIS_URL").await;
         let conn = idem_redis::redis::Client::open(url.as_str())
             .expect("client")
             .get_multiplexed_async_connection()
