@@ -189,10 +189,7 @@ async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
             .delivered(&pull, "evt_transient", br#"{"order":"ord_2"}"#)
             .await;
         let p: P = nats
-            .handle(
-                &first,
-                runs.giving(Err(Failure::transient("psp 503".into()))),
-            )
+            .handle(&first, runs.transient("psp 503"))
             .await
             .expect("handle");
         let nakked = Instant::now();
@@ -241,10 +238,7 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
             .delivered(&pull, "evt_permanent", br#"{"order":"ord_3"}"#)
             .await;
         let p: P = nats
-            .handle(
-                &msg,
-                runs.giving(Err(Failure::permanent("unknown account".into()))),
-            )
+            .handle(&msg, runs.permanent("unknown account"))
             .await
             .expect("handle");
         assert_dead_lettered(&p, DeadLetterReason::PermanentFailure);

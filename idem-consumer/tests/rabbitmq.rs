@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use idem_consumer::rabbitmq::RabbitConsumer;
 use idem_consumer::{Cause, DeadLetterReason, Disposition};
-use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
+use idem_core::{Idem, IdempotencyKey, MemoryStore};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
@@ -255,7 +255,7 @@ async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
             .expect("delivery");
         let handled = Instant::now();
         let p: P = rabbit
-            .handle(&d, runs.giving(Err(Failure::transient("psp 503".into()))))
+            .handle(&d, runs.transient("psp 503"))
             .await
             .expect("handle");
         assert_retry(&p, Duration::from_millis(600));
@@ -295,10 +295,7 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
             .await
             .expect("delivery");
         let p: P = rabbit
-            .handle(
-                &d,
-                runs.giving(Err(Failure::permanent("unknown account".into()))),
-            )
+            .handle(&d, runs.permanent("unknown account"))
             .await
             .expect("handle");
         assert_dead_lettered(&p, DeadLetterReason::PermanentFailure);

@@ -87,6 +87,16 @@ impl Runs {
         }
     }
 
+    /// Work that counts its run and fails transiently with `error`.
+    pub fn transient(&self, error: &str) -> impl FnOnce(Attempt) -> Ready<Out> + Send + use<> {
+        self.giving(Err(Failure::transient(error.to_owned())))
+    }
+
+    /// Work that counts its run and fails permanently with `error`.
+    pub fn permanent(&self, error: &str) -> impl FnOnce(Attempt) -> Ready<Out> + Send + use<> {
+        self.giving(Err(Failure::permanent(error.to_owned())))
+    }
+
     /// Counts a run of `attempt`.
     pub fn record(&self, attempt: &Attempt) {
         self.runs.fetch_add(1, Ordering::SeqCst);
