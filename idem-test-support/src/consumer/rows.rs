@@ -50,6 +50,18 @@ fn succeed(runs: &Counter) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + 
     move |_| std::future::ready(Ok(charge(&format!("ch_{}", runs.hit()))))
 }
 
+/// Work that counts its runs and succeeds with the charge `id`.
+fn succeed_as(
+    runs: &Counter,
+    id: &'static str,
+) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
+    let runs = runs.clone();
+    move |_| {
+        runs.hit();
+        std::future::ready(Ok(charge(id)))
+    }
+}
+
 /// Deliveries 1 and 2 of a fresh message whose work fails permanently with
 /// `code`; the work ran once. The message id and both results.
 async fn failing_permanently_twice<S: Store>(
@@ -327,13 +339,9 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
     let (clock, consumer, id, runs) = start(store);
     let (slow, go_tx) = holding(&consumer, &id, &runs, "ch_slow").await;
     clock.advance(LEASE + Duration::from_secs(1));
-    let r = runs.clone();
     let newer: P = consumer
         .delivery(2)
-        .process(&id, PAYLOAD, move |_| async move {
-            r.hit();
-            Ok(charge("ch_newer"))
-        })
+        .process(&id, PAYLOAD, succeed_as(&runs, "ch_newer"))
         .await;
     assert_eq!((newer.cause, newer.recovery), (Cause::Succeeded, true));
     go_tx.send(()).expect("slow still waiting");
