@@ -112,13 +112,47 @@ impl support::Fixture for Fixture {
     }
 }
 
-/// Runs `scenario` and deletes the stream even when it fails.
-async fn with_nats<F, Fut>(duplicate_window: Duration, scenario: F)
+/// A test's stream and durable pull consumer.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// The stream's duplicate window.
+    duplicate_window: Duration,
+    /// The consumer's ack wait (when JetStream redelivers an unacked message).
+    ack_wait: Duration,
+}
+
+/// No resend within the test is stored again; redelivery after 1 s.
+const QUICK_REDELIVERY: Setup = Setup {
+    duplicate_window: Duration::from_secs(120),
+    ack_wait: Duration::from_secs(1),
+};
+
+/// No resend within the test is stored again; redelivery after 5 s, past
+/// the test's own waits.
+const SLOW_REDELIVERY: Setup = Setup {
+    duplicate_window: Duration::from_secs(120),
+    ack_wait: Duration::from_secs(5),
+};
+
+/// A resend after 200 ms is stored again; redelivery after 5 s.
+const SHORT_WINDOW: Setup = Setup {
+    duplicate_window: Duration::from_millis(200),
+    ack_wait: Duration::from_secs(5),
+};
+
+/// Runs `scenario` on a stream and pull consumer made as `setup` says, and
+/// deletes the stream even when it fails.
+async fn with_nats<F, Fut>(setup: Setup, scenario: F)
 where
-    F: FnOnce(Arc<Fixture>) -> Fut,
+    F: FnOnce(Arc<Fixture>, PullConsumer) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    support::with_fixture(Fixture::new(duplicate_window).await, scenario).await;
+    let fx = Fixture::new(setup.duplicate_window).await;
+    support::with_fixture(fx, move |fx| async move {
+        let pull = fx.pull(setup.ack_wait).await;
+        scenario(fx, pull).await;
+    })
+    .await;
 }
 
 /// The next message, or `None` after `wait`.
@@ -150,8 +184,7 @@ async fn consumer() -> idem_consumer::Consumer<SqliteStore> {
 /// acks on this server version.
 #[tokio::test]
 async fn redelivered_message_runs_the_work_once() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let nats = NatsConsumer::new(consumer().await);
         let runs = Runs::default();
         let first = fx
@@ -181,8 +214,7 @@ async fn redelivered_message_runs_the_work_once() {
 /// recovery, then the message is acked.
 #[tokio::test]
 async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
         let nats = NatsConsumer::new(consumer().await);
         let runs = Runs::default();
         let first = fx
@@ -215,8 +247,7 @@ async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
 /// subject (with the reason header) and is `Term`ed: it never comes back.
 #[tokio::test]
 async fn permanent_failure_is_dead_lettered_and_termed() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let store = SqliteStore::memory().await.expect("sqlite");
         let js = fx.js.clone();
         let prefix = format!("{}.dlq", fx.prefix);
@@ -276,8 +307,7 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
 /// without running the work.
 #[tokio::test]
 async fn duplicate_past_the_publish_window_is_acked_without_running() {
-    with_nats(Duration::from_millis(200), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SHORT_WINDOW, |fx, pull| async move {
         let nats = NatsConsumer::new(consumer().await);
         let runs = Runs::default();
         fx.publish(Some("evt_dup"), br#"{"order":"ord_4"}"#).await;
@@ -305,8 +335,7 @@ async fn duplicate_past_the_publish_window_is_acked_without_running() {
 /// dead-letter hook that fails naks instead, so nothing is lost.
 #[tokio::test]
 async fn sequence_keys_mismatches_and_a_failing_dead_letter_hook() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
         let core = backing_off(
             Idem::new(MemoryStore::new()),
             Duration::from_millis(300),
@@ -357,8 +386,7 @@ async fn sequence_keys_mismatches_and_a_failing_dead_letter_hook() {
 /// `ack_wait`, and the idem lease is extended alongside.
 #[tokio::test]
 async fn progress_acks_hold_the_message_during_long_work() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let nats = NatsConsumer::new(consumer().await).progress_every(Duration::from_millis(300));
         let msg = fx
             .delivered(&pull, "evt_slow", br#"{"order":"ord_5"}"#)
@@ -394,8 +422,7 @@ async fn progress_acks_hold_the_message_during_long_work() {
 /// shutdown waits for the messages in hand.
 #[tokio::test]
 async fn run_processes_a_stream_with_bounded_concurrency_and_stops_gracefully() {
-    with_nats(Duration::from_millis(200), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SHORT_WINDOW, |fx, pull| async move {
         let nats = NatsConsumer::new(consumer().await);
         const IDS: [&str; 8] = ["o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8"];
         let published = Instant::now();
@@ -470,8 +497,7 @@ async fn all_acked(pull: &PullConsumer, seq: u64) {
 /// about the lease left, and the work runs once.
 #[tokio::test]
 async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let store = SqliteStore::memory().await.expect("sqlite");
         let policy = idem_core::Policy::builder()
             .lease(Duration::from_secs(30))
@@ -519,8 +545,7 @@ async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
 /// redelivered; once the store is back, it runs.
 #[tokio::test]
 async fn store_down_naks_then_the_redelivery_runs() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
         let failing = idem_core::testkit::FailingStore::new(Arc::new(MemoryStore::new()));
         let nats = NatsConsumer::new(backing_off(
             Idem::new(failing.clone()),
