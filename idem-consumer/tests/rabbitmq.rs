@@ -191,6 +191,11 @@ async fn next(c: &mut lapin::Consumer, wait: Duration) -> Option<Delivery> {
         .map(|d| d.expect("delivery"))
 }
 
+/// The next delivery on `c`, which must come within 2 s (`what` it is).
+async fn delivery(c: &mut lapin::Consumer, what: &str) -> Delivery {
+    next(c, Duration::from_secs(2)).await.expect(what)
+}
+
 /// A consumer retrying after 600 ms (up to 5 s), no jitter.
 async fn consumer() -> idem_consumer::Consumer<idem_sqlite::SqliteStore> {
     support::consumer(Duration::from_millis(600)).await
@@ -207,9 +212,7 @@ async fn redelivered_message_runs_the_work_once() {
         fx.publish_id("evt_redelivered", br#"{"order":"ord_1"}"#)
             .await;
         let (dying, mut first) = fx.subscribe().await;
-        let d = next(&mut first, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut first, "delivery").await;
         let p: P = rabbit
             .consumer()
             .process("evt_redelivered", &d.data, runs.ok("ch_1"))
@@ -220,9 +223,7 @@ async fn redelivered_message_runs_the_work_once() {
             .await
             .expect("close");
         let (_ch, mut second) = fx.subscribe().await;
-        let again = next(&mut second, Duration::from_secs(2))
-            .await
-            .expect("redelivery");
+        let again = delivery(&mut second, "redelivery").await;
         assert!(again.redelivered);
         let p: P = rabbit
             .handle(&again, runs.ok("ch_2"))
@@ -250,9 +251,7 @@ async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
         fx.publish_id("evt_transient", br#"{"order":"ord_2"}"#)
             .await;
         let (_ch, mut sub) = fx.subscribe().await;
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut sub, "delivery").await;
         let handled = Instant::now();
         let p: P = rabbit
             .handle(&d, runs.transient("psp 503"))
@@ -291,17 +290,13 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
         fx.publish(None, FieldTable::default(), b"no id at all")
             .await;
         let (_ch, mut sub) = fx.subscribe().await;
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut sub, "delivery").await;
         let p: P = rabbit
             .handle(&d, runs.permanent("unknown account"))
             .await
             .expect("handle");
         assert_dead_lettered(&p, DeadLetterReason::PermanentFailure);
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("keyless delivery");
+        let d = delivery(&mut sub, "keyless delivery").await;
         let p: P = rabbit.handle(&d, runs.ok("x")).await.expect("handle");
         assert_eq!(
             (p.disposition, p.cause),
@@ -356,9 +351,7 @@ async fn duplicates_are_acked_without_running() {
         let (_ch, mut sub) = fx.subscribe().await;
         let mut causes = Vec::new();
         for _ in 0..4 {
-            let d = next(&mut sub, Duration::from_secs(2))
-                .await
-                .expect("delivery");
+            let d = delivery(&mut sub, "delivery").await;
             let p: P = rabbit.handle(&d, runs.ok("ch")).await.expect("handle");
             assert!(p.disposition.is_ack());
             causes.push(p.cause);
