@@ -332,6 +332,11 @@ impl Schema {
         format!("{}#{}", postgres_url(), self.name)
     }
 
+    /// The backend argument of this schema.
+    fn backend(&self) -> String {
+        format!("postgres:{}", self.url())
+    }
+
     fn effects(&self) -> i64 {
         self.rt.block_on(async {
             sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -612,7 +617,7 @@ fn store_work_ignoring_the_downstream_key_is_caught() {
 #[test]
 fn store_killed_after_the_call_postgres() {
     let schema = Schema::new();
-    store_killed_after_the_call(&format!("postgres:{}", schema.url()));
+    store_killed_after_the_call(&schema.backend());
 }
 
 #[test]
@@ -771,5 +776,5 @@ fn webhook_killed_in_the_handler_sqlite_file() {
 #[test]
 fn webhook_killed_in_the_handler_postgres() {
     let schema = Schema::new();
-    webhook_killed_in_the_handler(&format!("postgres:{}", schema.url()));
+    webhook_killed_in_the_handler(&schema.backend());
 }
