@@ -173,9 +173,9 @@ async fn assert_nothing_pending(pull: &PullConsumer) {
     assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
 }
 
-/// A consumer retrying after 700 ms (up to 5 s), no jitter.
-async fn consumer() -> idem_consumer::Consumer<SqliteStore> {
-    support::consumer(Duration::from_millis(700)).await
+/// The adapter on a consumer retrying after 700 ms (up to 5 s), no jitter.
+async fn adapter() -> NatsConsumer<SqliteStore> {
+    NatsConsumer::new(support::consumer(Duration::from_millis(700)).await)
 }
 
 /// A message whose ack was lost (the consumer processed it, then died) is
@@ -185,7 +185,7 @@ async fn consumer() -> idem_consumer::Consumer<SqliteStore> {
 #[tokio::test]
 async fn redelivered_message_runs_the_work_once() {
     with_nats(QUICK_REDELIVERY, |fx, pull| async move {
-        let nats = NatsConsumer::new(consumer().await);
+        let nats = adapter().await;
         let runs = Runs::default();
         let first = fx
             .delivered(&pull, "evt_redelivered", br#"{"order":"ord_1"}"#)
@@ -215,7 +215,7 @@ async fn redelivered_message_runs_the_work_once() {
 #[tokio::test]
 async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
     with_nats(SLOW_REDELIVERY, |fx, pull| async move {
-        let nats = NatsConsumer::new(consumer().await);
+        let nats = adapter().await;
         let runs = Runs::default();
         let first = fx
             .delivered(&pull, "evt_transient", br#"{"order":"ord_2"}"#)
@@ -308,7 +308,7 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
 #[tokio::test]
 async fn duplicate_past_the_publish_window_is_acked_without_running() {
     with_nats(SHORT_WINDOW, |fx, pull| async move {
-        let nats = NatsConsumer::new(consumer().await);
+        let nats = adapter().await;
         let runs = Runs::default();
         fx.publish(Some("evt_dup"), br#"{"order":"ord_4"}"#).await;
         tokio::time::sleep(Duration::from_millis(400)).await; // past the broker's window
@@ -387,7 +387,7 @@ async fn sequence_keys_mismatches_and_a_failing_dead_letter_hook() {
 #[tokio::test]
 async fn progress_acks_hold_the_message_during_long_work() {
     with_nats(QUICK_REDELIVERY, |fx, pull| async move {
-        let nats = NatsConsumer::new(consumer().await).progress_every(Duration::from_millis(300));
+        let nats = adapter().await.progress_every(Duration::from_millis(300));
         let msg = fx
             .delivered(&pull, "evt_slow", br#"{"order":"ord_5"}"#)
             .await;
@@ -423,7 +423,7 @@ async fn progress_acks_hold_the_message_during_long_work() {
 #[tokio::test]
 async fn run_processes_a_stream_with_bounded_concurrency_and_stops_gracefully() {
     with_nats(SHORT_WINDOW, |fx, pull| async move {
-        let nats = NatsConsumer::new(consumer().await);
+        let nats = adapter().await;
         const IDS: [&str; 8] = ["o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8"];
         let published = Instant::now();
         for id in IDS {

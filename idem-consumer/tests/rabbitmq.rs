@@ -196,9 +196,9 @@ async fn delivery(c: &mut lapin::Consumer, what: &str) -> Delivery {
     next(c, Duration::from_secs(2)).await.expect(what)
 }
 
-/// A consumer retrying after 600 ms (up to 5 s), no jitter.
-async fn consumer() -> idem_consumer::Consumer<idem_sqlite::SqliteStore> {
-    support::consumer(Duration::from_millis(600)).await
+/// The adapter on a consumer retrying after 600 ms (up to 5 s), no jitter.
+async fn adapter() -> RabbitConsumer<idem_sqlite::SqliteStore> {
+    RabbitConsumer::new(support::consumer(Duration::from_millis(600)).await)
 }
 
 /// A consumer that processed a message and died before acking it (its
@@ -207,7 +207,7 @@ async fn consumer() -> idem_consumer::Consumer<idem_sqlite::SqliteStore> {
 #[tokio::test]
 async fn redelivered_message_runs_the_work_once() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await);
+        let rabbit = adapter().await;
         let runs = Runs::default();
         fx.publish_id("evt_redelivered", br#"{"order":"ord_1"}"#)
             .await;
@@ -246,7 +246,7 @@ async fn redelivered_message_runs_the_work_once() {
 #[tokio::test]
 async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await);
+        let rabbit = adapter().await;
         let runs = Runs::default();
         fx.publish_id("evt_transient", br#"{"order":"ord_2"}"#)
             .await;
@@ -336,7 +336,7 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
 #[tokio::test]
 async fn duplicates_are_acked_without_running() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await).key_header("event-id");
+        let rabbit = adapter().await.key_header("event-id");
         let runs = Runs::default();
         let mut headers = FieldTable::default();
         headers.insert(
