@@ -86,12 +86,6 @@ impl DeadLetterReason {
     }
 }
 
-impl fmt::Display for DeadLetterReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Why [`Processed::disposition`] is what it is: one variant per row of the
 /// behaviour table, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -152,11 +146,18 @@ impl Cause {
     }
 }
 
-impl fmt::Display for Cause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// `Display` as the stable code each enum's `as_str` gives.
+macro_rules! display_as_str {
+    ($($name:ident),+) => {$(
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
 }
+
+display_as_str!(DeadLetterReason, Cause);
 
 /// The result of processing one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
