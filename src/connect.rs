@@ -102,6 +102,21 @@ impl Default for ConnectOptions {
     }
 }
 
+/// [`ConnectOptions`]' plain setters: each sets its field to what it is
+/// given (a name as an owned `Some`) and returns the options.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;)+) => {
+        $(
+            $(#[$doc])*
+            #[must_use]
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                self.$field = $value;
+                self
+            }
+        )+
+    };
+}
+
 impl ConnectOptions {
     /// The options [`connect`] uses: migrate, the backends' default names
     /// and timeouts.
@@ -120,94 +135,64 @@ impl ConnectOptions {
         }
     }
 
-    /// Whether to create the schema or bring it up to date while connecting
-    /// (default `true`):
-    ///
-    /// | backend | `true` | `false` |
-    /// |---|---|---|
-    /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
-    /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
-    /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
-    /// | MySQL / MariaDB | `MySqlStore::migrate`: the table and its index, idempotent, under a named lock; needs `CREATE` | no DDL: apply `MySqlStore::migration_sql` with your own tool |
-    /// | Redis | nothing: Redis has no schema | nothing |
-    #[must_use]
-    pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
+    setters! {
+        /// Whether to create the schema or bring it up to date while connecting
+        /// (default `true`):
+        ///
+        /// | backend | `true` | `false` |
+        /// |---|---|---|
+        /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
+        /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
+        /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
+        /// | MySQL / MariaDB | `MySqlStore::migrate`: the table and its index, idempotent, under a named lock; needs `CREATE` | no DDL: apply `MySqlStore::migration_sql` with your own tool |
+        /// | Redis | nothing: Redis has no schema | nothing |
+        migrate(migrate: bool) => migrate = migrate;
 
-    /// The Postgres schema (default `public`). Ignored by other backends.
-    #[must_use]
-    pub fn schema_name(mut self, schema: &str) -> Self {
-        self.schema_name = Some(schema.to_owned());
-        self
-    }
+        /// The Postgres schema (default `public`). Ignored by other backends.
+        schema_name(schema: &str) => schema_name = Some(schema.to_owned());
 
-    /// The table on the SQL backends (default `idem_records`, validated as an
-    /// identifier by each). Ignored by Redis.
-    #[must_use]
-    pub fn table_name(mut self, table: &str) -> Self {
-        self.table_name = Some(table.to_owned());
-        self
-    }
+        /// The table on the SQL backends (default `idem_records`, validated as an
+        /// identifier by each). Ignored by Redis.
+        table_name(table: &str) => table_name = Some(table.to_owned());
 
-    /// The Redis key prefix (default `idem:`). Ignored by other backends.
-    #[must_use]
-    pub fn key_prefix(mut self, prefix: &str) -> Self {
-        self.key_prefix = Some(prefix.to_owned());
-        self
-    }
+        /// The Redis key prefix (default `idem:`). Ignored by other backends.
+        key_prefix(prefix: &str) => key_prefix = Some(prefix.to_owned());
 
-    /// Keeps a response body of up to `bytes` inside its Redis record, so a
-    /// replay is one command (`RedisStore::with_inline_body_limit`; default
-    /// 0: every body in a key of its own). Such a body stays in memory until
-    /// the key expires, and versions before the option refuse those records:
-    /// read that method's memory figures and rolling-upgrade rule first.
-    /// Ignored by other backends.
-    #[must_use]
-    pub fn redis_inline_body_limit(mut self, bytes: usize) -> Self {
-        self.inline_body_limit = bytes;
-        self
-    }
+        /// Keeps a response body of up to `bytes` inside its Redis record, so a
+        /// replay is one command (`RedisStore::with_inline_body_limit`; default
+        /// 0: every body in a key of its own). Such a body stays in memory until
+        /// the key expires, and versions before the option refuse those records:
+        /// read that method's memory figures and rolling-upgrade rule first.
+        /// Ignored by other backends.
+        redis_inline_body_limit(bytes: usize) => inline_body_limit = bytes;
 
-    /// How long one call may wait on the server before it fails: the
-    /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
-    /// wait for its write lock), on Postgres `statement_timeout` (set on
-    /// every connection of the store's pool) plus the store's
-    /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
-    /// a synchronous standby (`statement_timeout` does not), and on MySQL
-    /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
-    /// at least 1, set on every connection). Redis calls wait on no lock and
-    /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
-    /// acquire, no statement or call timeout).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
+        /// How long one call may wait on the server before it fails: the
+        /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
+        /// wait for its write lock), on Postgres `statement_timeout` (set on
+        /// every connection of the store's pool) plus the store's
+        /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
+        /// a synchronous standby (`statement_timeout` does not), and on MySQL
+        /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
+        /// at least 1, set on every connection). Redis calls wait on no lock and
+        /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
+        /// acquire, no statement or call timeout).
+        timeout(timeout: Duration) => timeout = Some(timeout);
 
-    /// On Postgres, refuse to run unless commits are synchronous to a
-    /// standby (`PgStore::require_synchronous_replication`): connecting
-    /// fails with `idem_postgres::Error::NotSynchronous` (inside
-    /// [`ConnectError::Connect`]) when `synchronous_standby_names` names
-    /// none, where without it the store only warns once. Default `false`.
-    /// Ignored by the other backends.
-    #[must_use]
-    pub fn require_synchronous_replication(mut self, require: bool) -> Self {
-        self.require_synchronous_replication = require;
-        self
-    }
+        /// On Postgres, refuse to run unless commits are synchronous to a
+        /// standby (`PgStore::require_synchronous_replication`): connecting
+        /// fails with `idem_postgres::Error::NotSynchronous` (inside
+        /// [`ConnectError::Connect`]) when `synchronous_standby_names` names
+        /// none, where without it the store only warns once. Default `false`.
+        /// Ignored by the other backends.
+        require_synchronous_replication(require: bool) => require_synchronous_replication = require;
 
-    /// On Postgres, with
-    /// [`require_synchronous_replication`](Self::require_synchronous_replication):
-    /// how often the store checks the server again
-    /// (`PgStore::with_replication_check_period`; default 5 s, zero before
-    /// every write). A failed check refuses every write (503) until a check
-    /// passes. Ignored by the other backends.
-    #[must_use]
-    pub fn replication_check_period(mut self, period: Duration) -> Self {
-        self.replication_check_period = Some(period);
-        self
+        /// On Postgres, with
+        /// [`require_synchronous_replication`](Self::require_synchronous_replication):
+        /// how often the store checks the server again
+        /// (`PgStore::with_replication_check_period`; default 5 s, zero before
+        /// every write). A failed check refuses every write (503) until a check
+        /// passes. Ignored by the other backends.
+        replication_check_period(period: Duration) => replication_check_period = Some(period);
     }
 
     /// Open the store for reading only (default `false`): no migration,
