@@ -413,6 +413,31 @@ trait SqlStore: idem_core::store::AdminStore + Sized {
     fn migrate_schema(&self) -> impl Future<Output = Result<(), BoxDynError>> + Send;
 }
 
+/// [`SqlStore`] for `$store`, whose `with_table_name` and `migrate` every
+/// SQL backend spells the same, named `$backend`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+macro_rules! sql_store {
+    ($store:ty, $backend:literal) => {
+        impl SqlStore for $store {
+            const BACKEND: &'static str = $backend;
+            fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
+                Ok(self.with_table_name(table)?)
+            }
+            async fn migrate_schema(&self) -> Result<(), BoxDynError> {
+                self.migrate().await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+sql_store!(idem_sqlite::SqliteStore, "sqlite");
+#[cfg(feature = "postgres")]
+sql_store!(idem_postgres::PgStore, "postgres");
+#[cfg(feature = "mysql")]
+sql_store!(idem_mysql::MySqlStore, "mysql");
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl ConnectOptions {
     /// The steps every SQL backend shares after connecting: the table
@@ -485,17 +510,6 @@ impl ConnectOptions {
     }
 }
 
-#[cfg(feature = "sqlite")]
-impl SqlStore for idem_sqlite::SqliteStore {
-    const BACKEND: &'static str = "sqlite";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        Ok(self.migrate().await?)
-    }
-}
-
 /// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
 /// `sqlite://:memory:`, `?mode=memory`).
 #[cfg(feature = "sqlite")]
@@ -550,18 +564,6 @@ impl ConnectOptions {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl SqlStore for idem_postgres::PgStore {
-    const BACKEND: &'static str = "postgres";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        self.migrate().await?;
-        Ok(())
-    }
-}
-
 #[cfg(feature = "mysql")]
 impl ConnectOptions {
     async fn mysql(&self, url: &str) -> Result<AnyStore, ConnectError> {
@@ -591,17 +593,6 @@ impl ConnectOptions {
             .await
             .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         self.finish(store, self.migrate).await
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl SqlStore for idem_mysql::MySqlStore {
-    const BACKEND: &'static str = "mysql";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        Ok(self.migrate().await?)
     }
 }
 
