@@ -96,6 +96,23 @@ async fn measure<L: Target, R: Target>(backend: &str, lib: L, raw: R) -> [Figure
     out
 }
 
+/// Measures `backend` (the library `lib`, the baseline `raw`) and adds its
+/// row to `rows`.
+async fn add_row<L: Target, R: Target>(
+    rows: &mut Vec<(String, [Figures; 3])>,
+    backend: &str,
+    lib: L,
+    raw: R,
+) {
+    rows.push((backend.to_owned(), measure(backend, lib, raw).await));
+}
+
+/// The URL of a server the bench may use: `$env`, else `default`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+fn server_url(env: &str, default: &str) -> String {
+    std::env::var(env).unwrap_or_else(|_| default.to_owned())
+}
+
 fn progress(backend: &str, what: &str) {
     let mut err = std::io::stderr();
     let _ = write!(err, "\r\x1b[2K{backend}: {what}...");
@@ -136,15 +153,8 @@ fn print_table(rows: &[(String, [Figures; 3])]) {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let mut rows = Vec::new();
-    rows.push((
-        "memory".to_owned(),
-        measure(
-            "memory",
-            Lib::new(MemoryStore::new(), BODY),
-            RawMemory::new(BODY),
-        )
-        .await,
-    ));
+    let (lib, raw) = (Lib::new(MemoryStore::new(), BODY), RawMemory::new(BODY));
+    add_row(&mut rows, "memory", lib, raw).await;
 
     #[cfg(feature = "sqlite")]
     {
@@ -155,20 +165,14 @@ async fn main() {
         match SqliteStore::open(&db.0).await {
             Ok(store) => {
                 let raw = RawSqlite::new(&store, BODY);
-                rows.push((
-                    "sqlite-file".to_owned(),
-                    measure("sqlite-file", Lib::new(store, BODY), raw).await,
-                ));
+                add_row(&mut rows, "sqlite-file", Lib::new(store, BODY), raw).await;
             }
             Err(e) => eprintln!("\nNOTE: SQLite file unavailable ({e}): skipped"),
         }
         match SqliteStore::memory().await {
             Ok(store) => {
                 let raw = RawSqlite::new(&store, BODY);
-                rows.push((
-                    "sqlite-memory".to_owned(),
-                    measure("sqlite-memory", Lib::new(store, BODY), raw).await,
-                ));
+                add_row(&mut rows, "sqlite-memory", Lib::new(store, BODY), raw).await;
             }
             Err(e) => eprintln!("\nNOTE: SQLite memory unavailable ({e}): skipped"),
         }
@@ -179,8 +183,10 @@ async fn main() {
         use common::stores::postgres::RawPostgres;
         use idem::postgres::PgStore;
 
-        let url = std::env::var("IDEM_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = server_url(
+            "IDEM_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        );
         match PgStore::connect(&url).await {
             Ok(store) => {
                 let store = store
@@ -189,10 +195,7 @@ async fn main() {
                     .expect("valid names");
                 store.migrate().await.expect("migrate the bench schema");
                 let raw = RawPostgres::new(&store, BODY);
-                rows.push((
-                    "postgres".to_owned(),
-                    measure("postgres", Lib::new(store.clone(), BODY), raw).await,
-                ));
+                add_row(&mut rows, "postgres", Lib::new(store.clone(), BODY), raw).await;
                 let drop = idem::postgres::sqlx::AssertSqlSafe(
                     "DROP SCHEMA IF EXISTS \"idem_bench\" CASCADE",
                 );
@@ -212,8 +215,7 @@ async fn main() {
         use common::stores::mysql::RawMySql;
         use idem::mysql::MySqlStore;
 
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = server_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
         match MySqlStore::connect(&url).await {
             Ok(store) => {
                 let store = store
@@ -221,10 +223,7 @@ async fn main() {
                     .expect("valid name");
                 store.migrate().await.expect("migrate the bench table");
                 let raw = RawMySql::new(&store, BODY);
-                rows.push((
-                    "mysql".to_owned(),
-                    measure("mysql", Lib::new(store.clone(), BODY), raw).await,
-                ));
+                add_row(&mut rows, "mysql", Lib::new(store.clone(), BODY), raw).await;
                 let drop =
                     idem::mysql::sqlx::AssertSqlSafe("DROP TABLE IF EXISTS `idem_compare_records`");
                 if let Err(e) = idem::mysql::sqlx::raw_sql(drop).execute(store.pool()).await {
@@ -241,8 +240,7 @@ async fn main() {
         use idem::redis::RedisStore;
         use idem::redis::redis::aio::ConnectionManager;
 
-        let url = std::env::var("IDEM_REDIS_URL")
-            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+        let url = server_url("IDEM_REDIS_URL", "redis://127.0.0.1:6379/");
         let conn = match idem::redis::redis::Client::open(url.as_str()) {
             Ok(client) => ConnectionManager::new(client).await,
             Err(e) => Err(e),
@@ -254,10 +252,7 @@ async fn main() {
                     .with_prefix(&prefix)
                     .expect("valid prefix");
                 let raw = RawRedis::new(conn.clone(), &format!("{prefix}raw:"), BODY);
-                rows.push((
-                    "redis".to_owned(),
-                    measure("redis", Lib::new(store, BODY), raw).await,
-                ));
+                add_row(&mut rows, "redis", Lib::new(store, BODY), raw).await;
                 clean(&conn, &prefix).await;
             }
             Err(e) => eprintln!("\nNOTE: Redis at {url} unreachable ({e}): skipped"),

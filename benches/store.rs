@@ -431,6 +431,39 @@ fn bench_backend<L, R, M, P, F>(
     }
 }
 
+/// A SQL backend's sides on `store`: the library, its own statements `raw`,
+/// the minimal pattern `min` builds on the store's pool, and that pattern
+/// again with one checkout per statement (`two`); no peer library.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+async fn sql_sides<S, R, M, F>(
+    store: S,
+    body: usize,
+    raw: R,
+    min: impl Fn() -> F,
+    two: fn(M) -> M,
+) -> (Lib<S>, R, M, Option<M>, Option<NoPeer>)
+where
+    S: idem_core::store::Store,
+    F: std::future::Future<Output = M>,
+{
+    let one = min().await;
+    let two = two(min().await);
+    (Lib::new(store, body), raw, one, Some(two), None)
+}
+
+/// The server's answer to a connection, or `None` (and a note on stderr:
+/// its groups, named in lower case, are not run) when `server` at `url` is
+/// unreachable.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+fn reached<T>(connected: Result<T, impl std::fmt::Display>, server: &str, url: &str) -> Option<T> {
+    let groups = server.to_lowercase();
+    connected
+        .map_err(|e| {
+            eprintln!("NOTE: {server} at {url} unreachable ({e}): {groups} groups NOT run")
+        })
+        .ok()
+}
+
 fn memory(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     for body in common::stores::BODIES {
         bench_backend(c, rt, summary, "memory", body, |_| async move {
@@ -472,22 +505,16 @@ fn sqlite(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                     .await
                     .expect("open SQLite file");
                 store.migrate().await.expect("migrate");
-                let raw = RawSqlite::new(&store, body);
-                let min = MinSqlite::new(store.pool().clone(), body).await;
-                let min2 = MinSqlite::new(store.pool().clone(), body)
-                    .await
-                    .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
+                let (raw, pool) = (RawSqlite::new(&store, body), store.pool().clone());
+                let min = move || MinSqlite::new(pool.clone(), body);
+                sql_sides(store, body, raw, min, MinSqlite::two_checkouts).await
             }
         });
         bench_backend(c, rt, summary, "sqlite-memory", body, |_| async move {
             let store = SqliteStore::memory().await.expect("open SQLite memory");
-            let raw = RawSqlite::new(&store, body);
-            let min = MinSqlite::new(store.pool().clone(), body).await;
-            let min2 = MinSqlite::new(store.pool().clone(), body)
-                .await
-                .two_checkouts();
-            (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
+            let (raw, pool) = (RawSqlite::new(&store, body), store.pool().clone());
+            let min = move || MinSqlite::new(pool.clone(), body);
+            sql_sides(store, body, raw, min, MinSqlite::two_checkouts).await
         });
     }
 }
@@ -741,12 +768,8 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
     let url = postgres_url();
-    let store = match rt.block_on(PgStore::connect(&url)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("NOTE: Postgres at {url} unreachable ({e}): postgres groups NOT run");
-            return;
-        }
+    let Some(store) = reached(rt.block_on(PgStore::connect(&url)), "Postgres", &url) else {
+        return;
     };
     let store = store
         .with_schema_name(PG_SCHEMA)
@@ -768,12 +791,9 @@ fn postgres(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                     .with_schema_name(PG_SCHEMA)
                     .and_then(|s| s.with_table_name("bench_records"))
                     .expect("valid names");
-                let raw = RawPostgres::new(&store, body);
-                let min = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body).await;
-                let min2 = MinPostgres::new(store.pool().clone(), PG_SCHEMA, body)
-                    .await
-                    .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
+                let (raw, pool) = (RawPostgres::new(&store, body), store.pool().clone());
+                let min = move || MinPostgres::new(pool.clone(), PG_SCHEMA, body);
+                sql_sides(store, body, raw, min, MinPostgres::two_checkouts).await
             }
         });
     }
@@ -806,12 +826,8 @@ fn mysql(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     const TABLE: &str = "idem_bench_records";
     const MIN: &str = "idem_bench_min";
     let url = mysql_url();
-    let store = match rt.block_on(MySqlStore::connect(&url)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("NOTE: MySQL at {url} unreachable ({e}): mysql groups NOT run");
-            return;
-        }
+    let Some(store) = reached(rt.block_on(MySqlStore::connect(&url)), "MySQL", &url) else {
+        return;
     };
     let store = store.with_table_name(TABLE).expect("valid name");
     rt.block_on(store.migrate())
@@ -829,12 +845,9 @@ fn mysql(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
                     .expect("connect")
                     .with_table_name(TABLE)
                     .expect("valid name");
-                let raw = RawMySql::new(&store, body);
-                let min = MinMySql::new(store.pool().clone(), MIN, body).await;
-                let min2 = MinMySql::new(store.pool().clone(), MIN, body)
-                    .await
-                    .two_checkouts();
-                (Lib::new(store, body), raw, min, Some(min2), None::<NoPeer>)
+                let (raw, pool) = (RawMySql::new(&store, body), store.pool().clone());
+                let min = move || MinMySql::new(pool.clone(), MIN, body);
+                sql_sides(store, body, raw, min, MinMySql::two_checkouts).await
             }
         });
     }
@@ -862,15 +875,12 @@ fn redis(c: &mut Criterion, rt: &Runtime, summary: &Arc<Summary>) {
     use idem_redis::redis::aio::ConnectionManager;
 
     let url = redis_url();
-    let conn = match rt.block_on(async {
+    let connected = rt.block_on(async {
         let client = idem_redis::redis::Client::open(url.as_str())?;
         ConnectionManager::new(client).await
-    }) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("NOTE: Redis at {url} unreachable ({e}): redis groups NOT run");
-            return;
-        }
+    });
+    let Some(conn) = reached(connected, "Redis", &url) else {
+        return;
     };
     // The bench's own key prefix; every key under it is deleted at the end.
     let prefix = format!("idem-bench-{}:", std::process::id());

@@ -102,6 +102,21 @@ impl Default for ConnectOptions {
     }
 }
 
+/// [`ConnectOptions`]' plain setters: each sets its field to what it is
+/// given (a name as an owned `Some`) and returns the options.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;)+) => {
+        $(
+            $(#[$doc])*
+            #[must_use]
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                self.$field = $value;
+                self
+            }
+        )+
+    };
+}
+
 impl ConnectOptions {
     /// The options [`connect`] uses: migrate, the backends' default names
     /// and timeouts.
@@ -120,94 +135,64 @@ impl ConnectOptions {
         }
     }
 
-    /// Whether to create the schema or bring it up to date while connecting
-    /// (default `true`):
-    ///
-    /// | backend | `true` | `false` |
-    /// |---|---|---|
-    /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
-    /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
-    /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
-    /// | MySQL / MariaDB | `MySqlStore::migrate`: the table and its index, idempotent, under a named lock; needs `CREATE` | no DDL: apply `MySqlStore::migration_sql` with your own tool |
-    /// | Redis | nothing: Redis has no schema | nothing |
-    #[must_use]
-    pub fn migrate(mut self, migrate: bool) -> Self {
-        self.migrate = migrate;
-        self
-    }
+    setters! {
+        /// Whether to create the schema or bring it up to date while connecting
+        /// (default `true`):
+        ///
+        /// | backend | `true` | `false` |
+        /// |---|---|---|
+        /// | SQLite file | creates the file if missing, WAL, `synchronous = NORMAL`, then `SqliteStore::migrate` (as `SqliteStore::open`) | opens the file as it is; a missing file is [`ConnectError::Connect`] |
+        /// | SQLite `:memory:` | migrates | migrates too (an empty in-memory database is no store) |
+        /// | Postgres | `PgStore::migrate`: the schema, table and indexes, idempotent, under an advisory lock; needs `CREATE` | no DDL: apply `PgStore::migration_sql` with your own tool |
+        /// | MySQL / MariaDB | `MySqlStore::migrate`: the table and its index, idempotent, under a named lock; needs `CREATE` | no DDL: apply `MySqlStore::migration_sql` with your own tool |
+        /// | Redis | nothing: Redis has no schema | nothing |
+        migrate(migrate: bool) => migrate = migrate;
 
-    /// The Postgres schema (default `public`). Ignored by other backends.
-    #[must_use]
-    pub fn schema_name(mut self, schema: &str) -> Self {
-        self.schema_name = Some(schema.to_owned());
-        self
-    }
+        /// The Postgres schema (default `public`). Ignored by other backends.
+        schema_name(schema: &str) => schema_name = Some(schema.to_owned());
 
-    /// The table on the SQL backends (default `idem_records`, validated as an
-    /// identifier by each). Ignored by Redis.
-    #[must_use]
-    pub fn table_name(mut self, table: &str) -> Self {
-        self.table_name = Some(table.to_owned());
-        self
-    }
+        /// The table on the SQL backends (default `idem_records`, validated as an
+        /// identifier by each). Ignored by Redis.
+        table_name(table: &str) => table_name = Some(table.to_owned());
 
-    /// The Redis key prefix (default `idem:`). Ignored by other backends.
-    #[must_use]
-    pub fn key_prefix(mut self, prefix: &str) -> Self {
-        self.key_prefix = Some(prefix.to_owned());
-        self
-    }
+        /// The Redis key prefix (default `idem:`). Ignored by other backends.
+        key_prefix(prefix: &str) => key_prefix = Some(prefix.to_owned());
 
-    /// Keeps a response body of up to `bytes` inside its Redis record, so a
-    /// replay is one command (`RedisStore::with_inline_body_limit`; default
-    /// 0: every body in a key of its own). Such a body stays in memory until
-    /// the key expires, and versions before the option refuse those records:
-    /// read that method's memory figures and rolling-upgrade rule first.
-    /// Ignored by other backends.
-    #[must_use]
-    pub fn redis_inline_body_limit(mut self, bytes: usize) -> Self {
-        self.inline_body_limit = bytes;
-        self
-    }
+        /// Keeps a response body of up to `bytes` inside its Redis record, so a
+        /// replay is one command (`RedisStore::with_inline_body_limit`; default
+        /// 0: every body in a key of its own). Such a body stays in memory until
+        /// the key expires, and versions before the option refuse those records:
+        /// read that method's memory figures and rolling-upgrade rule first.
+        /// Ignored by other backends.
+        redis_inline_body_limit(bytes: usize) => inline_body_limit = bytes;
 
-    /// How long one call may wait on the server before it fails: the
-    /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
-    /// wait for its write lock), on Postgres `statement_timeout` (set on
-    /// every connection of the store's pool) plus the store's
-    /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
-    /// a synchronous standby (`statement_timeout` does not), and on MySQL
-    /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
-    /// at least 1, set on every connection). Redis calls wait on no lock and
-    /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
-    /// acquire, no statement or call timeout).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
+        /// How long one call may wait on the server before it fails: the
+        /// pool's acquire timeout on SQL backends, SQLite's busy timeout (the
+        /// wait for its write lock), on Postgres `statement_timeout` (set on
+        /// every connection of the store's pool) plus the store's
+        /// `PgStore::with_call_timeout`, which also bounds a commit waiting for
+        /// a synchronous standby (`statement_timeout` does not), and on MySQL
+        /// `innodb_lock_wait_timeout` (the wait for a row lock, whole seconds,
+        /// at least 1, set on every connection). Redis calls wait on no lock and
+        /// do not use it. Default: the backends' own (SQLite 5 s busy, 30 s
+        /// acquire, no statement or call timeout).
+        timeout(timeout: Duration) => timeout = Some(timeout);
 
-    /// On Postgres, refuse to run unless commits are synchronous to a
-    /// standby (`PgStore::require_synchronous_replication`): connecting
-    /// fails with `idem_postgres::Error::NotSynchronous` (inside
-    /// [`ConnectError::Connect`]) when `synchronous_standby_names` names
-    /// none, where without it the store only warns once. Default `false`.
-    /// Ignored by the other backends.
-    #[must_use]
-    pub fn require_synchronous_replication(mut self, require: bool) -> Self {
-        self.require_synchronous_replication = require;
-        self
-    }
+        /// On Postgres, refuse to run unless commits are synchronous to a
+        /// standby (`PgStore::require_synchronous_replication`): connecting
+        /// fails with `idem_postgres::Error::NotSynchronous` (inside
+        /// [`ConnectError::Connect`]) when `synchronous_standby_names` names
+        /// none, where without it the store only warns once. Default `false`.
+        /// Ignored by the other backends.
+        require_synchronous_replication(require: bool) => require_synchronous_replication = require;
 
-    /// On Postgres, with
-    /// [`require_synchronous_replication`](Self::require_synchronous_replication):
-    /// how often the store checks the server again
-    /// (`PgStore::with_replication_check_period`; default 5 s, zero before
-    /// every write). A failed check refuses every write (503) until a check
-    /// passes. Ignored by the other backends.
-    #[must_use]
-    pub fn replication_check_period(mut self, period: Duration) -> Self {
-        self.replication_check_period = Some(period);
-        self
+        /// On Postgres, with
+        /// [`require_synchronous_replication`](Self::require_synchronous_replication):
+        /// how often the store checks the server again
+        /// (`PgStore::with_replication_check_period`; default 5 s, zero before
+        /// every write). A failed check refuses every write (503) until a check
+        /// passes. Ignored by the other backends.
+        replication_check_period(period: Duration) => replication_check_period = Some(period);
     }
 
     /// Open the store for reading only (default `false`): no migration,
@@ -428,6 +413,31 @@ trait SqlStore: idem_core::store::AdminStore + Sized {
     fn migrate_schema(&self) -> impl Future<Output = Result<(), BoxDynError>> + Send;
 }
 
+/// [`SqlStore`] for `$store`, whose `with_table_name` and `migrate` every
+/// SQL backend spells the same, named `$backend`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+macro_rules! sql_store {
+    ($store:ty, $backend:literal) => {
+        impl SqlStore for $store {
+            const BACKEND: &'static str = $backend;
+            fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
+                Ok(self.with_table_name(table)?)
+            }
+            async fn migrate_schema(&self) -> Result<(), BoxDynError> {
+                self.migrate().await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+sql_store!(idem_sqlite::SqliteStore, "sqlite");
+#[cfg(feature = "postgres")]
+sql_store!(idem_postgres::PgStore, "postgres");
+#[cfg(feature = "mysql")]
+sql_store!(idem_mysql::MySqlStore, "mysql");
+
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl ConnectOptions {
     /// The steps every SQL backend shares after connecting: the table
@@ -500,17 +510,6 @@ impl ConnectOptions {
     }
 }
 
-#[cfg(feature = "sqlite")]
-impl SqlStore for idem_sqlite::SqliteStore {
-    const BACKEND: &'static str = "sqlite";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        Ok(self.migrate().await?)
-    }
-}
-
 /// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
 /// `sqlite://:memory:`, `?mode=memory`).
 #[cfg(feature = "sqlite")]
@@ -565,18 +564,6 @@ impl ConnectOptions {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl SqlStore for idem_postgres::PgStore {
-    const BACKEND: &'static str = "postgres";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        self.migrate().await?;
-        Ok(())
-    }
-}
-
 #[cfg(feature = "mysql")]
 impl ConnectOptions {
     async fn mysql(&self, url: &str) -> Result<AnyStore, ConnectError> {
@@ -606,17 +593,6 @@ impl ConnectOptions {
             .await
             .map_err(|e| ConnectError::unreachable(BACKEND, e))?;
         self.finish(store, self.migrate).await
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl SqlStore for idem_mysql::MySqlStore {
-    const BACKEND: &'static str = "mysql";
-    fn with_table(self, table: &str) -> Result<Self, BoxDynError> {
-        Ok(self.with_table_name(table)?)
-    }
-    async fn migrate_schema(&self) -> Result<(), BoxDynError> {
-        Ok(self.migrate().await?)
     }
 }
 
@@ -840,16 +816,37 @@ mod tests {
         idem_core::IdempotencyKey::random().as_str().to_lowercase()
     }
 
+    /// The URL of a server of the tests: `$env`, else `default`.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+    fn server_url(env: &str, default: &str) -> String {
+        std::env::var(env).unwrap_or_else(|_| default.to_owned())
+    }
+
+    /// The store `options` open at `url`, or a panic saying to start
+    /// `server` or set `env`.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+    async fn reach(options: &ConnectOptions, url: &str, server: &str, env: &str) -> AnyStore {
+        options.connect(url).await.unwrap_or_else(|e| {
+            panic!("cannot reach {server} at {url} ({e}): start it or set {env}")
+        })
+    }
+
+    /// The Postgres the tests use (`IDEM_POSTGRES_URL`).
+    #[cfg(feature = "postgres")]
+    fn postgres_url() -> String {
+        server_url(
+            "IDEM_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        )
+    }
+
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_with_a_schema() {
-        let url = std::env::var("IDEM_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = postgres_url();
         let schema = format!("idem_connect_{}", random());
         let options = ConnectOptions::new().schema_name(&schema);
-        let store = options.connect(&url).await.unwrap_or_else(|e| {
-            panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
-        });
+        let store = reach(&options, &url, "Postgres", "IDEM_POSTGRES_URL").await;
         runs(store).await;
         let e = ConnectOptions::new()
             .schema_name("no such schema")
@@ -874,8 +871,7 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_requiring_synchronous_replication_is_refused_without_a_standby() {
-        let url = std::env::var("IDEM_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let url = postgres_url();
         let schema = format!("idem_connect_{}", random());
         let e = ConnectOptions::new()
             .schema_name(&schema)
@@ -899,8 +895,7 @@ mod tests {
     #[cfg(feature = "mysql")]
     #[tokio::test]
     async fn mysql_and_mariadb_urls_with_a_table() {
-        let url = std::env::var("IDEM_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let url = server_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
         let table = format!("idem_connect_{}", random());
         let options = ConnectOptions::new()
             .table_name(&table)
@@ -909,9 +904,7 @@ mod tests {
             .iter()
             .enumerate()
         {
-            let store = options.connect(url).await.unwrap_or_else(|e| {
-                panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
-            });
+            let store = reach(&options, url, "MySQL/MariaDB", "IDEM_MYSQL_URL").await;
             let reply = runs(store).await;
             assert_eq!(reply.is_replay(), i == 1, "both URL forms reach one table");
         }
@@ -941,7 +934,7 @@ mod tests {
     /// The Redis the tests use (`IDEM_REDIS_URL`).
     #[cfg(feature = "redis")]
     fn redis_url() -> String {
-        std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+        server_url("IDEM_REDIS_URL", "redis://127.0.0.1:6379/")
     }
 
     /// Opens the store `options` name on the tests' Redis, and a connection
@@ -951,9 +944,7 @@ mod tests {
         options: ConnectOptions,
     ) -> (AnyStore, idem_redis::redis::aio::MultiplexedConnection) {
         let url = redis_url();
-        let store = options.connect(&url).await.unwrap_or_else(|e| {
-            panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-        });
+        let store = reach(&options, &url, "Redis", "IDEM_REDIS_URL").await;
         let conn = idem_redis::redis::Client::open(url.as_str())
             .expect("client")
             .get_multiplexed_async_connection()

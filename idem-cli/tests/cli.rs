@@ -35,8 +35,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::clock::{Clock, SystemClock, Timestamp};
+// One sqlx for every SQL backend (each store crate re-exports it).
 use idem_core::store::{AdminStore, Store};
 use idem_core::{Error, Idem, IdempotencyKey, Outcome, Policy, RecordId, Scope, TakeoverReason};
+use idem_postgres::sqlx;
 use serde_json::{Value, json};
 
 /// Set in the child's environment: its instructions, as JSON.
@@ -194,44 +196,42 @@ mod child {
 
     async fn open(spec: &Value) -> Result<(), String> {
         let b = &spec["backend"];
-        let e = |e: &dyn std::fmt::Display| e.to_string();
+        let name = |field: &str| b[field].as_str().unwrap_or_default();
         if let Some(path) = b["sqlite"].as_str() {
-            let store = idem_sqlite::SqliteStore::open(path)
-                .await
-                .map_err(|x| e(&x))?;
-            hold(store, spec).await
+            let store = idem_sqlite::SqliteStore::open(path).await;
+            hold_within(store, Ok::<_, std::convert::Infallible>, spec).await
         } else if let Some(url) = b["postgres"].as_str() {
-            let store = idem_postgres::PgStore::connect(url)
-                .await
-                .map_err(|x| e(&x))?
-                .with_schema_name(b["schema"].as_str().unwrap_or_default())
-                .map_err(|x| e(&x))?;
-            hold(store, spec).await
+            let store = idem_postgres::PgStore::connect(url).await;
+            hold_within(store, |s| s.with_schema_name(name("schema")), spec).await
         } else if let Some(url) = b["mysql"].as_str() {
-            let store = idem_mysql::MySqlStore::connect(url)
-                .await
-                .map_err(|x| e(&x))?
-                .with_table_name(b["table"].as_str().unwrap_or_default())
-                .map_err(|x| e(&x))?;
-            hold(store, spec).await
+            let store = idem_mysql::MySqlStore::connect(url).await;
+            hold_within(store, |s| s.with_table_name(name("table")), spec).await
         } else if let Some(url) = b["redis"].as_str() {
-            let store = idem_redis::RedisStore::connect(url)
-                .await
-                .map_err(|x| e(&x))?
-                .with_prefix(b["prefix"].as_str().unwrap_or_default())
-                .map_err(|x| e(&x))?;
-            hold(store, spec).await
+            let store = idem_redis::RedisStore::connect(url).await;
+            hold_within(store, |s| s.with_prefix(name("prefix")), spec).await
         } else if let Some(nodes) = b["cluster"].as_array() {
             let nodes: Vec<&str> = nodes.iter().filter_map(Value::as_str).collect();
-            let store = idem_redis::RedisStore::connect_cluster(nodes)
-                .await
-                .map_err(|x| e(&x))?
-                .with_prefix(b["prefix"].as_str().unwrap_or_default())
-                .map_err(|x| e(&x))?;
-            hold(store, spec).await
+            let store = idem_redis::RedisStore::connect_cluster(nodes).await;
+            hold_within(store, |s| s.with_prefix(name("prefix")), spec).await
         } else {
             Err(format!("unknown backend {b}"))
         }
+    }
+
+    /// The store `opened`, put in the test's own place (a schema, a table,
+    /// a prefix) by `within`, holding the keys of `spec`.
+    async fn hold_within<S, E, F>(
+        opened: Result<S, E>,
+        within: impl FnOnce(S) -> Result<S, F>,
+        spec: &Value,
+    ) -> Result<(), String>
+    where
+        S: Store,
+        E: std::fmt::Display,
+        F: std::fmt::Display,
+    {
+        let store = within(opened.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        hold(store, spec).await
     }
 
     async fn hold<S: Store>(store: S, spec: &Value) -> Result<(), String> {
@@ -347,12 +347,30 @@ fn spawn_holder(backend: &Backend, owner: &str, long_key: &str, ended: &[String]
 
 /// Runs `idem <store args> <args> --json` with no standard input; the exit
 /// code and the one JSON document it printed.
-fn idem(store: &[String], args: &[&str]) -> (i32, Value) {
-    let args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
+fn idem(store: &[String], args: &[impl AsRef<str>]) -> (i32, Value) {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).chain(["--json"]).collect();
     let (code, stdout, stderr) = idem_text(store, &args);
     let doc = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout:?}; stderr: {stderr}"));
     (code, doc)
+}
+
+/// The arguments of `cmd` on the record `key` of `owner` (and the test's
+/// operation), then `extra`.
+fn record_args(cmd: &str, owner: &str, key: &str, extra: &[&str]) -> Vec<String> {
+    [
+        cmd,
+        "--owner",
+        owner,
+        "--operation",
+        OPERATION,
+        "--key",
+        key,
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 fn keys_of(doc: &Value) -> Vec<String> {
@@ -362,6 +380,31 @@ fn keys_of(doc: &Value) -> Vec<String> {
         .iter()
         .map(|r| r["key"].as_str().expect("key").to_owned())
         .collect()
+}
+
+/// A connection to the SQL server at `url`, once `statements` ran on it.
+async fn holding<C>(url: &str, statements: &[&str]) -> C
+where
+    C: sqlx::Connection,
+    for<'e> &'e mut C: sqlx::Executor<'e, Database = C::Database>,
+{
+    let mut conn = C::connect(url).await.expect("connect");
+    run_sql(&mut conn, statements).await;
+    conn
+}
+
+/// Runs `statements` on `conn`, in order.
+async fn run_sql<C>(conn: &mut C, statements: &[&str])
+where
+    C: sqlx::Connection,
+    for<'e> &'e mut C: sqlx::Executor<'e, Database = C::Database>,
+{
+    for sql in statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe((*sql).to_owned()))
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 /// Holds the store's writes for a moment (so a write waits), where the test
@@ -376,52 +419,20 @@ enum WriteHold {
 async fn hold_writes(backend: &Backend) -> Option<WriteHold> {
     match backend {
         Backend::Sqlite { path } => {
-            use idem_sqlite::sqlx::Connection;
-            let mut conn =
-                idem_sqlite::sqlx::SqliteConnection::connect(&format!("sqlite://{path}"))
-                    .await
-                    .expect("connect");
-            idem_sqlite::sqlx::query("BEGIN IMMEDIATE")
-                .execute(&mut conn)
-                .await
-                .expect("BEGIN IMMEDIATE");
+            let conn = holding(&format!("sqlite://{path}"), &["BEGIN IMMEDIATE"]).await;
             Some(WriteHold::Sqlite(conn))
         }
         Backend::Postgres { url, schema } => {
-            use idem_postgres::sqlx::Connection;
-            let mut conn = idem_postgres::sqlx::PgConnection::connect(url)
-                .await
-                .expect("connect");
-            idem_postgres::sqlx::query("BEGIN")
-                .execute(&mut conn)
-                .await
-                .expect("BEGIN");
-            idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
+            let lock = format!(
                 "LOCK TABLE \"{schema}\".\"{}\" IN EXCLUSIVE MODE",
                 idem_postgres::DEFAULT_TABLE
-            )))
-            .execute(&mut conn)
-            .await
-            .expect("LOCK TABLE");
-            Some(WriteHold::Postgres(conn))
+            );
+            Some(WriteHold::Postgres(holding(url, &["BEGIN", &lock]).await))
         }
         Backend::MySql { url, table } => {
-            use idem_mysql::sqlx::Connection;
-            let mut conn = idem_mysql::sqlx::MySqlConnection::connect(url)
-                .await
-                .expect("connect");
-            idem_mysql::sqlx::query("BEGIN")
-                .execute(&mut conn)
-                .await
-                .expect("BEGIN");
             // Every row of the test's own table, locked until ROLLBACK.
-            idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
-                "SELECT `key` FROM `{table}` FOR UPDATE"
-            )))
-            .fetch_all(&mut conn)
-            .await
-            .expect("SELECT … FOR UPDATE");
-            Some(WriteHold::MySql(conn))
+            let lock = format!("SELECT `key` FROM `{table}` FOR UPDATE");
+            Some(WriteHold::MySql(holding(url, &["BEGIN", &lock]).await))
         }
         // The shared server is never paused.
         Backend::Redis { .. } => None,
@@ -438,30 +449,33 @@ async fn hold_writes(backend: &Backend) -> Option<WriteHold> {
 
 async fn let_go(hold: WriteHold) {
     match hold {
-        WriteHold::Sqlite(mut conn) => {
-            idem_sqlite::sqlx::query("ROLLBACK")
-                .execute(&mut conn)
-                .await
-                .expect("ROLLBACK");
-        }
-        WriteHold::Postgres(mut conn) => {
-            idem_postgres::sqlx::query("ROLLBACK")
-                .execute(&mut conn)
-                .await
-                .expect("ROLLBACK");
-        }
-        WriteHold::MySql(mut conn) => {
-            idem_mysql::sqlx::query("ROLLBACK")
-                .execute(&mut conn)
-                .await
-                .expect("ROLLBACK");
-        }
+        WriteHold::Sqlite(mut conn) => run_sql(&mut conn, &["ROLLBACK"]).await,
+        WriteHold::Postgres(mut conn) => run_sql(&mut conn, &["ROLLBACK"]).await,
+        WriteHold::MySql(mut conn) => run_sql(&mut conn, &["ROLLBACK"]).await,
         WriteHold::Cluster(ports) => {
             for p in ports {
                 let _ = cluster::cli(p, &["client", "unpause"]);
             }
         }
     }
+}
+
+/// [`killed_process`] with a random owner and one record whose lease
+/// ended, nothing checked after the kill.
+async fn killed_process_one_ended<S: AdminStore>(store: S, backend: Backend) {
+    let ended = vec![IdempotencyKey::random().as_str().to_owned()];
+    killed_process(store, backend, owner(), ended, || ()).await;
+}
+
+/// Runs `sql` on `pool`, dropping the test's own table or schema.
+async fn drop_on<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, sql: String)
+where
+    for<'p> &'p sqlx::Pool<DB>: sqlx::Executor<'p, Database = DB>,
+{
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// The whole operator story on one store, after a real process was killed
@@ -477,31 +491,10 @@ async fn killed_process<S: AdminStore>(
     let long_key = IdempotencyKey::random().as_str().to_owned();
     let args = backend.cli_args();
     let call = |v: &[&str]| idem(&args, v);
-    let rec = |cmd: &'static str, key: &str, extra: &[&str]| -> Vec<String> {
-        let mut v: Vec<String> = [
-            cmd,
-            "--owner",
-            &owner,
-            "--operation",
-            OPERATION,
-            "--key",
-            key,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        v.extend(extra.iter().map(|s| (*s).to_owned()));
-        v
-    };
-    let call_rec = |cmd: &'static str, key: &str, extra: &[&str]| {
-        let v = rec(cmd, key, extra);
-        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
-        idem(&args, &refs)
-    };
-    let text_rec = |cmd: &'static str, key: &str| {
-        let v = rec(cmd, key, &[]);
-        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
-        let (code, out, err) = idem_text(&args, &refs);
+    let call_rec =
+        |cmd: &str, key: &str, extra: &[&str]| idem(&args, &record_args(cmd, &owner, key, extra));
+    let text_rec = |cmd: &str, key: &str| {
+        let (code, out, err) = idem_text(&args, &record_args(cmd, &owner, key, &[]));
         assert_eq!(code, 0, "{cmd}: {err}");
         out
     };
@@ -761,40 +754,72 @@ fn sqlite_killed_process() {
         let backend = Backend::Sqlite {
             path: path.display().to_string(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
+        killed_process_one_ended(store.clone(), backend).await;
         store.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        remove_sqlite_files(&path);
     });
+}
+
+/// Removes the SQLite database at `path` and its WAL files.
+fn remove_sqlite_files(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.to_owned().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// A server the tests use: its name, and the variable naming its URL.
+struct Server {
+    name: &'static str,
+    env: &'static str,
+    default_url: &'static str,
+}
+
+const POSTGRES: Server = Server {
+    name: "Postgres",
+    env: "IDEM_POSTGRES_URL",
+    default_url: "postgres://postgres@127.0.0.1:5432/test",
+};
+const MYSQL: Server = Server {
+    name: "MySQL/MariaDB",
+    env: "IDEM_MYSQL_URL",
+    default_url: "mysql://root@127.0.0.1:3306/test",
+};
+const REDIS: Server = Server {
+    name: "Redis",
+    env: "IDEM_REDIS_URL",
+    default_url: "redis://127.0.0.1:6379/",
+};
+
+impl Server {
+    /// Its URL: the variable's, else the default.
+    fn url(&self) -> String {
+        std::env::var(self.env).unwrap_or_else(|_| self.default_url.to_owned())
+    }
+
+    /// What connecting to it at `url` gave, or a panic saying to start it
+    /// or set its variable.
+    fn reached<S>(&self, url: &str, connected: Result<S, impl std::fmt::Display>) -> S {
+        connected.unwrap_or_else(|e| {
+            panic!(
+                "cannot reach {} at {url} ({e}): start it or set {}",
+                self.name, self.env
+            )
+        })
+    }
 }
 
 fn owner() -> String {
     format!("tenant-{}", IdempotencyKey::random())
 }
 
-fn postgres_url() -> String {
-    std::env::var("IDEM_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn mysql_url() -> String {
-    std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
-
 fn mysql_killed_process() {
     runtime().block_on(async {
-        let url = mysql_url();
+        let url = MYSQL.url();
         let table = format!("idem_cli_{}", IdempotencyKey::random().as_str());
-        let store = idem_mysql::MySqlStore::connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach MySQL/MariaDB at {url} ({e}): start it or set IDEM_MYSQL_URL")
-            })
+        let store = MYSQL
+            .reached(&url, idem_mysql::MySqlStore::connect(&url).await)
             .with_table_name(&table)
             .expect("table name");
         // The tool creates the table (`migrate`), as an operator would.
@@ -810,33 +835,20 @@ fn mysql_killed_process() {
             url: url.clone(),
             table: table.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
-        idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
-            "DROP TABLE `{table}`"
-        )))
-        .execute(store.pool())
-        .await
-        .expect("drop table");
+        killed_process_one_ended(store.clone(), backend).await;
+        drop_on(store.pool(), format!("DROP TABLE `{table}`")).await;
     });
-}
-
-fn redis_url() -> String {
-    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
 fn postgres_killed_process() {
     runtime().block_on(async {
-        let url = postgres_url();
+        let url = POSTGRES.url();
         let schema = format!(
             "idem_cli_{}",
             IdempotencyKey::random().as_str().to_lowercase()
         );
-        let store = idem_postgres::PgStore::connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach Postgres at {url} ({e}): start it or set IDEM_POSTGRES_URL")
-            })
+        let store = POSTGRES
+            .reached(&url, idem_postgres::PgStore::connect(&url).await)
             .with_schema_name(&schema)
             .expect("schema name");
         store.migrate().await.expect("migrate");
@@ -844,14 +856,8 @@ fn postgres_killed_process() {
             url: url.clone(),
             schema: schema.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store.clone(), backend, owner(), ended, || ()).await;
-        idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA \"{schema}\" CASCADE"
-        )))
-        .execute(store.pool())
-        .await
-        .expect("drop schema");
+        killed_process_one_ended(store.clone(), backend).await;
+        drop_on(store.pool(), format!("DROP SCHEMA \"{schema}\" CASCADE")).await;
     });
 }
 
@@ -871,21 +877,17 @@ async fn delete_prefix(url: &str, prefix: &str) {
 
 fn redis_killed_process() {
     runtime().block_on(async {
-        let url = redis_url();
+        let url = REDIS.url();
         let prefix = format!("idemcli:{}:", IdempotencyKey::random().as_str());
-        let store = idem_redis::RedisStore::connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!("cannot reach Redis at {url} ({e}): start it or set IDEM_REDIS_URL")
-            })
+        let store = REDIS
+            .reached(&url, idem_redis::RedisStore::connect(&url).await)
             .with_prefix(&prefix)
             .expect("prefix");
         let backend = Backend::Redis {
             url: url.clone(),
             prefix: prefix.clone(),
         };
-        let ended = vec![IdempotencyKey::random().as_str().to_owned()];
-        killed_process(store, backend, owner(), ended, || ()).await;
+        killed_process_one_ended(store, backend).await;
         delete_prefix(&url, &prefix).await;
     });
 }
@@ -1015,10 +1017,10 @@ fn line_of<'a>(out: &'a str, prefix: &str) -> &'a str {
 
 /// Runs `idem <store args> <args>` (human output) with no standard input:
 /// the exit code, stdout and stderr.
-fn idem_text(store: &[String], args: &[&str]) -> (i32, String, String) {
+fn idem_text(store: &[String], args: &[impl AsRef<str>]) -> (i32, String, String) {
     let out: Output = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(store)
-        .args(args)
+        .args(args.iter().map(AsRef::as_ref))
         .stdin(Stdio::null())
         .output()
         .expect("run idem");
@@ -1048,16 +1050,7 @@ fn sqlite_human_output() {
             path: path.display().to_string(),
         }
         .cli_args();
-        let record = [
-            "--owner",
-            owner.as_str(),
-            "--operation",
-            OPERATION,
-            "--key",
-            "human-1",
-        ];
-
-        let inspect: Vec<&str> = std::iter::once("inspect").chain(record).collect();
+        let inspect = record_args("inspect", &owner, "human-1", &[]);
         let (code, out, err) = idem_text(&args, &inspect);
         assert_eq!(code, 0, "inspect: {err}");
         let want_record = format!("record      {owner} / {OPERATION} / human-1");
@@ -1081,7 +1074,7 @@ fn sqlite_human_output() {
         assert!(out.lines().any(|l| l == "in_flight 0"), "{out}");
 
         // No terminal and no --yes: refused (exit 4), nothing deleted.
-        let delete: Vec<&str> = std::iter::once("delete").chain(record).collect();
+        let delete = record_args("delete", &owner, "human-1", &[]);
         let (code, _, err) = idem_text(&args, &delete);
         assert_eq!(code, 4, "delete without --yes: {err}");
         assert!(err.contains("not confirmed"), "{err}");
@@ -1116,7 +1109,7 @@ fn sqlite_human_output() {
             "a completed record's lease is history: {out}"
         );
         // A body that is not an HTTP response: its text, as before.
-        let with_body: Vec<&str> = inspect.iter().copied().chain(["--body"]).collect();
+        let with_body = record_args("inspect", &owner, "human-1", &["--body"]);
         let (code, out, err) = idem_text(&args, &with_body);
         assert_eq!((code, out.lines().last()), (0, Some("ch_7")), "{err}");
 
@@ -1141,23 +1134,8 @@ fn sqlite_human_output() {
                 .await
                 .expect("execute");
         }
-        let http = |key: &str| -> Vec<String> {
-            [
-                "inspect",
-                "--owner",
-                owner.as_str(),
-                "--operation",
-                OPERATION,
-                "--key",
-                key,
-                "--body",
-            ]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect()
-        };
+        let http = |key: &str| record_args("inspect", &owner, key, &["--body"]);
         let run_text = |v: Vec<String>| {
-            let v: Vec<&str> = v.iter().map(String::as_str).collect();
             let (code, out, err) = idem_text(&args, &v);
             assert_eq!(code, 0, "{err}");
             out
@@ -1184,9 +1162,7 @@ fn sqlite_human_output() {
             ),
             "{out}"
         );
-        let v = http("human-http");
-        let v: Vec<&str> = v.iter().map(String::as_str).collect();
-        let (code, doc) = idem(&args, &v);
+        let (code, doc) = idem(&args, &http("human-http"));
         assert_eq!(code, 0, "{doc}");
         assert_eq!(
             doc["response"],
@@ -1227,11 +1203,7 @@ fn sqlite_human_output() {
         );
 
         store.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        remove_sqlite_files(&path);
     });
 }
 
@@ -1271,31 +1243,17 @@ fn postgres_replica_read_only() {
             format!("{out}{err}").contains("standby"),
             "says why: {out} {err}"
         );
-        let record = [
-            "--owner",
-            owner.as_str(),
-            "--operation",
-            OPERATION,
-            "--key",
-            "replica-1",
-        ];
-        for write in [
-            &["release"][..],
-            &["delete"][..],
-            &["purge"][..],
-            &["migrate"][..],
-        ] {
-            let args: Vec<&str> = ["--read-only"]
-                .into_iter()
-                .chain(write.iter().copied())
-                .chain(if matches!(write[0], "release" | "delete") {
-                    record.to_vec()
-                } else {
-                    Vec::new()
-                })
+        for write in ["release", "delete", "purge", "migrate"] {
+            let command = if matches!(write, "release" | "delete") {
+                record_args(write, &owner, "replica-1", &[])
+            } else {
+                vec![write.to_owned()]
+            };
+            let args: Vec<&str> = std::iter::once("--read-only")
+                .chain(command.iter().map(String::as_str))
                 .collect();
             let (code, out, err) = idem_text(&standby, &args);
-            assert_eq!(code, 2, "{write:?} refused: {out} {err}");
+            assert_eq!(code, 2, "{command:?} refused: {out} {err}");
             assert!(format!("{out}{err}").contains("--read-only"), "{out} {err}");
         }
         primary.close().await;

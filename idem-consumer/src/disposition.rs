@@ -86,12 +86,6 @@ impl DeadLetterReason {
     }
 }
 
-impl fmt::Display for DeadLetterReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// Why [`Processed::disposition`] is what it is: one variant per row of the
 /// behaviour table, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -152,11 +146,18 @@ impl Cause {
     }
 }
 
-impl fmt::Display for Cause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// `Display` as the stable code each enum's `as_str` gives.
+macro_rules! display_as_str {
+    ($($name:ident),+) => {$(
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
 }
+
+display_as_str!(DeadLetterReason, Cause);
 
 /// The result of processing one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +190,18 @@ impl<T, E> Processed<T, E> {
             recovery: false,
             cause,
         }
+    }
+
+    /// A message an adapter found no key for: dead-lettered as
+    /// [`Cause::InvalidMessage`], nothing claimed or run.
+    #[cfg(any(feature = "rabbitmq", feature = "sqs-lambda"))]
+    pub(crate) fn keyless() -> Self {
+        Self::bare(
+            Disposition::DeadLetter {
+                reason: DeadLetterReason::InvalidMessage,
+            },
+            Cause::InvalidMessage,
+        )
     }
 
     /// Whether the work ran in this call (its outcome may still be lost, see

@@ -122,25 +122,7 @@ pub struct NatsConsumer<S: Store> {
     dead_letter: Option<DeadLetterHook>,
 }
 
-impl<S: Store> Clone for NatsConsumer<S> {
-    fn clone(&self) -> Self {
-        Self {
-            consumer: self.consumer.clone(),
-            progress_every: self.progress_every,
-            dead_letter: self.dead_letter.clone(),
-        }
-    }
-}
-
-impl<S: Store> fmt::Debug for NatsConsumer<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NatsConsumer")
-            .field("consumer", &self.consumer)
-            .field("progress_every", &self.progress_every)
-            .field("dead_letter", &self.dead_letter.is_some())
-            .finish()
-    }
-}
+adapter_impls!(NatsConsumer { consumer, progress_every } hooks { dead_letter });
 
 impl<S: Store> NatsConsumer<S> {
     /// The adapter, without progress acks or a dead-letter hook (a dead

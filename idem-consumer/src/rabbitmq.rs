@@ -39,7 +39,7 @@ use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::AMQPValue;
 use tracing::warn;
 
-use crate::{Cause, Consumer, DeadLetterReason, Disposition, Processed};
+use crate::{Consumer, Disposition, Processed};
 
 /// Why [`RabbitConsumer::handle`] could not settle a delivery.
 #[derive(Debug, thiserror::Error)]
@@ -57,23 +57,7 @@ pub struct RabbitConsumer<S: Store> {
     key_header: Option<String>,
 }
 
-impl<S: Store> Clone for RabbitConsumer<S> {
-    fn clone(&self) -> Self {
-        Self {
-            consumer: self.consumer.clone(),
-            key_header: self.key_header.clone(),
-        }
-    }
-}
-
-impl<S: Store> fmt::Debug for RabbitConsumer<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitConsumer")
-            .field("consumer", &self.consumer)
-            .field("key_header", &self.key_header)
-            .finish()
-    }
-}
+adapter_impls!(RabbitConsumer { consumer, key_header } hooks {});
 
 impl<S: Store> RabbitConsumer<S> {
     /// The adapter, keyed on the `message_id` property.
@@ -154,12 +138,7 @@ impl<S: Store> RabbitConsumer<S> {
                     routing_key = %delivery.routing_key,
                     "message without message_id or key header: dead letter"
                 );
-                Processed::bare(
-                    Disposition::DeadLetter {
-                        reason: DeadLetterReason::InvalidMessage,
-                    },
-                    Cause::InvalidMessage,
-                )
+                Processed::keyless()
             }
         };
         match processed.disposition {

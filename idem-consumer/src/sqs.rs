@@ -38,7 +38,7 @@ use idem_core::store::Store;
 use idem_core::{Attempt, Outcome, Storable};
 use tracing::{error, warn};
 
-use crate::{Cause, Consumer, DeadLetterReason, Disposition, Processed};
+use crate::{Consumer, DeadLetterReason, Disposition, Processed};
 
 type BoxDynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -68,25 +68,7 @@ pub struct SqsConsumer<S: Store> {
     dead_letter: Option<DeadLetterHook>,
 }
 
-impl<S: Store> Clone for SqsConsumer<S> {
-    fn clone(&self) -> Self {
-        Self {
-            consumer: self.consumer.clone(),
-            key: self.key.clone(),
-            dead_letter: self.dead_letter.clone(),
-        }
-    }
-}
-
-impl<S: Store> fmt::Debug for SqsConsumer<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqsConsumer")
-            .field("consumer", &self.consumer)
-            .field("key", &self.key)
-            .field("dead_letter", &self.dead_letter.is_some())
-            .finish()
-    }
-}
+adapter_impls!(SqsConsumer { consumer, key } hooks { dead_letter });
 
 impl<S: Store> SqsConsumer<S> {
     /// The adapter, keyed on `messageId`, without a dead-letter hook.
@@ -163,7 +145,20 @@ impl<S: Store> SqsConsumer<S> {
             {
                 continue; // C16: the first copy decided.
             }
-            let processed: Processed<T, E> = self.process_record(record.clone(), &work).await;
+            let processed: Processed<T, E> = match self.delivery_of(&record) {
+                Some((key, count)) => {
+                    let body = record.body.clone().unwrap_or_default();
+                    let copy = record.clone();
+                    self.consumer
+                        .delivery(count)
+                        .process(&key, body.as_bytes(), |a| work(a, copy))
+                        .await
+                }
+                None => {
+                    warn!(message_id = ?record.message_id, key = ?self.key, "record without its key: dead letter");
+                    Processed::keyless()
+                }
+            };
             let redeliver = match processed.disposition {
                 Disposition::Ack => false,
                 Disposition::Retry { .. } => {
@@ -191,33 +186,16 @@ impl<S: Store> SqsConsumer<S> {
         response
     }
 
-    async fn process_record<T, E, O, W, Fut>(&self, record: SqsMessage, work: &W) -> Processed<T, E>
-    where
-        T: Storable,
-        E: Storable + fmt::Debug,
-        O: Into<Outcome<T, E>>,
-        W: Fn(Attempt, SqsMessage) -> Fut + Send + Sync,
-        Fut: Future<Output = O> + Send,
-    {
-        let Some(key) = self.record_key(&record) else {
-            warn!(message_id = ?record.message_id, key = ?self.key, "record without its key: dead letter");
-            return Processed::bare(
-                Disposition::DeadLetter {
-                    reason: DeadLetterReason::InvalidMessage,
-                },
-                Cause::InvalidMessage,
-            );
-        };
+    /// The key of `record` under this adapter's [`SqsKey`], and its
+    /// delivery count (`ApproximateReceiveCount`, 1 when absent).
+    fn delivery_of(&self, record: &SqsMessage) -> Option<(String, u32)> {
+        let key = self.record_key(record)?;
         let count = record
             .attributes
             .get("ApproximateReceiveCount")
             .and_then(|n| n.parse().ok())
             .unwrap_or(1);
-        let body = record.body.clone().unwrap_or_default();
-        self.consumer
-            .delivery(count)
-            .process(&key, body.as_bytes(), move |a| work(a, record))
-            .await
+        Some((key, count))
     }
 
     /// The key of `record` under this adapter's [`SqsKey`].

@@ -3,26 +3,16 @@
 
 use idem_test_support::fixtures as support;
 
-mod memory {
-    idem_test_support::consumer_conformance!(super::support::memory());
+/// One module per backend, each running the whole suite on the fixture of
+/// the same name.
+macro_rules! on_every_backend {
+    ($($backend:ident),+ $(,)?) => {
+        $(
+            mod $backend {
+                idem_test_support::consumer_conformance!(super::support::$backend());
+            }
+        )+
+    };
 }
 
-mod sqlite_memory {
-    idem_test_support::consumer_conformance!(super::support::sqlite_memory());
-}
-
-mod sqlite_file {
-    idem_test_support::consumer_conformance!(super::support::sqlite_file());
-}
-
-mod postgres {
-    idem_test_support::consumer_conformance!(super::support::postgres());
-}
-
-mod mysql {
-    idem_test_support::consumer_conformance!(super::support::mysql());
-}
-
-mod redis {
-    idem_test_support::consumer_conformance!(super::support::redis());
-}
+on_every_backend!(memory, sqlite_memory, sqlite_file, postgres, mysql, redis);

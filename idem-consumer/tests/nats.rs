@@ -5,6 +5,8 @@
 //! The broker's own clocks (ack wait, nak delay, duplicate window) are real
 //! time: those waits are the broker's, kept short (≤ 1.5 s).
 
+mod support;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,15 +16,15 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures_util::StreamExt;
 use idem_consumer::nats::{NatsConsumer, REASON_HEADER, publish_dead_letter};
-use idem_consumer::{
-    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
-};
+use idem_consumer::{Cause, DeadLetterReason};
 use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
 use idem_sqlite::SqliteStore;
+use support::{
+    P, Runs, assert_acked, assert_dead_lettered, assert_replays, assert_retry, backing_off,
+    builder, dead_lettering,
+};
 
-type P = Processed<String, String>;
 type PullConsumer = jetstream::consumer::Consumer<pull::Config>;
-type Out = Result<String, Failure<String>>;
 
 fn url() -> String {
     std::env::var("IDEM_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
@@ -89,6 +91,19 @@ impl Fixture {
             .expect("publish ack");
     }
 
+    /// Publishes `payload` (with `Nats-Msg-Id` `id`) and pulls it back.
+    async fn delivered(
+        &self,
+        pull: &PullConsumer,
+        id: &str,
+        payload: &'static [u8],
+    ) -> jetstream::Message {
+        self.publish(Some(id), payload).await;
+        next(pull, Duration::from_secs(2)).await.expect("delivery")
+    }
+}
+
+impl support::Fixture for Fixture {
     async fn teardown(self) {
         self.js
             .delete_stream(&self.stream)
@@ -97,21 +112,47 @@ impl Fixture {
     }
 }
 
-/// Runs `scenario` and deletes the stream even when it fails.
-async fn with_nats<F, Fut>(duplicate_window: Duration, scenario: F)
+/// A test's stream and durable pull consumer.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// The stream's duplicate window.
+    duplicate_window: Duration,
+    /// The consumer's ack wait (when JetStream redelivers an unacked message).
+    ack_wait: Duration,
+}
+
+/// No resend within the test is stored again; redelivery after 1 s.
+const QUICK_REDELIVERY: Setup = Setup {
+    duplicate_window: Duration::from_secs(120),
+    ack_wait: Duration::from_secs(1),
+};
+
+/// No resend within the test is stored again; redelivery after 5 s, past
+/// the test's own waits.
+const SLOW_REDELIVERY: Setup = Setup {
+    duplicate_window: Duration::from_secs(120),
+    ack_wait: Duration::from_secs(5),
+};
+
+/// A resend after 200 ms is stored again; redelivery after 5 s.
+const SHORT_WINDOW: Setup = Setup {
+    duplicate_window: Duration::from_millis(200),
+    ack_wait: Duration::from_secs(5),
+};
+
+/// Runs `scenario` on a stream and pull consumer made as `setup` says, and
+/// deletes the stream even when it fails.
+async fn with_nats<F, Fut>(setup: Setup, scenario: F)
 where
-    F: FnOnce(Arc<Fixture>) -> Fut,
+    F: FnOnce(Arc<Fixture>, PullConsumer) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let fx = Arc::new(Fixture::new(duplicate_window).await);
-    let result = tokio::spawn(scenario(Arc::clone(&fx))).await;
-    match Arc::try_unwrap(fx) {
-        Ok(fx) => fx.teardown().await,
-        Err(_) => panic!("the scenario kept the fixture"),
-    }
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    let fx = Fixture::new(setup.duplicate_window).await;
+    support::with_fixture(fx, move |fx| async move {
+        let pull = fx.pull(setup.ack_wait).await;
+        scenario(fx, pull).await;
+    })
+    .await;
 }
 
 /// The next message, or `None` after `wait`.
@@ -126,26 +167,15 @@ async fn next(c: &PullConsumer, wait: Duration) -> Option<jetstream::Message> {
     batch.next().await.map(|m| m.expect("message"))
 }
 
-async fn consumer() -> Consumer<SqliteStore> {
-    let store = SqliteStore::memory().await.expect("sqlite");
-    Consumer::builder(Idem::new(store))
-        .owner("billing-service")
-        .operation("charge-on-order-created")
-        .retry_backoff(Duration::from_millis(700), Duration::from_secs(5))
-        .retry_jitter(false)
-        .build()
-        .expect("consumer")
+/// Nothing waits for an ack, nothing is left to deliver.
+async fn assert_nothing_pending(pull: &PullConsumer) {
+    let info = pull.get_info().await.expect("consumer info");
+    assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
 }
 
-fn counting(
-    runs: &Arc<AtomicUsize>,
-    out: Out,
-) -> impl FnOnce(idem_core::Attempt) -> std::future::Ready<Out> + Send + use<> {
-    let runs = Arc::clone(runs);
-    move |_| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(out)
-    }
+/// The adapter on a consumer retrying after 700 ms (up to 5 s), no jitter.
+async fn adapter() -> NatsConsumer<SqliteStore> {
+    NatsConsumer::new(support::consumer(Duration::from_millis(700)).await)
 }
 
 /// A message whose ack was lost (the consumer processed it, then died) is
@@ -154,44 +184,26 @@ fn counting(
 /// acks on this server version.
 #[tokio::test]
 async fn redelivered_message_runs_the_work_once() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
-        let nats = NatsConsumer::new(consumer().await);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(Some("evt_redelivered"), br#"{"order":"ord_1"}"#)
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
+        let nats = adapter().await;
+        let runs = Runs::default();
+        let first = fx
+            .delivered(&pull, "evt_redelivered", br#"{"order":"ord_1"}"#)
             .await;
-        let first = next(&pull, Duration::from_secs(2))
-            .await
-            .expect("first delivery");
         // Processed, never acked: the consumer "died" before the ack.
         let p: P = nats
             .consumer()
-            .process(
-                "evt_redelivered",
-                &first.payload,
-                counting(&runs, Ok("ch_1".into())),
-            )
+            .process("evt_redelivered", &first.payload, runs.ok("ch_1"))
             .await;
         assert_eq!(p.cause, Cause::Succeeded);
         let again = next(&pull, Duration::from_secs(3))
             .await
             .expect("redelivery after ack_wait");
         assert_eq!(again.info().expect("info").delivered, 2);
-        let p: P = nats
-            .handle(&again, counting(&runs, Ok("ch_2".into())))
-            .await
-            .expect("handle");
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Replayed)
-        );
-        assert_eq!(
-            p.outcome.map(|o| o.into_result()),
-            Some(Ok("ch_1".to_owned()))
-        );
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        let info = pull.get_info().await.expect("consumer info");
-        assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
+        let p: P = nats.handle(&again, runs.ok("ch_2")).await.expect("handle");
+        assert_replays(p, "ch_1");
+        assert_eq!(runs.count(), 1);
+        assert_nothing_pending(&pull).await;
         assert!(next(&pull, Duration::from_millis(1500)).await.is_none());
     })
     .await;
@@ -202,29 +214,18 @@ async fn redelivered_message_runs_the_work_once() {
 /// recovery, then the message is acked.
 #[tokio::test]
 async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
-        let nats = NatsConsumer::new(consumer().await);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(Some("evt_transient"), br#"{"order":"ord_2"}"#)
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
+        let nats = adapter().await;
+        let runs = Runs::default();
+        let first = fx
+            .delivered(&pull, "evt_transient", br#"{"order":"ord_2"}"#)
             .await;
-        let first = next(&pull, Duration::from_secs(2))
-            .await
-            .expect("first delivery");
         let p: P = nats
-            .handle(
-                &first,
-                counting(&runs, Err(Failure::transient("psp 503".into()))),
-            )
+            .handle(&first, runs.transient("psp 503"))
             .await
             .expect("handle");
         let nakked = Instant::now();
-        assert_eq!(
-            p.disposition,
-            Disposition::Retry {
-                after: Duration::from_millis(700)
-            }
-        );
+        assert_retry(&p, Duration::from_millis(700));
         assert_eq!(p.cause, Cause::TransientFailure);
         let again = next(&pull, Duration::from_secs(3))
             .await
@@ -234,26 +235,10 @@ async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
             "redelivered after {:?}",
             nakked.elapsed()
         );
-        let recovered = Arc::new(AtomicUsize::new(0));
-        let (r, rec) = (Arc::clone(&runs), Arc::clone(&recovered));
-        let p: P = nats
-            .handle(&again, move |a| async move {
-                r.fetch_add(1, Ordering::SeqCst);
-                if a.is_recovery() {
-                    rec.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok::<_, Failure<String>>("ch_ok".to_owned())
-            })
-            .await
-            .expect("handle");
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Succeeded)
-        );
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
-        assert_eq!(recovered.load(Ordering::SeqCst), 1);
-        let info = pull.get_info().await.expect("consumer info");
-        assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
+        let p: P = nats.handle(&again, runs.ok("ch_ok")).await.expect("handle");
+        assert_acked(&p, Cause::Succeeded);
+        assert_eq!((runs.count(), runs.recovered()), (2, 1));
+        assert_nothing_pending(&pull).await;
     })
     .await;
 }
@@ -262,18 +247,11 @@ async fn transient_failure_is_redelivered_after_the_delay_and_runs_again() {
 /// subject (with the reason header) and is `Term`ed: it never comes back.
 #[tokio::test]
 async fn permanent_failure_is_dead_lettered_and_termed() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let store = SqliteStore::memory().await.expect("sqlite");
-        let core = Consumer::builder(Idem::new(store))
-            .owner("billing-service")
-            .operation("charge-on-order-created")
-            .permanent_failure(ConsumerPermanentFailure::DeadLetter)
-            .build()
-            .expect("consumer");
         let js = fx.js.clone();
         let prefix = format!("{}.dlq", fx.prefix);
-        let nats = NatsConsumer::new(core).dead_letter(move |d| {
+        let nats = NatsConsumer::new(dead_lettering(Idem::new(store))).dead_letter(move |d| {
             let (js, prefix) = (js.clone(), prefix.clone());
             async move { publish_dead_letter(js, &prefix, d).await }
         });
@@ -286,23 +264,15 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
             })
             .await
             .expect("dlq consumer");
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(Some("evt_permanent"), br#"{"order":"ord_3"}"#)
+        let runs = Runs::default();
+        let msg = fx
+            .delivered(&pull, "evt_permanent", br#"{"order":"ord_3"}"#)
             .await;
-        let msg = next(&pull, Duration::from_secs(2)).await.expect("delivery");
         let p: P = nats
-            .handle(
-                &msg,
-                counting(&runs, Err(Failure::permanent("unknown account".into()))),
-            )
+            .handle(&msg, runs.permanent("unknown account"))
             .await
             .expect("handle");
-        assert_eq!(
-            p.disposition,
-            Disposition::DeadLetter {
-                reason: DeadLetterReason::PermanentFailure
-            }
-        );
+        assert_dead_lettered(&p, DeadLetterReason::PermanentFailure);
         assert!(
             next(&pull, Duration::from_millis(1500)).await.is_none(),
             "a termed message came back"
@@ -327,7 +297,7 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
             format!("{}.dlq.{}.orders.created", fx.prefix, fx.prefix)
         );
         dead.double_ack().await.expect("ack the DLQ copy");
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs.count(), 1);
     })
     .await;
 }
@@ -337,10 +307,9 @@ async fn permanent_failure_is_dead_lettered_and_termed() {
 /// without running the work.
 #[tokio::test]
 async fn duplicate_past_the_publish_window_is_acked_without_running() {
-    with_nats(Duration::from_millis(200), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
-        let nats = NatsConsumer::new(consumer().await);
-        let runs = Arc::new(AtomicUsize::new(0));
+    with_nats(SHORT_WINDOW, |fx, pull| async move {
+        let nats = adapter().await;
+        let runs = Runs::default();
         fx.publish(Some("evt_dup"), br#"{"order":"ord_4"}"#).await;
         tokio::time::sleep(Duration::from_millis(400)).await; // past the broker's window
         fx.publish(Some("evt_dup"), br#"{"order":"ord_4"}"#).await;
@@ -349,17 +318,13 @@ async fn duplicate_past_the_publish_window_is_acked_without_running() {
             let msg = next(&pull, Duration::from_secs(2))
                 .await
                 .expect("both copies are in the stream");
-            let p: P = nats
-                .handle(&msg, counting(&runs, Ok("ch".into())))
-                .await
-                .expect("handle");
-            assert_eq!(p.disposition, Disposition::Ack);
+            let p: P = nats.handle(&msg, runs.ok("ch")).await.expect("handle");
+            assert!(p.disposition.is_ack());
             causes.push(p.cause);
         }
         assert_eq!(causes, [Cause::Succeeded, Cause::Replayed]);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        let info = pull.get_info().await.expect("consumer info");
-        assert_eq!((info.num_ack_pending, info.num_pending), (0, 0));
+        assert_eq!(runs.count(), 1);
+        assert_nothing_pending(&pull).await;
     })
     .await;
 }
@@ -370,80 +335,49 @@ async fn duplicate_past_the_publish_window_is_acked_without_running() {
 /// dead-letter hook that fails naks instead, so nothing is lost.
 #[tokio::test]
 async fn sequence_keys_mismatches_and_a_failing_dead_letter_hook() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
-        let core = Consumer::builder(Idem::new(MemoryStore::new()))
-            .owner("billing-service")
-            .operation("charge-on-order-created")
-            .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
-            .retry_jitter(false)
-            .build()
-            .expect("consumer");
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
+        let core = backing_off(
+            Idem::new(MemoryStore::new()),
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+        );
         let failing = NatsConsumer::new(core.clone())
             .dead_letter(|_| async { Err::<(), _>("DLQ unreachable".into()) });
         let nats = NatsConsumer::new(core);
-        let runs = Arc::new(AtomicUsize::new(0));
+        let runs = Runs::default();
         fx.publish(None, b"same bytes").await;
         fx.publish(None, b"same bytes").await;
         for _ in 0..2 {
             let msg = next(&pull, Duration::from_secs(2)).await.expect("message");
             let (key, _) = idem_consumer::nats::message_key(&msg).expect("key");
             assert!(key.starts_with(&format!("{}:", fx.stream)), "{key}");
-            let p: P = nats
-                .handle(&msg, counting(&runs, Ok("ch".into())))
-                .await
-                .expect("handle");
+            let p: P = nats.handle(&msg, runs.ok("ch")).await.expect("handle");
             assert_eq!(p.cause, Cause::Succeeded);
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(runs.count(), 2);
         // Same Nats-Msg-Id, other payload: a producer bug.
-        fx.publish(Some("evt_mm"), b"first").await;
-        let msg = next(&pull, Duration::from_secs(2)).await.expect("message");
-        let _: P = nats
-            .handle(&msg, counting(&runs, Ok("ch".into())))
-            .await
-            .expect("handle");
+        let msg = fx.delivered(&pull, "evt_mm", b"first").await;
+        let _: P = nats.handle(&msg, runs.ok("ch")).await.expect("handle");
         let p: P = nats
             .consumer()
-            .process("evt_mm", b"second", counting(&runs, Ok("ch".into())))
+            .process("evt_mm", b"second", runs.ok("ch"))
             .await;
-        assert_eq!(
-            p.disposition,
-            Disposition::DeadLetter {
-                reason: DeadLetterReason::FingerprintMismatch
-            }
-        );
+        assert_dead_lettered(&p, DeadLetterReason::FingerprintMismatch);
         // A payload that cannot be fingerprinted, with a DLQ hook that fails:
         // nak'd (with the backoff), redelivered, never lost.
-        fx.publish(Some("evt_dup_member"), br#"{"a":1,"a":2}"#)
+        let msg = fx
+            .delivered(&pull, "evt_dup_member", br#"{"a":1,"a":2}"#)
             .await;
-        let msg = next(&pull, Duration::from_secs(2)).await.expect("message");
-        let p: P = failing
-            .handle(&msg, counting(&runs, Ok("ch".into())))
-            .await
-            .expect("handle");
-        assert_eq!(
-            p.disposition,
-            Disposition::Retry {
-                after: Duration::from_millis(300)
-            }
-        );
+        let p: P = failing.handle(&msg, runs.ok("ch")).await.expect("handle");
+        assert_retry(&p, Duration::from_millis(300));
         assert_eq!(p.cause, Cause::InvalidMessage);
         let again = next(&pull, Duration::from_secs(2))
             .await
             .expect("redelivered after the failed hook");
-        let p: P = nats
-            .handle(&again, counting(&runs, Ok("ch".into())))
-            .await
-            .expect("handle");
-        assert_eq!(
-            p.disposition,
-            Disposition::DeadLetter {
-                reason: DeadLetterReason::InvalidMessage
-            }
-        );
+        let p: P = nats.handle(&again, runs.ok("ch")).await.expect("handle");
+        assert_dead_lettered(&p, DeadLetterReason::InvalidMessage);
         assert!(next(&pull, Duration::from_millis(1000)).await.is_none());
-        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert_eq!(runs.count(), 3);
     })
     .await;
 }
@@ -452,11 +386,11 @@ async fn sequence_keys_mismatches_and_a_failing_dead_letter_hook() {
 /// `ack_wait`, and the idem lease is extended alongside.
 #[tokio::test]
 async fn progress_acks_hold_the_message_during_long_work() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
-        let nats = NatsConsumer::new(consumer().await).progress_every(Duration::from_millis(300));
-        fx.publish(Some("evt_slow"), br#"{"order":"ord_5"}"#).await;
-        let msg = next(&pull, Duration::from_secs(2)).await.expect("delivery");
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
+        let nats = adapter().await.progress_every(Duration::from_millis(300));
+        let msg = fx
+            .delivered(&pull, "evt_slow", br#"{"order":"ord_5"}"#)
+            .await;
         // Another instance of the consumer pulls meanwhile: past ack_wait it
         // would get the message, unless the progress acks hold it.
         let other = pull.clone();
@@ -488,9 +422,8 @@ async fn progress_acks_hold_the_message_during_long_work() {
 /// shutdown waits for the messages in hand.
 #[tokio::test]
 async fn run_processes_a_stream_with_bounded_concurrency_and_stops_gracefully() {
-    with_nats(Duration::from_millis(200), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
-        let nats = NatsConsumer::new(consumer().await);
+    with_nats(SHORT_WINDOW, |fx, pull| async move {
+        let nats = adapter().await;
         const IDS: [&str; 8] = ["o1", "o2", "o3", "o4", "o5", "o6", "o7", "o8"];
         let published = Instant::now();
         for id in IDS {
@@ -564,29 +497,26 @@ async fn all_acked(pull: &PullConsumer, seq: u64) {
 /// about the lease left, and the work runs once.
 #[tokio::test]
 async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(1)).await;
+    with_nats(QUICK_REDELIVERY, |fx, pull| async move {
         let store = SqliteStore::memory().await.expect("sqlite");
         let policy = idem_core::Policy::builder()
             .lease(Duration::from_secs(30))
             .build()
             .expect("policy");
-        let core = Consumer::builder(Idem::new(store).with_policy(policy))
-            .owner("billing-service")
-            .operation("charge-on-order-created")
+        let core = builder(Idem::new(store).with_policy(policy))
             .build()
             .expect("consumer");
         let (a, b) = (NatsConsumer::new(core.clone()), NatsConsumer::new(core));
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(Some("evt_slow_dup"), br#"{"order":"ord_6"}"#)
+        let runs = Runs::default();
+        let first = fx
+            .delivered(&pull, "evt_slow_dup", br#"{"order":"ord_6"}"#)
             .await;
-        let first = next(&pull, Duration::from_secs(2)).await.expect("delivery");
-        let (r, release) = (Arc::clone(&runs), Arc::new(tokio::sync::Notify::new()));
+        let (r, release) = (runs.clone(), Arc::new(tokio::sync::Notify::new()));
         let go = Arc::clone(&release);
         let slow = tokio::spawn(async move {
             let p: P = a
-                .handle(&first, move |_| async move {
-                    r.fetch_add(1, Ordering::SeqCst);
+                .handle(&first, move |attempt| async move {
+                    r.record(&attempt);
                     go.notified().await;
                     Ok::<_, Failure<String>>("ch_slow".to_owned())
                 })
@@ -597,10 +527,7 @@ async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
         let again = next(&pull, Duration::from_secs(3))
             .await
             .expect("redelivery to the second instance");
-        let p: P = b
-            .handle(&again, counting(&runs, Ok("ch_dup".into())))
-            .await
-            .expect("handle");
+        let p: P = b.handle(&again, runs.ok("ch_dup")).await.expect("handle");
         assert_eq!(p.cause, Cause::InFlight);
         let after = p.disposition.retry_after().expect("a retry");
         assert!(
@@ -609,7 +536,7 @@ async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
         );
         release.notify_one();
         assert_eq!(slow.await.expect("slow").cause, Cause::Succeeded);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs.count(), 1);
     })
     .await;
 }
@@ -618,43 +545,28 @@ async fn second_instance_is_nakd_for_the_lease_left_while_the_first_works() {
 /// redelivered; once the store is back, it runs.
 #[tokio::test]
 async fn store_down_naks_then_the_redelivery_runs() {
-    with_nats(Duration::from_secs(120), |fx| async move {
-        let pull = fx.pull(Duration::from_secs(5)).await;
+    with_nats(SLOW_REDELIVERY, |fx, pull| async move {
         let failing = idem_core::testkit::FailingStore::new(Arc::new(MemoryStore::new()));
-        let core = Consumer::builder(Idem::new(failing.clone()))
-            .owner("billing-service")
-            .operation("charge-on-order-created")
-            .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
-            .retry_jitter(false)
-            .build()
-            .expect("consumer");
-        let nats = NatsConsumer::new(core);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(Some("evt_store_down"), br#"{"order":"ord_7"}"#)
+        let nats = NatsConsumer::new(backing_off(
+            Idem::new(failing.clone()),
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+        ));
+        let runs = Runs::default();
+        let msg = fx
+            .delivered(&pull, "evt_store_down", br#"{"order":"ord_7"}"#)
             .await;
         failing.fail_all(true);
-        let msg = next(&pull, Duration::from_secs(2)).await.expect("delivery");
-        let p: P = nats
-            .handle(&msg, counting(&runs, Ok("ch".into())))
-            .await
-            .expect("handle");
+        let p: P = nats.handle(&msg, runs.ok("ch")).await.expect("handle");
         assert_eq!(p.cause, Cause::StoreUnavailable);
-        assert_eq!(
-            p.disposition,
-            Disposition::Retry {
-                after: Duration::from_millis(300)
-            }
-        );
+        assert_retry(&p, Duration::from_millis(300));
         failing.fail_all(false);
         let again = next(&pull, Duration::from_secs(2))
             .await
             .expect("redelivery");
-        let p: P = nats
-            .handle(&again, counting(&runs, Ok("ch".into())))
-            .await
-            .expect("handle");
+        let p: P = nats.handle(&again, runs.ok("ch")).await.expect("handle");
         assert_eq!(p.cause, Cause::Succeeded);
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs.count(), 1);
     })
     .await;
 }

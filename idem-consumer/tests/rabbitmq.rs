@@ -3,18 +3,16 @@
 //! queue, dead-letter exchange and dead-letter queue, and deletes them at the
 //! end. Redelivery delays are the broker's real time (≤ 1 s).
 
+mod support;
+
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use idem_consumer::rabbitmq::RabbitConsumer;
-use idem_consumer::{
-    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
-};
-use idem_core::{Failure, Idem, IdempotencyKey, MemoryStore};
-use idem_sqlite::SqliteStore;
+use idem_consumer::{Cause, DeadLetterReason, Disposition};
+use idem_core::{Idem, IdempotencyKey, MemoryStore};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
@@ -23,9 +21,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-
-type P = Processed<String, String>;
-type Out = Result<String, Failure<String>>;
+use support::{
+    P, Runs, assert_acked, assert_dead_lettered, assert_replays, assert_retry, dead_lettering,
+};
 
 fn url() -> String {
     std::env::var("IDEM_AMQP_URL")
@@ -154,6 +152,13 @@ impl Fixture {
             .message_count()
     }
 
+    /// Publishes `payload` with `message_id` `id`.
+    async fn publish_id(&self, id: &str, payload: &[u8]) {
+        self.publish(Some(id), FieldTable::default(), payload).await;
+    }
+}
+
+impl support::Fixture for Fixture {
     async fn teardown(self) {
         for q in [&self.q, &self.dlq] {
             self.channel
@@ -175,15 +180,7 @@ where
     F: FnOnce(Arc<Fixture>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let fx = Arc::new(Fixture::new().await);
-    let result = tokio::spawn(scenario(Arc::clone(&fx))).await;
-    match Arc::try_unwrap(fx) {
-        Ok(fx) => fx.teardown().await,
-        Err(_) => panic!("the scenario kept the fixture"),
-    }
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    support::with_fixture(Fixture::new().await, scenario).await;
 }
 
 async fn next(c: &mut lapin::Consumer, wait: Duration) -> Option<Delivery> {
@@ -194,26 +191,14 @@ async fn next(c: &mut lapin::Consumer, wait: Duration) -> Option<Delivery> {
         .map(|d| d.expect("delivery"))
 }
 
-async fn consumer() -> Consumer<SqliteStore> {
-    let store = SqliteStore::memory().await.expect("sqlite");
-    Consumer::builder(Idem::new(store))
-        .owner("billing-service")
-        .operation("charge-on-order-created")
-        .retry_backoff(Duration::from_millis(600), Duration::from_secs(5))
-        .retry_jitter(false)
-        .build()
-        .expect("consumer")
+/// The next delivery on `c`, which must come within 2 s (`what` it is).
+async fn delivery(c: &mut lapin::Consumer, what: &str) -> Delivery {
+    next(c, Duration::from_secs(2)).await.expect(what)
 }
 
-fn counting(
-    runs: &Arc<AtomicUsize>,
-    out: Out,
-) -> impl FnOnce(idem_core::Attempt) -> std::future::Ready<Out> + Send + use<> {
-    let runs = Arc::clone(runs);
-    move |_| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(out)
-    }
+/// The adapter on a consumer retrying after 600 ms (up to 5 s), no jitter.
+async fn adapter() -> RabbitConsumer<idem_sqlite::SqliteStore> {
+    RabbitConsumer::new(support::consumer(Duration::from_millis(600)).await)
 }
 
 /// A consumer that processed a message and died before acking it (its
@@ -222,25 +207,15 @@ fn counting(
 #[tokio::test]
 async fn redelivered_message_runs_the_work_once() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(
-            Some("evt_redelivered"),
-            FieldTable::default(),
-            br#"{"order":"ord_1"}"#,
-        )
-        .await;
+        let rabbit = adapter().await;
+        let runs = Runs::default();
+        fx.publish_id("evt_redelivered", br#"{"order":"ord_1"}"#)
+            .await;
         let (dying, mut first) = fx.subscribe().await;
-        let d = next(&mut first, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut first, "delivery").await;
         let p: P = rabbit
             .consumer()
-            .process(
-                "evt_redelivered",
-                &d.data,
-                counting(&runs, Ok("ch_1".into())),
-            )
+            .process("evt_redelivered", &d.data, runs.ok("ch_1"))
             .await;
         assert_eq!(p.cause, Cause::Succeeded);
         dying
@@ -248,23 +223,14 @@ async fn redelivered_message_runs_the_work_once() {
             .await
             .expect("close");
         let (_ch, mut second) = fx.subscribe().await;
-        let again = next(&mut second, Duration::from_secs(2))
-            .await
-            .expect("redelivery");
+        let again = delivery(&mut second, "redelivery").await;
         assert!(again.redelivered);
         let p: P = rabbit
-            .handle(&again, counting(&runs, Ok("ch_2".into())))
+            .handle(&again, runs.ok("ch_2"))
             .await
             .expect("handle");
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Replayed)
-        );
-        assert_eq!(
-            p.outcome.map(|o| o.into_result()),
-            Some(Ok("ch_1".to_owned()))
-        );
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_replays(p, "ch_1");
+        assert_eq!(runs.count(), 1);
         assert!(
             next(&mut second, Duration::from_millis(500))
                 .await
@@ -280,32 +246,18 @@ async fn redelivered_message_runs_the_work_once() {
 #[tokio::test]
 async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(
-            Some("evt_transient"),
-            FieldTable::default(),
-            br#"{"order":"ord_2"}"#,
-        )
-        .await;
+        let rabbit = adapter().await;
+        let runs = Runs::default();
+        fx.publish_id("evt_transient", br#"{"order":"ord_2"}"#)
+            .await;
         let (_ch, mut sub) = fx.subscribe().await;
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut sub, "delivery").await;
         let handled = Instant::now();
         let p: P = rabbit
-            .handle(
-                &d,
-                counting(&runs, Err(Failure::transient("psp 503".into()))),
-            )
+            .handle(&d, runs.transient("psp 503"))
             .await
             .expect("handle");
-        assert_eq!(
-            p.disposition,
-            Disposition::Retry {
-                after: Duration::from_millis(600)
-            }
-        );
+        assert_retry(&p, Duration::from_millis(600));
         let again = next(&mut sub, Duration::from_secs(3))
             .await
             .expect("requeued");
@@ -315,29 +267,12 @@ async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
             handled.elapsed()
         );
         assert!(again.redelivered);
-        let recovered = Arc::new(AtomicUsize::new(0));
-        let (r, rec) = (Arc::clone(&runs), Arc::clone(&recovered));
         let p: P = rabbit
-            .handle(&again, move |a| async move {
-                r.fetch_add(1, Ordering::SeqCst);
-                if a.is_recovery() {
-                    rec.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok::<_, Failure<String>>("ch_ok".to_owned())
-            })
+            .handle(&again, runs.ok("ch_ok"))
             .await
             .expect("handle");
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Succeeded)
-        );
-        assert_eq!(
-            (
-                runs.load(Ordering::SeqCst),
-                recovered.load(Ordering::SeqCst)
-            ),
-            (2, 1)
-        );
+        assert_acked(&p, Cause::Succeeded);
+        assert_eq!((runs.count(), runs.recovered()), (2, 1));
     })
     .await;
 }
@@ -348,47 +283,21 @@ async fn transient_failure_is_requeued_after_the_delay_and_runs_again() {
 #[tokio::test]
 async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
     with_rabbit(|fx| async move {
-        let store = MemoryStore::new();
-        let core = Consumer::builder(Idem::new(store))
-            .owner("billing-service")
-            .operation("charge-on-order-created")
-            .permanent_failure(ConsumerPermanentFailure::DeadLetter)
-            .build()
-            .expect("consumer");
-        let rabbit = RabbitConsumer::new(core);
-        let runs = Arc::new(AtomicUsize::new(0));
-        fx.publish(
-            Some("evt_permanent"),
-            FieldTable::default(),
-            br#"{"order":"ord_3"}"#,
-        )
-        .await;
+        let rabbit = RabbitConsumer::new(dead_lettering(Idem::new(MemoryStore::new())));
+        let runs = Runs::default();
+        fx.publish_id("evt_permanent", br#"{"order":"ord_3"}"#)
+            .await;
         fx.publish(None, FieldTable::default(), b"no id at all")
             .await;
         let (_ch, mut sub) = fx.subscribe().await;
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("delivery");
+        let d = delivery(&mut sub, "delivery").await;
         let p: P = rabbit
-            .handle(
-                &d,
-                counting(&runs, Err(Failure::permanent("unknown account".into()))),
-            )
+            .handle(&d, runs.permanent("unknown account"))
             .await
             .expect("handle");
-        assert_eq!(
-            p.disposition,
-            Disposition::DeadLetter {
-                reason: DeadLetterReason::PermanentFailure
-            }
-        );
-        let d = next(&mut sub, Duration::from_secs(2))
-            .await
-            .expect("keyless delivery");
-        let p: P = rabbit
-            .handle(&d, counting(&runs, Ok("x".into())))
-            .await
-            .expect("handle");
+        assert_dead_lettered(&p, DeadLetterReason::PermanentFailure);
+        let d = delivery(&mut sub, "keyless delivery").await;
+        let p: P = rabbit.handle(&d, runs.ok("x")).await.expect("handle");
         assert_eq!(
             (p.disposition, p.cause),
             (
@@ -416,7 +325,7 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
             dead,
             vec![br#"{"order":"ord_3"}"#.to_vec(), b"no id at all".to_vec()]
         );
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs.count(), 1);
     })
     .await;
 }
@@ -427,34 +336,24 @@ async fn permanent_failure_and_keyless_messages_reach_the_dead_letter_queue() {
 #[tokio::test]
 async fn duplicates_are_acked_without_running() {
     with_rabbit(|fx| async move {
-        let rabbit = RabbitConsumer::new(consumer().await).key_header("event-id");
-        let runs = Arc::new(AtomicUsize::new(0));
+        let rabbit = adapter().await.key_header("event-id");
+        let runs = Runs::default();
         let mut headers = FieldTable::default();
         headers.insert(
             "event-id".into(),
             AMQPValue::LongString(LongString::from("evt_by_header")),
         );
         for _ in 0..2 {
-            fx.publish(
-                Some("evt_dup"),
-                FieldTable::default(),
-                br#"{"order":"ord_4"}"#,
-            )
-            .await;
+            fx.publish_id("evt_dup", br#"{"order":"ord_4"}"#).await;
             fx.publish(None, headers.clone(), br#"{"order":"ord_5"}"#)
                 .await;
         }
         let (_ch, mut sub) = fx.subscribe().await;
         let mut causes = Vec::new();
         for _ in 0..4 {
-            let d = next(&mut sub, Duration::from_secs(2))
-                .await
-                .expect("delivery");
-            let p: P = rabbit
-                .handle(&d, counting(&runs, Ok("ch".into())))
-                .await
-                .expect("handle");
-            assert_eq!(p.disposition, Disposition::Ack);
+            let d = delivery(&mut sub, "delivery").await;
+            let p: P = rabbit.handle(&d, runs.ok("ch")).await.expect("handle");
+            assert!(p.disposition.is_ack());
             causes.push(p.cause);
         }
         assert_eq!(
@@ -466,7 +365,7 @@ async fn duplicates_are_acked_without_running() {
                 Cause::Replayed
             ]
         );
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(runs.count(), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(fx.count(&fx.q).await, 0);
     })

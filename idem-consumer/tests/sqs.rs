@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use idem_consumer::sqs::{SqsConsumer, SqsKey};
 use idem_consumer::{Consumer, DeadLetterReason};
 use idem_core::{Attempt, Failure, Idem};
@@ -60,6 +60,15 @@ fn event(v: Value) -> SqsEvent {
     serde_json::from_value(v).expect("a valid SqsEvent")
 }
 
+/// The ids a response lists for redelivery, in order.
+fn listed(response: &SqsBatchResponse) -> Vec<&str> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
+}
+
 async fn sqs() -> SqsConsumer<SqliteStore> {
     let store = SqliteStore::memory().await.expect("sqlite");
     let consumer = Consumer::builder(Idem::new(store))
@@ -96,6 +105,11 @@ impl Work {
             std::future::ready(Ok(format!("done {id}")))
         }
     }
+    /// `event` through `sqs` with this work.
+    async fn batch(&self, sqs: &SqsConsumer<SqliteStore>, event: Value) -> SqsBatchResponse {
+        sqs.process_batch::<String, String, _, _, _>(self::event(event), self.call())
+            .await
+    }
     fn runs(&self) -> Vec<String> {
         self.runs.lock().expect("lock").clone()
     }
@@ -115,17 +129,13 @@ async fn second_record_transient_is_listed_exactly_then_redelivered() {
     let sqs = sqs().await;
     let work = Work::default();
     work.fail(SECOND, true);
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(documented_event()), work.call())
-        .await;
+    let response = work.batch(&sqs, documented_event()).await;
     assert_eq!(
         serde_json::to_string(&response).expect("json"),
         format!(r#"{{"batchItemFailures":[{{"itemIdentifier":"{SECOND}"}}]}}"#)
     );
     work.fail(SECOND, false);
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(documented_event()), work.call())
-        .await;
+    let response = work.batch(&sqs, documented_event()).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(work.runs(), [FIRST, SECOND, SECOND]);
 }
@@ -143,24 +153,15 @@ async fn same_message_id_twice_in_a_batch_runs_once_and_is_listed_at_most_once()
         .as_array_mut()
         .expect("records")
         .insert(1, copy.clone());
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(v.clone()), work.call())
-        .await;
+    let response = work.batch(&sqs, v.clone()).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(work.runs(), [FIRST, SECOND]);
 
     let sqs = self::sqs().await;
     let work = Work::default();
     work.fail(FIRST, true);
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(v), work.call())
-        .await;
-    let ids: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
-    assert_eq!(ids, [FIRST]);
+    let response = work.batch(&sqs, v).await;
+    assert_eq!(listed(&response), [FIRST]);
     assert_eq!(work.runs(), [FIRST, SECOND]);
 }
 
@@ -187,15 +188,8 @@ async fn fifo_stops_at_the_first_retry_and_lists_the_rest() {
         r["attributes"]["MessageDeduplicationId"] = json!(format!("dedup-{n}"));
     }
     work.fail(SECOND, true);
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(v), work.call())
-        .await;
-    let ids: Vec<&str> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
-    assert_eq!(ids, [SECOND, third]);
+    let response = work.batch(&sqs, v).await;
+    assert_eq!(listed(&response), [SECOND, third]);
     assert_eq!(work.runs(), [FIRST, SECOND]);
 }
 
@@ -224,14 +218,8 @@ async fn invalid_body_goes_to_the_hook_or_is_listed_when_the_hook_fails() {
             }
         });
         let work = Work::default();
-        let response = sqs
-            .process_batch::<String, String, _, _, _>(event(v.clone()), work.call())
-            .await;
-        let ids: Vec<&str> = response
-            .batch_item_failures
-            .iter()
-            .map(|f| f.item_identifier.as_str())
-            .collect();
+        let response = work.batch(&sqs, v.clone()).await;
+        let ids = listed(&response);
         let expected: &[&str] = if hook_fails { &[FIRST] } else { &[] };
         assert_eq!(ids, expected, "hook fails: {hook_fails}");
         assert_eq!(called.load(Ordering::SeqCst), 1);
@@ -251,9 +239,7 @@ async fn producer_keys_dedup_across_message_ids() {
     for r in v["Records"].as_array_mut().expect("records") {
         r["body"] = json!(r#"{"event_id":"evt_42","amount":1000}"#);
     }
-    let response = sqs
-        .process_batch::<String, String, _, _, _>(event(v), work.call())
-        .await;
+    let response = work.batch(&sqs, v).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(work.runs(), [FIRST]);
 }

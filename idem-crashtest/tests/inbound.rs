@@ -24,6 +24,7 @@
 //! each test its own key prefix, deleted). The leases are real time, short
 //! (2-3 s): these are real processes. A few seconds per test.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -331,6 +332,11 @@ impl Schema {
         format!("{}#{}", postgres_url(), self.name)
     }
 
+    /// The backend argument of this schema.
+    fn backend(&self) -> String {
+        format!("postgres:{}", self.url())
+    }
+
     fn effects(&self) -> i64 {
         self.rt.block_on(async {
             sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -365,6 +371,15 @@ fn pause(d: Duration) {
     }
 }
 
+/// The stub's calls, checked to be two with one downstream key: the work
+/// ran again after the crash, and the effect was made once.
+fn called_twice_with_one_key(stub: &Stub) -> BTreeMap<String, usize> {
+    let calls = stub.calls();
+    assert_eq!(calls.values().sum::<usize>(), 2, "{calls:?}");
+    assert_eq!(calls.len(), 1, "two distinct effects: {calls:?}");
+    calls
+}
+
 /// A temporary directory removed on drop.
 struct TempDir(PathBuf);
 
@@ -373,6 +388,11 @@ impl TempDir {
         let dir = std::env::temp_dir().join(format!("idem-inbound-{}", unique()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Self(dir)
+    }
+
+    /// The backend argument of a SQLite file in this directory.
+    fn sqlite_backend(&self) -> String {
+        format!("sqlite:{}", self.0.join("idem.db").display())
     }
 }
 
@@ -564,16 +584,14 @@ fn store_killed_after_the_call(backend: &str) {
         "{lines:#?}"
     );
     all.extend(after);
-    let calls = stub.calls();
-    assert_eq!(calls.values().sum::<usize>(), 2, "{calls:?}");
-    assert_eq!(calls.len(), 1, "two distinct effects: {calls:?}");
+    let calls = called_twice_with_one_key(&stub);
     assert!(all.iter().all(|r| calls.contains_key(&r.downstream_key)));
 }
 
 #[test]
 fn store_killed_after_the_call_sqlite_file() {
     let dir = TempDir::new();
-    store_killed_after_the_call(&format!("sqlite:{}", dir.0.join("idem.db").display()));
+    store_killed_after_the_call(&dir.sqlite_backend());
 }
 
 /// The check above can fail: work that does not call with the downstream
@@ -583,7 +601,7 @@ fn store_killed_after_the_call_sqlite_file() {
 fn store_work_ignoring_the_downstream_key_is_caught() {
     let dir = TempDir::new();
     let (jet, stub) = (Jet::new(), Stub::start());
-    let backend = format!("sqlite:{}", dir.0.join("idem.db").display());
+    let backend = dir.sqlite_backend();
     let (_first, mut fresh) = consumer_crash(&jet, &backend, "after-call", &stub, true);
     let recovered = runs(fresh.drain());
     assert_eq!(recovered.len(), 1, "{recovered:?}");
@@ -599,7 +617,7 @@ fn store_work_ignoring_the_downstream_key_is_caught() {
 #[test]
 fn store_killed_after_the_call_postgres() {
     let schema = Schema::new();
-    store_killed_after_the_call(&format!("postgres:{}", schema.url()));
+    store_killed_after_the_call(&schema.backend());
 }
 
 #[test]
@@ -745,20 +763,18 @@ fn webhook_killed_in_the_handler(backend: &str) {
     assert_eq!(before.len(), 1, "{before:?}");
     assert_eq!(after.len(), 1, "{after:?}");
     assert_eq!((after[0].attempt, after[0].recovery), (2, true));
-    let calls = stub.calls();
-    assert_eq!(calls.values().sum::<usize>(), 2, "{calls:?}");
-    assert_eq!(calls.len(), 1, "two distinct effects: {calls:?}");
+    let calls = called_twice_with_one_key(&stub);
     assert!(calls.contains_key(&after[0].downstream_key));
 }
 
 #[test]
 fn webhook_killed_in_the_handler_sqlite_file() {
     let dir = TempDir::new();
-    webhook_killed_in_the_handler(&format!("sqlite:{}", dir.0.join("idem.db").display()));
+    webhook_killed_in_the_handler(&dir.sqlite_backend());
 }
 
 #[test]
 fn webhook_killed_in_the_handler_postgres() {
     let schema = Schema::new();
-    webhook_killed_in_the_handler(&format!("postgres:{}", schema.url()));
+    webhook_killed_in_the_handler(&schema.backend());
 }

@@ -9,11 +9,14 @@ use idem_core::store::{Store, StoreError};
 use idem_core::testkit::{Charge, Counter, Decline, FailingStore};
 use idem_core::{Attempt, Failure, Outcome, TakeoverReason};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use super::support::{
     BASE, LEASE, RESPONSE_TTL, backend_error, builder, consumer, corrupt_error, message_id,
 };
-use idem_consumer::{Cause, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed};
+use idem_consumer::{
+    Cause, Consumer, ConsumerPermanentFailure, DeadLetterReason, Disposition, Processed,
+};
 
 type Out = Result<Charge, Failure<Decline>>;
 type P = Processed<Charge, Decline>;
@@ -33,10 +36,96 @@ fn decline(code: &str) -> Decline {
     }
 }
 
+/// A scenario's start: a manual clock, the default consumer on `store`
+/// with it, a fresh message id and a run counter.
+fn start<S: Store>(store: S) -> (ManualClock, Consumer<S>, String, Counter) {
+    let clock = ManualClock::starting_now();
+    let consumer = consumer(store, &clock);
+    (clock, consumer, message_id(), Counter::default())
+}
+
 /// Work that counts its runs and succeeds with `ch_<n>`.
 fn succeed(runs: &Counter) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
     let runs = runs.clone();
     move |_| std::future::ready(Ok(charge(&format!("ch_{}", runs.hit()))))
+}
+
+/// Work that counts its runs and succeeds with the charge `id`.
+fn succeed_as(
+    runs: &Counter,
+    id: &'static str,
+) -> impl FnOnce(Attempt) -> std::future::Ready<Out> + Send + use<> {
+    let runs = runs.clone();
+    move |_| {
+        runs.hit();
+        std::future::ready(Ok(charge(id)))
+    }
+}
+
+/// Deliveries 1 and 2 of a fresh message whose work fails permanently with
+/// `code`; the work ran once. The message id and both results.
+async fn failing_permanently_twice<S: Store>(
+    consumer: &Consumer<S>,
+    code: &str,
+) -> (String, [P; 2]) {
+    let (id, runs) = (message_id(), Counter::default());
+    let mut results = Vec::new();
+    for delivery in 1..=2u32 {
+        let r = runs.clone();
+        let failure = Failure::permanent(decline(code));
+        let p: P = consumer
+            .delivery(delivery)
+            .process(&id, PAYLOAD, move |_| async move {
+                r.hit();
+                Err::<Charge, _>(failure)
+            })
+            .await;
+        results.push(p);
+    }
+    assert_eq!(runs.get(), 1);
+    (id, results.try_into().expect("two deliveries"))
+}
+
+/// Delivery `n` of message `id` (the scenarios' payload), its work counted
+/// by `runs` and succeeding.
+async fn deliver<S: Store>(consumer: &Consumer<S>, n: u32, id: &str, runs: &Counter) -> P {
+    consumer
+        .delivery(n)
+        .process(id, PAYLOAD, succeed(runs))
+        .await
+}
+
+/// The first delivery of `id` in a task of its own, its work counted by
+/// `runs` and holding (the lease taken) until the returned sender fires,
+/// then succeeding with `charge(done)`. Returns once the work has started.
+async fn holding<S: Store>(
+    consumer: &Consumer<S>,
+    id: &str,
+    runs: &Counter,
+    done: &'static str,
+) -> (JoinHandle<P>, oneshot::Sender<()>) {
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let (c, i, r) = (consumer.clone(), id.to_owned(), runs.clone());
+    let task = tokio::spawn(async move {
+        let p: P = c
+            .process(&i, PAYLOAD, move |_| async move {
+                r.hit();
+                let _ = entered_tx.send(());
+                let _ = go_rx.await;
+                Ok(charge(done))
+            })
+            .await;
+        p
+    });
+    entered_rx.await.expect("first delivery in work");
+    (task, go_tx)
+}
+
+/// `p` acknowledged, for `cause`.
+#[track_caller]
+fn assert_acked(p: &P, cause: Cause) {
+    assert_eq!((p.disposition, p.cause), (Disposition::Ack, cause));
 }
 
 fn retry(after: Duration) -> Disposition {
@@ -74,26 +163,15 @@ pub async fn c02_permanent_failure_is_acked_and_reported_once<S: Store>(store: A
         })
         .build()
         .expect("consumer");
-    let (id, runs) = (message_id(), Counter::default());
-    for delivery in 1..=2u32 {
-        let r = runs.clone();
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, move |_| async move {
-                r.hit();
-                Err::<Charge, _>(Failure::permanent(decline("card_declined")))
-            })
-            .await;
-        assert_eq!(p.disposition, Disposition::Ack, "delivery {delivery}");
+    let (id, deliveries) = failing_permanently_twice(&consumer, "card_declined").await;
+    for (p, cause) in deliveries
+        .into_iter()
+        .zip([Cause::PermanentFailure, Cause::Replayed])
+    {
+        assert_eq!(p.disposition, Disposition::Ack, "{cause:?}");
         assert_eq!(p.outcome, Some(Outcome::Failure(decline("card_declined"))));
-        let cause = if delivery == 1 {
-            Cause::PermanentFailure
-        } else {
-            Cause::Replayed
-        };
         assert_eq!(p.cause, cause);
     }
-    assert_eq!(runs.get(), 1);
     let reported = reported.lock().expect("hook lock").clone();
     assert_eq!(reported.len(), 1, "{reported:?}");
     assert!(reported[0].starts_with(&id) && reported[0].contains("card_declined"));
@@ -108,29 +186,18 @@ pub async fn c02_permanent_failure_dead_letters_when_configured<S: Store>(store:
         .permanent_failure(ConsumerPermanentFailure::DeadLetter)
         .build()
         .expect("consumer");
-    let (id, runs) = (message_id(), Counter::default());
-    for delivery in 1..=2u32 {
-        let r = runs.clone();
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, move |_| async move {
-                r.hit();
-                Err::<Charge, _>(Failure::permanent(decline("unknown_account")))
-            })
-            .await;
+    let (_, deliveries) = failing_permanently_twice(&consumer, "unknown_account").await;
+    for (p, replayed) in deliveries.into_iter().zip([false, true]) {
         assert_eq!(p.disposition, dead(DeadLetterReason::PermanentFailure));
-        assert_eq!(p.replayed, delivery == 2);
+        assert_eq!(p.replayed, replayed);
     }
-    assert_eq!(runs.get(), 1);
 }
 
 /// C3: a transient failure releases the key and asks for a redelivery after
 /// the backoff of its delivery count; each delivery runs the work again, as a
 /// recovery, until one succeeds.
 pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     for (delivery, after) in [(1u32, BASE), (2, BASE * 2), (4, BASE * 8)] {
         let r = runs.clone();
         let p: P = consumer
@@ -145,14 +212,8 @@ pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<
         assert_eq!(p.cause, Cause::TransientFailure);
         assert_eq!(p.outcome, Some(Outcome::Transient(decline("psp_503"))));
     }
-    let p: P = consumer
-        .delivery(5)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::Succeeded)
-    );
+    let p: P = deliver(&consumer, 5, &id, &runs).await;
+    assert_acked(&p, Cause::Succeeded);
     assert_eq!((p.attempt, p.recovery), (4, true));
     assert_eq!(runs.get(), 4);
 }
@@ -160,9 +221,7 @@ pub async fn c03_transient_failure_is_retried_with_backoff<S: Store>(store: Arc<
 /// C4: a redelivery of a processed message (even re-serialised JSON) replays
 /// the stored outcome, acknowledged, without running the work.
 pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let first: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_eq!(first.cause, Cause::Succeeded);
     let reordered: &[u8] = br#"{ "currency":"eur", "amount":1000.0, "order":"ord_1" }"#;
@@ -171,10 +230,7 @@ pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
             .delivery(2)
             .process(&id, payload, succeed(&runs))
             .await;
-        assert_eq!(
-            (p.disposition, p.cause),
-            (Disposition::Ack, Cause::Replayed)
-        );
+        assert_acked(&p, Cause::Replayed);
         assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
         assert!(p.replayed && !p.ran());
     }
@@ -185,9 +241,7 @@ pub async fn c04_redelivery_replays_without_running<S: Store>(store: Arc<S>) {
 /// the work once; the others are told to retry after the lease, and a
 /// later redelivery replays.
 pub async fn c04_concurrent_duplicates_run_once<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let (release_tx, release_rx) = tokio::sync::watch::channel(false);
     let mut pending = Vec::new();
     for _ in 0..16 {
@@ -231,29 +285,10 @@ pub async fn c04_concurrent_duplicates_run_once<S: Store>(store: Arc<S>) {
 /// C5: a delivery while another holds a valid lease is retried after the
 /// lease left, without running.
 pub async fn c05_in_flight_retries_after_the_lease_left<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let first = tokio::spawn(async move {
-        let p: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                let _ = go_rx.await;
-                Ok(charge("ch_first"))
-            })
-            .await;
-        p
-    });
-    entered_rx.await.expect("first delivery in work");
+    let (clock, consumer, id, runs) = start(store);
+    let (first, go_tx) = holding(&consumer, &id, &runs, "ch_first").await;
     clock.advance(Duration::from_secs(20));
-    let second: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let second: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(second.disposition, retry(Duration::from_secs(40)));
     assert_eq!((second.cause, second.attempt), (Cause::InFlight, 0));
     go_tx.send(()).expect("first still waiting");
@@ -265,9 +300,7 @@ pub async fn c05_in_flight_retries_after_the_lease_left<S: Store>(store: Arc<S>)
 /// runs the work as a recovery, with the resource id the first attempt
 /// saved, and is acknowledged.
 pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let (saved_tx, saved_rx) = oneshot::channel();
     let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
     let crashed = tokio::spawn(async move {
@@ -294,10 +327,7 @@ pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(st
             Ok(charge(a.previous_resource_id().unwrap_or("missing")))
         })
         .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::Succeeded)
-    );
+    assert_acked(&p, Cause::Succeeded);
     assert_eq!((p.attempt, p.recovery), (2, true));
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_created"))));
     assert_eq!(runs.get(), 2);
@@ -306,32 +336,12 @@ pub async fn c06_expired_lease_is_recovered_with_the_saved_resource<S: Store>(st
 /// C7: a delivery whose lease was taken over before it completed is told to
 /// retry; its outcome is discarded and the newer attempt's is replayed.
 pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let slow = tokio::spawn(async move {
-        let p: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                let _ = go_rx.await;
-                Ok(charge("ch_slow"))
-            })
-            .await;
-        p
-    });
-    entered_rx.await.expect("slow delivery in work");
+    let (clock, consumer, id, runs) = start(store);
+    let (slow, go_tx) = holding(&consumer, &id, &runs, "ch_slow").await;
     clock.advance(LEASE + Duration::from_secs(1));
-    let r = runs.clone();
     let newer: P = consumer
         .delivery(2)
-        .process(&id, PAYLOAD, move |_| async move {
-            r.hit();
-            Ok(charge("ch_newer"))
-        })
+        .process(&id, PAYLOAD, succeed_as(&runs, "ch_newer"))
         .await;
     assert_eq!((newer.cause, newer.recovery), (Cause::Succeeded, true));
     go_tx.send(()).expect("slow still waiting");
@@ -339,10 +349,7 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
     assert_eq!(p.cause, Cause::LeaseLost);
     assert_eq!(p.disposition, retry(Duration::from_secs(1)));
     assert_eq!(p.attempt, 1);
-    let replay: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let replay: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(replay.outcome, Some(Outcome::Success(charge("ch_newer"))));
     assert_eq!(replay.cause, Cause::Replayed);
     assert_eq!(runs.get(), 2);
@@ -351,20 +358,12 @@ pub async fn c07_lease_lost_at_completion_retries<S: Store>(store: Arc<S>) {
 /// C8: a message done long ago, whose response is no longer stored, is
 /// acknowledged without running.
 pub async fn c08_done_without_a_stored_response_is_acked<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let first: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     assert_eq!(first.cause, Cause::Succeeded);
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::AlreadyDone)
-    );
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
+    assert_acked(&p, Cause::AlreadyDone);
     assert_eq!(p.outcome, None);
     assert_eq!(runs.get(), 1);
 }
@@ -372,9 +371,7 @@ pub async fn c08_done_without_a_stored_response_is_acked<S: Store>(store: Arc<S>
 /// C9: the same message id with another payload (JSON or bytes) goes to
 /// the dead letter, without running, and the stored outcome is untouched.
 pub async fn c09_same_id_other_payload_is_dead_lettered<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(store);
     let _: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
     let other = br#"{"order":"ord_1","amount":999999,"currency":"eur"}"#;
     let p: P = consumer
@@ -426,25 +423,17 @@ pub async fn c10_unfingerprintable_payload_is_dead_lettered<S: Store>(store: Arc
 /// C11: the store unreachable at the claim: retry after the backoff, the
 /// work not run; once it is back, the next delivery runs.
 pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
     let failing = FailingStore::new(store);
-    let consumer = consumer(failing.clone(), &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(failing.clone());
     failing.fail_all(true);
     for (delivery, after) in [(1u32, BASE), (3, BASE * 4)] {
-        let p: P = consumer
-            .delivery(delivery)
-            .process(&id, PAYLOAD, succeed(&runs))
-            .await;
+        let p: P = deliver(&consumer, delivery, &id, &runs).await;
         assert_eq!(p.disposition, retry(after));
         assert_eq!(p.cause, Cause::StoreUnavailable);
     }
     assert_eq!(runs.get(), 0);
     failing.fail_all(false);
-    let p: P = consumer
-        .delivery(4)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 4, &id, &runs).await;
     assert_eq!((p.cause, p.recovery), (Cause::Succeeded, false));
     assert_eq!(runs.get(), 1);
 }
@@ -455,21 +444,13 @@ pub async fn c11_store_unavailable_at_the_claim_retries<S: Store>(store: Arc<S>)
 /// store still fails is in flight, and once it is stored a redelivery is a
 /// replay. The work ran once.
 pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
     let failing = FailingStore::new(store);
-    let consumer = consumer(failing.clone(), &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (_, consumer, id, runs) = start(failing.clone());
     failing.fail_complete(true);
     let p: P = consumer.process(&id, PAYLOAD, succeed(&runs)).await;
-    assert_eq!(
-        (p.disposition, p.cause),
-        (Disposition::Ack, Cause::NotStored)
-    );
+    assert_acked(&p, Cause::NotStored);
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(p.cause, Cause::InFlight);
     failing.fail_complete(false);
     let left = consumer
@@ -477,10 +458,7 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
         .drain_completions(std::time::Duration::from_secs(10))
         .await;
     assert_eq!(left, 0, "stored in the background");
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(p.disposition, Disposition::Ack);
     assert!(p.replayed, "{:?}", p.cause);
     assert_eq!(p.outcome, Some(Outcome::Success(charge("ch_1"))));
@@ -490,9 +468,7 @@ pub async fn c12_completion_not_stored_is_acked<S: Store>(store: Arc<S>) {
 /// C13: a panicking work is a crash: retry after the lease, the record in
 /// flight until then, then a recovery.
 pub async fn c13_panicking_work_retries_after_the_lease<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
+    let (clock, consumer, id, runs) = start(store);
     let r = runs.clone();
     let p: P = consumer
         .process(&id, PAYLOAD, move |_| async move {
@@ -503,16 +479,10 @@ pub async fn c13_panicking_work_retries_after_the_lease<S: Store>(store: Arc<S>)
         .await;
     assert_eq!(p.disposition, retry(LEASE));
     assert_eq!((p.cause, p.attempt), (Cause::Panicked, 1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(p.cause, Cause::InFlight);
     clock.advance(LEASE);
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!(
         (p.cause, p.recovery, p.attempt),
         (Cause::Succeeded, true, 2)
@@ -531,37 +501,19 @@ fn injected_panic() {
 /// flight until the lease ends (C5), then one recovers (C6); the work ran
 /// twice in all, the second time told to reconcile.
 pub async fn c14_consumer_killed_mid_work_is_in_flight_then_recovered<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let consumer = consumer(store, &clock);
-    let (id, runs) = (message_id(), Counter::default());
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (c, i, r) = (consumer.clone(), id.clone(), runs.clone());
-    let killed = tokio::spawn(async move {
-        let _: P = c
-            .process(&i, PAYLOAD, move |_| async move {
-                r.hit();
-                let _ = entered_tx.send(());
-                std::future::pending::<Out>().await
-            })
-            .await;
-    });
-    entered_rx.await.expect("in work");
+    let (clock, consumer, id, runs) = start(store);
+    // Killed while it holds: the work never finishes.
+    let (killed, _never) = holding(&consumer, &id, &runs, "never").await;
     killed.abort();
     let _ = killed.await;
     clock.advance(LEASE - Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(2)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 2, &id, &runs).await;
     assert_eq!(
         (p.cause, p.disposition),
         (Cause::InFlight, retry(Duration::from_secs(1)))
     );
     clock.advance(Duration::from_secs(1));
-    let p: P = consumer
-        .delivery(3)
-        .process(&id, PAYLOAD, succeed(&runs))
-        .await;
+    let p: P = deliver(&consumer, 3, &id, &runs).await;
     assert_eq!((p.cause, p.recovery), (Cause::Succeeded, true));
     assert_eq!(runs.get(), 2);
 }
