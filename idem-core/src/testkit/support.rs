@@ -154,91 +154,74 @@ impl<S: Store> FailingStore<S> {
     pub fn fail_all(&self, on: bool) {
         self.fail_all.store(on, Ordering::SeqCst);
     }
-    fn check(&self) -> Result<(), StoreError> {
+    /// The faults injected before call `method` reaches the store.
+    fn before(&self, method: &str) -> Result<(), StoreError> {
         if self.fail_all.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected outage".into(),
-            });
+            return Err(injected("injected outage"));
+        }
+        match method {
+            "claim" => {
+                let make = *self
+                    .claim_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(make) = make {
+                    return Err(make());
+                }
+            }
+            "complete" if self.fail_complete.load(Ordering::SeqCst) => {
+                return Err(injected("injected completion failure"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    /// The faults injected after call `method` was written by the store.
+    fn after(&self, method: &str) -> Result<(), StoreError> {
+        let lose = method == "complete"
+            && self
+                .lose_complete_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if lose {
+            return Err(injected(
+                "injected lost reply after the completion was written",
+            ));
         }
         Ok(())
     }
 }
 
-#[deny(clippy::missing_trait_methods)]
-impl<S: Store> Store for FailingStore<S> {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.check()?;
-        let make = *self
-            .claim_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(make) = make {
-            return Err(make());
-        }
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        if self.fail_complete.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected completion failure".into(),
-            });
-        }
-        self.inner.complete(id, token, c).await?;
-        let lose = self
-            .lose_complete_replies
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if lose {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected lost reply after the completion was written".into(),
-            });
-        }
-        Ok(())
-    }
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.release(id, token, now).await
-    }
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.save_resource_id(id, token, resource_id).await
-    }
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        until: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.extend_lease(id, token, until).await
-    }
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        self.check()?;
-        self.inner.fetch(id, now).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.check()?;
-        self.inner.purge_expired(now, limit).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+/// The error of an injected fault: the store "unavailable".
+fn injected(source: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        backend: "failing-store",
+        source: source.into(),
     }
 }
+
+/// Every call passes through the injected faults on its way to the wrapped
+/// store.
+macro_rules! failing_store {
+    (
+        store { $($m:ident($($p:ident: $t:ty),*) -> $o:ty;)* }
+        admin { $($admin:tt)* }
+    ) => {
+        #[deny(clippy::missing_trait_methods)]
+        impl<S: Store> Store for FailingStore<S> {
+            $(
+                async fn $m(&self, $($p: $t),*) -> Result<$o, StoreError> {
+                    self.before(stringify!($m))?;
+                    let out = self.inner.$m($($p),*).await?;
+                    self.after(stringify!($m))?;
+                    Ok(out)
+                }
+            )*
+            fn capabilities(&self) -> Capabilities {
+                self.inner.capabilities()
+            }
+        }
+    };
+}
+
+crate::store::store_methods!(failing_store {} '_);
