@@ -12,8 +12,8 @@ use crate::store::{Cursor, OutcomeKind, RecordState};
 use crate::{Error, FieldFilter, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, key, record_id,
-    scope,
+    Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, inspect, key,
+    record_id, scope,
 };
 
 /// Claims `id` directly with a lease of `lease` from the clock's now.
@@ -154,12 +154,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         .await
         .expect("save_resource_id");
 
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, false)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, false).await.expect("record");
     assert_eq!(view.state, RecordState::InFlight);
     assert_eq!(view.attempt, 1);
     assert!(!view.lease_expired);
@@ -203,12 +198,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
             .expect("release"),
         AdminOutcome::Done
     );
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, false)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, false).await.expect("record");
     assert!(view.lease_expired);
     assert_eq!(
         view.state,
@@ -232,12 +222,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         store.complete(&id, old, &c).await.is_err(),
         "old holder fenced"
     );
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, true)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, true).await.expect("record");
     assert_eq!(view.state, RecordState::Completed);
     assert!(view.body.is_some() && view.body_len == view.body.as_ref().map(Vec::len));
     assert_eq!(
@@ -286,13 +271,7 @@ pub async fn admin_delete_refuses_unfinished_records<S: AdminStore>(store: Arc<S
             idem.admin().delete_record(&sc, k).await.expect("delete"),
             AdminOutcome::Refused { state, attempt: 1 }
         );
-        assert!(
-            idem.admin()
-                .inspect(&sc, k, false)
-                .await
-                .expect("inspect")
-                .is_some()
-        );
+        assert!(inspect(&idem, &sc, k, false).await.is_some());
     }
     assert_eq!(
         idem.admin()
@@ -301,13 +280,7 @@ pub async fn admin_delete_refuses_unfinished_records<S: AdminStore>(store: Arc<S
             .expect("delete"),
         AdminOutcome::Done
     );
-    assert!(
-        idem.admin()
-            .inspect(&sc, &done, false)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &sc, &done, false).await.is_none());
     assert_eq!(
         idem.admin()
             .delete_record(&sc, &done)

@@ -8,14 +8,13 @@ use crate::clock::{Clock, ManualClock};
 use crate::store::RecordState;
 use crate::store::Store;
 
-use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope};
+use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope, setup};
 
 /// 64 tasks racing on one key: the work runs exactly once; every other caller
 /// gets 409 (in flight) or the replay; afterwards everyone gets the replay.
 pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
         .map(|i| {

@@ -9,22 +9,15 @@ use crate::store::Store;
 use crate::store::{OutcomeKind, RecordState};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge_request, engine, key, scope,
+    Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge, charge_request,
+    counted_charge, engine, inspect, key, scope, setup, try_charge,
 };
-
-fn charge(id: &str) -> Out {
-    Out::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
-}
 
 /// After `response_ttl` the body is gone but the key is known: a retry gets
 /// 409 "already done" with the resource id, and the work does not run.
 pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let (scope2, key2) = (scope.clone(), super::support::key());
     idem.execute(&scope, &key, &charge_request(100), |a| async move {
         a.save_resource_id("ch_9").await.expect("save_resource_id");
@@ -40,21 +33,14 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
     .expect("first");
     clock.advance(RESPONSE_TTL - Duration::from_secs(1));
     assert!(
-        idem.execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
-        .await
-        .expect("still replayed")
-        .is_replay()
+        try_charge(&idem, &scope, &key, 100, "no")
+            .await
+            .expect("still replayed")
+            .is_replay()
     );
     clock.advance(Duration::from_secs(2));
     for (k, rid) in [(&key, "ch_9"), (&key2, "ch_set_at_completion")] {
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, k, &charge_request(100), |_| async move {
-                r.hit();
-                charge("no")
-            })
+        let err = counted_charge(&idem, &scope, k, 100, "no", &runs)
             .await
             .expect_err("response expired");
         assert!(matches!(err, Error::ResponseExpired { .. }), "{err:?}");
@@ -62,16 +48,10 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
         assert_eq!(err.resource_id(), Some(rid));
     }
     assert_eq!(runs.get(), 0);
-    let record = idem
-        .admin()
-        .inspect(&scope, &key, true)
-        .await
-        .expect("inspect")
-        .expect("key kept");
+    let record = inspect(&idem, &scope, &key, true).await.expect("key kept");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.body, None);
-    let err = idem
-        .execute(&scope, &key, &charge_request(1), |_| async { charge("no") })
+    let err = try_charge(&idem, &scope, &key, 1, "no")
         .await
         .expect_err("mismatch still detected");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -80,9 +60,8 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
 /// After `key_ttl` the same key is a new operation: the work runs again as
 /// attempt 1 (not a recovery), even with another request.
 pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let r = runs.clone();
     idem.execute(&scope, &key, &charge_request(100), |_| async move {
         r.hit();
@@ -91,13 +70,7 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
     .await
     .expect("first");
     clock.advance(KEY_TTL + Duration::from_secs(1));
-    assert!(
-        idem.admin()
-            .inspect(&scope, &key, true)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &scope, &key, true).await.is_none());
     let r = runs.clone();
     let reply = idem
         .execute(&scope, &key, &charge_request(300), |a| async move {
@@ -110,10 +83,7 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
         .expect("new operation");
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 2);
-    let replay = idem
-        .execute(&scope, &key, &charge_request(300), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 300, "no")
         .await
         .expect("replay of the new one");
     assert_eq!(replay.into_result().expect("ok").id, "ch_new");
@@ -130,9 +100,7 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     let scope = scope("POST /charges");
     let keys: Vec<_> = (0..25).map(|_| key()).collect();
     for k in &keys {
-        idem.execute(&scope, k, &charge_request(100), |_| async { charge("ch") })
-            .await
-            .expect("call");
+        try_charge(&idem, &scope, k, 100, "ch").await.expect("call");
     }
     let limit = 10;
     let first = store
@@ -163,12 +131,7 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     }
     assert_eq!(bodies, if native { 0 } else { 25 });
     for k in &keys[..3] {
-        let rec = idem
-            .admin()
-            .inspect(&scope, k, true)
-            .await
-            .expect("inspect")
-            .expect("key kept");
+        let rec = inspect(&idem, &scope, k, true).await.expect("key kept");
         assert_eq!(rec.body, None);
         assert_eq!(rec.outcome, Some(OutcomeKind::Success));
     }
@@ -197,13 +160,7 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         assert_eq!(calls, 4, "25 keys in batches of 10, then an empty call");
     }
     for k in &keys[..3] {
-        assert!(
-            idem.admin()
-                .inspect(&scope, k, true)
-                .await
-                .expect("inspect")
-                .is_none()
-        );
+        assert!(inspect(&idem, &scope, k, true).await.is_none());
     }
     let total = idem.admin().purge_expired(limit).await.expect("purge all");
     assert_eq!(total.keys_removed, 0);
@@ -239,9 +196,8 @@ pub async fn purge_counts_each_record_once<S: Store>(store: Arc<S>) {
 /// work's outcome (marked not stored), and every retry gets a typed 409
 /// instead of a second execution.
 pub async fn oversize_response_is_not_stored_and_never_rerun<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("GET /export"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "GET /export");
+    let runs = Counter::default();
     let big = "x".repeat(MAX_RESPONSE + 1);
     let r = runs.clone();
     let reply = idem
@@ -255,12 +211,7 @@ pub async fn oversize_response_is_not_stored_and_never_rerun<S: Store>(store: Ar
     assert!(!reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id.len(), MAX_RESPONSE + 1);
     for _ in 0..2 {
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, &key, &charge_request(1), |_| async move {
-                r.hit();
-                charge("no")
-            })
+        let err = counted_charge(&idem, &scope, &key, 1, "no", &runs)
             .await
             .expect_err("not stored");
         assert!(matches!(err, Error::ResponseNotStored { .. }), "{err:?}");

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, ManualClock};
+use crate::clock::ManualClock;
 use crate::store::RecordState;
 use crate::store::Store;
 use crate::{Error, Idem};
 
 use super::support::{
-    Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, policy_builder, scope,
+    Charge, Counter, FailingStore, LEASE, Out, charge_request, fetch, key, policy, policy_builder,
+    scope,
 };
 
 /// The test policy, keeping no completion in the background.
@@ -80,11 +81,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     assert!(!reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
     failing.fail_complete(false);
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(rec.state, RecordState::InFlight);
     let r = runs.clone();
     let err = idem
@@ -150,11 +147,7 @@ pub async fn completion_with_a_lost_reply_is_reported_stored<S: Store>(store: Ar
     assert!(replay.is_replay());
     assert_eq!(replay.into_result().expect("ok").id, "ch_9");
     assert_eq!(runs.get(), 1, "the work ran once");
-    let record = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let record = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.attempt, 1);
 }
@@ -205,11 +198,7 @@ pub async fn unstored_completion_is_written_in_the_background<S: Store>(store: A
         0,
         "stored in the background"
     );
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(rec.state, RecordState::Completed);
     let replay = idem
         .execute(&scope, &key, &charge_request(100), work(runs.clone(), "no"))
@@ -265,11 +254,7 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
         "given up at the lease's end"
     );
     failing.fail_complete(false);
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(
         rec.state,
         RecordState::InFlight,

@@ -9,24 +9,15 @@ use crate::store::RecordState;
 use crate::store::Store;
 use crate::{Begin, Error, Outcome, RecordId, TakeoverReason};
 
-use super::support::{Charge, Decline, LEASE, charge_request, engine, key, scope};
+use super::support::{Charge, Decline, LEASE, charge, charge_request, engine, key, scope, setup};
 
 type Guarded<S> = Begin<Arc<S>, Charge, Decline>;
-
-fn charge(id: &str) -> Outcome<Charge, Decline> {
-    Outcome::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
-}
 
 /// `begin` hands the first caller the claim; completing it stores the
 /// outcome, and the next `begin` is the replay, equal to what the first
 /// caller got.
 pub async fn guard_begin_runs_then_replays<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
     let first: Guarded<S> = idem
         .begin(&scope, &key, &charge_request(100))
         .await
@@ -54,9 +45,7 @@ pub async fn guard_begin_runs_then_replays<S: Store>(store: Arc<S>) {
 /// the lease ends, then the next `begin` takes the record over as a recovery
 /// (lease expired). The record is never deleted.
 pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
     let first: Guarded<S> = idem
         .begin(&scope, &key, &charge_request(100))
         .await
@@ -106,9 +95,7 @@ pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: A
 /// `release` frees the key at once: the next `begin` with the same request
 /// runs again as a recovery (released), keeping the attempt count.
 pub async fn guard_release_makes_the_next_attempt_a_recovery<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
     let Ok(Begin::Run(claim)) = idem
         .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(100))
         .await
@@ -133,9 +120,7 @@ pub async fn guard_release_makes_the_next_attempt_a_recovery<S: Store>(store: Ar
 /// `complete_not_stored` finishes the record without a body: retries get
 /// 409 "not stored" with the resource id, never a second run.
 pub async fn guard_complete_not_stored_is_never_rerun<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /secrets"), key());
+    let (_, idem, scope, key) = setup(&store, "POST /secrets");
     let Ok(Begin::Run(claim)) = idem
         .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(1))
         .await

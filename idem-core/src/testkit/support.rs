@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{ManualClock, Timestamp};
+use tokio::sync::oneshot;
+
+use crate::clock::{Clock, ManualClock, Timestamp};
+use crate::ops::RecordView;
 use crate::store::PurgeReport;
 use crate::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
-use crate::{Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Scope};
+use crate::{Attempt, Error, Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Reply, Scope};
 
 /// A charge, the typed success of the scenarios.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +95,123 @@ impl Counter {
 
 pub(crate) fn record_id(scope: &Scope, key: &IdempotencyKey) -> RecordId {
     RecordId::new(scope.clone(), key.clone())
+}
+
+/// What most scenarios start from: a clock at the current time, an engine
+/// on `store` in reject mode, a fresh scope for operation `op` and a fresh key.
+pub(crate) fn setup<S: Store>(
+    store: &Arc<S>,
+    op: &str,
+) -> (ManualClock, Idem<Arc<S>>, Scope, IdempotencyKey) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(store, &clock);
+    (clock, idem, scope(op), key())
+}
+
+/// A successful charge `id` of 100.
+pub(crate) fn charge(id: &str) -> Out {
+    Out::Success(Charge {
+        id: id.into(),
+        amount: 100,
+    })
+}
+
+/// Calls `idem` with the charge request of `amount`, the work answering
+/// [`charge`]`(id)` and counting its run in `runs`.
+pub(crate) async fn counted_charge<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    id: &str,
+    runs: &Counter,
+) -> Result<Reply<Charge, Decline>, Error> {
+    let (id, runs) = (id.to_owned(), runs.clone());
+    idem.execute(scope, key, &charge_request(amount), |_| async move {
+        runs.hit();
+        charge(&id)
+    })
+    .await
+}
+
+/// [`counted_charge`] where nobody counts the runs (a replay, or a call
+/// refused before the work).
+pub(crate) async fn try_charge<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    id: &str,
+) -> Result<Reply<Charge, Decline>, Error> {
+    counted_charge(idem, scope, key, amount, id, &Counter::default()).await
+}
+
+/// The operator's view of the record of `scope` and `key` (its body too if
+/// `with_body`), `None` when there is none.
+pub(crate) async fn inspect<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    with_body: bool,
+) -> Option<RecordView> {
+    idem.admin()
+        .inspect(scope, key, with_body)
+        .await
+        .expect("inspect")
+}
+
+/// The record of `scope` and `key` as `store` reads it at the clock's now.
+pub(crate) async fn fetch<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    clock: &ManualClock,
+) -> Option<StoredRecord> {
+    store
+        .fetch(&record_id(scope, key), clock.now())
+        .await
+        .expect("fetch")
+}
+
+/// A first attempt running in a task.
+pub(crate) type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
+
+/// Starts a first attempt (the charge request of `amount`) that counts its
+/// run, reports its `Attempt` once running and then waits to be told to
+/// finish with an outcome. Dropping the sender without sending (or
+/// [`crash`]ing the task) leaves the attempt "crashed".
+pub(crate) fn start_blocked<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    runs: &Counter,
+) -> (Running, oneshot::Receiver<Attempt>, oneshot::Sender<Out>) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<Out>();
+    let (idem, scope, key, runs) = (idem.clone(), scope.clone(), key.clone(), runs.clone());
+    let task = tokio::spawn(async move {
+        idem.execute(
+            &scope,
+            &key,
+            &charge_request(amount),
+            |attempt| async move {
+                runs.hit();
+                let _ = started_tx.send(attempt);
+                finish_rx.await.unwrap_or(Out::Transient(Decline {
+                    code: "abandoned".into(),
+                }))
+            },
+        )
+        .await
+    });
+    (task, started_rx, finish_tx)
+}
+
+/// The process running `task` dies: no completion, no release.
+pub(crate) async fn crash(task: Running) {
+    task.abort();
+    let _ = task.await;
 }
 
 /// Builds the error an injected fault returns.
