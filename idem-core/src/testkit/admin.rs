@@ -4,16 +4,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock, Timestamp};
 use crate::ops::AdminOutcome;
-use crate::store::{AdminStore, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Token};
+use crate::store::{AdminStore, ClaimOutcome, InFlightQuery, Token};
 use crate::store::{Cursor, OutcomeKind, RecordState};
-use crate::{Error, FieldFilter, Outcome, RecordId, TakeoverReason};
+use crate::{Error, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, inspect, key,
-    record_id, scope,
+    Charge, Counter, KEY_TTL, LEASE, Out, charge_request, claim_req, completion, engine, inspect,
+    key, record_id, scope,
 };
 
 /// Claims `id` directly with a lease of `lease` from the clock's now.
@@ -24,16 +23,7 @@ async fn claim<S: AdminStore>(
     lease: Duration,
 ) -> Token {
     let token = Token::random();
-    let now = clock.now();
-    let req = ClaimRequest {
-        id,
-        fingerprint: fingerprint("POST /charges", &charge_request(100), &FieldFilter::All)
-            .expect("fp"),
-        token,
-        now,
-        lease_until: now.plus(lease),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+    let req = claim_req(id, token, clock, 100, lease);
     let won = store.claim(&req).await.expect("claim");
     assert!(matches!(won, ClaimOutcome::Claimed(_)), "{won:?}");
     token
@@ -41,14 +31,12 @@ async fn claim<S: AdminStore>(
 
 async fn complete<S: AdminStore>(store: &S, id: &RecordId, token: Token, clock: &ManualClock) {
     let now = clock.now();
-    let c = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"{\"id\":\"ch\"}"),
-        resource_id: Some("ch"),
+    let c = completion(
         now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        OutcomeKind::Success,
+        Some(b"{\"id\":\"ch\"}"),
+        Some("ch"),
+    );
     store.complete(id, token, &c).await.expect("complete");
 }
 
@@ -210,14 +198,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 1);
     let now = clock.now();
-    let c = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"zombie"),
-        resource_id: None,
-        now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+    let c = completion(now, OutcomeKind::Success, Some(b"zombie"), None);
     assert!(
         store.complete(&id, old, &c).await.is_err(),
         "old holder fenced"

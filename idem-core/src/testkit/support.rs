@@ -173,6 +173,48 @@ pub(crate) async fn fetch<S: Store>(
         .expect("fetch")
 }
 
+/// A claim of `id` under `token` at the clock's now, for the charge request
+/// of `amount`, with a lease of `lease` and the test policy's key TTL.
+pub(crate) fn claim_req<'a>(
+    id: &'a RecordId,
+    token: Token,
+    clock: &ManualClock,
+    amount: u64,
+    lease: Duration,
+) -> ClaimRequest<'a> {
+    let now = clock.now();
+    ClaimRequest {
+        id,
+        fingerprint: crate::adapter::fingerprint(
+            "POST /charges",
+            &charge_request(amount),
+            &crate::FieldFilter::All,
+        )
+        .expect("fp"),
+        token,
+        now,
+        lease_until: now.plus(lease),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
+/// A completion at `now` with the test policy's TTLs.
+pub(crate) fn completion<'a>(
+    now: Timestamp,
+    outcome: crate::store::OutcomeKind,
+    body: Option<&'a [u8]>,
+    resource_id: Option<&'a str>,
+) -> Completion<'a> {
+    Completion {
+        outcome,
+        body,
+        resource_id,
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
 /// A first attempt running in a task.
 pub(crate) type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
 
