@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::clock::{Clock, ManualClock};
 use crate::store::Store;
-use crate::store::{OutcomeKind, RecordState};
+use crate::store::{OutcomeKind, PurgeReport, RecordState};
 
 use super::support::{
     Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge, charge_request,
@@ -89,6 +89,35 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
     assert_eq!(replay.into_result().expect("ok").id, "ch_new");
 }
 
+/// Purges in batches of `limit` until a batch drops nothing that `counted`
+/// counts, each batch within the limit and passing `check`: the sum
+/// counted, and the calls made (the last, empty one included).
+async fn purge_in_batches<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    limit: u32,
+    counted: fn(&PurgeReport) -> u64,
+    check: impl Fn(&PurgeReport),
+) -> (u64, u32) {
+    let (mut total, mut calls) = (0, 0);
+    loop {
+        let r = store
+            .purge_expired(clock.now(), limit)
+            .await
+            .expect("purge");
+        assert!(
+            counted(&r) <= u64::from(limit),
+            "batch over the limit: {r:?}"
+        );
+        check(&r);
+        calls += 1;
+        if counted(&r) == 0 {
+            return (total, calls);
+        }
+        total += counted(&r);
+    }
+}
+
 /// Purges are bounded: each call drops at most `limit` bodies and deletes at
 /// most `limit` expired keys; bodies go at `response_ttl` while keys stay
 /// until `key_ttl`. (A store with native expiry reports zero and relies on
@@ -113,22 +142,16 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         "nothing is expired yet"
     );
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
-    let mut bodies = 0;
-    loop {
-        let r = store
-            .purge_expired(clock.now(), limit)
-            .await
-            .expect("purge");
-        assert!(
-            r.bodies_dropped <= u64::from(limit),
-            "batch over the limit: {r:?}"
-        );
-        assert_eq!(r.keys_removed, 0, "keys outlive bodies");
-        if r.bodies_dropped == 0 {
-            break;
-        }
-        bodies += r.bodies_dropped;
-    }
+    let (bodies, _) = purge_in_batches(
+        &store,
+        &clock,
+        limit,
+        |r| r.bodies_dropped,
+        |r| {
+            assert_eq!(r.keys_removed, 0, "keys outlive bodies");
+        },
+    )
+    .await;
     assert_eq!(bodies, if native { 0 } else { 25 });
     for k in &keys[..3] {
         let rec = inspect(&idem, &scope, k, true).await.expect("key kept");
@@ -136,23 +159,8 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         assert_eq!(rec.outcome, Some(OutcomeKind::Success));
     }
     clock.advance(KEY_TTL);
-    let mut removed = 0;
-    let mut calls = 0;
-    loop {
-        let r = store
-            .purge_expired(clock.now(), limit)
-            .await
-            .expect("purge");
-        assert!(
-            r.keys_removed <= u64::from(limit),
-            "batch over the limit: {r:?}"
-        );
-        calls += 1;
-        if r.keys_removed == 0 {
-            break;
-        }
-        removed += r.keys_removed;
-    }
+    let (removed, calls) =
+        purge_in_batches(&store, &clock, limit, |r| r.keys_removed, |_| {}).await;
     if native {
         assert_eq!(removed, 0);
     } else {

@@ -9,8 +9,8 @@ use crate::store::Store;
 use crate::{Error, Idem};
 
 use super::support::{
-    Charge, Counter, FailingStore, LEASE, Out, charge_request, fetch, key, policy, policy_builder,
-    scope,
+    Charge, Counter, FailingStore, LEASE, Out, charge_request, counted_charge, fetch, key, policy,
+    policy_builder, reconcile, scope,
 };
 
 /// The test policy, keeping no completion in the background.
@@ -48,15 +48,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
 
     failing.fail_all(true);
-    let r = runs.clone();
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async move {
-            r.hit();
-            Out::Success(Charge {
-                id: "no".into(),
-                amount: 0,
-            })
-        })
+    let err = counted_charge(&idem, &scope, &key, 100, "no", &runs)
         .await
         .expect_err("store down");
     assert!(matches!(err, Error::Store(_)), "{err:?}");
@@ -83,31 +75,13 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     failing.fail_complete(false);
     let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(rec.state, RecordState::InFlight);
-    let r = runs.clone();
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async move {
-            r.hit();
-            Out::Success(Charge {
-                id: "no".into(),
-                amount: 0,
-            })
-        })
+    let err = counted_charge(&idem, &scope, &key, 100, "no", &runs)
         .await
         .expect_err("lease still held");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(runs.get(), 1);
     clock.advance(LEASE + Duration::from_secs(1));
-    let reply = idem
-        .execute(&scope, &key, &charge_request(100), |a| async move {
-            assert!(a.is_recovery());
-            let id = a
-                .previous_resource_id()
-                .expect("saved resource id")
-                .to_owned();
-            Out::Success(Charge { id, amount: 100 })
-        })
-        .await
-        .expect("recovery");
+    let reply = reconcile(&idem, &scope, &key).await.expect("recovery");
     assert!(reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
 }
@@ -261,17 +235,7 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
         "never written after the lease"
     );
     for (k, id) in [(&key, "ch_1"), (&other, "ch_2")] {
-        let reply = idem
-            .execute(&scope, k, &charge_request(100), |a| async move {
-                assert!(a.is_recovery());
-                let id = a
-                    .previous_resource_id()
-                    .expect("saved resource id")
-                    .to_owned();
-                Out::Success(Charge { id, amount: 100 })
-            })
-            .await
-            .expect("recovery");
+        let reply = reconcile(&idem, &scope, k).await.expect("recovery");
         assert!(reply.is_stored());
         assert_eq!(reply.into_result().expect("ok").id, id);
     }

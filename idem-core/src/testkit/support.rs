@@ -146,6 +146,24 @@ pub(crate) async fn try_charge<S: Store>(
     counted_charge(idem, scope, key, amount, id, &Counter::default()).await
 }
 
+/// A recovery with the charge request of 100 that reconciles: it answers
+/// the charge its crashed predecessor saved as the resource id.
+pub(crate) async fn reconcile<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> Result<Reply<Charge, Decline>, Error> {
+    idem.execute(scope, key, &charge_request(100), |a| async move {
+        assert!(a.is_recovery());
+        let id = a
+            .previous_resource_id()
+            .expect("saved resource id")
+            .to_owned();
+        Out::Success(Charge { id, amount: 100 })
+    })
+    .await
+}
+
 /// The operator's view of the record of `scope` and `key` (its body too if
 /// `with_body`), `None` when there is none.
 pub(crate) async fn inspect<S: Store>(
