@@ -89,43 +89,26 @@ fn nested_raw(depth: usize) -> String {
 
 // ---------------------------------------------------------------- keys
 
+/// Keys refused before the store is touched: each with the reason it must
+/// be refused for.
 #[tokio::test]
-async fn key_empty() {
-    let err = refused("", &json!({}), 400).await;
-    assert!(matches!(err, Error::InvalidKey(KeyError::Empty)), "{err:?}");
-}
-
-#[tokio::test]
-async fn key_only_spaces_and_tabs() {
-    let err = refused(" \t ", &json!({}), 400).await;
-    assert!(matches!(err, Error::InvalidKey(KeyError::Empty)), "{err:?}");
-}
-
-#[tokio::test]
-async fn key_too_long() {
-    let err = refused(&"k".repeat(256), &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::TooLong { len: 256 })),
-        "{err:?}"
-    );
-}
-
-#[tokio::test]
-async fn key_non_ascii() {
-    let err = refused("clé", &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::InvalidCharacter { .. })),
-        "{err:?}"
-    );
-}
-
-#[tokio::test]
-async fn key_control_character() {
-    let err = refused("a\nb", &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::InvalidCharacter { .. })),
-        "{err:?}"
-    );
+async fn invalid_keys_are_refused() {
+    let too_long = "k".repeat(256);
+    type Case<'a> = (&'a str, fn(&KeyError) -> bool);
+    let cases: [Case<'_>; 5] = [
+        ("", |e| matches!(e, KeyError::Empty)),
+        (" \t ", |e| matches!(e, KeyError::Empty)),
+        (&too_long, |e| matches!(e, KeyError::TooLong { len: 256 })),
+        ("clé", |e| matches!(e, KeyError::InvalidCharacter { .. })),
+        ("a\nb", |e| matches!(e, KeyError::InvalidCharacter { .. })),
+    ];
+    for (raw, expected) in cases {
+        let err = refused(raw, &json!({}), 400).await;
+        assert!(
+            matches!(&err, Error::InvalidKey(e) if expected(e)),
+            "{raw:?}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -149,33 +132,29 @@ async fn key_unicode_whitespace_around() {
 
 // ---------------------------------------------------------------- scope
 
+/// Scopes refused when built: each with the reason it must be refused for,
+/// and a 400 as the engine's error.
 #[test]
-fn scope_empty_part() {
-    let err: Error = Scope::new("", "POST /x").expect_err("refused").into();
-    assert!(matches!(err, Error::InvalidScope(ScopeError::Empty { .. })));
-    assert_eq!(err.http_status(), 400);
-}
-
-#[test]
-fn scope_too_long() {
-    let err: Error = Scope::new("o".repeat(1025), "POST /x")
-        .expect_err("refused")
-        .into();
-    assert!(matches!(
-        err,
-        Error::InvalidScope(ScopeError::TooLong { .. })
-    ));
-    assert_eq!(err.http_status(), 400);
-}
-
-#[test]
-fn scope_control_character() {
-    let err: Error = Scope::new("acct", "POST /x\n").expect_err("refused").into();
-    assert!(matches!(
-        err,
-        Error::InvalidScope(ScopeError::ControlCharacter { .. })
-    ));
-    assert_eq!(err.http_status(), 400);
+fn invalid_scopes_are_refused() {
+    let too_long = "o".repeat(1025);
+    type Case<'a> = (&'a str, &'a str, fn(&ScopeError) -> bool);
+    let cases: [Case<'_>; 3] = [
+        ("", "POST /x", |e| matches!(e, ScopeError::Empty { .. })),
+        (&too_long, "POST /x", |e| {
+            matches!(e, ScopeError::TooLong { .. })
+        }),
+        ("acct", "POST /x\n", |e| {
+            matches!(e, ScopeError::ControlCharacter { .. })
+        }),
+    ];
+    for (owner, operation, expected) in cases {
+        let err: Error = Scope::new(owner, operation).expect_err("refused").into();
+        assert!(
+            matches!(&err, Error::InvalidScope(e) if expected(e)),
+            "{operation:?}: {err:?}"
+        );
+        assert_eq!(err.http_status(), 400);
+    }
 }
 
 // ---------------------------------------------------------------- requests
@@ -618,7 +597,7 @@ async fn stored_http_response_malformed() {
 /// `write`, to play a corrupted or failing backend.
 #[derive(Debug)]
 struct Canned {
-    claim: fn() -> Result<ClaimOutcome, StoreError>,
+    claim: ClaimReply,
     write: fn() -> Result<(), StoreError>,
 }
 
@@ -673,102 +652,110 @@ async fn with_store(store: Canned) -> (Result<Value, Error>, usize) {
     (call(&idem, "k", &json!({}), &runs).await, runs.get())
 }
 
-#[tokio::test]
-async fn store_reply_completed_without_outcome() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Ok(ClaimOutcome::Existing(record(
-                RecordState::Completed,
-                None,
-                0,
-            )))
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("corrupt");
-    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (500, 0));
-}
+/// A store's answer to a claim.
+type ClaimReply = fn() -> Result<ClaimOutcome, StoreError>;
 
+/// Store replies the engine must refuse: each case's claim and write
+/// replies, what the error must be, its status, and how often the work ran.
 #[tokio::test]
-async fn store_reply_corrupt() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Err(StoreError::Corrupt {
-                backend: "canned",
-                detail: "unknown state".into(),
-            })
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("corrupt");
-    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (500, 0));
-}
-
-#[tokio::test]
-async fn store_unavailable() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Err(StoreError::Unavailable {
-                backend: "canned",
-                source: "connection refused".into(),
-            })
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("unavailable");
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
-    assert_eq!((err.http_status(), runs), (503, 0));
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
-}
-
-#[tokio::test]
-async fn store_reply_lease_lost_on_completion() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Ok(ClaimOutcome::Claimed(idem_core::store::Claimed {
-                attempt: 1,
-                previous: None,
-            }))
-        },
-        write: || Err(StoreError::LeaseLost),
-    })
-    .await;
-    let err = res.expect_err("lease lost");
-    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (409, 1));
-}
-
-#[tokio::test]
-async fn store_reply_extreme_timestamps() {
-    for lease_until in [i64::MAX, i64::MIN, 0] {
-        let claim = match lease_until {
-            i64::MAX => || {
+async fn store_replies_are_refused() {
+    type Case = (
+        &'static str,
+        ClaimReply,
+        fn() -> Result<(), StoreError>,
+        fn(&Error) -> bool,
+        u16,
+        usize,
+    );
+    let cases: [Case; 4] = [
+        (
+            "completed without outcome",
+            || {
                 Ok(ClaimOutcome::Existing(record(
-                    RecordState::InFlight,
-                    None,
-                    i64::MAX,
-                )))
-            },
-            i64::MIN => || {
-                Ok(ClaimOutcome::Existing(record(
-                    RecordState::InFlight,
-                    None,
-                    i64::MIN,
-                )))
-            },
-            _ => || {
-                Ok(ClaimOutcome::Existing(record(
-                    RecordState::Released,
+                    RecordState::Completed,
                     None,
                     0,
                 )))
             },
-        };
+            ok,
+            |e| matches!(e, Error::CorruptRecord { .. }),
+            500,
+            0,
+        ),
+        (
+            "corrupt",
+            || {
+                Err(StoreError::Corrupt {
+                    backend: "canned",
+                    detail: "unknown state".into(),
+                })
+            },
+            ok,
+            |e| matches!(e, Error::CorruptRecord { .. }),
+            500,
+            0,
+        ),
+        (
+            "unavailable",
+            || {
+                Err(StoreError::Unavailable {
+                    backend: "canned",
+                    source: "connection refused".into(),
+                })
+            },
+            ok,
+            |e| matches!(e, Error::Store(_)) && e.retry_after() == Some(Duration::from_secs(1)),
+            503,
+            0,
+        ),
+        (
+            "lease lost on completion",
+            || {
+                Ok(ClaimOutcome::Claimed(idem_core::store::Claimed {
+                    attempt: 1,
+                    previous: None,
+                }))
+            },
+            || Err(StoreError::LeaseLost),
+            |e| matches!(e, Error::LeaseLost { .. }),
+            409,
+            1,
+        ),
+    ];
+    for (case, claim, write, expected, status, ran) in cases {
+        let (res, runs) = with_store(Canned { claim, write }).await;
+        let err = res.expect_err(case);
+        assert!(expected(&err), "{case}: {err:?}");
+        assert_eq!((err.http_status(), runs), (status, ran), "{case}");
+    }
+}
+
+#[tokio::test]
+async fn store_reply_extreme_timestamps() {
+    let claims: [ClaimReply; 3] = [
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::InFlight,
+                None,
+                i64::MAX,
+            )))
+        },
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::InFlight,
+                None,
+                i64::MIN,
+            )))
+        },
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::Released,
+                None,
+                0,
+            )))
+        },
+    ];
+    for claim in claims {
         let (res, runs) = with_store(Canned { claim, write: ok }).await;
         let err = res.expect_err("in flight");
         assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
