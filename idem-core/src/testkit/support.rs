@@ -283,21 +283,22 @@ type MakeError = fn() -> StoreError;
 #[derive(Debug)]
 pub struct FailingStore<S> {
     inner: Arc<S>,
-    fail_complete: Arc<AtomicBool>,
-    fail_all: Arc<AtomicBool>,
-    lose_complete_replies: Arc<AtomicUsize>,
-    claim_error: Arc<Mutex<Option<MakeError>>>,
+    faults: Arc<Faults>,
+}
+
+/// The faults a [`FailingStore`] injects, shared by its clones.
+#[derive(Debug, Default)]
+struct Faults {
+    fail_complete: AtomicBool,
+    fail_all: AtomicBool,
+    lose_complete_replies: AtomicUsize,
+    claim_error: Mutex<Option<MakeError>>,
 }
 
 impl<S> Clone for FailingStore<S> {
     fn clone(&self) -> Self {
-        Self {
-            inner: Arc::clone(&self.inner),
-            fail_complete: Arc::clone(&self.fail_complete),
-            fail_all: Arc::clone(&self.fail_all),
-            lose_complete_replies: Arc::clone(&self.lose_complete_replies),
-            claim_error: Arc::clone(&self.claim_error),
-        }
+        let (inner, faults) = (Arc::clone(&self.inner), Arc::clone(&self.faults));
+        Self { inner, faults }
     }
 }
 
@@ -306,10 +307,7 @@ impl<S: Store> FailingStore<S> {
     pub fn new(inner: Arc<S>) -> Self {
         Self {
             inner,
-            fail_complete: Arc::new(AtomicBool::new(false)),
-            fail_all: Arc::new(AtomicBool::new(false)),
-            lose_complete_replies: Arc::new(AtomicUsize::new(0)),
-            claim_error: Arc::new(Mutex::new(None)),
+            faults: Arc::default(),
         }
     }
     /// Makes every `claim` fail with the error `make` builds (a store error
@@ -317,6 +315,7 @@ impl<S: Store> FailingStore<S> {
     /// again with `None`.
     pub fn fail_claims_with(&self, make: Option<fn() -> StoreError>) {
         *self
+            .faults
             .claim_error
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = make;
@@ -324,24 +323,25 @@ impl<S: Store> FailingStore<S> {
     /// Makes the next `n` completions reach the store and then fail as if
     /// their reply was lost (a timeout after the write).
     pub fn lose_complete_replies(&self, n: usize) {
-        self.lose_complete_replies.store(n, Ordering::SeqCst);
+        self.faults.lose_complete_replies.store(n, Ordering::SeqCst);
     }
     /// Makes `complete` fail (or succeed again).
     pub fn fail_complete(&self, on: bool) {
-        self.fail_complete.store(on, Ordering::SeqCst);
+        self.faults.fail_complete.store(on, Ordering::SeqCst);
     }
     /// Makes every call fail (or succeed again).
     pub fn fail_all(&self, on: bool) {
-        self.fail_all.store(on, Ordering::SeqCst);
+        self.faults.fail_all.store(on, Ordering::SeqCst);
     }
     /// The faults injected before call `method` reaches the store.
     fn before(&self, method: &str) -> Result<(), StoreError> {
-        if self.fail_all.load(Ordering::SeqCst) {
+        if self.faults.fail_all.load(Ordering::SeqCst) {
             return Err(injected("injected outage"));
         }
         match method {
             "claim" => {
                 let make = *self
+                    .faults
                     .claim_error
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -349,7 +349,7 @@ impl<S: Store> FailingStore<S> {
                     return Err(make());
                 }
             }
-            "complete" if self.fail_complete.load(Ordering::SeqCst) => {
+            "complete" if self.faults.fail_complete.load(Ordering::SeqCst) => {
                 return Err(injected("injected completion failure"));
             }
             _ => {}
@@ -360,6 +360,7 @@ impl<S: Store> FailingStore<S> {
     fn after(&self, method: &str) -> Result<(), StoreError> {
         let lose = method == "complete"
             && self
+                .faults
                 .lose_complete_replies
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok();
