@@ -6,7 +6,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
@@ -470,27 +469,22 @@ async fn sixty_four_tasks_on_eight_connections(fixture: support::RedisFixture, c
         engines.push(engine(store.with_key_prefix(prefix.clone()), &clock));
     }
     let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
-    let barrier = Arc::new(tokio::sync::Barrier::new(64));
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let (idem, scope, key, runs, barrier) = (
-                engines[i % 8].clone(),
-                scope.clone(),
-                key.clone(),
-                runs.clone(),
-                Arc::clone(&barrier),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                idem.execute(&scope, key, &request(), move |_| async move {
-                    runs.hit();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    Out::Success(format!("winner-{i}"))
-                })
-                .await
+    let tasks = idem_core::testkit::race(64, |i| {
+        let (idem, scope, key, runs) = (
+            engines[i % 8].clone(),
+            scope.clone(),
+            key.clone(),
+            runs.clone(),
+        );
+        async move {
+            idem.execute(&scope, key, &request(), move |_| async move {
+                runs.hit();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Out::Success(format!("winner-{i}"))
             })
-        })
-        .collect();
+            .await
+        }
+    });
     let mut results: HashMap<&str, usize> = HashMap::new();
     for t in tasks {
         let kind = match t.await.expect("join") {

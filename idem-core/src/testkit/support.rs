@@ -233,6 +233,30 @@ pub(crate) fn completion<'a>(
     }
 }
 
+/// Spawns `n` racers that wait for each other and then all start at once,
+/// racer `i` running the future `racer(i)` builds: the tasks of a
+/// contention test. Their handles, in order.
+///
+/// # Panics
+///
+/// When `n` is zero, or outside a Tokio runtime.
+pub fn race<T, Fut>(n: usize, racer: impl Fn(usize) -> Fut) -> Vec<tokio::task::JoinHandle<T>>
+where
+    T: Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    (0..n)
+        .map(|i| {
+            let (barrier, racer) = (Arc::clone(&barrier), racer(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                racer.await
+            })
+        })
+        .collect()
+}
+
 /// A first attempt running in a task.
 pub(crate) type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
 
