@@ -81,7 +81,9 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(runs.get(), 1);
     clock.advance(LEASE + Duration::from_secs(1));
-    let reply = reconcile(&idem, &scope, &key).await.expect("recovery");
+    let reply = reconcile(&idem, &scope, &key, |_| {})
+        .await
+        .expect("recovery");
     assert!(reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
 }
@@ -235,7 +237,7 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
         "never written after the lease"
     );
     for (k, id) in [(&key, "ch_1"), (&other, "ch_2")] {
-        let reply = reconcile(&idem, &scope, k).await.expect("recovery");
+        let reply = reconcile(&idem, &scope, k, |_| {}).await.expect("recovery");
         assert!(reply.is_stored());
         assert_eq!(reply.into_result().expect("ok").id, id);
     }

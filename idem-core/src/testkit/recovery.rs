@@ -11,8 +11,8 @@ use crate::store::Store;
 use crate::{Error, Idem, InFlightMode, Outcome, Scope, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, Decline, LEASE, Out, charge, charge_request, counted_charge, crash, engine,
-    inspect, policy, setup, start_blocked, try_charge,
+    Counter, Decline, LEASE, Out, charge, charge_request, counted_charge, crash, engine, inspect,
+    policy, reconcile, setup, start_blocked, try_charge,
 };
 
 /// An engine on `store` in wait mode: a duplicate waits up to `timeout`
@@ -111,24 +111,17 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_resource_id<S: Store>(
         .expect_err("lease still held");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     clock.advance(LEASE + Duration::from_millis(1));
-    let reply = idem
-        .execute(&scope, &key, &charge_request(100), |attempt| async move {
-            assert!(attempt.is_recovery());
-            assert_eq!(
-                attempt.recovery_reason(),
-                Some(TakeoverReason::LeaseExpired)
-            );
-            assert_eq!(attempt.number(), 2);
-            assert_ne!(attempt.token(), dead.token());
-            // Reconcile: the charge exists, so return it instead of charging again.
-            let id = attempt
-                .previous_resource_id()
-                .expect("saved resource id survives")
-                .to_owned();
-            Out::Success(Charge { id, amount: 100 })
-        })
-        .await
-        .expect("recovery");
+    // Reconcile: the charge exists, so return it instead of charging again.
+    let reply = reconcile(&idem, &scope, &key, |attempt| {
+        assert_eq!(
+            attempt.recovery_reason(),
+            Some(TakeoverReason::LeaseExpired)
+        );
+        assert_eq!(attempt.number(), 2);
+        assert_ne!(attempt.token(), dead.token());
+    })
+    .await
+    .expect("recovery");
     assert!(!reply.is_replay());
     assert_eq!(reply.attempt(), 2);
     assert_eq!(

@@ -127,10 +127,28 @@ pub(crate) async fn counted_charge<S: Store>(
     runs: &Counter,
 ) -> Result<Reply<Charge, Decline>, Error> {
     let (id, runs) = (id.to_owned(), runs.clone());
-    idem.execute(scope, key, &charge_request(amount), |_| async move {
+    charge_with(idem, scope, key, amount, move |_| {
         runs.hit();
         charge(&id)
     })
+    .await
+}
+
+/// Calls `idem` with the charge request of `amount`, the work answering
+/// what `work` makes of its attempt.
+async fn charge_with<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    work: impl FnOnce(&Attempt) -> Out + Send,
+) -> Result<Reply<Charge, Decline>, Error> {
+    idem.execute(
+        scope,
+        key,
+        &charge_request(amount),
+        |a| async move { work(&a) },
+    )
     .await
 }
 
@@ -147,14 +165,17 @@ pub(crate) async fn try_charge<S: Store>(
 }
 
 /// A recovery with the charge request of 100 that reconciles: it answers
-/// the charge its crashed predecessor saved as the resource id.
+/// the charge its crashed predecessor saved as the resource id, after
+/// `check` looked at its attempt.
 pub(crate) async fn reconcile<S: Store>(
     idem: &Idem<S>,
     scope: &Scope,
     key: &IdempotencyKey,
+    check: impl FnOnce(&Attempt) + Send,
 ) -> Result<Reply<Charge, Decline>, Error> {
-    idem.execute(scope, key, &charge_request(100), |a| async move {
+    charge_with(idem, scope, key, 100, |a| {
         assert!(a.is_recovery());
+        check(a);
         let id = a
             .previous_resource_id()
             .expect("saved resource id")
