@@ -11,8 +11,8 @@ use crate::store::{Cursor, OutcomeKind, RecordState};
 use crate::{Error, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, LEASE, Out, charge_request, claim_req, completion, engine, inspect,
-    key, record_id, scope,
+    Charge, Counter, KEY_TTL, LEASE, charge, charge_request, claim_req, completion, engine,
+    inspect, key, record_id, scope,
 };
 
 /// Claims `id` directly with a lease of `lease` from the clock's now.
@@ -159,10 +159,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
                 assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
                 assert_eq!(a.previous_resource_id(), Some("ch_1"));
                 assert_eq!(a.number(), 2);
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             })
             .await
         }

@@ -9,7 +9,7 @@ use crate::store::{OutcomeKind, RecordState};
 use crate::{Error, HttpResponse, Outcome, RawJson, Scope};
 
 use super::support::{
-    Charge, Counter, Decline, Out, charge_request, engine, inspect, key, scope, setup,
+    Charge, Counter, Decline, Out, charge, charge_request, engine, inspect, key, scope, setup,
 };
 
 /// A first call runs the work once, stores the outcome and says it executed.
@@ -23,10 +23,7 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
                 runs.hit();
                 assert_eq!(attempt.number(), 1);
                 assert!(!attempt.is_recovery());
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             }
         })
         .await
@@ -117,10 +114,7 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     let (_, idem, scope, key) = setup(&store, "POST /charges");
     let runs = Counter::default();
     idem.execute(&scope, &key, &charge_request(100), |_| async {
-        Out::Success(Charge {
-            id: "ch_1".into(),
-            amount: 100,
-        })
+        charge("ch_1")
     })
     .await
     .expect("first");
@@ -167,10 +161,7 @@ pub async fn mismatch_while_in_flight_is_rejected<S: Store>(store: Arc<S>) {
             idem.execute(&scope, &key, &charge_request(100), |_| async move {
                 let _ = started_tx.send(());
                 let _ = go_rx.await;
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             })
             .await
         })
@@ -201,10 +192,7 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
         let reply = idem
             .execute(s, &key, &charge_request(100), move |_| async move {
                 runs.hit();
-                Out::Success(Charge {
-                    id: id.into(),
-                    amount: 100,
-                })
+                charge(id)
             })
             .await
             .expect("call");
@@ -281,10 +269,7 @@ pub async fn hostile_identities_round_trip_and_stay_apart<S: Store>(store: Arc<S
         let s = Scope::new(o.as_str(), *op).expect("scope");
         let reply = idem
             .execute(&s, k.as_str(), &charge_request(100), move |_| async move {
-                Out::Success(Charge {
-                    id: format!("case-{i}"),
-                    amount: 100,
-                })
+                charge(&format!("case-{i}"))
             })
             .await
             .expect("call");

@@ -9,8 +9,7 @@ use crate::store::RecordState;
 use crate::store::Store;
 
 use super::support::{
-    Charge, Counter, Out, charge, charge_request, engine, key, race, record_id, scope, setup,
-    try_charge,
+    Counter, charge, charge_request, engine, key, race, record_id, scope, setup, try_charge,
 };
 
 /// 64 tasks racing on one key: the work runs exactly once; every other caller
@@ -76,10 +75,7 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
                     let reply = idem
                         .execute(&scope, k, &charge_request(100), move |_| async move {
                             runs.hit();
-                            Out::Success(Charge {
-                                id: format!("ch_{i}"),
-                                amount: 100,
-                            })
+                            charge(&format!("ch_{i}"))
                         })
                         .await
                         .expect("call");

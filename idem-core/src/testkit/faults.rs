@@ -9,8 +9,8 @@ use crate::store::Store;
 use crate::{Error, Idem};
 
 use super::support::{
-    Charge, Counter, FailingStore, LEASE, Out, charge_request, counted_charge, fetch, key, policy,
-    policy_builder, reconcile, scope,
+    Charge, Counter, FailingStore, LEASE, Out, charge, charge_request, counted_charge, fetch, key,
+    policy, policy_builder, reconcile, scope,
 };
 
 /// The test policy, keeping no completion in the background.
@@ -63,10 +63,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
             a.save_resource_id("ch_1").await.expect("save_resource_id");
-            Out::Success(Charge {
-                id: "ch_1".into(),
-                amount: 100,
-            })
+            charge("ch_1")
         })
         .await
         .expect("the caller still gets the work's result");
@@ -143,10 +140,7 @@ pub async fn unstored_completion_is_written_in_the_background<S: Store>(store: A
     let work = |runs: Counter, id: &'static str| {
         move |_| async move {
             runs.hit();
-            Out::Success(Charge {
-                id: id.into(),
-                amount: 100,
-            })
+            charge(id)
         }
     };
 
@@ -208,10 +202,7 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
             .execute(&scope, k, &charge_request(100), move |a| async move {
                 r.hit();
                 a.save_resource_id(id).await.expect("save_resource_id");
-                Out::Success(Charge {
-                    id: id.into(),
-                    amount: 100,
-                })
+                charge(id)
             })
             .await
             .expect("the work's result");
