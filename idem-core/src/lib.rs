@@ -56,21 +56,26 @@ pub use store::any::AnyStore;
 pub use store::memory::MemoryStore;
 pub use store::record::TakeoverReason;
 
+/// A store that needs no teardown (it lives in this process), as a
+/// conformance fixture.
+#[cfg(all(test, feature = "testkit"))]
+struct InProcess<S>(S);
+
+#[cfg(all(test, feature = "testkit"))]
+impl<S: store::AdminStore + Clone> testkit::Fixture for InProcess<S> {
+    type Store = S;
+    fn store(&self) -> S {
+        self.0.clone()
+    }
+    async fn teardown(self) {}
+}
+
 #[cfg(all(test, feature = "testkit"))]
 mod memory_conformance {
-    use crate::MemoryStore;
-    use crate::testkit::Fixture;
+    use crate::{InProcess, MemoryStore};
 
-    struct Memory(MemoryStore);
-    impl Fixture for Memory {
-        type Store = MemoryStore;
-        fn store(&self) -> MemoryStore {
-            self.0.clone()
-        }
-        async fn teardown(self) {}
-    }
-    async fn setup() -> Memory {
-        Memory(MemoryStore::new())
+    async fn setup() -> InProcess<MemoryStore> {
+        InProcess(MemoryStore::new())
     }
 
     crate::store_conformance!(setup());
@@ -81,19 +86,10 @@ mod memory_conformance {
 /// promise.
 #[cfg(all(test, feature = "testkit"))]
 mod any_store_conformance {
-    use crate::testkit::Fixture;
-    use crate::{AnyStore, MemoryStore};
+    use crate::{AnyStore, InProcess, MemoryStore};
 
-    struct Any(AnyStore);
-    impl Fixture for Any {
-        type Store = AnyStore;
-        fn store(&self) -> AnyStore {
-            self.0.clone()
-        }
-        async fn teardown(self) {}
-    }
-    async fn setup() -> Any {
-        Any(AnyStore::new(MemoryStore::new()))
+    async fn setup() -> InProcess<AnyStore> {
+        InProcess(AnyStore::new(MemoryStore::new()))
     }
 
     crate::store_conformance!(setup());

@@ -127,6 +127,29 @@ pub enum PolicyError {
     },
 }
 
+/// The getters of [`Policy`]: each answers its setting.
+macro_rules! getters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(&self) -> $ty {
+            self.$name
+        }
+    )*};
+}
+
+/// The plain setters of [`PolicyBuilder`]: each sets its setting.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {$(
+        $(#[$doc])*
+        #[must_use]
+        pub fn $name(mut self, $arg: $ty) -> Self {
+            self.0.$name = $arg;
+            self
+        }
+    )*};
+}
+
 impl Policy {
     /// The longest duration any setting accepts: 100 years (of 365 days).
     /// Longer ones are refused by [`PolicyBuilder::build`], so no deadline
@@ -139,52 +162,30 @@ impl Policy {
         PolicyBuilder(Self::default())
     }
 
-    /// How long the stored response (the body) is replayed.
-    #[must_use]
-    pub fn response_ttl(&self) -> Duration {
-        self.response_ttl
-    }
-    /// How long the key (fingerprint, outcome, resource id) is remembered.
-    #[must_use]
-    pub fn key_ttl(&self) -> Duration {
-        self.key_ttl
-    }
-    /// The lease a claim takes.
-    #[must_use]
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-    /// What duplicates get while the first attempt runs.
-    #[must_use]
-    pub fn in_flight(&self) -> InFlightMode {
-        self.in_flight
-    }
-    /// The largest encoded response that is stored.
-    #[must_use]
-    pub fn max_response_bytes(&self) -> usize {
-        self.max_response_bytes
+    getters! {
+        /// How long the stored response (the body) is replayed.
+        response_ttl: Duration;
+        /// How long the key (fingerprint, outcome, resource id) is remembered.
+        key_ttl: Duration;
+        /// The lease a claim takes.
+        lease: Duration;
+        /// What duplicates get while the first attempt runs.
+        in_flight: InFlightMode;
+        /// The largest encoded response that is stored.
+        max_response_bytes: usize;
+        /// How many times the completion (or release) write is tried.
+        store_retries: u32;
+        /// The pause between those tries.
+        store_retry_backoff: Duration;
+        /// How many completions whose write still failed after
+        /// [`store_retries`](Self::store_retries) are kept and written again in
+        /// the background (see [`Idem::drain_completions`](crate::Idem::drain_completions)).
+        completion_backlog: usize;
     }
     /// Which request fields count toward the fingerprint.
     #[must_use]
     pub fn fields(&self) -> &FieldFilter {
         &self.fields
-    }
-    /// How many times the completion (or release) write is tried.
-    #[must_use]
-    pub fn store_retries(&self) -> u32 {
-        self.store_retries
-    }
-    /// The pause between those tries.
-    #[must_use]
-    pub fn store_retry_backoff(&self) -> Duration {
-        self.store_retry_backoff
-    }
-    /// How many completions whose write still failed after
-    /// [`store_retries`](Self::store_retries) are kept and written again in
-    /// the background (see [`Idem::drain_completions`](crate::Idem::drain_completions)).
-    #[must_use]
-    pub fn completion_backlog(&self) -> usize {
-        self.completion_backlog
     }
 }
 
@@ -193,50 +194,38 @@ impl Policy {
 pub struct PolicyBuilder(Policy);
 
 impl PolicyBuilder {
-    /// How long a completed outcome is replayed (default 24 h); after it,
-    /// retries get [`Error::ResponseExpired`](crate::Error::ResponseExpired)
-    /// with the resource id.
-    #[must_use]
-    pub fn response_ttl(mut self, d: Duration) -> Self {
-        self.0.response_ttl = d;
-        self
-    }
-    /// How long the key is remembered at all (default 30 days, at least
-    /// `response_ttl`); after it, the same key is a new operation.
-    #[must_use]
-    pub fn key_ttl(mut self, d: Duration) -> Self {
-        self.0.key_ttl = d;
-        self
-    }
-    /// How long an attempt holds the record before a duplicate may take it
-    /// over as a recovery (default 60 s; long work extends it with
-    /// [`Attempt::extend_lease`](crate::Attempt::extend_lease)).
-    #[must_use]
-    pub fn lease(mut self, d: Duration) -> Self {
-        self.0.lease = d;
-        self
-    }
-    /// What a duplicate of a running attempt gets: a 409 at once (default)
-    /// or a bounded wait for the first attempt's outcome.
-    #[must_use]
-    pub fn in_flight(mut self, mode: InFlightMode) -> Self {
-        self.0.in_flight = mode;
-        self
-    }
-    /// The largest encoded outcome that is stored (default 1 MiB); a larger
-    /// one completes the record without a body, so retries get
-    /// [`Error::ResponseNotStored`](crate::Error::ResponseNotStored), never a
-    /// second run.
-    #[must_use]
-    pub fn max_response_bytes(mut self, n: usize) -> Self {
-        self.0.max_response_bytes = n;
-        self
-    }
-    /// Which request fields the fingerprint covers (default: all).
-    #[must_use]
-    pub fn fields(mut self, filter: FieldFilter) -> Self {
-        self.0.fields = filter;
-        self
+    setters! {
+        /// How long a completed outcome is replayed (default 24 h); after it,
+        /// retries get [`Error::ResponseExpired`](crate::Error::ResponseExpired)
+        /// with the resource id.
+        response_ttl(d: Duration);
+        /// How long the key is remembered at all (default 30 days, at least
+        /// `response_ttl`); after it, the same key is a new operation.
+        key_ttl(d: Duration);
+        /// How long an attempt holds the record before a duplicate may take it
+        /// over as a recovery (default 60 s; long work extends it with
+        /// [`Attempt::extend_lease`](crate::Attempt::extend_lease)).
+        lease(d: Duration);
+        /// What a duplicate of a running attempt gets: a 409 at once (default)
+        /// or a bounded wait for the first attempt's outcome.
+        in_flight(mode: InFlightMode);
+        /// The largest encoded outcome that is stored (default 1 MiB); a larger
+        /// one completes the record without a body, so retries get
+        /// [`Error::ResponseNotStored`](crate::Error::ResponseNotStored), never a
+        /// second run.
+        max_response_bytes(n: usize);
+        /// Which request fields the fingerprint covers (default: all).
+        fields(filter: FieldFilter);
+        /// How many completions whose write still fails after the store retries
+        /// are kept and written again in the background, under their fencing
+        /// token, until stored, fenced off by a newer attempt, or their lease
+        /// ends (default 1024 per engine and its clones; 0 keeps none: such a
+        /// completion is left to lease expiry and recovery). A database that
+        /// fails over while a completion is pending then gets it within
+        /// seconds of the promotion, and the client's retry replays it instead
+        /// of running the work again. See
+        /// [`Idem::drain_completions`](crate::Idem::drain_completions).
+        completion_backlog(n: usize);
     }
     /// How many times (≥ 1) a token-guarded write (completion, release) is
     /// tried when the store is unavailable, and the pause between tries
@@ -245,20 +234,6 @@ impl PolicyBuilder {
     pub fn store_retries(mut self, tries: u32, backoff: Duration) -> Self {
         self.0.store_retries = tries;
         self.0.store_retry_backoff = backoff;
-        self
-    }
-    /// How many completions whose write still fails after the store retries
-    /// are kept and written again in the background, under their fencing
-    /// token, until stored, fenced off by a newer attempt, or their lease
-    /// ends (default 1024 per engine and its clones; 0 keeps none: such a
-    /// completion is left to lease expiry and recovery). A database that
-    /// fails over while a completion is pending then gets it within
-    /// seconds of the promotion, and the client's retry replays it instead
-    /// of running the work again. See
-    /// [`Idem::drain_completions`](crate::Idem::drain_completions).
-    #[must_use]
-    pub fn completion_backlog(mut self, n: usize) -> Self {
-        self.0.completion_backlog = n;
         self
     }
 

@@ -16,7 +16,7 @@ use idem_core::store::{
 use idem_core::store::{OutcomeKind, PurgeReport, RecordState};
 use idem_core::{
     Error, FieldFilter, HttpResponse, Idem, IdempotencyKey, InFlightMode, Json, MemoryStore,
-    Outcome, Policy, RawJson, RecordId, Scope,
+    Outcome, Policy, RawJson, RecordId, Reply, Scope,
 };
 use serde_json::{Value, json};
 
@@ -59,6 +59,21 @@ async fn call<S: Store, R: serde::Serialize + Sync + ?Sized>(
     .map(|reply| reply.into_result().expect("success"))
 }
 
+/// Calls "k" with the empty request and a work that counts its run in
+/// `runs` and answers `value`.
+async fn answering<S: Store, T: idem_core::Storable + Send, E: idem_core::Storable>(
+    idem: &Idem<S>,
+    value: T,
+    runs: &Runs,
+) -> Result<Reply<T, E>, Error> {
+    let r = runs.clone();
+    idem.execute(&scope(), "k", &json!({}), |_| async move {
+        r.hit();
+        Outcome::<T, E>::Success(value)
+    })
+    .await
+}
+
 /// Asserts the call is refused with `status`, the work did not run, and
 /// nothing was stored under the key.
 async fn refused<R: serde::Serialize + Sync + ?Sized>(
@@ -75,6 +90,14 @@ async fn refused<R: serde::Serialize + Sync + ?Sized>(
     err
 }
 
+/// [`refused`] for a request refused as invalid (400) under key `k`: why.
+async fn invalid_request<R: serde::Serialize + Sync + ?Sized>(request: &R) -> RequestError {
+    match refused("k", request, 400).await {
+        Error::InvalidRequest(why) => why,
+        other => panic!("not an invalid request: {other:?}"),
+    }
+}
+
 fn nested(depth: usize) -> Value {
     let mut v = json!(1);
     for _ in 0..depth {
@@ -89,43 +112,26 @@ fn nested_raw(depth: usize) -> String {
 
 // ---------------------------------------------------------------- keys
 
+/// Keys refused before the store is touched: each with the reason it must
+/// be refused for.
 #[tokio::test]
-async fn key_empty() {
-    let err = refused("", &json!({}), 400).await;
-    assert!(matches!(err, Error::InvalidKey(KeyError::Empty)), "{err:?}");
-}
-
-#[tokio::test]
-async fn key_only_spaces_and_tabs() {
-    let err = refused(" \t ", &json!({}), 400).await;
-    assert!(matches!(err, Error::InvalidKey(KeyError::Empty)), "{err:?}");
-}
-
-#[tokio::test]
-async fn key_too_long() {
-    let err = refused(&"k".repeat(256), &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::TooLong { len: 256 })),
-        "{err:?}"
-    );
-}
-
-#[tokio::test]
-async fn key_non_ascii() {
-    let err = refused("clé", &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::InvalidCharacter { .. })),
-        "{err:?}"
-    );
-}
-
-#[tokio::test]
-async fn key_control_character() {
-    let err = refused("a\nb", &json!({}), 400).await;
-    assert!(
-        matches!(err, Error::InvalidKey(KeyError::InvalidCharacter { .. })),
-        "{err:?}"
-    );
+async fn invalid_keys_are_refused() {
+    let too_long = "k".repeat(256);
+    type Case<'a> = (&'a str, fn(&KeyError) -> bool);
+    let cases: [Case<'_>; 5] = [
+        ("", |e| matches!(e, KeyError::Empty)),
+        (" \t ", |e| matches!(e, KeyError::Empty)),
+        (&too_long, |e| matches!(e, KeyError::TooLong { len: 256 })),
+        ("clé", |e| matches!(e, KeyError::InvalidCharacter { .. })),
+        ("a\nb", |e| matches!(e, KeyError::InvalidCharacter { .. })),
+    ];
+    for (raw, expected) in cases {
+        let err = refused(raw, &json!({}), 400).await;
+        assert!(
+            matches!(&err, Error::InvalidKey(e) if expected(e)),
+            "{raw:?}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -149,70 +155,54 @@ async fn key_unicode_whitespace_around() {
 
 // ---------------------------------------------------------------- scope
 
+/// Scopes refused when built: each with the reason it must be refused for,
+/// and a 400 as the engine's error.
 #[test]
-fn scope_empty_part() {
-    let err: Error = Scope::new("", "POST /x").expect_err("refused").into();
-    assert!(matches!(err, Error::InvalidScope(ScopeError::Empty { .. })));
-    assert_eq!(err.http_status(), 400);
-}
-
-#[test]
-fn scope_too_long() {
-    let err: Error = Scope::new("o".repeat(1025), "POST /x")
-        .expect_err("refused")
-        .into();
-    assert!(matches!(
-        err,
-        Error::InvalidScope(ScopeError::TooLong { .. })
-    ));
-    assert_eq!(err.http_status(), 400);
-}
-
-#[test]
-fn scope_control_character() {
-    let err: Error = Scope::new("acct", "POST /x\n").expect_err("refused").into();
-    assert!(matches!(
-        err,
-        Error::InvalidScope(ScopeError::ControlCharacter { .. })
-    ));
-    assert_eq!(err.http_status(), 400);
+fn invalid_scopes_are_refused() {
+    let too_long = "o".repeat(1025);
+    type Case<'a> = (&'a str, &'a str, fn(&ScopeError) -> bool);
+    let cases: [Case<'_>; 3] = [
+        ("", "POST /x", |e| matches!(e, ScopeError::Empty { .. })),
+        (&too_long, "POST /x", |e| {
+            matches!(e, ScopeError::TooLong { .. })
+        }),
+        ("acct", "POST /x\n", |e| {
+            matches!(e, ScopeError::ControlCharacter { .. })
+        }),
+    ];
+    for (owner, operation, expected) in cases {
+        let err: Error = Scope::new(owner, operation).expect_err("refused").into();
+        assert!(
+            matches!(&err, Error::InvalidScope(e) if expected(e)),
+            "{operation:?}: {err:?}"
+        );
+        assert_eq!(err.http_status(), 400);
+    }
 }
 
 // ---------------------------------------------------------------- requests
 
 #[tokio::test]
 async fn request_not_json() {
-    let err = refused("k", &RawJson(b"{\"a\":"), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::NotJson(_))),
-        "{err:?}"
-    );
+    let why = invalid_request(&RawJson(b"{\"a\":")).await;
+    assert!(matches!(why, RequestError::NotJson(_)), "{why:?}");
 }
 
 #[tokio::test]
 async fn request_map_with_non_string_keys() {
     let mut m = BTreeMap::new();
     m.insert((1u8, 2u8), 3u8);
-    let err = refused("k", &m, 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::NotJson(_))),
-        "{err:?}"
-    );
+    let why = invalid_request(&m).await;
+    assert!(matches!(why, RequestError::NotJson(_)), "{why:?}");
 }
 
 #[tokio::test]
 async fn request_duplicate_member_name() {
-    let err = refused("k", &RawJson(br#"{"amount":1,"amount":1000}"#), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::DuplicateMember)),
-        "{err:?}"
-    );
+    let why = invalid_request(&RawJson(br#"{"amount":1,"amount":1000}"#)).await;
+    assert!(matches!(why, RequestError::DuplicateMember), "{why:?}");
     let nested = br#"{"a":[{"x":1,"y":2,"x":3}]}"#;
-    let err = refused("k", &RawJson(nested), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::DuplicateMember)),
-        "{err:?}"
-    );
+    let why = invalid_request(&RawJson(nested)).await;
+    assert!(matches!(why, RequestError::DuplicateMember), "{why:?}");
 }
 
 #[tokio::test]
@@ -222,24 +212,17 @@ async fn request_non_finite_number() {
         amount: Option<f64>,
     }
     for amount in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-        let err = refused(
-            "k",
-            &Charge {
-                amount: Some(amount),
-            },
-            400,
-        )
+        let why = invalid_request(&Charge {
+            amount: Some(amount),
+        })
         .await;
         assert!(
-            matches!(err, Error::InvalidRequest(RequestError::NonFiniteNumber)),
-            "{amount}: {err:?}"
+            matches!(why, RequestError::NonFiniteNumber),
+            "{amount}: {why:?}"
         );
     }
-    let err = refused("k", &vec![1.0_f32, f32::NAN], 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::NonFiniteNumber)),
-        "{err:?}"
-    );
+    let why = invalid_request(&vec![1.0_f32, f32::NAN]).await;
+    assert!(matches!(why, RequestError::NonFiniteNumber), "{why:?}");
     // `None` is a request of its own (null), never equal to a NaN.
     assert!(fingerprint("op", &Charge { amount: None }, &FieldFilter::All).is_ok());
 }
@@ -256,11 +239,8 @@ async fn request_too_deep_value() {
     )
     .await
     .expect("the limit itself is accepted");
-    let err = refused("k", &nested(idem_core::adapter::MAX_REQUEST_DEPTH + 1), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::TooDeep)),
-        "{err:?}"
-    );
+    let why = invalid_request(&nested(idem_core::adapter::MAX_REQUEST_DEPTH + 1)).await;
+    assert!(matches!(why, RequestError::TooDeep), "{why:?}");
 }
 
 #[tokio::test]
@@ -282,17 +262,11 @@ async fn request_too_deep_raw_json() {
     .expect("replay");
     assert_eq!(runs.get(), 1);
     let deep = nested_raw(idem_core::adapter::MAX_REQUEST_DEPTH + 1);
-    let err = refused("k", &RawJson(deep.as_bytes()), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::TooDeep)),
-        "{err:?}"
-    );
+    let why = invalid_request(&RawJson(deep.as_bytes())).await;
+    assert!(matches!(why, RequestError::TooDeep), "{why:?}");
     let hostile = nested_raw(100_000);
-    let err = refused("k", &RawJson(hostile.as_bytes()), 400).await;
-    assert!(
-        matches!(err, Error::InvalidRequest(RequestError::TooDeep)),
-        "{err:?}"
-    );
+    let why = invalid_request(&RawJson(hostile.as_bytes())).await;
+    assert!(matches!(why, RequestError::TooDeep), "{why:?}");
 }
 
 #[tokio::test]
@@ -481,24 +455,12 @@ where
 {
     let idem = engine();
     let runs = Runs::default();
-    let r = runs.clone();
-    let v = value.clone();
-    let first = idem
-        .execute(&scope(), "k", &json!({}), |_| async move {
-            r.hit();
-            Outcome::<T, String>::Success(v)
-        })
+    let first = answering::<_, _, String>(&idem, value.clone(), &runs)
         .await
         .expect("the caller gets the work's outcome");
     assert!(!first.is_stored());
     for _ in 0..2 {
-        let r = runs.clone();
-        let v = value.clone();
-        let err = idem
-            .execute(&scope(), "k", &json!({}), |_| async move {
-                r.hit();
-                Outcome::<T, String>::Success(v)
-            })
+        let err = answering::<_, _, String>(&idem, value.clone(), &runs)
             .await
             .expect_err("not stored");
         assert!(matches!(err, Error::ResponseNotStored { .. }), "{err:?}");
@@ -536,12 +498,8 @@ async fn response_at_the_depth_limit_replays() {
     let idem = engine();
     let runs = Runs::default();
     for _ in 0..2 {
-        let r = runs.clone();
-        let reply = idem
-            .execute(&scope(), "k", &json!({}), |_| async move {
-                r.hit();
-                Outcome::<Value, String>::Success(nested(idem_core::adapter::MAX_REQUEST_DEPTH))
-            })
+        let deepest = nested(idem_core::adapter::MAX_REQUEST_DEPTH);
+        let reply = answering::<_, _, String>(&idem, deepest, &runs)
             .await
             .expect("stored and replayed");
         assert_eq!(
@@ -579,37 +537,39 @@ async fn store_body(store: &MemoryStore, clock: &ManualClock, body: &[u8]) {
     store.complete(&id, token, &c).await.expect("complete");
 }
 
-#[tokio::test]
-async fn stored_body_not_decodable() {
+/// An engine on a store holding a completed record with `body` under "k".
+async fn engine_over(body: &[u8]) -> Idem<MemoryStore> {
     let (store, clock) = (MemoryStore::new(), ManualClock::starting_now());
-    store_body(&store, &clock, b"{nope").await;
-    let idem = Idem::new(store).with_clock(clock);
-    let runs = Runs::default();
-    let err = call(&idem, "k", &json!({}), &runs)
-        .await
-        .expect_err("corrupt");
+    store_body(&store, &clock, body).await;
+    Idem::new(store).with_clock(clock)
+}
+
+/// Asserts a call was refused as a corrupt record (500), the work not run.
+fn assert_corrupt(err: &Error, runs: &Runs) {
     assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
     assert_eq!(err.http_status(), 500);
     assert_eq!(runs.get(), 0);
 }
 
 #[tokio::test]
-async fn stored_http_response_malformed() {
-    let (store, clock) = (MemoryStore::new(), ManualClock::starting_now());
-    store_body(&store, &clock, b"IDH1\x00\xc8\xff\xff\xff\xff").await;
-    let idem = Idem::new(store).with_clock(clock);
+async fn stored_body_not_decodable() {
+    let idem = engine_over(b"{nope").await;
     let runs = Runs::default();
-    let r = runs.clone();
-    let err = idem
-        .execute(&scope(), "k", &json!({}), |_| async move {
-            r.hit();
-            Outcome::<HttpResponse, HttpResponse>::Success(HttpResponse::new(200, vec![], vec![]))
-        })
+    let err = call(&idem, "k", &json!({}), &runs)
         .await
         .expect_err("corrupt");
-    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
-    assert_eq!(err.http_status(), 500);
-    assert_eq!(runs.get(), 0);
+    assert_corrupt(&err, &runs);
+}
+
+#[tokio::test]
+async fn stored_http_response_malformed() {
+    let idem = engine_over(b"IDH1\x00\xc8\xff\xff\xff\xff").await;
+    let runs = Runs::default();
+    let ok = HttpResponse::new(200, vec![], vec![]);
+    let err = answering::<_, _, HttpResponse>(&idem, ok, &runs)
+        .await
+        .expect_err("corrupt");
+    assert_corrupt(&err, &runs);
 }
 
 // ---------------------------------------------------------------- store replies
@@ -618,7 +578,7 @@ async fn stored_http_response_malformed() {
 /// `write`, to play a corrupted or failing backend.
 #[derive(Debug)]
 struct Canned {
-    claim: fn() -> Result<ClaimOutcome, StoreError>,
+    claim: ClaimReply,
     write: fn() -> Result<(), StoreError>,
 }
 
@@ -673,102 +633,110 @@ async fn with_store(store: Canned) -> (Result<Value, Error>, usize) {
     (call(&idem, "k", &json!({}), &runs).await, runs.get())
 }
 
-#[tokio::test]
-async fn store_reply_completed_without_outcome() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Ok(ClaimOutcome::Existing(record(
-                RecordState::Completed,
-                None,
-                0,
-            )))
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("corrupt");
-    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (500, 0));
-}
+/// A store's answer to a claim.
+type ClaimReply = fn() -> Result<ClaimOutcome, StoreError>;
 
+/// Store replies the engine must refuse: each case's claim and write
+/// replies, what the error must be, its status, and how often the work ran.
 #[tokio::test]
-async fn store_reply_corrupt() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Err(StoreError::Corrupt {
-                backend: "canned",
-                detail: "unknown state".into(),
-            })
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("corrupt");
-    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (500, 0));
-}
-
-#[tokio::test]
-async fn store_unavailable() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Err(StoreError::Unavailable {
-                backend: "canned",
-                source: "connection refused".into(),
-            })
-        },
-        write: ok,
-    })
-    .await;
-    let err = res.expect_err("unavailable");
-    assert!(matches!(err, Error::Store(_)), "{err:?}");
-    assert_eq!((err.http_status(), runs), (503, 0));
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
-}
-
-#[tokio::test]
-async fn store_reply_lease_lost_on_completion() {
-    let (res, runs) = with_store(Canned {
-        claim: || {
-            Ok(ClaimOutcome::Claimed(idem_core::store::Claimed {
-                attempt: 1,
-                previous: None,
-            }))
-        },
-        write: || Err(StoreError::LeaseLost),
-    })
-    .await;
-    let err = res.expect_err("lease lost");
-    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
-    assert_eq!((err.http_status(), runs), (409, 1));
-}
-
-#[tokio::test]
-async fn store_reply_extreme_timestamps() {
-    for lease_until in [i64::MAX, i64::MIN, 0] {
-        let claim = match lease_until {
-            i64::MAX => || {
+async fn store_replies_are_refused() {
+    type Case = (
+        &'static str,
+        ClaimReply,
+        fn() -> Result<(), StoreError>,
+        fn(&Error) -> bool,
+        u16,
+        usize,
+    );
+    let cases: [Case; 4] = [
+        (
+            "completed without outcome",
+            || {
                 Ok(ClaimOutcome::Existing(record(
-                    RecordState::InFlight,
-                    None,
-                    i64::MAX,
-                )))
-            },
-            i64::MIN => || {
-                Ok(ClaimOutcome::Existing(record(
-                    RecordState::InFlight,
-                    None,
-                    i64::MIN,
-                )))
-            },
-            _ => || {
-                Ok(ClaimOutcome::Existing(record(
-                    RecordState::Released,
+                    RecordState::Completed,
                     None,
                     0,
                 )))
             },
-        };
+            ok,
+            |e| matches!(e, Error::CorruptRecord { .. }),
+            500,
+            0,
+        ),
+        (
+            "corrupt",
+            || {
+                Err(StoreError::Corrupt {
+                    backend: "canned",
+                    detail: "unknown state".into(),
+                })
+            },
+            ok,
+            |e| matches!(e, Error::CorruptRecord { .. }),
+            500,
+            0,
+        ),
+        (
+            "unavailable",
+            || {
+                Err(StoreError::Unavailable {
+                    backend: "canned",
+                    source: "connection refused".into(),
+                })
+            },
+            ok,
+            |e| matches!(e, Error::Store(_)) && e.retry_after() == Some(Duration::from_secs(1)),
+            503,
+            0,
+        ),
+        (
+            "lease lost on completion",
+            || {
+                Ok(ClaimOutcome::Claimed(idem_core::store::Claimed {
+                    attempt: 1,
+                    previous: None,
+                }))
+            },
+            || Err(StoreError::LeaseLost),
+            |e| matches!(e, Error::LeaseLost { .. }),
+            409,
+            1,
+        ),
+    ];
+    for (case, claim, write, expected, status, ran) in cases {
+        let (res, runs) = with_store(Canned { claim, write }).await;
+        let err = res.expect_err(case);
+        assert!(expected(&err), "{case}: {err:?}");
+        assert_eq!((err.http_status(), runs), (status, ran), "{case}");
+    }
+}
+
+#[tokio::test]
+async fn store_reply_extreme_timestamps() {
+    let claims: [ClaimReply; 3] = [
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::InFlight,
+                None,
+                i64::MAX,
+            )))
+        },
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::InFlight,
+                None,
+                i64::MIN,
+            )))
+        },
+        || {
+            Ok(ClaimOutcome::Existing(record(
+                RecordState::Released,
+                None,
+                0,
+            )))
+        },
+    ];
+    for claim in claims {
         let (res, runs) = with_store(Canned { claim, write: ok }).await;
         let err = res.expect_err("in flight");
         assert!(matches!(err, Error::InFlight { .. }), "{err:?}");

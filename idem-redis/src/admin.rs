@@ -283,10 +283,8 @@ impl AdminStore for RedisStore {
             if r.lease_until <= now {
                 return Ok((None, true)); // already over: nothing to write
             }
-            let ended = Record {
-                lease_until: now,
-                ..r.clone()
-            };
+            let mut ended = r.clone();
+            ended.lease_until = now;
             Ok((Some(ended.encode()?), true))
         })
         .await

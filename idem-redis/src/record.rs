@@ -224,11 +224,11 @@ impl ToRedisArgs for BodyValue<'_> {
     }
 }
 
-/// A record value decoded in place: its fixed fields, and where its
-/// variable ones lie in the value.
+/// The fixed fields of a record value: what both views of a decoded record
+/// ([`Parsed`] in place, [`Record`] with its identity copied out) hold, and
+/// what they give to read (and a [`Record`] to change) as their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Parsed {
-    pub(crate) version: u8,
+pub(crate) struct Fixed {
     pub(crate) state: RecordState,
     pub(crate) token: i64,
     pub(crate) attempt: u32,
@@ -237,6 +237,14 @@ pub(crate) struct Parsed {
     pub(crate) response_expires_at: i64,
     pub(crate) fingerprint: [u8; 32],
     pub(crate) outcome: Option<OutcomeKind>,
+}
+
+/// A record value decoded in place: its fixed fields, and where its
+/// variable ones lie in the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Parsed {
+    pub(crate) version: u8,
+    pub(crate) fixed: Fixed,
     /// Where the owner, operation, key and the end of the identity lie.
     identity: [usize; 4],
     /// Where the resource id lies, if any.
@@ -322,14 +330,16 @@ impl Parsed {
         fingerprint.copy_from_slice(&v[FINGERPRINT..FINGERPRINT + 32]);
         Ok(Self {
             version,
-            state,
-            token: be_i64(v, TOKEN),
-            attempt,
-            lease_until: be_i64(v, LEASE),
-            key_expires_at: be_i64(v, KEY_EXPIRY),
-            response_expires_at: be_i64(v, RESPONSE_EXPIRY),
-            fingerprint,
-            outcome,
+            fixed: Fixed {
+                state,
+                token: be_i64(v, TOKEN),
+                attempt,
+                lease_until: be_i64(v, LEASE),
+                key_expires_at: be_i64(v, KEY_EXPIRY),
+                response_expires_at: be_i64(v, RESPONSE_EXPIRY),
+                fingerprint,
+                outcome,
+            },
             identity,
             resource,
             inline: (version == VERSION_INLINE).then_some((end, end + body_len)),
@@ -481,14 +491,7 @@ pub(crate) fn validated(stored: StoredRecord) -> Result<StoredRecord, StoreError
 /// lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
-    pub(crate) state: RecordState,
-    pub(crate) token: i64,
-    pub(crate) attempt: u32,
-    pub(crate) lease_until: i64,
-    pub(crate) key_expires_at: i64,
-    pub(crate) response_expires_at: i64,
-    pub(crate) fingerprint: [u8; 32],
-    pub(crate) outcome: Option<OutcomeKind>,
+    pub(crate) fixed: Fixed,
     pub(crate) owner: String,
     pub(crate) operation: String,
     pub(crate) key: String,
@@ -501,14 +504,7 @@ impl Record {
     pub(crate) fn from_parsed(p: &Parsed, v: &[u8]) -> Self {
         let [owner, operation, key] = p.identity(v).map(str::to_owned);
         Self {
-            state: p.state,
-            token: p.token,
-            attempt: p.attempt,
-            lease_until: p.lease_until,
-            key_expires_at: p.key_expires_at,
-            response_expires_at: p.response_expires_at,
-            fingerprint: p.fingerprint,
-            outcome: p.outcome,
+            fixed: p.fixed,
             owner,
             operation,
             key,
@@ -550,6 +546,26 @@ impl Record {
         v.extend_from_slice(self.key.as_bytes());
         v.extend_from_slice(x.as_bytes());
         Ok(v)
+    }
+}
+
+impl std::ops::Deref for Parsed {
+    type Target = Fixed;
+    fn deref(&self) -> &Fixed {
+        &self.fixed
+    }
+}
+
+impl std::ops::Deref for Record {
+    type Target = Fixed;
+    fn deref(&self) -> &Fixed {
+        &self.fixed
+    }
+}
+
+impl std::ops::DerefMut for Record {
+    fn deref_mut(&mut self) -> &mut Fixed {
+        &mut self.fixed
     }
 }
 
@@ -621,13 +637,12 @@ mod tests {
     }
 
     fn completed(token: i64, response_expires_at: i64) -> Record {
-        Record {
-            state: RecordState::Completed,
-            outcome: Some(OutcomeKind::Success),
-            response_expires_at,
-            token,
-            ..sample()
-        }
+        let mut r = sample();
+        r.state = RecordState::Completed;
+        r.outcome = Some(OutcomeKind::Success);
+        r.response_expires_at = response_expires_at;
+        r.token = token;
+        r
     }
 
     #[test]
@@ -745,24 +760,18 @@ mod tests {
     /// refused by `StoredRecord::validate`, as on the other backends.
     #[test]
     fn decoded_records_are_validated() {
-        let with_outcome = Record {
-            outcome: Some(OutcomeKind::Success),
-            ..sample()
-        }
-        .encode()
-        .unwrap();
+        let mut with_outcome = sample();
+        with_outcome.outcome = Some(OutcomeKind::Success);
+        let with_outcome = with_outcome.encode().unwrap();
         let p = Parsed::parse(&with_outcome).unwrap();
         assert!(matches!(
             p.stored_at(with_outcome.clone(), None, 0),
             Err(StoreError::Corrupt { backend: "redis", ref detail })
                 if detail.contains("not completed")
         ));
-        let rec = Record {
-            outcome: Some(OutcomeKind::NotStored),
-            ..completed(42, 100)
-        }
-        .encode()
-        .unwrap();
+        let mut rec = completed(42, 100);
+        rec.outcome = Some(OutcomeKind::NotStored);
+        let rec = rec.encode().unwrap();
         let p = Parsed::parse(&rec).unwrap();
         let inline = with_inline_body(&rec, b"x");
         assert!(matches!(
@@ -806,10 +815,10 @@ mod tests {
     #[test]
     fn a_takeover_rewrites_only_its_fields() {
         let mut r = Record {
-            state: RecordState::Released,
             resource_id: Some("ch_9".into()),
             ..sample()
         };
+        r.state = RecordState::Released;
         let v = r.encode().unwrap();
         let next = Parsed::parse(&v)
             .unwrap()

@@ -13,7 +13,7 @@ use idem_redis::RedisStore;
 use idem_redis::redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use idem_redis::redis::{self, Client};
 use support::scenario::{
-    Counter, LEASE, Out, claim_req, complete, engine, record_id, request, scope, success,
+    Counter, LEASE, Out, claim_req, complete, counted, engine, record_id, request, scope, success,
 };
 use support::server::Throwaway;
 use support::stats::{counts, delta};
@@ -94,12 +94,7 @@ async fn scripts_are_reloaded_after_script_flush() {
             .query_async(&mut admin)
             .await
             .expect("SCRIPT FLUSH");
-        let r = runs.clone();
-        let reply = idem
-            .execute(&scope, "flush-key", &request(), |_| async move {
-                r.hit();
-                Out::Success("ch_1".into())
-            })
+        let reply = counted(&idem, &scope, "flush-key", "ch_1", &runs)
             .await
             .expect("EVALSHA falls back to loading the script");
         assert_eq!(reply.is_replay(), round > 0);
@@ -129,13 +124,7 @@ async fn client_kill_mid_call_is_a_typed_error_and_never_runs_twice() {
         .expect("pause");
     let call = {
         let (idem, scope, r) = (idem.clone(), scope.clone(), runs.clone());
-        tokio::spawn(async move {
-            idem.execute(&scope, "kill-key", &request(), |_| async move {
-                r.hit();
-                Out::Success("ch_1".into())
-            })
-            .await
-        })
+        tokio::spawn(async move { counted(&idem, &scope, "kill-key", "ch_1", &r).await })
     };
     wait_until_a_command_is_paused(&mut admin).await;
     assert!(
@@ -182,14 +171,7 @@ async fn client_kill_mid_call_is_a_typed_error_and_never_runs_twice() {
     assert_eq!(reply.into_result(), Ok("ch_1".to_owned()));
     wait_until_reachable(&store, &id, clock.now()).await;
     for _ in 0..3 {
-        let r = runs.clone();
-        match idem
-            .execute(&scope, "kill-key", &request(), |_| async move {
-                r.hit();
-                Out::Success("again".into())
-            })
-            .await
-        {
+        match counted(&idem, &scope, "kill-key", "again", &runs).await {
             Ok(replay) => {
                 assert!(replay.is_replay());
                 assert_eq!(replay.into_result(), Ok("ch_1".to_owned()));
@@ -211,14 +193,7 @@ async fn restart_without_persistence_is_unavailable_then_forgets() {
         scope.clone(),
         IdempotencyKey::parse("restart-key").expect("key"),
     );
-    let req = request();
-    let run = || {
-        let r = runs.clone();
-        idem.execute(&scope, "restart-key", &req, |_| async move {
-            r.hit();
-            Out::Success("ch_1".into())
-        })
-    };
+    let run = || counted(&idem, &scope, "restart-key", "ch_1", &runs);
     assert!(!run().await.expect("first").is_replay());
     assert!(run().await.expect("replay").is_replay());
 

@@ -14,8 +14,8 @@ use idem_core::{Error, RecordId};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
-    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, engine, record_id, request, scope,
-    success,
+    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, counted, engine, record_id, request,
+    scope, success,
 };
 use support::server::Throwaway;
 use support::stats::{counts, delta};
@@ -145,12 +145,7 @@ async fn an_inline_replay_is_one_command_and_returns_the_exact_bytes() {
     let idem = engine(store.clone(), &clock);
     let (scope, runs) = (scope(), Counter::default());
     for round in 0..3 {
-        let r = runs.clone();
-        let reply = idem
-            .execute(&scope, "k", &request(), |_| async move {
-                r.hit();
-                Out::Success("ch_é \u{1F600}".into())
-            })
+        let reply = counted(&idem, &scope, "k", "ch_é \u{1F600}", &runs)
             .await
             .expect("execute");
         assert_eq!(reply.is_replay(), round > 0);

@@ -6,7 +6,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
@@ -16,9 +15,24 @@ use idem_core::{Error, IdempotencyKey, Scope};
 use idem_redis::RedisStore;
 use idem_redis::redis::{self, AsyncCommands};
 use support::scenario::{
-    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, complete, engine, record_id, request,
-    scope, success,
+    Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, claim_req, complete, counted, engine, record_id,
+    request, scope, success,
 };
+
+/// A fresh store on the shared server, a handle on it, a plain connection
+/// to the server (to read what the store wrote), and a clock at the current
+/// time.
+async fn standalone_with_admin() -> (
+    support::RedisFixture,
+    RedisStore,
+    redis::aio::MultiplexedConnection,
+    ManualClock,
+) {
+    let fixture = support::standalone().await;
+    let store = fixture.store.clone();
+    let admin = support::admin(&support::standalone_url()).await;
+    (fixture, store, admin, ManualClock::starting_now())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_reloaded_on_every_cluster_node_after_script_flush() {
@@ -38,12 +52,7 @@ async fn scripts_are_reloaded_on_every_cluster_node_after_script_flush() {
                 .expect("SCRIPT FLUSH");
         }
         for key in &keys {
-            let r = runs.clone();
-            let reply = idem
-                .execute(&scope, key.as_str(), &request(), |_| async move {
-                    r.hit();
-                    Out::Success("ch".into())
-                })
+            let reply = counted(&idem, &scope, key.as_str(), "ch", &runs)
                 .await
                 .expect("EVALSHA falls back to SCRIPT LOAD on the primaries");
             assert_eq!(reply.is_replay(), round > 0);
@@ -55,10 +64,7 @@ async fn scripts_are_reloaded_on_every_cluster_node_after_script_flush() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_written_by_hand_is_corrupt_not_a_panic() {
-    let fixture = support::standalone().await;
-    let store = fixture.store.clone();
-    let mut admin = support::admin(&support::standalone_url()).await;
-    let clock = ManualClock::starting_now();
+    let (fixture, store, mut admin, clock) = standalone_with_admin().await;
     let scope = scope();
 
     // Each edit damages one field of the record's value (layout 1, see
@@ -245,12 +251,7 @@ async fn owners_and_prefixes_never_share_records() {
         (&ia, &owner2, "a2"),
         (&ib, &owner1, "b1"),
     ] {
-        let r = runs.clone();
-        let reply = idem
-            .execute(scope, key.clone(), &request(), move |_| async move {
-                r.hit();
-                Out::Success(name.into())
-            })
+        let reply = counted(idem, scope, key.clone(), name, &runs)
             .await
             .expect("call");
         assert!(
@@ -285,10 +286,7 @@ async fn owners_and_prefixes_never_share_records() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_and_record_expire_natively_on_their_own_clocks() {
-    let fixture = support::standalone().await;
-    let store = fixture.store.clone();
-    let mut admin = support::admin(&support::standalone_url()).await;
-    let clock = ManualClock::starting_now();
+    let (fixture, store, mut admin, clock) = standalone_with_admin().await;
     let id = record_id(&scope());
     let req = claim_req(&id, &clock);
     store.claim(&req).await.expect("claim");
@@ -340,10 +338,7 @@ async fn body_and_record_expire_natively_on_their_own_clocks() {
 async fn counts_leave_out_records_expired_on_the_engine_clock_before_redis_drops_them() {
     use idem_core::store::AdminStore;
 
-    let fixture = support::standalone().await;
-    let store = fixture.store.clone();
-    let mut admin = support::admin(&support::standalone_url()).await;
-    let clock = ManualClock::starting_now();
+    let (fixture, store, mut admin, clock) = standalone_with_admin().await;
     let scope = scope();
     let mut ids = Vec::new();
     for completed in [false, true, true] {
@@ -409,10 +404,7 @@ async fn migrate_is_a_no_op_and_connect_with_takes_the_settings() {
 /// cannot drop an in-flight record while its lease holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extending_a_lease_past_the_key_moves_the_native_ttl() {
-    let fixture = support::standalone().await;
-    let store = fixture.store.clone();
-    let mut admin = support::admin(&support::standalone_url()).await;
-    let clock = ManualClock::starting_now();
+    let (fixture, store, mut admin, clock) = standalone_with_admin().await;
     let id = record_id(&scope());
     let mut req = claim_req(&id, &clock);
     req.key_expires_at = req.now.plus(Duration::from_secs(120));
@@ -477,27 +469,22 @@ async fn sixty_four_tasks_on_eight_connections(fixture: support::RedisFixture, c
         engines.push(engine(store.with_key_prefix(prefix.clone()), &clock));
     }
     let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
-    let barrier = Arc::new(tokio::sync::Barrier::new(64));
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let (idem, scope, key, runs, barrier) = (
-                engines[i % 8].clone(),
-                scope.clone(),
-                key.clone(),
-                runs.clone(),
-                Arc::clone(&barrier),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                idem.execute(&scope, key, &request(), move |_| async move {
-                    runs.hit();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    Out::Success(format!("winner-{i}"))
-                })
-                .await
+    let tasks = idem_core::testkit::race(64, |i| {
+        let (idem, scope, key, runs) = (
+            engines[i % 8].clone(),
+            scope.clone(),
+            key.clone(),
+            runs.clone(),
+        );
+        async move {
+            idem.execute(&scope, key, &request(), move |_| async move {
+                runs.hit();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Out::Success(format!("winner-{i}"))
             })
-        })
-        .collect();
+            .await
+        }
+    });
     let mut results: HashMap<&str, usize> = HashMap::new();
     for t in tasks {
         let kind = match t.await.expect("join") {
@@ -625,10 +612,7 @@ async fn write_hash_layout(
 async fn records_of_the_hash_layout_are_refused_never_read() {
     use idem_core::store::{AdminStore, InFlightQuery};
 
-    let fixture = support::standalone().await;
-    let store = fixture.store.clone();
-    let mut admin = support::admin(&support::standalone_url()).await;
-    let clock = ManualClock::starting_now();
+    let (fixture, store, mut admin, clock) = standalone_with_admin().await;
     let scope = scope();
     let refused = |what: &str, r: Result<(), StoreError>| match r {
         Err(StoreError::Corrupt { detail, .. }) => {

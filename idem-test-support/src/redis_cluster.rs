@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::redis_server::{cli, free_port, scratch_dir, start_server, watchdog};
+use crate::redis_server::{cli, create_cluster, free_port, scratch_dir, start_server, watchdog};
 
 /// The cluster's primaries.
 #[derive(Debug)]
@@ -77,15 +77,7 @@ pub fn start(primaries: usize) -> (Vec<u16>, PathBuf) {
             &["--cluster-enabled", "yes", "--cluster-config-file", &conf],
         );
     }
-    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args = vec!["--cluster", "create"];
-    args.extend(nodes.iter().map(String::as_str));
-    args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-    let out = cli(ports[0], &args).unwrap_or_default();
-    assert!(
-        out.contains("[OK] All 16384 slots covered"),
-        "redis-cli --cluster create failed:\n{out}"
-    );
+    create_cluster(&ports, 0);
     for &port in &ports {
         let mut ok = false;
         for _ in 0..400 {

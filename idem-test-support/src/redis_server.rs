@@ -91,6 +91,25 @@ pub fn cli(port: u16, args: &[&str]) -> Option<String> {
     (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
 }
 
+/// Joins the cluster-enabled servers on `ports` into one Redis Cluster with
+/// `replicas` replicas per primary (`redis-cli --cluster create`).
+///
+/// # Panics
+///
+/// When redis-cli does not report every slot covered.
+pub fn create_cluster(ports: &[u16], replicas: usize) {
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let replicas = replicas.to_string();
+    let mut args = vec!["--cluster", "create"];
+    args.extend(nodes.iter().map(String::as_str));
+    args.extend(["--cluster-replicas", replicas.as_str(), "--cluster-yes"]);
+    let out = cli(ports[0], &args).unwrap_or_default();
+    assert!(
+        out.contains("[OK] All 16384 slots covered"),
+        "redis-cli --cluster create failed:\n{out}"
+    );
+}
+
 /// Shuts the server on `port` down without saving.
 pub fn shutdown(port: u16) {
     let _ = Command::new("redis-cli")

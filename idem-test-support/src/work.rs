@@ -1,5 +1,5 @@
 //! What the backends' scenario tests share: the work they run and count
-//! ([`Out`], [`request`], [`Counter`]), and the calls a failover test makes
+//! ([`Out`], [`request`], [`Counter`], [`counted`]), and the calls a failover test makes
 //! through an engine ([`call`], [`call_held`], [`acknowledged_batch`],
 //! [`call_until_answered`], [`state`], [`assert_switch_error`]), generic
 //! over the store.
@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::store::{AdminStore, RecordState, StoreError};
-use idem_core::{Error, Idem, IdempotencyKey, Outcome, Reply, Scope};
+use idem_core::store::{AdminStore, RecordState, Store, StoreError};
+use idem_core::{Error, Idem, IdempotencyKey, IntoKey, Outcome, Reply, Scope};
 use tokio::sync::{Notify, watch};
 
 /// What the scenarios' works return.
@@ -37,6 +37,23 @@ impl Counter {
     }
 }
 
+/// Calls `key` on `idem` with a work that counts its run in `runs` and
+/// answers `answer`; returns what the caller saw.
+pub async fn counted<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: impl IntoKey + Send,
+    answer: impl Into<String>,
+    runs: &Counter,
+) -> Result<Reply<String, String>, Error> {
+    let (runs, answer) = (runs.clone(), answer.into());
+    idem.execute(scope, key, &request(), |_attempt| async move {
+        runs.hit();
+        Out::Success(answer)
+    })
+    .await
+}
+
 /// Runs the work for `key` once (counting it) and returns what the caller
 /// saw; the work answers `charge for {key}`.
 pub async fn call<S: AdminStore>(
@@ -45,14 +62,7 @@ pub async fn call<S: AdminStore>(
     key: &str,
     runs: &Counter,
 ) -> Result<Reply<String, String>, Error> {
-    let runs = runs.clone();
-    let body = format!("charge for {key}");
-    engine
-        .execute(scope, key, &request(), |_attempt| async move {
-            runs.hit();
-            Out::Success(body)
-        })
-        .await
+    counted(engine, scope, key, format!("charge for {key}"), runs).await
 }
 
 /// `n` fresh keys, each executed once; asserts every call was acknowledged

@@ -10,8 +10,8 @@ use tracing::{debug, info, warn};
 use crate::engine::core::Idem;
 use crate::engine::error::RETRY_SOON;
 use crate::store::OutcomeKind;
-use crate::store::{Completion, Store, StoreError};
-use crate::{Attempt, Error, Outcome, Reply, Storable};
+use crate::store::{Completion, Store, StoreError, Token};
+use crate::{Attempt, Error, Outcome, RecordId, Reply, Storable};
 
 /// The answer of [`Idem::begin`](crate::Idem::begin): run the work, or
 /// replay.
@@ -246,32 +246,38 @@ impl<S: Store, T: Storable, E: Storable> Claim<S, T, E> {
     /// Writes `completion` under this attempt's token, retried as the
     /// policy says: what `complete` and `complete_not_stored` share.
     async fn write_completion(&self, completion: &Completion<'_>) -> Result<(), StoreError> {
-        let (id, token, store) = (
-            self.attempt.record(),
-            self.attempt.token(),
-            self.idem.store(),
-        );
-        self.idem
-            .with_retries(|| async move {
-                let timer = crate::metrics::StoreTimer::start("complete");
-                let done = store.complete(id, token, completion).await;
-                timer.finish(&done);
-                done
-            })
-            .await
+        self.write("complete", |store, id, token| {
+            store.complete(id, token, completion)
+        })
+        .await
     }
 
     async fn release_inner(&self) -> Result<(), StoreError> {
+        let now = self.idem.clock().now();
+        self.write("release", |store, id, token| store.release(id, token, now))
+            .await
+    }
+
+    /// One write of the store under this attempt's record and token (`call`,
+    /// named `what` in the metrics), timed, and retried as the policy says.
+    async fn write<'a, Fut>(
+        &'a self,
+        what: &'static str,
+        call: impl Fn(&'a S, &'a RecordId, Token) -> Fut + Send + Sync + 'a,
+    ) -> Result<(), StoreError>
+    where
+        Fut: Future<Output = Result<(), StoreError>> + Send + 'a,
+    {
         let (id, token, store) = (
             self.attempt.record(),
             self.attempt.token(),
             self.idem.store(),
         );
-        let now = self.idem.clock().now();
+        let call = &call;
         self.idem
-            .with_retries(|| async move {
-                let timer = crate::metrics::StoreTimer::start("release");
-                let done = store.release(id, token, now).await;
+            .with_retries(move || async move {
+                let timer = crate::metrics::StoreTimer::start(what);
+                let done = call(store, id, token).await;
                 timer.finish(&done);
                 done
             })

@@ -103,70 +103,26 @@ impl ser::Serializer for &mut Checker {
     type SerializeStruct = Self;
     type SerializeStructVariant = Self;
 
-    fn serialize_bool(self, _: bool) -> Res {
-        Ok(())
-    }
-    fn serialize_i8(self, _: i8) -> Res {
-        Ok(())
-    }
-    fn serialize_i16(self, _: i16) -> Res {
-        Ok(())
-    }
-    fn serialize_i32(self, _: i32) -> Res {
-        Ok(())
-    }
-    fn serialize_i64(self, _: i64) -> Res {
-        Ok(())
-    }
-    fn serialize_i128(self, _: i128) -> Res {
-        Ok(())
-    }
-    fn serialize_u8(self, _: u8) -> Res {
-        Ok(())
-    }
-    fn serialize_u16(self, _: u16) -> Res {
-        Ok(())
-    }
-    fn serialize_u32(self, _: u32) -> Res {
-        Ok(())
-    }
-    fn serialize_u64(self, _: u64) -> Res {
-        Ok(())
-    }
-    fn serialize_u128(self, _: u128) -> Res {
-        Ok(())
-    }
+    answer!(self => Res = Ok(());
+        serialize_bool(bool), serialize_char(char), serialize_str(&str),
+        serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64),
+        serialize_i128(i128), serialize_u8(u8), serialize_u16(u16), serialize_u32(u32),
+        serialize_u64(u64), serialize_u128(u128), serialize_none(), serialize_unit(),
+        serialize_unit_struct(&'static str), serialize_unit_variant(&'static str, u32, &'static str),
+    );
     fn serialize_f32(self, v: f32) -> Res {
         Checker::float(f64::from(v))
     }
     fn serialize_f64(self, v: f64) -> Res {
         Checker::float(v)
     }
-    fn serialize_char(self, _: char) -> Res {
-        Ok(())
-    }
-    fn serialize_str(self, _: &str) -> Res {
-        Ok(())
-    }
     fn serialize_bytes(self, _: &[u8]) -> Res {
         // serde_json writes bytes as an array of numbers.
         self.enter(1)?.leave(1);
         Ok(())
     }
-    fn serialize_none(self) -> Res {
-        Ok(())
-    }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Res {
         value.serialize(self)
-    }
-    fn serialize_unit(self) -> Res {
-        Ok(())
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> Res {
-        Ok(())
-    }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Res {
-        Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Res {
         if name == RAW_JSON_TOKEN {
@@ -187,41 +143,16 @@ impl ser::Serializer for &mut Checker {
         this.leave(1);
         Ok(())
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self, CheckError> {
-        self.enter(1)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self, CheckError> {
-        self.enter(1)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, CheckError> {
-        self.enter(1)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, CheckError> {
-        // `{"Variant": [...]}`
-        self.enter(2)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self, CheckError> {
-        self.enter(1)
-    }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, CheckError> {
-        self.enter(1)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, CheckError> {
-        // `{"Variant": {...}}`
-        self.enter(2)
-    }
+    answer!(self => Result<Self, CheckError> = self.enter(1);
+        serialize_seq(Option<usize>), serialize_tuple(usize),
+        serialize_tuple_struct(&'static str, usize), serialize_map(Option<usize>),
+        serialize_struct(&'static str, usize),
+    );
+    // `{"Variant": [...]}` and `{"Variant": {...}}`
+    answer!(self => Result<Self, CheckError> = self.enter(2);
+        serialize_tuple_variant(&'static str, u32, &'static str, usize),
+        serialize_struct_variant(&'static str, u32, &'static str, usize),
+    );
 }
 
 /// The compound serializers: each part is checked as a value, and `end`

@@ -336,6 +336,37 @@ struct Compound<'a, 's, S> {
     variant: bool,
 }
 
+impl<'s> Canon<'s> {
+    /// Opens an array or an object (`open`), inside a `{"variant": ...}`
+    /// wrapper first when `variant` names one.
+    fn compound<'a, S>(
+        &'a mut self,
+        variant: Option<&str>,
+        open: fn(&mut Self) -> Result<S, CanonError>,
+    ) -> Result<Compound<'a, 's, S>, CanonError> {
+        if let Some(name) = variant {
+            self.open_variant(name)?;
+        }
+        let state = open(self)?;
+        Ok(Compound {
+            ser: self,
+            state,
+            variant: variant.is_some(),
+        })
+    }
+}
+
+/// The integer methods that widen to the 64-bit integer of their sign,
+/// which is all JSON writes.
+macro_rules! widen {
+    ($write:ident: $($method:ident($ty:ty)),*) => {$(
+        fn $method(self, v: $ty) -> Res {
+            self.$write(v.into());
+            Ok(())
+        }
+    )*};
+}
+
 impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
     type Ok = ();
     type Error = CanonError;
@@ -352,22 +383,7 @@ impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Res {
-        self.write_i64(v.into());
-        Ok(())
-    }
-    fn serialize_i16(self, v: i16) -> Res {
-        self.write_i64(v.into());
-        Ok(())
-    }
-    fn serialize_i32(self, v: i32) -> Res {
-        self.write_i64(v.into());
-        Ok(())
-    }
-    fn serialize_i64(self, v: i64) -> Res {
-        self.write_i64(v);
-        Ok(())
-    }
+    widen!(write_i64: serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64));
     fn serialize_i128(self, v: i128) -> Res {
         if let Ok(u) = u64::try_from(v) {
             self.write_u64(u);
@@ -378,22 +394,7 @@ impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
         }
         Ok(())
     }
-    fn serialize_u8(self, v: u8) -> Res {
-        self.write_u64(v.into());
-        Ok(())
-    }
-    fn serialize_u16(self, v: u16) -> Res {
-        self.write_u64(v.into());
-        Ok(())
-    }
-    fn serialize_u32(self, v: u32) -> Res {
-        self.write_u64(v.into());
-        Ok(())
-    }
-    fn serialize_u64(self, v: u64) -> Res {
-        self.write_u64(v);
-        Ok(())
-    }
+    widen!(write_u64: serialize_u8(u8), serialize_u16(u16), serialize_u32(u32), serialize_u64(u64));
     fn serialize_u128(self, v: u128) -> Res {
         let u = u64::try_from(v).map_err(|_| CanonError::Fallback)?;
         self.write_u64(u);
@@ -472,12 +473,7 @@ impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
         Ok(())
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, CanonError> {
-        let state = self.open_array()?;
-        Ok(Compound {
-            ser: self,
-            state,
-            variant: false,
-        })
+        self.compound(None, Canon::open_array)
     }
     fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, CanonError> {
         self.serialize_seq(Some(len))
@@ -496,21 +492,10 @@ impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
         variant: &'static str,
         _: usize,
     ) -> Result<Self::SerializeTupleVariant, CanonError> {
-        self.open_variant(variant)?;
-        let state = self.open_array()?;
-        Ok(Compound {
-            ser: self,
-            state,
-            variant: true,
-        })
+        self.compound(Some(variant), Canon::open_array)
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, CanonError> {
-        let state = self.open_object()?;
-        Ok(Compound {
-            ser: self,
-            state,
-            variant: false,
-        })
+        self.compound(None, Canon::open_object)
     }
     fn serialize_struct(
         self,
@@ -529,13 +514,7 @@ impl<'a, 's> ser::Serializer for &'a mut Canon<'s> {
         variant: &'static str,
         _: usize,
     ) -> Result<Self::SerializeStructVariant, CanonError> {
-        self.open_variant(variant)?;
-        let state = self.open_object()?;
-        Ok(Compound {
-            ser: self,
-            state,
-            variant: true,
-        })
+        self.compound(Some(variant), Canon::open_object)
     }
 }
 
@@ -559,49 +538,28 @@ impl Compound<'_, '_, Object> {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_, '_, Array> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        self.ser.element(&mut self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_array()
-    }
+/// The array-like compounds: each part is one element.
+macro_rules! array_compound {
+    ($($trait:ident::$method:ident),*) => {$(
+        impl ser::$trait for Compound<'_, '_, Array> {
+            type Ok = ();
+            type Error = CanonError;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
+                self.ser.element(&mut self.state, value)
+            }
+            fn end(self) -> Res {
+                self.end_array()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_, '_, Array> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        self.ser.element(&mut self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_array()
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_, '_, Array> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        self.ser.element(&mut self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_array()
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_, '_, Array> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Res {
-        self.ser.element(&mut self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_array()
-    }
-}
+array_compound!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound<'_, '_, Object> {
     type Ok = ();
@@ -617,29 +575,28 @@ impl ser::SerializeMap for Compound<'_, '_, Object> {
     }
 }
 
-impl ser::SerializeStruct for Compound<'_, '_, Object> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Res {
-        self.ser.member_name(&mut self.state, key)?;
-        self.ser.member_value(&self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_object()
-    }
+/// The struct-like compounds: each field is a member, named by the field.
+macro_rules! struct_compound {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for Compound<'_, '_, Object> {
+            type Ok = ();
+            type Error = CanonError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Res {
+                self.ser.member_name(&mut self.state, key)?;
+                self.ser.member_value(&self.state, value)
+            }
+            fn end(self) -> Res {
+                self.end_object()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Compound<'_, '_, Object> {
-    type Ok = ();
-    type Error = CanonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Res {
-        self.ser.member_name(&mut self.state, key)?;
-        self.ser.member_value(&self.state, value)
-    }
-    fn end(self) -> Res {
-        self.end_object()
-    }
-}
+struct_compound!(SerializeStruct, SerializeStructVariant);
 
 /// A member name: a string (or a char, or a unit variant's name), written
 /// escaped to `out` and raw to `names`. Any other key (a number, a bool)
@@ -693,58 +650,14 @@ impl ser::Serializer for KeySer<'_> {
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> KeyRes {
         value.serialize(self)
     }
-    fn serialize_bool(self, _: bool) -> KeyRes {
-        fallback()
-    }
-    fn serialize_i8(self, _: i8) -> KeyRes {
-        fallback()
-    }
-    fn serialize_i16(self, _: i16) -> KeyRes {
-        fallback()
-    }
-    fn serialize_i32(self, _: i32) -> KeyRes {
-        fallback()
-    }
-    fn serialize_i64(self, _: i64) -> KeyRes {
-        fallback()
-    }
-    fn serialize_i128(self, _: i128) -> KeyRes {
-        fallback()
-    }
-    fn serialize_u8(self, _: u8) -> KeyRes {
-        fallback()
-    }
-    fn serialize_u16(self, _: u16) -> KeyRes {
-        fallback()
-    }
-    fn serialize_u32(self, _: u32) -> KeyRes {
-        fallback()
-    }
-    fn serialize_u64(self, _: u64) -> KeyRes {
-        fallback()
-    }
-    fn serialize_u128(self, _: u128) -> KeyRes {
-        fallback()
-    }
-    fn serialize_f32(self, _: f32) -> KeyRes {
-        fallback()
-    }
-    fn serialize_f64(self, _: f64) -> KeyRes {
-        fallback()
-    }
-    fn serialize_bytes(self, _: &[u8]) -> KeyRes {
-        fallback()
-    }
-    fn serialize_none(self) -> KeyRes {
-        fallback()
-    }
+    answer!(self => KeyRes = fallback();
+        serialize_bool(bool), serialize_f32(f32), serialize_f64(f64), serialize_bytes(&[u8]),
+        serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64),
+        serialize_i128(i128), serialize_u8(u8), serialize_u16(u16), serialize_u32(u32),
+        serialize_u64(u64), serialize_u128(u128), serialize_none(), serialize_unit(),
+        serialize_unit_struct(&'static str),
+    );
     fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> KeyRes {
-        fallback()
-    }
-    fn serialize_unit(self) -> KeyRes {
-        fallback()
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> KeyRes {
         fallback()
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -756,47 +669,13 @@ impl ser::Serializer for KeySer<'_> {
     ) -> KeyRes {
         fallback()
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, CanonError> {
-        fallback()
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, CanonError> {
-        fallback()
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, CanonError> {
-        fallback()
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, CanonError> {
-        fallback()
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, CanonError> {
-        fallback()
-    }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, CanonError> {
-        fallback()
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, CanonError> {
-        fallback()
-    }
+    answer!(self => Result<ser::Impossible<Name, CanonError>, CanonError> = fallback();
+        serialize_seq(Option<usize>), serialize_tuple(usize),
+        serialize_tuple_struct(&'static str, usize), serialize_map(Option<usize>),
+        serialize_struct(&'static str, usize),
+        serialize_tuple_variant(&'static str, u32, &'static str, usize),
+        serialize_struct_variant(&'static str, u32, &'static str, usize),
+    );
 }
 
 #[cfg(test)]

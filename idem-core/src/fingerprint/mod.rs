@@ -1,6 +1,18 @@
 //! Request fingerprints: SHA-256 over the operation and the canonical JSON of
 //! the request, after the caller's field filter.
 
+/// `Serializer` methods that give one answer whatever their arguments:
+/// for the passes that only accept, refuse or count a kind of value (the
+/// depth check, the member-name writer). The caller names `self`, so that
+/// the answer may use it.
+macro_rules! answer {
+    ($this:ident => $res:ty = $answer:expr; $($method:ident($($ty:ty),*)),* $(,)?) => {$(
+        fn $method($this, $(_: $ty),*) -> $res {
+            $answer
+        }
+    )*};
+}
+
 pub(crate) mod check;
 pub(crate) mod direct;
 pub(crate) mod value;

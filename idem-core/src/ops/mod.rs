@@ -190,8 +190,7 @@ impl<S: Store> Admin<'_, S> {
         key: K,
         with_body: bool,
     ) -> Result<Option<RecordView>, Error> {
-        let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.idem.clock().now();
+        let (id, now) = self.record_now(scope, key)?;
         let store = self.idem.store();
         let fetch = crate::metrics::time_store("fetch", store.fetch(&id, now));
         let fetched = bounded("fetch", self.timeout, fetch).await?;
@@ -253,7 +252,32 @@ impl<S: Store> Admin<'_, S> {
         result
     }
 
-    async fn explain(&self, id: &RecordId, now: Timestamp) -> Result<AdminOutcome, Error> {
+    /// The record of `scope` and `key`, and the engine's time now.
+    fn record_now<K: IntoKey>(
+        &self,
+        scope: &Scope,
+        key: K,
+    ) -> Result<(RecordId, Timestamp), Error> {
+        let id = RecordId::new(scope.clone(), key.into_key()?);
+        Ok((id, self.idem.clock().now()))
+    }
+
+    /// One operator write of the record `id` (`call`, named `what` should
+    /// it time out), bounded by the timeout: done (`done` says what it did,
+    /// for the log), or why not (the record is absent, or in a state the
+    /// write refuses).
+    async fn write(
+        &self,
+        what: &'static str,
+        call: impl Future<Output = Result<bool, StoreError>>,
+        done: &'static str,
+        id: &RecordId,
+        now: Timestamp,
+    ) -> Result<AdminOutcome, Error> {
+        if bounded(what, self.timeout, call).await? {
+            tracing::info!(record = %id.log_hash(), "{done}");
+            return Ok(AdminOutcome::Done);
+        }
         let fetched = bounded("fetch", self.timeout, self.idem.store().fetch(id, now)).await?;
         Ok(match fetched {
             None => AdminOutcome::Absent,
@@ -304,20 +328,11 @@ impl<S: AdminStore> Admin<'_, S> {
         key: K,
         attempt: Option<u32>,
     ) -> Result<AdminOutcome, Error> {
-        let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.idem.clock().now();
-        let store = self.idem.store();
-        let released = bounded(
-            "release_in_flight",
-            self.timeout,
-            store.release_in_flight(&id, attempt, now),
-        )
-        .await?;
-        if released {
-            tracing::info!(record = %id.log_hash(), "operator released an in-flight record");
-            return Ok(AdminOutcome::Done);
-        }
-        self.explain(&id, now).await
+        let (id, now) = self.record_now(scope, key)?;
+        let release = self.idem.store().release_in_flight(&id, attempt, now);
+        let done = "operator released an in-flight record";
+        self.write("release_in_flight", release, done, &id, now)
+            .await
     }
 
     /// Deletes a completed record: the key becomes a new operation. Records
@@ -332,20 +347,10 @@ impl<S: AdminStore> Admin<'_, S> {
         scope: &Scope,
         key: K,
     ) -> Result<AdminOutcome, Error> {
-        let id = RecordId::new(scope.clone(), key.into_key()?);
-        let now = self.idem.clock().now();
-        let store = self.idem.store();
-        let deleted = bounded(
-            "delete_completed",
-            self.timeout,
-            store.delete_completed(&id, now),
-        )
-        .await?;
-        if deleted {
-            tracing::info!(record = %id.log_hash(), "operator deleted a record");
-            return Ok(AdminOutcome::Done);
-        }
-        self.explain(&id, now).await
+        let (id, now) = self.record_now(scope, key)?;
+        let delete = self.idem.store().delete_completed(&id, now);
+        let done = "operator deleted a record";
+        self.write("delete_completed", delete, done, &id, now).await
     }
 
     /// Counts the live records by state (a full scan: not for a request

@@ -135,37 +135,3 @@ pub trait AdminStore: Store {
         now: Timestamp,
     ) -> impl Future<Output = Result<StateCounts, StoreError>> + Send;
 }
-
-/// A shared store is an admin store too (as it is a [`Store`]).
-impl<S: AdminStore> AdminStore for std::sync::Arc<S> {
-    fn list_in_flight(
-        &self,
-        query: &InFlightQuery<'_>,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send {
-        (**self).list_in_flight(query)
-    }
-
-    fn release_in_flight(
-        &self,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).release_in_flight(id, attempt, now)
-    }
-
-    fn delete_completed(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).delete_completed(id, now)
-    }
-
-    fn count_states(
-        &self,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<StateCounts, StoreError>> + Send {
-        (**self).count_states(now)
-    }
-}

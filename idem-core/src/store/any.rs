@@ -14,155 +14,46 @@ use crate::store::{
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The dyn-compatible mirror of [`Store`], implemented for every store: what
+/// The dyn-compatible mirrors of [`Store`] (`DynStore`) and of
+/// [`AdminStore`] (`DynAdmin`), implemented for every store: what
 /// [`AnyStore`] forwards to, and what an [`Attempt`](crate::Attempt) writes
 /// through (so neither is generic over the store).
-pub(crate) trait DynStore: Send + Sync + fmt::Debug + 'static {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest<'a>,
-    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        completion: &'a Completion<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn save_resource_id<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resource_id: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn extend_lease<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn fetch<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<StoredRecord>, StoreError>>;
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: u32,
-    ) -> BoxFuture<'_, Result<PurgeReport, StoreError>>;
-    fn capabilities(&self) -> Capabilities;
+macro_rules! dyn_store {
+    (
+        store { $($m:ident($($p:ident: $t:ty),*) -> $o:ty;)* }
+        admin { $($am:ident($($ap:ident: $at:ty),*) -> $ao:ty;)* }
+    ) => {
+        pub(crate) trait DynStore: Send + Sync + fmt::Debug + 'static {
+            $(fn $m<'a>(&'a self, $($p: $t),*) -> BoxFuture<'a, Result<$o, StoreError>>;)*
+            fn capabilities(&self) -> Capabilities;
+        }
+
+        trait DynAdmin: DynStore {
+            $(fn $am<'a>(&'a self, $($ap: $at),*) -> BoxFuture<'a, Result<$ao, StoreError>>;)*
+        }
+
+        impl<S: Store> DynStore for S {
+            $(
+                fn $m<'a>(&'a self, $($p: $t),*) -> BoxFuture<'a, Result<$o, StoreError>> {
+                    Box::pin(Store::$m(self, $($p),*))
+                }
+            )*
+            fn capabilities(&self) -> Capabilities {
+                Store::capabilities(self)
+            }
+        }
+
+        impl<S: AdminStore> DynAdmin for S {
+            $(
+                fn $am<'a>(&'a self, $($ap: $at),*) -> BoxFuture<'a, Result<$ao, StoreError>> {
+                    Box::pin(AdminStore::$am(self, $($ap),*))
+                }
+            )*
+        }
+    };
 }
 
-/// The dyn-compatible mirror of [`AdminStore`], for [`AnyStore`].
-trait DynAdmin: DynStore {
-    fn list_in_flight<'a>(
-        &'a self,
-        query: &'a InFlightQuery<'a>,
-    ) -> BoxFuture<'a, Result<Page, StoreError>>;
-    fn release_in_flight<'a>(
-        &'a self,
-        id: &'a RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn delete_completed<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn count_states(&self, now: Timestamp) -> BoxFuture<'_, Result<StateCounts, StoreError>>;
-}
-
-impl<S: Store> DynStore for S {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest<'a>,
-    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
-        Box::pin(Store::claim(self, req))
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        completion: &'a Completion<'a>,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::complete(self, id, token, completion))
-    }
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::release(self, id, token, now))
-    }
-    fn save_resource_id<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        resource_id: &'a str,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::save_resource_id(self, id, token, resource_id))
-    }
-    fn extend_lease<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::extend_lease(self, id, token, lease_until))
-    }
-    fn fetch<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<StoredRecord>, StoreError>> {
-        Box::pin(Store::fetch(self, id, now))
-    }
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: u32,
-    ) -> BoxFuture<'_, Result<PurgeReport, StoreError>> {
-        Box::pin(Store::purge_expired(self, now, limit))
-    }
-    fn capabilities(&self) -> Capabilities {
-        Store::capabilities(self)
-    }
-}
-
-impl<S: AdminStore> DynAdmin for S {
-    fn list_in_flight<'a>(
-        &'a self,
-        query: &'a InFlightQuery<'a>,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        Box::pin(AdminStore::list_in_flight(self, query))
-    }
-    fn release_in_flight<'a>(
-        &'a self,
-        id: &'a RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(AdminStore::release_in_flight(self, id, attempt, now))
-    }
-    fn delete_completed<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(AdminStore::delete_completed(self, id, now))
-    }
-    fn count_states(&self, now: Timestamp) -> BoxFuture<'_, Result<StateCounts, StoreError>> {
-        Box::pin(AdminStore::count_states(self, now))
-    }
-}
+crate::store::store_methods!(dyn_store {} 'a);
 
 /// Any store, chosen at run time: SQLite in development and Postgres in
 /// production from one configuration value, without an enum of your own.
@@ -205,70 +96,33 @@ impl fmt::Debug for AnyStore {
     }
 }
 
-#[deny(clippy::missing_trait_methods)]
-impl Store for AnyStore {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(req).await
-    }
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.0.complete(id, token, completion).await
-    }
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.0.release(id, token, now).await
-    }
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        self.0.save_resource_id(id, token, resource_id).await
-    }
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.0.extend_lease(id, token, lease_until).await
-    }
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        self.0.fetch(id, now).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.0.purge_expired(now, limit).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
+/// Every call goes to the wrapped store, through its boxed mirror.
+macro_rules! any_store {
+    (
+        store { $($m:ident($($p:ident: $t:ty),*) -> $o:ty;)* }
+        admin { $($am:ident($($ap:ident: $at:ty),*) -> $ao:ty;)* }
+    ) => {
+        #[deny(clippy::missing_trait_methods)]
+        impl Store for AnyStore {
+            $(
+                async fn $m(&self, $($p: $t),*) -> Result<$o, StoreError> {
+                    self.0.$m($($p),*).await
+                }
+            )*
+            fn capabilities(&self) -> Capabilities {
+                self.0.capabilities()
+            }
+        }
+
+        #[deny(clippy::missing_trait_methods)]
+        impl AdminStore for AnyStore {
+            $(
+                async fn $am(&self, $($ap: $at),*) -> Result<$ao, StoreError> {
+                    self.0.$am($($ap),*).await
+                }
+            )*
+        }
+    };
 }
 
-#[deny(clippy::missing_trait_methods)]
-impl AdminStore for AnyStore {
-    async fn list_in_flight(&self, query: &InFlightQuery<'_>) -> Result<Page, StoreError> {
-        self.0.list_in_flight(query).await
-    }
-    async fn release_in_flight(
-        &self,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<bool, StoreError> {
-        self.0.release_in_flight(id, attempt, now).await
-    }
-    async fn delete_completed(&self, id: &RecordId, now: Timestamp) -> Result<bool, StoreError> {
-        self.0.delete_completed(id, now).await
-    }
-    async fn count_states(&self, now: Timestamp) -> Result<StateCounts, StoreError> {
-        self.0.count_states(now).await
-    }
-}
+crate::store::store_methods!(any_store {} '_);

@@ -112,6 +112,36 @@
 //! Then prove it: in the backend's tests, implement
 //! `idem_core::testkit::Fixture` and expand `idem_core::store_conformance!`.
 
+/// The methods of [`Store`] (`store { .. }`) and of [`AdminStore`]
+/// (`admin { .. }`), but `capabilities`: each with its parameters after
+/// `&self` and what it answers on success. Written once here and handed to
+/// `$then!` (after the tokens `$pre`) by the impls that forward every call to
+/// another store. `$a` is the lifetime of every borrow: `'_` for impls of the
+/// traits themselves, a named one for the boxed mirror behind [`AnyStore`].
+macro_rules! store_methods {
+    ($then:ident { $($pre:tt)* } $a:lifetime) => {
+        $then! {
+            $($pre)*
+            store {
+                claim(req: &$a ClaimRequest<$a>) -> ClaimOutcome;
+                complete(id: &$a RecordId, token: Token, completion: &$a Completion<$a>) -> ();
+                release(id: &$a RecordId, token: Token, now: Timestamp) -> ();
+                save_resource_id(id: &$a RecordId, token: Token, resource_id: &$a str) -> ();
+                extend_lease(id: &$a RecordId, token: Token, lease_until: Timestamp) -> ();
+                fetch(id: &$a RecordId, now: Timestamp) -> Option<StoredRecord>;
+                purge_expired(now: Timestamp, limit: u32) -> PurgeReport;
+            }
+            admin {
+                list_in_flight(query: &$a InFlightQuery<$a>) -> Page;
+                release_in_flight(id: &$a RecordId, attempt: Option<u32>, now: Timestamp) -> bool;
+                delete_completed(id: &$a RecordId, now: Timestamp) -> bool;
+                count_states(now: Timestamp) -> StateCounts;
+            }
+        }
+    };
+}
+pub(crate) use store_methods;
+
 mod admin;
 pub(crate) mod any;
 pub(crate) mod memory;
@@ -667,63 +697,36 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities;
 }
 
-/// A shared store is a store: `Idem::new(Arc::clone(&store))` lets other
-/// code keep its own handle.
-#[deny(clippy::missing_trait_methods)]
-impl<S: Store> Store for std::sync::Arc<S> {
-    fn claim(
-        &self,
-        req: &ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        S::claim(self, req)
-    }
-    fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        completion: &Completion<'_>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::complete(self, id, token, completion)
-    }
-    fn release(
-        &self,
-        id: &RecordId,
-        token: Token,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::release(self, id, token, now)
-    }
-    fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::save_resource_id(self, id, token, resource_id)
-    }
-    fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        lease_until: Timestamp,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        S::extend_lease(self, id, token, lease_until)
-    }
-    fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send {
-        S::fetch(self, id, now)
-    }
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: u32,
-    ) -> impl Future<Output = Result<PurgeReport, StoreError>> + Send {
-        S::purge_expired(self, now, limit)
-    }
-    fn capabilities(&self) -> Capabilities {
-        S::capabilities(self)
-    }
+/// A shared store is a store (and an admin store, when it is one):
+/// `Idem::new(Arc::clone(&store))` lets other code keep its own handle.
+macro_rules! shared_store {
+    (
+        store { $($m:ident($($p:ident: $t:ty),*) -> $o:ty;)* }
+        admin { $($am:ident($($ap:ident: $at:ty),*) -> $ao:ty;)* }
+    ) => {
+        #[deny(clippy::missing_trait_methods)]
+        impl<S: Store> Store for std::sync::Arc<S> {
+            $(
+                fn $m(&self, $($p: $t),*) -> impl Future<Output = Result<$o, StoreError>> + Send {
+                    S::$m(self, $($p),*)
+                }
+            )*
+            fn capabilities(&self) -> Capabilities {
+                S::capabilities(self)
+            }
+        }
+
+        impl<S: AdminStore> AdminStore for std::sync::Arc<S> {
+            $(
+                fn $am(
+                    &self,
+                    $($ap: $at),*
+                ) -> impl Future<Output = Result<$ao, StoreError>> + Send {
+                    S::$am(self, $($ap),*)
+                }
+            )*
+        }
+    };
 }
+
+store_methods!(shared_store {} '_);

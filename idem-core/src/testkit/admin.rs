@@ -4,16 +4,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock, Timestamp};
 use crate::ops::AdminOutcome;
-use crate::store::{AdminStore, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Token};
+use crate::store::{AdminStore, ClaimOutcome, InFlightQuery, Token};
 use crate::store::{Cursor, OutcomeKind, RecordState};
-use crate::{Error, FieldFilter, Outcome, RecordId, TakeoverReason};
+use crate::{Error, Outcome, RecordId, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, LEASE, Out, RESPONSE_TTL, charge_request, engine, key, record_id,
-    scope,
+    Charge, Counter, KEY_TTL, LEASE, charge, charge_request, claim_req, completion, engine,
+    inspect, key, record_id, scope,
 };
 
 /// Claims `id` directly with a lease of `lease` from the clock's now.
@@ -24,16 +23,7 @@ async fn claim<S: AdminStore>(
     lease: Duration,
 ) -> Token {
     let token = Token::random();
-    let now = clock.now();
-    let req = ClaimRequest {
-        id,
-        fingerprint: fingerprint("POST /charges", &charge_request(100), &FieldFilter::All)
-            .expect("fp"),
-        token,
-        now,
-        lease_until: now.plus(lease),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+    let req = claim_req(id, token, clock, 100, lease);
     let won = store.claim(&req).await.expect("claim");
     assert!(matches!(won, ClaimOutcome::Claimed(_)), "{won:?}");
     token
@@ -41,14 +31,12 @@ async fn claim<S: AdminStore>(
 
 async fn complete<S: AdminStore>(store: &S, id: &RecordId, token: Token, clock: &ManualClock) {
     let now = clock.now();
-    let c = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"{\"id\":\"ch\"}"),
-        resource_id: Some("ch"),
+    let c = completion(
         now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+        OutcomeKind::Success,
+        Some(b"{\"id\":\"ch\"}"),
+        Some("ch"),
+    );
     store.complete(id, token, &c).await.expect("complete");
 }
 
@@ -154,12 +142,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
         .await
         .expect("save_resource_id");
 
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, false)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, false).await.expect("record");
     assert_eq!(view.state, RecordState::InFlight);
     assert_eq!(view.attempt, 1);
     assert!(!view.lease_expired);
@@ -176,10 +159,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
                 assert_eq!(a.recovery_reason(), Some(TakeoverReason::LeaseExpired));
                 assert_eq!(a.previous_resource_id(), Some("ch_1"));
                 assert_eq!(a.number(), 2);
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             })
             .await
         }
@@ -203,12 +183,7 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
             .expect("release"),
         AdminOutcome::Done
     );
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, false)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, false).await.expect("record");
     assert!(view.lease_expired);
     assert_eq!(
         view.state,
@@ -220,24 +195,12 @@ pub async fn admin_release_makes_the_next_attempt_a_recovery<S: AdminStore>(stor
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 1);
     let now = clock.now();
-    let c = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"zombie"),
-        resource_id: None,
-        now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+    let c = completion(now, OutcomeKind::Success, Some(b"zombie"), None);
     assert!(
         store.complete(&id, old, &c).await.is_err(),
         "old holder fenced"
     );
-    let view = idem
-        .admin()
-        .inspect(&sc, &k, true)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let view = inspect(&idem, &sc, &k, true).await.expect("record");
     assert_eq!(view.state, RecordState::Completed);
     assert!(view.body.is_some() && view.body_len == view.body.as_ref().map(Vec::len));
     assert_eq!(
@@ -286,13 +249,7 @@ pub async fn admin_delete_refuses_unfinished_records<S: AdminStore>(store: Arc<S
             idem.admin().delete_record(&sc, k).await.expect("delete"),
             AdminOutcome::Refused { state, attempt: 1 }
         );
-        assert!(
-            idem.admin()
-                .inspect(&sc, k, false)
-                .await
-                .expect("inspect")
-                .is_some()
-        );
+        assert!(inspect(&idem, &sc, k, false).await.is_some());
     }
     assert_eq!(
         idem.admin()
@@ -301,13 +258,7 @@ pub async fn admin_delete_refuses_unfinished_records<S: AdminStore>(store: Arc<S
             .expect("delete"),
         AdminOutcome::Done
     );
-    assert!(
-        idem.admin()
-            .inspect(&sc, &done, false)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &sc, &done, false).await.is_none());
     assert_eq!(
         idem.admin()
             .delete_record(&sc, &done)

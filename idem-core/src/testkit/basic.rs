@@ -8,13 +8,14 @@ use crate::store::Store;
 use crate::store::{OutcomeKind, RecordState};
 use crate::{Error, HttpResponse, Outcome, RawJson, Scope};
 
-use super::support::{Charge, Counter, Decline, Out, charge_request, engine, key, scope};
+use super::support::{
+    Charge, Counter, Decline, Out, charge, charge_request, engine, inspect, key, scope, setup,
+};
 
 /// A first call runs the work once, stores the outcome and says it executed.
 pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |attempt| {
             let runs = runs.clone();
@@ -22,10 +23,7 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
                 runs.hit();
                 assert_eq!(attempt.number(), 1);
                 assert!(!attempt.is_recovery());
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             }
         })
         .await
@@ -34,11 +32,8 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
     assert!(reply.is_stored());
     assert_eq!(reply.attempt(), 1);
     assert_eq!(runs.get(), 1);
-    let record = idem
-        .admin()
-        .inspect(&scope, &key, true)
+    let record = inspect(&idem, &scope, &key, true)
         .await
-        .expect("inspect")
         .expect("record exists");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.outcome, Some(OutcomeKind::Success));
@@ -49,9 +44,8 @@ pub async fn first_call_executes_and_stores<S: Store>(store: Arc<S>) {
 /// body, including bytes that are not UTF-8), marked as a replay, and the work
 /// does not run again.
 pub async fn replay_is_byte_for_byte<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let body: Vec<u8> = (0..=255u8)
         .chain(b"{\"id\":\"ch_1\"}".iter().copied())
         .collect();
@@ -85,9 +79,7 @@ pub async fn replay_is_byte_for_byte<S: Store>(store: Arc<S>) {
 /// A typed response comes back equal through serde, and the request's key
 /// order and number spelling do not break the match.
 pub async fn typed_replay_round_trips<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
     let original = Charge {
         id: "ch_ü\u{1F600}\"\\".into(),
         amount: u64::from(u32::MAX),
@@ -119,22 +111,14 @@ pub async fn typed_replay_round_trips<S: Store>(store: Arc<S>) {
 /// The same key with another request is rejected (422): the work does not
 /// run and the stored record is unchanged; the original still replays.
 pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     idem.execute(&scope, &key, &charge_request(100), |_| async {
-        Out::Success(Charge {
-            id: "ch_1".into(),
-            amount: 100,
-        })
+        charge("ch_1")
     })
     .await
     .expect("first");
-    let before = idem
-        .admin()
-        .inspect(&scope, &key, true)
-        .await
-        .expect("inspect");
+    let before = inspect(&idem, &scope, &key, true).await;
     let r = runs.clone();
     let err = idem
         .execute(&scope, &key, &charge_request(200), move |_| async move {
@@ -149,13 +133,7 @@ pub async fn mismatch_is_rejected_and_leaves_record_untouched<S: Store>(store: A
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
     assert_eq!(err.http_status(), 422);
     assert_eq!(runs.get(), 0);
-    assert_eq!(
-        idem.admin()
-            .inspect(&scope, &key, true)
-            .await
-            .expect("inspect"),
-        before
-    );
+    assert_eq!(inspect(&idem, &scope, &key, true).await, before);
     let again = idem
         .execute(&scope, &key, &charge_request(100), |_| async {
             unreachable_work()
@@ -174,9 +152,7 @@ fn unreachable_work() -> Out {
 /// Another request under a key whose first attempt is still running is a
 /// mismatch (422), not a 409.
 pub async fn mismatch_while_in_flight_is_rejected<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
     let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let first = {
@@ -185,10 +161,7 @@ pub async fn mismatch_while_in_flight_is_rejected<S: Store>(store: Arc<S>) {
             idem.execute(&scope, &key, &charge_request(100), |_| async move {
                 let _ = started_tx.send(());
                 let _ = go_rx.await;
-                Out::Success(Charge {
-                    id: "ch_1".into(),
-                    amount: 100,
-                })
+                charge("ch_1")
             })
             .await
         })
@@ -219,10 +192,7 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
         let reply = idem
             .execute(s, &key, &charge_request(100), move |_| async move {
                 runs.hit();
-                Out::Success(Charge {
-                    id: id.into(),
-                    amount: 100,
-                })
+                charge(id)
             })
             .await
             .expect("call");
@@ -240,13 +210,7 @@ pub async fn owners_are_isolated<S: Store>(store: Arc<S>) {
         assert_eq!(reply.into_result().expect("ok").id, id);
     }
     let c = Scope::new(format!("{}-c", a.owner()), a.operation()).expect("scope");
-    assert!(
-        idem.admin()
-            .inspect(&c, &key, true)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &c, &key, true).await.is_none());
 }
 
 /// The same owner and key under another operation is another record.
@@ -305,10 +269,7 @@ pub async fn hostile_identities_round_trip_and_stay_apart<S: Store>(store: Arc<S
         let s = Scope::new(o.as_str(), *op).expect("scope");
         let reply = idem
             .execute(&s, k.as_str(), &charge_request(100), move |_| async move {
-                Out::Success(Charge {
-                    id: format!("case-{i}"),
-                    amount: 100,
-                })
+                charge(&format!("case-{i}"))
             })
             .await
             .expect("call");
@@ -363,11 +324,5 @@ pub async fn invalid_input_stores_nothing_and_runs_nothing<S: Store>(store: Arc<
         assert_eq!(err.http_status(), 400);
     }
     assert_eq!(runs.get(), 0);
-    assert!(
-        idem.admin()
-            .inspect(&scope, &key, true)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &scope, &key, true).await.is_none());
 }

@@ -8,38 +8,26 @@ use crate::clock::{Clock, ManualClock};
 use crate::store::RecordState;
 use crate::store::Store;
 
-use super::support::{Charge, Counter, Out, charge_request, engine, key, record_id, scope};
+use super::support::{
+    Counter, charge, charge_request, engine, key, race, record_id, scope, setup, try_charge,
+};
 
 /// 64 tasks racing on one key: the work runs exactly once; every other caller
 /// gets 409 (in flight) or the replay; afterwards everyone gets the replay.
 pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
-    let barrier = Arc::new(tokio::sync::Barrier::new(64));
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let (idem, scope, key, runs, barrier) = (
-                idem.clone(),
-                scope.clone(),
-                key.clone(),
-                runs.clone(),
-                Arc::clone(&barrier),
-            );
-            tokio::spawn(async move {
-                barrier.wait().await;
-                idem.execute(&scope, &key, &charge_request(100), move |_| async move {
-                    runs.hit();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    Out::Success(Charge {
-                        id: format!("ch_{i}"),
-                        amount: 100,
-                    })
-                })
-                .await
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
+    let tasks = race(64, |i| {
+        let (idem, scope, key, runs) = (idem.clone(), scope.clone(), key.clone(), runs.clone());
+        async move {
+            idem.execute(&scope, &key, &charge_request(100), move |_| async move {
+                runs.hit();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                charge(&format!("ch_{i}"))
             })
-        })
-        .collect();
+            .await
+        }
+    });
     let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
     let mut winner = None;
     for t in tasks {
@@ -58,13 +46,7 @@ pub async fn concurrent_duplicates_run_the_work_once<S: Store>(store: Arc<S>) {
     assert_eq!(executed + replayed + in_flight, 64);
     let winner = winner.expect("one winner");
     for _ in 0..8 {
-        let reply = idem
-            .execute(&scope, &key, &charge_request(100), |_| async {
-                Out::Success(Charge {
-                    id: "no".into(),
-                    amount: 0,
-                })
-            })
+        let reply = try_charge(&idem, &scope, &key, 100, "no")
             .await
             .expect("replay");
         assert!(reply.is_replay());
@@ -93,10 +75,7 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
                     let reply = idem
                         .execute(&scope, k, &charge_request(100), move |_| async move {
                             runs.hit();
-                            Out::Success(Charge {
-                                id: format!("ch_{i}"),
-                                amount: 100,
-                            })
+                            charge(&format!("ch_{i}"))
                         })
                         .await
                         .expect("call");
@@ -122,13 +101,7 @@ pub async fn distinct_keys_run_concurrently<S: Store>(store: Arc<S>) {
     }
     assert_eq!(completed, KEYS);
     for (i, k) in keys.iter().enumerate().step_by(97) {
-        let reply = idem
-            .execute(&scope, k, &charge_request(100), |_| async {
-                Out::Success(Charge {
-                    id: "no".into(),
-                    amount: 0,
-                })
-            })
+        let reply = try_charge(&idem, &scope, k, 100, "no")
             .await
             .expect("replay");
         assert_eq!(reply.into_result().expect("ok").id, format!("ch_{i}"));

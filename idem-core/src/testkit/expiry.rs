@@ -6,25 +6,18 @@ use std::time::Duration;
 use crate::Error;
 use crate::clock::{Clock, ManualClock};
 use crate::store::Store;
-use crate::store::{OutcomeKind, RecordState};
+use crate::store::{OutcomeKind, PurgeReport, RecordState};
 
 use super::support::{
-    Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge_request, engine, key, scope,
+    Charge, Counter, KEY_TTL, MAX_RESPONSE, Out, RESPONSE_TTL, charge, charge_request,
+    counted_charge, engine, inspect, key, scope, setup, try_charge,
 };
-
-fn charge(id: &str) -> Out {
-    Out::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
-}
 
 /// After `response_ttl` the body is gone but the key is known: a retry gets
 /// 409 "already done" with the resource id, and the work does not run.
 pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let (scope2, key2) = (scope.clone(), super::support::key());
     idem.execute(&scope, &key, &charge_request(100), |a| async move {
         a.save_resource_id("ch_9").await.expect("save_resource_id");
@@ -40,21 +33,14 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
     .expect("first");
     clock.advance(RESPONSE_TTL - Duration::from_secs(1));
     assert!(
-        idem.execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
-        .await
-        .expect("still replayed")
-        .is_replay()
+        try_charge(&idem, &scope, &key, 100, "no")
+            .await
+            .expect("still replayed")
+            .is_replay()
     );
     clock.advance(Duration::from_secs(2));
     for (k, rid) in [(&key, "ch_9"), (&key2, "ch_set_at_completion")] {
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, k, &charge_request(100), |_| async move {
-                r.hit();
-                charge("no")
-            })
+        let err = counted_charge(&idem, &scope, k, 100, "no", &runs)
             .await
             .expect_err("response expired");
         assert!(matches!(err, Error::ResponseExpired { .. }), "{err:?}");
@@ -62,16 +48,10 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
         assert_eq!(err.resource_id(), Some(rid));
     }
     assert_eq!(runs.get(), 0);
-    let record = idem
-        .admin()
-        .inspect(&scope, &key, true)
-        .await
-        .expect("inspect")
-        .expect("key kept");
+    let record = inspect(&idem, &scope, &key, true).await.expect("key kept");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.body, None);
-    let err = idem
-        .execute(&scope, &key, &charge_request(1), |_| async { charge("no") })
+    let err = try_charge(&idem, &scope, &key, 1, "no")
         .await
         .expect_err("mismatch still detected");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -80,9 +60,8 @@ pub async fn expired_response_answers_with_the_resource_id<S: Store>(store: Arc<
 /// After `key_ttl` the same key is a new operation: the work runs again as
 /// attempt 1 (not a recovery), even with another request.
 pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let r = runs.clone();
     idem.execute(&scope, &key, &charge_request(100), |_| async move {
         r.hit();
@@ -91,13 +70,7 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
     .await
     .expect("first");
     clock.advance(KEY_TTL + Duration::from_secs(1));
-    assert!(
-        idem.admin()
-            .inspect(&scope, &key, true)
-            .await
-            .expect("inspect")
-            .is_none()
-    );
+    assert!(inspect(&idem, &scope, &key, true).await.is_none());
     let r = runs.clone();
     let reply = idem
         .execute(&scope, &key, &charge_request(300), |a| async move {
@@ -110,13 +83,39 @@ pub async fn expired_key_is_a_new_operation<S: Store>(store: Arc<S>) {
         .expect("new operation");
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 2);
-    let replay = idem
-        .execute(&scope, &key, &charge_request(300), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 300, "no")
         .await
         .expect("replay of the new one");
     assert_eq!(replay.into_result().expect("ok").id, "ch_new");
+}
+
+/// Purges in batches of `limit` until a batch drops nothing that `counted`
+/// counts, each batch within the limit and passing `check`: the sum
+/// counted, and the calls made (the last, empty one included).
+async fn purge_in_batches<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    limit: u32,
+    counted: fn(&PurgeReport) -> u64,
+    check: impl Fn(&PurgeReport),
+) -> (u64, u32) {
+    let (mut total, mut calls) = (0, 0);
+    loop {
+        let r = store
+            .purge_expired(clock.now(), limit)
+            .await
+            .expect("purge");
+        assert!(
+            counted(&r) <= u64::from(limit),
+            "batch over the limit: {r:?}"
+        );
+        check(&r);
+        calls += 1;
+        if counted(&r) == 0 {
+            return (total, calls);
+        }
+        total += counted(&r);
+    }
 }
 
 /// Purges are bounded: each call drops at most `limit` bodies and deletes at
@@ -130,9 +129,7 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
     let scope = scope("POST /charges");
     let keys: Vec<_> = (0..25).map(|_| key()).collect();
     for k in &keys {
-        idem.execute(&scope, k, &charge_request(100), |_| async { charge("ch") })
-            .await
-            .expect("call");
+        try_charge(&idem, &scope, k, 100, "ch").await.expect("call");
     }
     let limit = 10;
     let first = store
@@ -145,51 +142,25 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         "nothing is expired yet"
     );
     clock.advance(RESPONSE_TTL + Duration::from_secs(1));
-    let mut bodies = 0;
-    loop {
-        let r = store
-            .purge_expired(clock.now(), limit)
-            .await
-            .expect("purge");
-        assert!(
-            r.bodies_dropped <= u64::from(limit),
-            "batch over the limit: {r:?}"
-        );
-        assert_eq!(r.keys_removed, 0, "keys outlive bodies");
-        if r.bodies_dropped == 0 {
-            break;
-        }
-        bodies += r.bodies_dropped;
-    }
+    let (bodies, _) = purge_in_batches(
+        &store,
+        &clock,
+        limit,
+        |r| r.bodies_dropped,
+        |r| {
+            assert_eq!(r.keys_removed, 0, "keys outlive bodies");
+        },
+    )
+    .await;
     assert_eq!(bodies, if native { 0 } else { 25 });
     for k in &keys[..3] {
-        let rec = idem
-            .admin()
-            .inspect(&scope, k, true)
-            .await
-            .expect("inspect")
-            .expect("key kept");
+        let rec = inspect(&idem, &scope, k, true).await.expect("key kept");
         assert_eq!(rec.body, None);
         assert_eq!(rec.outcome, Some(OutcomeKind::Success));
     }
     clock.advance(KEY_TTL);
-    let mut removed = 0;
-    let mut calls = 0;
-    loop {
-        let r = store
-            .purge_expired(clock.now(), limit)
-            .await
-            .expect("purge");
-        assert!(
-            r.keys_removed <= u64::from(limit),
-            "batch over the limit: {r:?}"
-        );
-        calls += 1;
-        if r.keys_removed == 0 {
-            break;
-        }
-        removed += r.keys_removed;
-    }
+    let (removed, calls) =
+        purge_in_batches(&store, &clock, limit, |r| r.keys_removed, |_| {}).await;
     if native {
         assert_eq!(removed, 0);
     } else {
@@ -197,13 +168,7 @@ pub async fn purge_runs_in_bounded_batches<S: Store>(store: Arc<S>) {
         assert_eq!(calls, 4, "25 keys in batches of 10, then an empty call");
     }
     for k in &keys[..3] {
-        assert!(
-            idem.admin()
-                .inspect(&scope, k, true)
-                .await
-                .expect("inspect")
-                .is_none()
-        );
+        assert!(inspect(&idem, &scope, k, true).await.is_none());
     }
     let total = idem.admin().purge_expired(limit).await.expect("purge all");
     assert_eq!(total.keys_removed, 0);
@@ -239,9 +204,8 @@ pub async fn purge_counts_each_record_once<S: Store>(store: Arc<S>) {
 /// work's outcome (marked not stored), and every retry gets a typed 409
 /// instead of a second execution.
 pub async fn oversize_response_is_not_stored_and_never_rerun<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("GET /export"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "GET /export");
+    let runs = Counter::default();
     let big = "x".repeat(MAX_RESPONSE + 1);
     let r = runs.clone();
     let reply = idem
@@ -255,12 +219,7 @@ pub async fn oversize_response_is_not_stored_and_never_rerun<S: Store>(store: Ar
     assert!(!reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id.len(), MAX_RESPONSE + 1);
     for _ in 0..2 {
-        let r = runs.clone();
-        let err = idem
-            .execute(&scope, &key, &charge_request(1), |_| async move {
-                r.hit();
-                charge("no")
-            })
+        let err = counted_charge(&idem, &scope, &key, 1, "no", &runs)
             .await
             .expect_err("not stored");
         assert!(matches!(err, Error::ResponseNotStored { .. }), "{err:?}");

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, ManualClock};
+use crate::clock::ManualClock;
 use crate::store::RecordState;
 use crate::store::Store;
 use crate::{Error, Idem};
 
 use super::support::{
-    Charge, Counter, FailingStore, LEASE, Out, charge_request, key, policy, policy_builder, scope,
+    Charge, Counter, FailingStore, LEASE, Out, charge, charge_request, counted_charge, fetch, key,
+    policy, policy_builder, reconcile, scope,
 };
 
 /// The test policy, keeping no completion in the background.
@@ -47,15 +48,7 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
     let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
 
     failing.fail_all(true);
-    let r = runs.clone();
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async move {
-            r.hit();
-            Out::Success(Charge {
-                id: "no".into(),
-                amount: 0,
-            })
-        })
+    let err = counted_charge(&idem, &scope, &key, 100, "no", &runs)
         .await
         .expect_err("store down");
     assert!(matches!(err, Error::Store(_)), "{err:?}");
@@ -70,45 +63,22 @@ pub async fn completion_failure_leaves_record_to_recovery<S: Store>(store: Arc<S
         .execute(&scope, &key, &charge_request(100), |a| async move {
             r.hit();
             a.save_resource_id("ch_1").await.expect("save_resource_id");
-            Out::Success(Charge {
-                id: "ch_1".into(),
-                amount: 100,
-            })
+            charge("ch_1")
         })
         .await
         .expect("the caller still gets the work's result");
     assert!(!reply.is_stored());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
     failing.fail_complete(false);
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(rec.state, RecordState::InFlight);
-    let r = runs.clone();
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async move {
-            r.hit();
-            Out::Success(Charge {
-                id: "no".into(),
-                amount: 0,
-            })
-        })
+    let err = counted_charge(&idem, &scope, &key, 100, "no", &runs)
         .await
         .expect_err("lease still held");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(runs.get(), 1);
     clock.advance(LEASE + Duration::from_secs(1));
-    let reply = idem
-        .execute(&scope, &key, &charge_request(100), |a| async move {
-            assert!(a.is_recovery());
-            let id = a
-                .previous_resource_id()
-                .expect("saved resource id")
-                .to_owned();
-            Out::Success(Charge { id, amount: 100 })
-        })
+    let reply = reconcile(&idem, &scope, &key, |_| {})
         .await
         .expect("recovery");
     assert!(reply.is_stored());
@@ -150,11 +120,7 @@ pub async fn completion_with_a_lost_reply_is_reported_stored<S: Store>(store: Ar
     assert!(replay.is_replay());
     assert_eq!(replay.into_result().expect("ok").id, "ch_9");
     assert_eq!(runs.get(), 1, "the work ran once");
-    let record = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let record = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(record.state, RecordState::Completed);
     assert_eq!(record.attempt, 1);
 }
@@ -174,10 +140,7 @@ pub async fn unstored_completion_is_written_in_the_background<S: Store>(store: A
     let work = |runs: Counter, id: &'static str| {
         move |_| async move {
             runs.hit();
-            Out::Success(Charge {
-                id: id.into(),
-                amount: 100,
-            })
+            charge(id)
         }
     };
 
@@ -205,11 +168,7 @@ pub async fn unstored_completion_is_written_in_the_background<S: Store>(store: A
         0,
         "stored in the background"
     );
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(rec.state, RecordState::Completed);
     let replay = idem
         .execute(&scope, &key, &charge_request(100), work(runs.clone(), "no"))
@@ -243,10 +202,7 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
             .execute(&scope, k, &charge_request(100), move |a| async move {
                 r.hit();
                 a.save_resource_id(id).await.expect("save_resource_id");
-                Out::Success(Charge {
-                    id: id.into(),
-                    amount: 100,
-                })
+                charge(id)
             })
             .await
             .expect("the work's result");
@@ -265,28 +221,14 @@ pub async fn background_completion_ends_with_the_lease<S: Store>(store: Arc<S>) 
         "given up at the lease's end"
     );
     failing.fail_complete(false);
-    let rec = store
-        .fetch(&super::support::record_id(&scope, &key), clock.now())
-        .await
-        .expect("fetch")
-        .expect("record");
+    let rec = fetch(&store, &scope, &key, &clock).await.expect("record");
     assert_eq!(
         rec.state,
         RecordState::InFlight,
         "never written after the lease"
     );
     for (k, id) in [(&key, "ch_1"), (&other, "ch_2")] {
-        let reply = idem
-            .execute(&scope, k, &charge_request(100), |a| async move {
-                assert!(a.is_recovery());
-                let id = a
-                    .previous_resource_id()
-                    .expect("saved resource id")
-                    .to_owned();
-                Out::Success(Charge { id, amount: 100 })
-            })
-            .await
-            .expect("recovery");
+        let reply = reconcile(&idem, &scope, k, |_| {}).await.expect("recovery");
         assert!(reply.is_stored());
         assert_eq!(reply.into_result().expect("ok").id, id);
     }

@@ -4,36 +4,42 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, ManualClock};
+use crate::clock::ManualClock;
 use crate::store::RecordState;
 use crate::store::Store;
-use crate::{Begin, Error, Outcome, RecordId, TakeoverReason};
+use crate::{Begin, Claim, Error, Idem, IdempotencyKey, Outcome, Scope, TakeoverReason};
 
-use super::support::{Charge, Decline, LEASE, charge_request, engine, key, scope};
+use super::support::{
+    Charge, Decline, LEASE, charge, charge_request, engine, fetch, key, scope, setup,
+};
 
 type Guarded<S> = Begin<Arc<S>, Charge, Decline>;
 
-fn charge(id: &str) -> Outcome<Charge, Decline> {
-    Outcome::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
+/// `begin` with the charge request of `amount` on a key that must be
+/// claimed (`why` says why, should it not be): the claim.
+async fn claimed<S: Store>(
+    idem: &Idem<Arc<S>>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    why: &str,
+) -> Claim<Arc<S>, Charge, Decline> {
+    let begun: Guarded<S> = idem
+        .begin(scope, key, &charge_request(amount))
+        .await
+        .expect("begin");
+    let Begin::Run(claim) = begun else {
+        panic!("{why}");
+    };
+    claim
 }
 
 /// `begin` hands the first caller the claim; completing it stores the
 /// outcome, and the next `begin` is the replay, equal to what the first
 /// caller got.
 pub async fn guard_begin_runs_then_replays<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let first: Guarded<S> = idem
-        .begin(&scope, &key, &charge_request(100))
-        .await
-        .expect("begin");
-    let Begin::Run(claim) = first else {
-        panic!("a fresh key must be claimed");
-    };
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let claim = claimed(&idem, &scope, &key, 100, "a fresh key must be claimed").await;
     assert_eq!(claim.attempt().number(), 1);
     assert!(!claim.attempt().is_recovery());
     let executed = claim.complete(charge("ch_1")).await.expect("complete");
@@ -54,39 +60,29 @@ pub async fn guard_begin_runs_then_replays<S: Store>(store: Arc<S>) {
 /// the lease ends, then the next `begin` takes the record over as a recovery
 /// (lease expired). The record is never deleted.
 pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let first: Guarded<S> = idem
-        .begin(&scope, &key, &charge_request(100))
-        .await
-        .expect("begin");
-    let Begin::Run(claim) = first else {
-        panic!("a fresh key must be claimed");
-    };
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let claim = claimed(&idem, &scope, &key, 100, "a fresh key must be claimed").await;
     claim
         .attempt()
         .save_resource_id("ch_before_crash")
         .await
         .expect("save_resource_id");
     drop(claim);
-    let id = RecordId::new(scope.clone(), key.clone());
-    let record = store
-        .fetch(&id, clock.now())
+    let record = fetch(&store, &scope, &key, &clock)
         .await
-        .expect("fetch")
         .expect("the record stays");
     assert_eq!(record.state, RecordState::InFlight);
     let dup: Result<Guarded<S>, Error> = idem.begin(&scope, &key, &charge_request(100)).await;
     assert!(matches!(dup, Err(Error::InFlight { .. })), "{dup:?}");
     clock.advance(LEASE + Duration::from_millis(1));
-    let later: Guarded<S> = idem
-        .begin(&scope, &key, &charge_request(100))
-        .await
-        .expect("begin after the lease");
-    let Begin::Run(recovery) = later else {
-        panic!("an expired lease must be taken over");
-    };
+    let recovery = claimed(
+        &idem,
+        &scope,
+        &key,
+        100,
+        "an expired lease must be taken over",
+    )
+    .await;
     assert_eq!(recovery.attempt().number(), 2);
     assert_eq!(
         recovery.attempt().recovery_reason(),
@@ -106,22 +102,17 @@ pub async fn guard_dropped_claim_is_recovered_after_the_lease<S: Store>(store: A
 /// `release` frees the key at once: the next `begin` with the same request
 /// runs again as a recovery (released), keeping the attempt count.
 pub async fn guard_release_makes_the_next_attempt_a_recovery<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let Ok(Begin::Run(claim)) = idem
-        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(100))
-        .await
-    else {
-        panic!("a fresh key must be claimed");
-    };
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let claim = claimed(&idem, &scope, &key, 100, "a fresh key must be claimed").await;
     claim.release().await.expect("release");
-    let Ok(Begin::Run(again)) = idem
-        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(100))
-        .await
-    else {
-        panic!("a released key must be claimable at once");
-    };
+    let again = claimed(
+        &idem,
+        &scope,
+        &key,
+        100,
+        "a released key must be claimable at once",
+    )
+    .await;
     assert_eq!(again.attempt().number(), 2);
     assert_eq!(
         again.attempt().recovery_reason(),
@@ -133,15 +124,8 @@ pub async fn guard_release_makes_the_next_attempt_a_recovery<S: Store>(store: Ar
 /// `complete_not_stored` finishes the record without a body: retries get
 /// 409 "not stored" with the resource id, never a second run.
 pub async fn guard_complete_not_stored_is_never_rerun<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /secrets"), key());
-    let Ok(Begin::Run(claim)) = idem
-        .begin::<Charge, Decline, _, _>(&scope, &key, &charge_request(1))
-        .await
-    else {
-        panic!("a fresh key must be claimed");
-    };
+    let (_, idem, scope, key) = setup(&store, "POST /secrets");
+    let claim = claimed(&idem, &scope, &key, 1, "a fresh key must be claimed").await;
     claim.attempt().set_resource_id("sk_1");
     assert!(claim.complete_not_stored().await.expect("complete"));
     let retry = idem
@@ -191,11 +175,8 @@ pub async fn guard_every_write_of_a_fenced_holder_is_lease_lost<S: Store>(store:
         }
         .expect_err("a fenced holder cannot write");
         assert!(matches!(err, Error::LeaseLost { .. }), "{finish}: {err:?}");
-        let id = RecordId::new(scope.clone(), key.clone());
-        let record = store
-            .fetch(&id, clock.now())
+        let record = fetch(&store, &scope, &key, &clock)
             .await
-            .expect("fetch")
             .expect("record kept");
         assert_eq!(
             (record.state, record.attempt),

@@ -4,15 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock};
 use crate::store::RecordState;
 use crate::store::{ClaimOutcome, ClaimRequest, Store, Token};
-use crate::{Attempt, Error, FieldFilter, Idem, IdempotencyKey, Policy, Reply, Scope};
+use crate::{Error, FieldFilter, Idem, IdempotencyKey, Policy, Scope};
 
-use super::support::{Charge, Counter, Decline, LEASE, Out, charge_request, key, record_id, scope};
+use super::support::{
+    Counter, LEASE, charge, charge_request, counted_charge, crash, inspect, key, record_id, scope,
+    start_blocked, try_charge,
+};
 
 /// `key_ttl` only twice the lease, so long work outlives the key easily.
 const SHORT_KEY_TTL: Duration = Duration::from_secs(120);
@@ -30,39 +31,6 @@ fn short_key_engine<S: Store>(store: &Arc<S>, clock: &ManualClock) -> Idem<Arc<S
         .with_policy(policy)
 }
 
-type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
-
-/// Starts an attempt that hands out its `Attempt`, counts its run, and waits
-/// to be told its outcome.
-fn start<S: Store>(
-    idem: &Idem<Arc<S>>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    runs: &Counter,
-) -> (Running, oneshot::Receiver<Attempt>, oneshot::Sender<Out>) {
-    let (started_tx, started_rx) = oneshot::channel();
-    let (finish_tx, finish_rx) = oneshot::channel::<Out>();
-    let (idem, scope, key, runs) = (idem.clone(), scope.clone(), key.clone(), runs.clone());
-    let task = tokio::spawn(async move {
-        idem.execute(&scope, &key, &charge_request(100), |attempt| async move {
-            runs.hit();
-            let _ = started_tx.send(attempt);
-            finish_rx.await.unwrap_or(Out::Transient(Decline {
-                code: "abandoned".into(),
-            }))
-        })
-        .await
-    });
-    (task, started_rx, finish_tx)
-}
-
-fn charge(id: &str) -> Out {
-    Out::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
-}
-
 /// A duplicate of the same request and one of another request, both of which
 /// must be refused without running.
 async fn assert_duplicates_refused<S: Store>(
@@ -71,29 +39,16 @@ async fn assert_duplicates_refused<S: Store>(
     key: &IdempotencyKey,
     runs: &Counter,
 ) {
-    let r = runs.clone();
-    let err = idem
-        .execute(scope, key, &charge_request(100), |_| async move {
-            r.hit();
-            charge("ch_duplicate")
-        })
+    let err = counted_charge(idem, scope, key, 100, "ch_duplicate", runs)
         .await
         .expect_err("the first attempt still holds its lease");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
-    let r = runs.clone();
-    let err = idem
-        .execute(scope, key, &charge_request(999), |_| async move {
-            r.hit();
-            charge("ch_other")
-        })
+    let err = counted_charge(idem, scope, key, 999, "ch_other", runs)
         .await
         .expect_err("another request under a leased key");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
-    let record = idem
-        .admin()
-        .inspect(scope, key, true)
+    let record = inspect(idem, scope, key, true)
         .await
-        .expect("inspect")
         .expect("a leased record is visible");
     assert_eq!(record.state, RecordState::InFlight);
 }
@@ -105,7 +60,7 @@ pub async fn extended_lease_outlives_key_ttl<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = short_key_engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /exports"), key(), Counter::default());
-    let (first, started, finish) = start(&idem, &scope, &key, &runs);
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100, &runs);
     let holder = started.await.expect("first started");
     holder
         .extend_lease(Duration::from_secs(300))
@@ -124,10 +79,7 @@ pub async fn extended_lease_outlives_key_ttl<S: Store>(store: Arc<S>) {
     finish.send(charge("ch_long")).expect("finish");
     let reply = first.await.expect("join").expect("first completes");
     assert!(reply.is_stored());
-    let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect("replay");
     assert!(replay.is_replay());
@@ -141,24 +93,20 @@ pub async fn takeover_lease_outlives_key_ttl<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let idem = short_key_engine(&store, &clock);
     let (scope, key, runs) = (scope("POST /exports"), key(), Counter::default());
-    let (crashed, started, _finish) = start(&idem, &scope, &key, &runs);
+    let (crashed, started, _finish) = start_blocked(&idem, &scope, &key, 100, &runs);
     drop(started.await.expect("first started"));
-    crashed.abort();
-    let _ = crashed.await;
+    crash(crashed).await;
     // The lease ended at 60 s; the key expires at 120 s. Recover at 100 s:
     // the new lease runs to 160 s.
     clock.advance(Duration::from_secs(100));
-    let (recovery, started, finish) = start(&idem, &scope, &key, &runs);
+    let (recovery, started, finish) = start_blocked(&idem, &scope, &key, 100, &runs);
     let attempt = started.await.expect("recovery started");
     assert!(attempt.is_recovery());
     clock.advance(Duration::from_secs(40));
     assert_duplicates_refused(&idem, &scope, &key, &runs).await;
     finish.send(charge("ch_recovered")).expect("finish");
     recovery.await.expect("join").expect("recovery completes");
-    let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_recovered");

@@ -28,7 +28,7 @@
 //!
 //! **Not covered by semver.** Like object_store's integration tests, this
 //! module's items (scenarios, [`Charge`], [`Counter`], [`Decline`], [`FailingStore`],
-//! [`run`]) may change in any release: they exist to prove backends, not to be
+//! [`race`], [`run`]) may change in any release: they exist to prove backends, not to be
 //! built upon.
 
 mod admin;
@@ -58,7 +58,7 @@ pub use guard::*;
 pub use lease_vs_key::*;
 pub use recovery::*;
 pub use store_level::*;
-pub use support::{Charge, Counter, Decline, FailingStore};
+pub use support::{Charge, Counter, Decline, FailingStore, race};
 
 use crate::store::AdminStore;
 

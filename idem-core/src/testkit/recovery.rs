@@ -8,77 +8,40 @@ use tokio::sync::oneshot;
 use crate::clock::ManualClock;
 use crate::store::RecordState;
 use crate::store::Store;
-use crate::{
-    Attempt, Error, Idem, IdempotencyKey, InFlightMode, Outcome, Reply, Scope, TakeoverReason,
-};
+use crate::{Error, Idem, InFlightMode, Outcome, Scope, TakeoverReason};
 
 use super::support::{
-    Charge, Counter, Decline, LEASE, Out, charge_request, engine, key, policy, scope,
+    Counter, Decline, LEASE, Out, charge, charge_request, counted_charge, crash, engine, inspect,
+    policy, reconcile, setup, start_blocked, try_charge,
 };
 
-type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
-
-/// Starts a first attempt that reports its `Attempt` once running and then
-/// waits to be told to finish with `outcome`. Dropping the sender without
-/// sending (or aborting the task) leaves the attempt "crashed".
-fn start_blocked<S: Store>(
-    idem: &Idem<S>,
-    scope: &Scope,
-    key: &IdempotencyKey,
-    amount: u64,
-) -> (Running, oneshot::Receiver<Attempt>, oneshot::Sender<Out>) {
-    let (started_tx, started_rx) = oneshot::channel();
-    let (finish_tx, finish_rx) = oneshot::channel::<Out>();
-    let (idem, scope, key) = (idem.clone(), scope.clone(), key.clone());
-    let task = tokio::spawn(async move {
-        idem.execute(
-            &scope,
-            &key,
-            &charge_request(amount),
-            |attempt| async move {
-                let _ = started_tx.send(attempt);
-                finish_rx.await.unwrap_or(Out::Transient(Decline {
-                    code: "abandoned".into(),
-                }))
-            },
-        )
-        .await
-    });
-    (task, started_rx, finish_tx)
-}
-
-fn charge(id: &str) -> Out {
-    Out::Success(Charge {
-        id: id.into(),
-        amount: 100,
-    })
+/// An engine on `store` in wait mode: a duplicate waits up to `timeout`
+/// for the first attempt's outcome.
+fn waiting_engine<S: Store>(
+    store: &Arc<S>,
+    clock: &ManualClock,
+    timeout: Duration,
+) -> Idem<Arc<S>> {
+    engine(store, clock).with_policy(policy(InFlightMode::Wait {
+        timeout,
+        poll: Duration::from_millis(5),
+    }))
 }
 
 /// While the first attempt runs, a duplicate gets 409 with a `Retry-After`
 /// equal to the lease's remaining time (at least 1 s), without running.
 pub async fn in_flight_duplicate_is_rejected_with_retry_after<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
-    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     started.await.expect("first started");
-    let r = runs.clone();
-    let dup = |r: Counter| {
-        let (idem, scope, key) = (idem.clone(), scope.clone(), key.clone());
-        async move {
-            idem.execute(&scope, &key, &charge_request(100), move |_| async move {
-                r.hit();
-                charge("ch_dup")
-            })
-            .await
-        }
-    };
-    let err = dup(r.clone()).await.expect_err("in flight");
+    let dup = || counted_charge(&idem, &scope, &key, 100, "ch_dup", &runs);
+    let err = dup().await.expect_err("in flight");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     assert_eq!(err.http_status(), 409);
     assert_eq!(err.retry_after(), Some(LEASE));
     clock.advance(Duration::from_millis(59_500));
-    let err = dup(r.clone()).await.expect_err("in flight");
+    let err = dup().await.expect_err("in flight");
     assert_eq!(
         err.retry_after(),
         Some(Duration::from_secs(1)),
@@ -87,7 +50,7 @@ pub async fn in_flight_duplicate_is_rejected_with_retry_after<S: Store>(store: A
     assert_eq!(runs.get(), 0);
     finish.send(charge("ch_1")).expect("finish");
     first.await.expect("join").expect("first");
-    let reply = dup(r).await.expect("replay");
+    let reply = dup().await.expect("replay");
     assert!(reply.is_replay());
     assert_eq!(reply.into_result().expect("ok").id, "ch_1");
     assert_eq!(runs.get(), 0);
@@ -96,24 +59,13 @@ pub async fn in_flight_duplicate_is_rejected_with_retry_after<S: Store>(store: A
 /// In wait mode a duplicate waits for the first attempt and then replays its
 /// outcome instead of getting 409.
 pub async fn in_flight_wait_mode_replays_when_first_finishes<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let waiting = engine(&store, &clock).with_policy(policy(InFlightMode::Wait {
-        timeout: Duration::from_secs(10),
-        poll: Duration::from_millis(5),
-    }));
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let waiting = waiting_engine(&store, &clock, Duration::from_secs(10));
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     started.await.expect("first started");
     let dup = {
         let (scope, key) = (scope.clone(), key.clone());
-        tokio::spawn(async move {
-            waiting
-                .execute(&scope, &key, &charge_request(100), |_| async {
-                    charge("ch_dup")
-                })
-                .await
-        })
+        tokio::spawn(async move { try_charge(&waiting, &scope, &key, 100, "ch_dup").await })
     };
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert!(
@@ -130,19 +82,11 @@ pub async fn in_flight_wait_mode_replays_when_first_finishes<S: Store>(store: Ar
 /// In wait mode a duplicate that outwaits its timeout gets 409 with
 /// `Retry-After`.
 pub async fn in_flight_wait_mode_times_out<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let waiting = engine(&store, &clock).with_policy(policy(InFlightMode::Wait {
-        timeout: Duration::from_millis(40),
-        poll: Duration::from_millis(5),
-    }));
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let waiting = waiting_engine(&store, &clock, Duration::from_millis(40));
+    let (first, started, finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     started.await.expect("first started");
-    let err = waiting
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("ch_dup")
-        })
+    let err = try_charge(&waiting, &scope, &key, 100, "ch_dup")
         .await
         .expect_err("timed out");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
@@ -155,52 +99,36 @@ pub async fn in_flight_wait_mode_times_out<S: Store>(store: Arc<S>) {
 /// 409 until its lease ends; then the same request takes the record over as
 /// a *recovery* with a new token, attempt 2 and the dead attempt's saved resource id.
 pub async fn expired_lease_is_taken_over_as_recovery_with_resource_id<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     let dead = started.await.expect("first started");
     dead.save_resource_id("ch_created_before_crash")
         .await
         .expect("save_resource_id");
-    first.abort(); // the process dies: no completion, no release
-    let _ = first.await;
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("too early")
-        })
+    crash(first).await; // the process dies: no completion, no release
+    let err = try_charge(&idem, &scope, &key, 100, "too early")
         .await
         .expect_err("lease still held");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
     clock.advance(LEASE + Duration::from_millis(1));
-    let reply = idem
-        .execute(&scope, &key, &charge_request(100), |attempt| async move {
-            assert!(attempt.is_recovery());
-            assert_eq!(
-                attempt.recovery_reason(),
-                Some(TakeoverReason::LeaseExpired)
-            );
-            assert_eq!(attempt.number(), 2);
-            assert_ne!(attempt.token(), dead.token());
-            // Reconcile: the charge exists, so return it instead of charging again.
-            let id = attempt
-                .previous_resource_id()
-                .expect("saved resource id survives")
-                .to_owned();
-            Out::Success(Charge { id, amount: 100 })
-        })
-        .await
-        .expect("recovery");
+    // Reconcile: the charge exists, so return it instead of charging again.
+    let reply = reconcile(&idem, &scope, &key, |attempt| {
+        assert_eq!(
+            attempt.recovery_reason(),
+            Some(TakeoverReason::LeaseExpired)
+        );
+        assert_eq!(attempt.number(), 2);
+        assert_ne!(attempt.token(), dead.token());
+    })
+    .await
+    .expect("recovery");
     assert!(!reply.is_replay());
     assert_eq!(reply.attempt(), 2);
     assert_eq!(
         reply.into_result().expect("ok").id,
         "ch_created_before_crash"
     );
-    let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect("replay");
     assert!(replay.is_replay());
@@ -209,18 +137,12 @@ pub async fn expired_lease_is_taken_over_as_recovery_with_resource_id<S: Store>(
 /// After a crashed attempt's lease ends, another request under the same key
 /// is still a mismatch (422) and does not take the record over.
 pub async fn expired_lease_with_other_request_is_a_mismatch<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     started.await.expect("first started");
-    first.abort();
-    let _ = first.await;
+    crash(first).await;
     clock.advance(LEASE * 2);
-    let err = idem
-        .execute(&scope, &key, &charge_request(555), |_| async {
-            charge("no")
-        })
+    let err = try_charge(&idem, &scope, &key, 555, "no")
         .await
         .expect_err("mismatch");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -237,10 +159,9 @@ pub async fn expired_lease_with_other_request_is_a_mismatch<S: Store>(store: Arc
 /// A holder whose lease was taken over can no longer complete, save a resource id or
 /// extend: the store checks its token, and the newer outcome stands.
 pub async fn zombie_holder_cannot_complete_save_resource_id_or_extend<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let (zombie_task, started, finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let (zombie_task, started, finish) =
+        start_blocked(&idem, &scope, &key, 100, &Counter::default());
     let zombie = started.await.expect("first started");
     clock.advance(LEASE + Duration::from_secs(1));
     let newer = idem
@@ -266,19 +187,11 @@ pub async fn zombie_holder_cannot_complete_save_resource_id_or_extend<S: Store>(
         .expect_err("zombie completion refused");
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     assert!(err.retry_after().is_some());
-    let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_newer");
-    let record = idem
-        .admin()
-        .inspect(&scope, &key, true)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let record = inspect(&idem, &scope, &key, true).await.expect("record");
     assert_eq!(
         record.resource_id, None,
         "the zombie's save_resource_id was refused"
@@ -288,20 +201,15 @@ pub async fn zombie_holder_cannot_complete_save_resource_id_or_extend<S: Store>(
 /// Long work that extends its lease keeps duplicates out past the original
 /// lease; once the extended lease ends too, the record can be recovered.
 pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     let holder = started.await.expect("first started");
     holder
         .extend_lease(Duration::from_secs(300))
         .await
         .expect("extend");
     clock.advance(Duration::from_secs(200));
-    let err = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let err = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect_err("still leased");
     assert!(matches!(err, Error::InFlight { .. }), "{err:?}");
@@ -311,15 +219,8 @@ pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
         .await
         .expect("renew by the policy's lease");
     clock.advance(LEASE - Duration::from_secs(1));
-    assert!(
-        idem.execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
-        .await
-        .is_err()
-    );
-    first.abort();
-    let _ = first.await;
+    assert!(try_charge(&idem, &scope, &key, 100, "no").await.is_err());
+    crash(first).await;
     clock.advance(Duration::from_secs(2));
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
@@ -335,9 +236,8 @@ pub async fn extended_lease_keeps_duplicates_out<S: Store>(store: Arc<S>) {
 /// the failure, and the next attempt with the same request runs the work
 /// again (told it follows a release, with the saved resource id).
 pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     let r = runs.clone();
     let reply = idem
         .execute(&scope, &key, &charge_request(100), |a| async move {
@@ -353,15 +253,9 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
         .expect("transient reply");
     assert!(!reply.is_stored());
     assert!(matches!(reply.outcome(), Outcome::Transient(d) if d.code == "provider_503"));
-    let record = idem
-        .admin()
-        .inspect(&scope, &key, true)
-        .await
-        .expect("inspect")
-        .expect("record");
+    let record = inspect(&idem, &scope, &key, true).await.expect("record");
     assert_eq!(record.state, RecordState::Released);
-    let err = idem
-        .execute(&scope, &key, &charge_request(7), |_| async { charge("no") })
+    let err = try_charge(&idem, &scope, &key, 7, "no")
         .await
         .expect_err("released key still belongs to its request");
     assert!(matches!(err, Error::FingerprintMismatch), "{err:?}");
@@ -378,10 +272,7 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
         .expect("rerun");
     assert!(!reply.is_replay());
     assert_eq!(runs.get(), 2);
-    let replay = idem
-        .execute(&scope, &key, &charge_request(100), |_| async {
-            charge("no")
-        })
+    let replay = try_charge(&idem, &scope, &key, 100, "no")
         .await
         .expect("replay");
     assert_eq!(replay.into_result().expect("ok").id, "ch_2");
@@ -391,9 +282,8 @@ pub async fn transient_failure_releases_the_key_for_a_rerun<S: Store>(store: Arc
 /// A permanent failure is stored and replayed like a success: the work runs
 /// once and every retry gets the same failure.
 pub async fn permanent_failure_is_stored_and_replayed<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key, runs) = (scope("POST /charges"), key(), Counter::default());
+    let (_, idem, scope, key) = setup(&store, "POST /charges");
+    let runs = Counter::default();
     for round in 0..3 {
         let r = runs.clone();
         let reply = idem
@@ -420,14 +310,11 @@ pub async fn permanent_failure_is_stored_and_replayed<S: Store>(store: Arc<S>) {
 /// is a retry at the provider), differs between owners using the same key,
 /// and changes with the version.
 pub async fn downstream_key_is_stable_across_recovery<S: Store>(store: Arc<S>) {
-    let clock = ManualClock::starting_now();
-    let idem = engine(&store, &clock);
-    let (scope, key) = (scope("POST /charges"), key());
-    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100);
+    let (clock, idem, scope, key) = setup(&store, "POST /charges");
+    let (first, started, _finish) = start_blocked(&idem, &scope, &key, 100, &Counter::default());
     let crashed = started.await.expect("started");
     let before = crashed.downstream_key("provider-charge", 1);
-    first.abort();
-    let _ = first.await;
+    crash(first).await;
     clock.advance(LEASE * 2);
     let (tx, rx) = oneshot::channel();
     idem.execute(&scope, &key, &charge_request(100), |a| async move {

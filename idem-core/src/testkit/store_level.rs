@@ -2,30 +2,26 @@
 
 use std::sync::Arc;
 
-use crate::adapter::fingerprint;
 use crate::clock::{Clock, ManualClock};
-use crate::store::{ClaimOutcome, ClaimRequest, Completion, Store, StoreError, Token};
+use crate::store::{ClaimOutcome, Completion, Store, StoreError, Token};
 use crate::store::{OutcomeKind, RecordState};
-use crate::{FieldFilter, RecordId, TakeoverReason};
+use crate::{RecordId, TakeoverReason};
 
-use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, charge_request, key, record_id, scope};
+use super::support::{KEY_TTL, LEASE, RESPONSE_TTL, claim_req, completion, key, record_id, scope};
 
-fn claim_req<'a>(
-    id: &'a RecordId,
+/// A claim of `id` under `token` for the charge request of `amount`, with
+/// the test policy's lease.
+async fn claim<S: Store>(
+    store: &S,
+    id: &RecordId,
     token: Token,
     clock: &ManualClock,
     amount: u64,
-) -> ClaimRequest<'a> {
-    let now = clock.now();
-    ClaimRequest {
-        id,
-        fingerprint: fingerprint("POST /charges", &charge_request(amount), &FieldFilter::All)
-            .expect("fp"),
-        token,
-        now,
-        lease_until: now.plus(LEASE),
-        key_expires_at: now.plus(KEY_TTL),
-    }
+) -> ClaimOutcome {
+    store
+        .claim(&claim_req(id, token, clock, amount, LEASE))
+        .await
+        .expect("claim")
 }
 
 fn lost<T: std::fmt::Debug>(r: Result<T, StoreError>) {
@@ -42,10 +38,7 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let id = record_id(&scope("POST /charges"), &key());
     let (mine, other) = (Token::random(), Token::random());
-    let claimed = store
-        .claim(&claim_req(&id, mine, &clock, 1))
-        .await
-        .expect("claim");
+    let claimed = claim(&store, &id, mine, &clock, 1).await;
     assert!(
         matches!(claimed, ClaimOutcome::Claimed(ref c) if c.attempt == 1 && c.previous.is_none())
     );
@@ -55,14 +48,7 @@ pub async fn store_writes_are_fenced_by_token<S: Store>(store: Arc<S>) {
         .expect("fetch")
         .expect("record");
     let now = clock.now();
-    let done = Completion {
-        outcome: OutcomeKind::Success,
-        body: Some(b"body"),
-        resource_id: Some("r"),
-        now,
-        response_expires_at: now.plus(RESPONSE_TTL),
-        key_expires_at: now.plus(KEY_TTL),
-    };
+    let done = completion(now, OutcomeKind::Success, Some(b"body"), Some("r"));
     lost(store.complete(&id, other, &done).await);
     lost(store.release(&id, other, now).await);
     lost(store.save_resource_id(&id, other, "x").await);
@@ -126,13 +112,9 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     let clock = ManualClock::starting_now();
     let id = record_id(&scope("POST /charges"), &key());
     let t1 = Token::random();
-    let req = claim_req(&id, t1, &clock, 1);
+    let req = claim_req(&id, t1, &clock, 1, LEASE);
     store.claim(&req).await.expect("claim");
-    let ClaimOutcome::Existing(rec) = store
-        .claim(&claim_req(&id, Token::random(), &clock, 1))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Existing(rec) = claim(&store, &id, Token::random(), &clock, 1).await else {
         panic!("an in-flight record with a live lease must not be claimed");
     };
     assert_eq!(rec.state, RecordState::InFlight);
@@ -142,10 +124,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     // Another fingerprint never takes over, even after the lease.
     clock.advance(LEASE * 2);
     assert!(matches!(
-        store
-            .claim(&claim_req(&id, Token::random(), &clock, 2))
-            .await
-            .expect("claim"),
+        claim(&store, &id, Token::random(), &clock, 2).await,
         ClaimOutcome::Existing(_)
     ));
     store
@@ -153,11 +132,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
         .await
         .expect("still mine until taken over");
     let t2 = Token::random();
-    let ClaimOutcome::Claimed(c) = store
-        .claim(&claim_req(&id, t2, &clock, 1))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Claimed(c) = claim(&store, &id, t2, &clock, 1).await else {
         panic!("an expired lease with the same fingerprint is taken over");
     };
     assert_eq!(c.attempt, 2);
@@ -167,11 +142,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     lost(store.save_resource_id(&id, t1, "zombie").await);
     store.release(&id, t2, clock.now()).await.expect("release");
     let t3 = Token::random();
-    let ClaimOutcome::Claimed(c) = store
-        .claim(&claim_req(&id, t3, &clock, 1))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Claimed(c) = claim(&store, &id, t3, &clock, 1).await else {
         panic!("a released record is claimed by the same fingerprint");
     };
     assert_eq!(c.attempt, 3);
@@ -184,22 +155,11 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
         .complete(
             &id,
             t3,
-            &Completion {
-                outcome: OutcomeKind::Failure,
-                body: Some(b"declined"),
-                resource_id: None,
-                now,
-                response_expires_at: now.plus(RESPONSE_TTL),
-                key_expires_at: now.plus(KEY_TTL),
-            },
+            &completion(now, OutcomeKind::Failure, Some(b"declined"), None),
         )
         .await
         .expect("complete");
-    let ClaimOutcome::Existing(rec) = store
-        .claim(&claim_req(&id, Token::random(), &clock, 1))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Existing(rec) = claim(&store, &id, Token::random(), &clock, 1).await else {
         panic!("completed records are never claimed");
     };
     assert_eq!(rec.state, RecordState::Completed);
@@ -208,11 +168,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     assert_eq!(rec.attempt, 3);
     assert_eq!(rec.resource_id.as_deref(), Some("ch_a"));
     clock.advance(RESPONSE_TTL);
-    let ClaimOutcome::Existing(rec) = store
-        .claim(&claim_req(&id, Token::random(), &clock, 1))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Existing(rec) = claim(&store, &id, Token::random(), &clock, 1).await else {
         panic!("completed records are never claimed");
     };
     assert_eq!(
@@ -222,11 +178,7 @@ pub async fn claim_reports_existing_records<S: Store>(store: Arc<S>) {
     assert_eq!(rec.outcome, Some(OutcomeKind::Failure));
     clock.advance(KEY_TTL);
     assert_eq!(store.fetch(&id, clock.now()).await.expect("fetch"), None);
-    let ClaimOutcome::Claimed(c) = store
-        .claim(&claim_req(&id, Token::random(), &clock, 2))
-        .await
-        .expect("claim")
-    else {
+    let ClaimOutcome::Claimed(c) = claim(&store, &id, Token::random(), &clock, 2).await else {
         panic!("an expired key is a new operation, whatever the fingerprint");
     };
     assert_eq!(c.attempt, 1);

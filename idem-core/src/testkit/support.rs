@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{ManualClock, Timestamp};
+use tokio::sync::oneshot;
+
+use crate::clock::{Clock, ManualClock, Timestamp};
+use crate::ops::RecordView;
 use crate::store::PurgeReport;
 use crate::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
-use crate::{Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Scope};
+use crate::{Attempt, Error, Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Reply, Scope};
 
 /// A charge, the typed success of the scenarios.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +97,228 @@ pub(crate) fn record_id(scope: &Scope, key: &IdempotencyKey) -> RecordId {
     RecordId::new(scope.clone(), key.clone())
 }
 
+/// What most scenarios start from: a clock at the current time, an engine
+/// on `store` in reject mode, a fresh scope for operation `op` and a fresh key.
+pub(crate) fn setup<S: Store>(
+    store: &Arc<S>,
+    op: &str,
+) -> (ManualClock, Idem<Arc<S>>, Scope, IdempotencyKey) {
+    let clock = ManualClock::starting_now();
+    let idem = engine(store, &clock);
+    (clock, idem, scope(op), key())
+}
+
+/// A successful charge `id` of 100.
+pub(crate) fn charge(id: &str) -> Out {
+    Out::Success(Charge {
+        id: id.into(),
+        amount: 100,
+    })
+}
+
+/// Calls `idem` with the charge request of `amount`, the work answering
+/// [`charge`]`(id)` and counting its run in `runs`.
+pub(crate) async fn counted_charge<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    id: &str,
+    runs: &Counter,
+) -> Result<Reply<Charge, Decline>, Error> {
+    let (id, runs) = (id.to_owned(), runs.clone());
+    charge_with(idem, scope, key, amount, move |_| {
+        runs.hit();
+        charge(&id)
+    })
+    .await
+}
+
+/// Calls `idem` with the charge request of `amount`, the work answering
+/// what `work` makes of its attempt.
+async fn charge_with<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    work: impl FnOnce(&Attempt) -> Out + Send,
+) -> Result<Reply<Charge, Decline>, Error> {
+    idem.execute(
+        scope,
+        key,
+        &charge_request(amount),
+        |a| async move { work(&a) },
+    )
+    .await
+}
+
+/// [`counted_charge`] where nobody counts the runs (a replay, or a call
+/// refused before the work).
+pub(crate) async fn try_charge<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    id: &str,
+) -> Result<Reply<Charge, Decline>, Error> {
+    counted_charge(idem, scope, key, amount, id, &Counter::default()).await
+}
+
+/// A recovery with the charge request of 100 that reconciles: it answers
+/// the charge its crashed predecessor saved as the resource id, after
+/// `check` looked at its attempt.
+pub(crate) async fn reconcile<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    check: impl FnOnce(&Attempt) + Send,
+) -> Result<Reply<Charge, Decline>, Error> {
+    charge_with(idem, scope, key, 100, |a| {
+        assert!(a.is_recovery());
+        check(a);
+        let id = a
+            .previous_resource_id()
+            .expect("saved resource id")
+            .to_owned();
+        Out::Success(Charge { id, amount: 100 })
+    })
+    .await
+}
+
+/// The operator's view of the record of `scope` and `key` (its body too if
+/// `with_body`), `None` when there is none.
+pub(crate) async fn inspect<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    with_body: bool,
+) -> Option<RecordView> {
+    idem.admin()
+        .inspect(scope, key, with_body)
+        .await
+        .expect("inspect")
+}
+
+/// The record of `scope` and `key` as `store` reads it at the clock's now.
+pub(crate) async fn fetch<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    clock: &ManualClock,
+) -> Option<StoredRecord> {
+    store
+        .fetch(&record_id(scope, key), clock.now())
+        .await
+        .expect("fetch")
+}
+
+/// A claim of `id` under `token` at the clock's now, for the charge request
+/// of `amount`, with a lease of `lease` and the test policy's key TTL.
+pub(crate) fn claim_req<'a>(
+    id: &'a RecordId,
+    token: Token,
+    clock: &ManualClock,
+    amount: u64,
+    lease: Duration,
+) -> ClaimRequest<'a> {
+    let now = clock.now();
+    ClaimRequest {
+        id,
+        fingerprint: crate::adapter::fingerprint(
+            "POST /charges",
+            &charge_request(amount),
+            &crate::FieldFilter::All,
+        )
+        .expect("fp"),
+        token,
+        now,
+        lease_until: now.plus(lease),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
+/// A completion at `now` with the test policy's TTLs.
+pub(crate) fn completion<'a>(
+    now: Timestamp,
+    outcome: crate::store::OutcomeKind,
+    body: Option<&'a [u8]>,
+    resource_id: Option<&'a str>,
+) -> Completion<'a> {
+    Completion {
+        outcome,
+        body,
+        resource_id,
+        now,
+        response_expires_at: now.plus(RESPONSE_TTL),
+        key_expires_at: now.plus(KEY_TTL),
+    }
+}
+
+/// Spawns `n` racers that wait for each other and then all start at once,
+/// racer `i` running the future `racer(i)` builds: the tasks of a
+/// contention test. Their handles, in order.
+///
+/// # Panics
+///
+/// When `n` is zero, or outside a Tokio runtime.
+pub fn race<T, Fut>(n: usize, racer: impl Fn(usize) -> Fut) -> Vec<tokio::task::JoinHandle<T>>
+where
+    T: Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    (0..n)
+        .map(|i| {
+            let (barrier, racer) = (Arc::clone(&barrier), racer(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                racer.await
+            })
+        })
+        .collect()
+}
+
+/// A first attempt running in a task.
+pub(crate) type Running = tokio::task::JoinHandle<Result<Reply<Charge, Decline>, Error>>;
+
+/// Starts a first attempt (the charge request of `amount`) that counts its
+/// run, reports its `Attempt` once running and then waits to be told to
+/// finish with an outcome. Dropping the sender without sending (or
+/// [`crash`]ing the task) leaves the attempt "crashed".
+pub(crate) fn start_blocked<S: Store>(
+    idem: &Idem<S>,
+    scope: &Scope,
+    key: &IdempotencyKey,
+    amount: u64,
+    runs: &Counter,
+) -> (Running, oneshot::Receiver<Attempt>, oneshot::Sender<Out>) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<Out>();
+    let (idem, scope, key, runs) = (idem.clone(), scope.clone(), key.clone(), runs.clone());
+    let task = tokio::spawn(async move {
+        idem.execute(
+            &scope,
+            &key,
+            &charge_request(amount),
+            |attempt| async move {
+                runs.hit();
+                let _ = started_tx.send(attempt);
+                finish_rx.await.unwrap_or(Out::Transient(Decline {
+                    code: "abandoned".into(),
+                }))
+            },
+        )
+        .await
+    });
+    (task, started_rx, finish_tx)
+}
+
+/// The process running `task` dies: no completion, no release.
+pub(crate) async fn crash(task: Running) {
+    task.abort();
+    let _ = task.await;
+}
+
 /// Builds the error an injected fault returns.
 type MakeError = fn() -> StoreError;
 
@@ -103,21 +328,22 @@ type MakeError = fn() -> StoreError;
 #[derive(Debug)]
 pub struct FailingStore<S> {
     inner: Arc<S>,
-    fail_complete: Arc<AtomicBool>,
-    fail_all: Arc<AtomicBool>,
-    lose_complete_replies: Arc<AtomicUsize>,
-    claim_error: Arc<Mutex<Option<MakeError>>>,
+    faults: Arc<Faults>,
+}
+
+/// The faults a [`FailingStore`] injects, shared by its clones.
+#[derive(Debug, Default)]
+struct Faults {
+    fail_complete: AtomicBool,
+    fail_all: AtomicBool,
+    lose_complete_replies: AtomicUsize,
+    claim_error: Mutex<Option<MakeError>>,
 }
 
 impl<S> Clone for FailingStore<S> {
     fn clone(&self) -> Self {
-        Self {
-            inner: Arc::clone(&self.inner),
-            fail_complete: Arc::clone(&self.fail_complete),
-            fail_all: Arc::clone(&self.fail_all),
-            lose_complete_replies: Arc::clone(&self.lose_complete_replies),
-            claim_error: Arc::clone(&self.claim_error),
-        }
+        let (inner, faults) = (Arc::clone(&self.inner), Arc::clone(&self.faults));
+        Self { inner, faults }
     }
 }
 
@@ -126,10 +352,7 @@ impl<S: Store> FailingStore<S> {
     pub fn new(inner: Arc<S>) -> Self {
         Self {
             inner,
-            fail_complete: Arc::new(AtomicBool::new(false)),
-            fail_all: Arc::new(AtomicBool::new(false)),
-            lose_complete_replies: Arc::new(AtomicUsize::new(0)),
-            claim_error: Arc::new(Mutex::new(None)),
+            faults: Arc::default(),
         }
     }
     /// Makes every `claim` fail with the error `make` builds (a store error
@@ -137,6 +360,7 @@ impl<S: Store> FailingStore<S> {
     /// again with `None`.
     pub fn fail_claims_with(&self, make: Option<fn() -> StoreError>) {
         *self
+            .faults
             .claim_error
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = make;
@@ -144,101 +368,86 @@ impl<S: Store> FailingStore<S> {
     /// Makes the next `n` completions reach the store and then fail as if
     /// their reply was lost (a timeout after the write).
     pub fn lose_complete_replies(&self, n: usize) {
-        self.lose_complete_replies.store(n, Ordering::SeqCst);
+        self.faults.lose_complete_replies.store(n, Ordering::SeqCst);
     }
     /// Makes `complete` fail (or succeed again).
     pub fn fail_complete(&self, on: bool) {
-        self.fail_complete.store(on, Ordering::SeqCst);
+        self.faults.fail_complete.store(on, Ordering::SeqCst);
     }
     /// Makes every call fail (or succeed again).
     pub fn fail_all(&self, on: bool) {
-        self.fail_all.store(on, Ordering::SeqCst);
+        self.faults.fail_all.store(on, Ordering::SeqCst);
     }
-    fn check(&self) -> Result<(), StoreError> {
-        if self.fail_all.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected outage".into(),
-            });
+    /// The faults injected before call `method` reaches the store.
+    fn before(&self, method: &str) -> Result<(), StoreError> {
+        if self.faults.fail_all.load(Ordering::SeqCst) {
+            return Err(injected("injected outage"));
+        }
+        match method {
+            "claim" => {
+                let make = *self
+                    .faults
+                    .claim_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(make) = make {
+                    return Err(make());
+                }
+            }
+            "complete" if self.faults.fail_complete.load(Ordering::SeqCst) => {
+                return Err(injected("injected completion failure"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    /// The faults injected after call `method` was written by the store.
+    fn after(&self, method: &str) -> Result<(), StoreError> {
+        let lose = method == "complete"
+            && self
+                .faults
+                .lose_complete_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if lose {
+            return Err(injected(
+                "injected lost reply after the completion was written",
+            ));
         }
         Ok(())
     }
 }
 
-#[deny(clippy::missing_trait_methods)]
-impl<S: Store> Store for FailingStore<S> {
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.check()?;
-        let make = *self
-            .claim_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(make) = make {
-            return Err(make());
-        }
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        if self.fail_complete.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected completion failure".into(),
-            });
-        }
-        self.inner.complete(id, token, c).await?;
-        let lose = self
-            .lose_complete_replies
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if lose {
-            return Err(StoreError::Unavailable {
-                backend: "failing-store",
-                source: "injected lost reply after the completion was written".into(),
-            });
-        }
-        Ok(())
-    }
-    async fn release(&self, id: &RecordId, token: Token, now: Timestamp) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.release(id, token, now).await
-    }
-    async fn save_resource_id(
-        &self,
-        id: &RecordId,
-        token: Token,
-        resource_id: &str,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.save_resource_id(id, token, resource_id).await
-    }
-    async fn extend_lease(
-        &self,
-        id: &RecordId,
-        token: Token,
-        until: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.extend_lease(id, token, until).await
-    }
-    async fn fetch(
-        &self,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        self.check()?;
-        self.inner.fetch(id, now).await
-    }
-    async fn purge_expired(&self, now: Timestamp, limit: u32) -> Result<PurgeReport, StoreError> {
-        self.check()?;
-        self.inner.purge_expired(now, limit).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+/// The error of an injected fault: the store "unavailable".
+fn injected(source: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        backend: "failing-store",
+        source: source.into(),
     }
 }
+
+/// Every call passes through the injected faults on its way to the wrapped
+/// store.
+macro_rules! failing_store {
+    (
+        store { $($m:ident($($p:ident: $t:ty),*) -> $o:ty;)* }
+        admin { $($admin:tt)* }
+    ) => {
+        #[deny(clippy::missing_trait_methods)]
+        impl<S: Store> Store for FailingStore<S> {
+            $(
+                async fn $m(&self, $($p: $t),*) -> Result<$o, StoreError> {
+                    self.before(stringify!($m))?;
+                    let out = self.inner.$m($($p),*).await?;
+                    self.after(stringify!($m))?;
+                    Ok(out)
+                }
+            )*
+            fn capabilities(&self) -> Capabilities {
+                self.inner.capabilities()
+            }
+        }
+    };
+}
+
+crate::store::store_methods!(failing_store {} '_);

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::server::{cli, scratch_dir, start_server, watchdog};
+use super::server::{cli, create_cluster, scratch_dir, start_server, watchdog};
 
 /// Where the test cluster's ports are taken from.
 const PORTS: std::ops::Range<u16> = 17_200..17_300;
@@ -131,15 +131,7 @@ impl ReplicatedCluster {
                 .unwrap_or_else(|| panic!("no pid file for the server on {port}"));
             cluster.pids.lock().expect("pids").push(Some(pid));
         }
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let mut args = vec!["--cluster", "create"];
-        args.extend(nodes.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = cli(ports[0], &args).unwrap_or_default();
-        assert!(
-            out.contains("[OK] All 16384 slots covered"),
-            "redis-cli --cluster create failed:\n{out}"
-        );
+        create_cluster(&ports, 1);
         wait_for(Duration::from_secs(60), "a replica per primary", || {
             let shards = cluster.shards();
             shards.len() == 3

@@ -10,7 +10,7 @@ use idem_core::{FieldFilter, Idem, IdempotencyKey, InFlightMode, Policy, RecordI
 use idem_redis::RedisStore;
 
 #[allow(unused_imports, reason = "each test binary uses a different part")]
-pub(crate) use idem_test_support::work::{Counter, Out, request};
+pub(crate) use idem_test_support::work::{Counter, Out, counted, request};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(60);
 pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);

@@ -2,5 +2,5 @@
 
 #[allow(unused_imports)] // each test binary uses a different part
 pub(crate) use idem_test_support::redis_server::{
-    Throwaway, cli, scratch_dir, start_server, watchdog,
+    Throwaway, cli, create_cluster, scratch_dir, start_server, watchdog,
 };
