@@ -61,15 +61,6 @@ pub struct MySqlStore {
     core: SqlCore<MySqlDialect>,
 }
 
-impl std::fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlStore")
-            .field("dialect", self.core.dialect())
-            .field("conns", self.core.connections())
-            .finish_non_exhaustive()
-    }
-}
-
 impl MySqlStore {
     /// A store over an existing pool, using the table `idem_records` of the
     /// pool's database. Nothing is asked here (no connection is used): the

@@ -62,15 +62,6 @@ pub struct PgStore {
     core: SqlCore<PgDialect>,
 }
 
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore")
-            .field("dialect", self.core.dialect())
-            .field("conns", self.core.connections())
-            .finish_non_exhaustive()
-    }
-}
-
 impl PgStore {
     /// A store over an existing pool, using `public.idem_records`.
     ///
