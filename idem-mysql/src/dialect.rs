@@ -11,7 +11,9 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
     RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter};
+use idem_sql::{
+    BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim,
+};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -58,83 +60,6 @@ impl MySqlDialect {
     }
 
     /// The server's flavour: named, detected before, or asked now on `conn`.
-    /// The claim's answer from the row its insert returned for it (or the
-    /// read after a duplicate key): won (our token), the standing record,
-    /// or (claimable) the takeover of exactly the version read; `None`
-    /// when the takeover lost a race.
-    async fn settle(
-        &self,
-        conn: &mut MySqlConnection,
-        req: &ClaimRequest<'_>,
-        row: &MySqlRow,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let lease = req.lease_until.as_unix_millis();
-        let token: i64 = row.try_get("token")?;
-        if token == req.token.as_i64() {
-            // Our insert (or, after a lost reply, our own earlier claim).
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(row)?,
-                previous: None,
-            })));
-        }
-        let mut record = decode_record(row, req.id)?;
-        // A batch's rows carry the body whatever its expiry.
-        if record.response_expires_at.is_some_and(|at| at <= req.now) {
-            record.response = None;
-        }
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        let expired = record.is_expired(req.now);
-        if !expired && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read. An expired key
-        // starts over (attempt 1, no resource id, the new key expiry);
-        // otherwise the attempt counts on and the resource id stays.
-        let (attempt, resource_id, key_expires_at) = if expired {
-            (1, None, req.key_expires_at.as_unix_millis().max(lease))
-        } else {
-            (
-                record.attempt.saturating_add(1),
-                record.resource_id.clone(),
-                record.key_expires_at.as_unix_millis().max(lease),
-            )
-        };
-        let took = q(&self.sql.takeover)
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
-            .bind(lease)
-            .bind(lease)
-            .bind(key_expires_at)
-            .bind(resource_id.as_deref())
-            .bind_id(req.id)
-            .bind(token)
-            .bind(record.state.as_str())
-            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
-            .bind(record.lease_until.as_unix_millis())
-            .bind(record.key_expires_at.as_unix_millis())
-            .bind(record.resource_id.as_deref())
-            .execute(&mut *conn)
-            .await;
-        match took {
-            Ok(done) if done.rows_affected() == 1 => {}
-            Ok(_) => return Ok(None),
-            Err(e) if is_race(&e) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        // A takeover reports the state it read; a holder whose lease ended
-        // may have released since (same token, a guard column changed: then
-        // this takeover lost and runs again, and reads `Released`).
-        let previous = match reason {
-            Some(reason) if !expired => Some(Previous {
-                reason,
-                resource_id,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
-    }
-
     pub(crate) async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
         if let Some(server) = self.server.get() {
             return Ok(*server);
@@ -232,6 +157,86 @@ pub(crate) fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
         };
         matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
     })
+}
+
+/// The claim's row, settled as alone (for a batch too).
+impl SettleClaim for MySqlDialect {
+    /// The claim's answer from the row its insert returned for it (or the
+    /// read after a duplicate key): won (our token), the standing record,
+    /// or (claimable) the takeover of exactly the version read; `None`
+    /// when the takeover lost a race.
+    async fn settle(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest<'_>,
+        row: &MySqlRow,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let lease = req.lease_until.as_unix_millis();
+        let token: i64 = row.try_get("token")?;
+        if token == req.token.as_i64() {
+            // Our insert (or, after a lost reply, our own earlier claim).
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(row)?,
+                previous: None,
+            })));
+        }
+        let mut record = decode_record(row, req.id)?;
+        // A batch's rows carry the body whatever its expiry.
+        if record.response_expires_at.is_some_and(|at| at <= req.now) {
+            record.response = None;
+        }
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        let expired = record.is_expired(req.now);
+        if !expired && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read. An expired key
+        // starts over (attempt 1, no resource id, the new key expiry);
+        // otherwise the attempt counts on and the resource id stays.
+        let (attempt, resource_id, key_expires_at) = if expired {
+            (1, None, req.key_expires_at.as_unix_millis().max(lease))
+        } else {
+            (
+                record.attempt.saturating_add(1),
+                record.resource_id.clone(),
+                record.key_expires_at.as_unix_millis().max(lease),
+            )
+        };
+        let took = q(&self.sql.takeover)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+            .bind(lease)
+            .bind(lease)
+            .bind(key_expires_at)
+            .bind(resource_id.as_deref())
+            .bind_id(req.id)
+            .bind(token)
+            .bind(record.state.as_str())
+            .bind(i32::try_from(record.attempt).unwrap_or(i32::MAX))
+            .bind(record.lease_until.as_unix_millis())
+            .bind(record.key_expires_at.as_unix_millis())
+            .bind(record.resource_id.as_deref())
+            .execute(&mut *conn)
+            .await;
+        match took {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Ok(None),
+            Err(e) if is_race(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        // A takeover reports the state it read; a holder whose lease ended
+        // may have released since (same token, a guard column changed: then
+        // this takeover lost and runs again, and reads `Released`).
+        let previous = match reason {
+            Some(reason) if !expired => Some(Previous {
+                reason,
+                resource_id,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
 }
 
 /// On MySQL and MariaDB. The claim is one statement on MariaDB
@@ -372,12 +377,7 @@ impl Dialect for MySqlDialect {
             Err(e) => return Err(e.into()),
         };
         let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
-        for row in &rows {
-            let at = idem_sql::batch_position(row, &keys)?;
-            answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
-        }
-        Ok(answers)
+        self.settle_batch(conn, reqs, &keys, &rows).await
     }
 
     /// MariaDB and MySQL: one update of the batch's rows, fenced like the
@@ -457,11 +457,8 @@ impl Dialect for MySqlDialect {
         id: &RecordId,
         token: Token,
     ) -> Result<bool, Error> {
-        let applied = q(&self.sql.completed_under)
-            .bind_fenced(id, token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(applied.is_some())
+        let query = q(&self.sql.completed_under).bind_fenced(id, token);
+        Ok(idem_sql::returns_row(query, conn).await?)
     }
 
     async fn fenced(
