@@ -373,12 +373,21 @@ pub trait Outage: Send + Sync + 'static {
 /// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`)
 /// as a dev-dependency.
 ///
-/// Two named groups stand for the scenarios every dialect runs together:
+/// Three named groups stand for the scenarios every dialect runs together:
 /// `@races` (64 racers over several stores, racing takeovers, a thousand
-/// keys) and `@values` (hostile values, byte-exact identities, binary
-/// bodies): `sql_suite!(d; @races)`.
+/// keys), `@values` (hostile values, byte-exact identities, binary
+/// bodies) and `@coalescing` (a lone task, a failing call in a batch, 96
+/// mixed callers when busy and always batched): `sql_suite!(d; @races)`.
 #[macro_export]
 macro_rules! sql_suite {
+    ($dialect:expr; @coalescing) => {
+        $crate::sql_suite!($dialect;
+            a_lone_task_never_waits_for_a_batch,
+            one_failing_call_fails_no_other_in_its_batch,
+            coalesced_calls_keep_every_answer_when_busy,
+            coalesced_calls_keep_every_answer_always,
+        );
+    };
     ($dialect:expr; @races) => {
         $crate::sql_suite!($dialect;
             sixty_four_racers,
