@@ -293,11 +293,7 @@ impl PgStore {
     /// digits and `_`, not starting with a digit or `pg_`.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
-        let name = TableName {
-            table,
-            ..(*self.core.dialect().name).clone()
-        };
-        Ok(self.renamed(name))
+        Ok(self.renamed(|name| name.table = table))
     }
 
     /// Uses another schema (default `public`); [`PgStore::migrate`] creates
@@ -309,11 +305,7 @@ impl PgStore {
     /// digits and `_`, not starting with a digit or `pg_`.
     pub fn with_schema_name(self, schema: &str) -> Result<Self, Error> {
         let schema = validate_identifier("schema", schema, MAX_SCHEMA_NAME_LEN)?;
-        let name = TableName {
-            schema,
-            ..(*self.core.dialect().name).clone()
-        };
-        Ok(self.renamed(name))
+        Ok(self.renamed(|name| name.schema = schema))
     }
 
     /// How long the transactional mode waits for a concurrent duplicate's
@@ -363,7 +355,10 @@ impl PgStore {
     }
 
     /// The same store on another table.
-    fn renamed(mut self, name: TableName) -> Self {
+    /// The same store on the table `rename` makes of its table's name.
+    fn renamed(mut self, rename: impl FnOnce(&mut TableName)) -> Self {
+        let mut name = (*self.core.dialect().name).clone();
+        rename(&mut name);
         *self.core.dialect_mut() = self.core.dialect().renamed(name);
         self
     }
