@@ -133,12 +133,13 @@ async fn rows(
     Ok(query.execute(conn).await?.rows_affected())
 }
 
-/// What a connection is after a statement failed with this error: sound
-/// when every statement was answered and the session goes on (the
-/// server's own errors, except those that end the session; decoding, which
-/// reads rows a statement already returned in full), otherwise
-/// re-validated or replaced (see [`idem_sql::Conn`]).
-fn leaves_connection_sound(e: &Error) -> bool {
+/// What a connection is after a statement (a call's, the migration's or
+/// the server detection's) failed with this error: sound when every
+/// statement was answered and the session goes on (the server's own
+/// errors, except those that end the session; decoding, which reads rows a
+/// statement already returned in full), otherwise re-validated or replaced
+/// (see [`idem_sql::Conn`]).
+pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
     match e {
         Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
         _ => true,
@@ -149,7 +150,7 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
 /// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
 /// 08): the server ends the session.
-pub(crate) fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
     idem_sql::leaves_connection_sound(e, |e| {
         let state = match e {
             sqlx::Error::Database(db) => db.code(),
