@@ -11,7 +11,9 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
     RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter};
+use idem_sql::{
+    BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim,
+};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -58,6 +60,108 @@ impl MySqlDialect {
     }
 
     /// The server's flavour: named, detected before, or asked now on `conn`.
+    pub(crate) async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        // Boxed: the rare path keeps its future out of every claim's.
+        let server = Box::pin(detect(conn)).await?;
+        Ok(*self.server.get_or_init(|| server))
+    }
+}
+
+/// Asks the server its version, to pick the claim statement.
+pub(crate) async fn detect<'c>(conn: impl MySqlExecutor<'c>) -> Result<Server, Error> {
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(conn)
+        .await?;
+    let server = Server::from_version(&version);
+    debug!(%version, ?server, "detected the server");
+    Ok(server)
+}
+
+/// A deadlock (InnoDB rolled the statement's transaction back) or a
+/// duplicate key: a race with a concurrent writer of the same record, which
+/// a second run, seeing the winner's commit, resolves.
+fn is_race(e: &sqlx::Error) -> bool {
+    matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
+}
+
+/// `query` with one fresh claim's values bound (the ten of the insert's row,
+/// in `crate::sql`'s `FRESH_ROW` order).
+fn bind_fresh<'q>(
+    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    req: &'q ClaimRequest<'_>,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    let lease = req.lease_until.as_unix_millis();
+    query
+        .bind_id(req.id)
+        .bind_identity(req.id)
+        .bind(req.fingerprint.as_bytes().as_slice())
+        .bind(req.token.as_i64())
+        .bind(lease)
+        .bind(req.key_expires_at.as_unix_millis())
+        .bind(lease)
+        .bind(lease)
+}
+
+/// Reads the record `id` from the row, refusing anything a record cannot
+/// hold and another identity sharing its key.
+fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
+    idem_sql::check_identity::<_, &[u8]>(row, id)?;
+    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
+}
+
+/// The `attempt` column, refusing a negative one.
+fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
+    Ok(idem_sql::attempt_of::<_, i32>(row)?)
+}
+
+/// A VARBINARY identity column as text (what was stored was text).
+fn text(row: &MySqlRow, col: &'static str) -> Result<String, idem_sql::RowError> {
+    let bytes: Vec<u8> = row.try_get(col)?;
+    String::from_utf8(bytes)
+        .map_err(|_| idem_sql::RowError::Corrupt(format!("stored {col} is not UTF-8")))
+}
+
+/// The rows a statement matched (sqlx connects with `CLIENT_FOUND_ROWS`, so
+/// an update that matched but changed nothing counts too).
+async fn rows(
+    query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    conn: &mut MySqlConnection,
+) -> Result<u64, Error> {
+    Ok(query.execute(conn).await?.rows_affected())
+}
+
+/// What a connection is after a statement (a call's, the migration's or
+/// the server detection's) failed with this error: sound when every
+/// statement was answered and the session goes on (the server's own
+/// errors, except those that end the session; decoding, which reads rows a
+/// statement already returned in full), otherwise re-validated or replaced
+/// (see [`idem_sql::Conn`]).
+pub(crate) fn leaves_connection_sound(e: &Error) -> bool {
+    match e {
+        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
+        _ => true,
+    }
+}
+
+/// [`leaves_connection_sound`] for the driver's error: a shutdown
+/// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
+/// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
+/// 08): the server ends the session.
+fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
+    idem_sql::leaves_connection_sound(e, |e| {
+        let state = match e {
+            sqlx::Error::Database(db) => db.code(),
+            _ => None,
+        };
+        matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
+    })
+}
+
+/// The claim's row, settled as alone (for a batch too).
+impl SettleClaim for MySqlDialect {
     /// The claim's answer from the row its insert returned for it (or the
     /// read after a duplicate key): won (our token), the standing record,
     /// or (claimable) the takeover of exactly the version read; `None`
@@ -134,104 +238,6 @@ impl MySqlDialect {
         };
         Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
-
-    pub(crate) async fn server_on(&self, conn: &mut MySqlConnection) -> Result<Server, Error> {
-        if let Some(server) = self.server.get() {
-            return Ok(*server);
-        }
-        // Boxed: the rare path keeps its future out of every claim's.
-        let server = Box::pin(detect(conn)).await?;
-        Ok(*self.server.get_or_init(|| server))
-    }
-}
-
-/// Asks the server its version, to pick the claim statement.
-pub(crate) async fn detect<'c>(conn: impl MySqlExecutor<'c>) -> Result<Server, Error> {
-    let version: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(conn)
-        .await?;
-    let server = Server::from_version(&version);
-    debug!(%version, ?server, "detected the server");
-    Ok(server)
-}
-
-/// A deadlock (InnoDB rolled the statement's transaction back) or a
-/// duplicate key: a race with a concurrent writer of the same record, which
-/// a second run, seeing the winner's commit, resolves.
-fn is_race(e: &sqlx::Error) -> bool {
-    matches!(number(e), Some(code::DEADLOCK | code::DUP_ENTRY))
-}
-
-/// `query` with one fresh claim's values bound (the ten of the insert's row,
-/// in `crate::sql`'s `FRESH_ROW` order).
-fn bind_fresh<'q>(
-    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
-    req: &'q ClaimRequest<'_>,
-) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
-    let lease = req.lease_until.as_unix_millis();
-    query
-        .bind_id(req.id)
-        .bind_identity(req.id)
-        .bind(req.fingerprint.as_bytes().as_slice())
-        .bind(req.token.as_i64())
-        .bind(lease)
-        .bind(req.key_expires_at.as_unix_millis())
-        .bind(lease)
-        .bind(lease)
-}
-
-/// Reads the record `id` from the row, refusing anything a record cannot
-/// hold and another identity sharing its key.
-fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
-    idem_sql::check_identity::<_, &[u8]>(row, id)?;
-    Ok(idem_sql::decode_record::<_, i32>(row, BACKEND)?)
-}
-
-/// The `attempt` column, refusing a negative one.
-fn attempt_of(row: &MySqlRow) -> Result<u32, Error> {
-    Ok(idem_sql::attempt_of::<_, i32>(row)?)
-}
-
-/// A VARBINARY identity column as text (what was stored was text).
-fn text(row: &MySqlRow, col: &'static str) -> Result<String, idem_sql::RowError> {
-    let bytes: Vec<u8> = row.try_get(col)?;
-    String::from_utf8(bytes)
-        .map_err(|_| idem_sql::RowError::Corrupt(format!("stored {col} is not UTF-8")))
-}
-
-/// The rows a statement matched (sqlx connects with `CLIENT_FOUND_ROWS`, so
-/// an update that matched but changed nothing counts too).
-async fn rows(
-    query: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
-    conn: &mut MySqlConnection,
-) -> Result<u64, Error> {
-    Ok(query.execute(conn).await?.rows_affected())
-}
-
-/// What a connection is after a statement failed with this error: sound
-/// when every statement was answered and the session goes on (the
-/// server's own errors, except those that end the session; decoding, which
-/// reads rows a statement already returned in full), otherwise
-/// re-validated or replaced (see [`idem_sql::Conn`]).
-fn leaves_connection_sound(e: &Error) -> bool {
-    match e {
-        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
-        _ => true,
-    }
-}
-
-/// [`leaves_connection_sound`] for the driver's error: a shutdown
-/// (`ER_SERVER_SHUTDOWN`), a `KILL` (MariaDB's `ER_CONNECTION_KILLED`),
-/// MySQL's inactivity disconnect, a connection exception (SQLSTATE class
-/// 08): the server ends the session.
-pub(crate) fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
-    idem_sql::leaves_connection_sound(e, |e| {
-        let state = match e {
-            sqlx::Error::Database(db) => db.code(),
-            _ => None,
-        };
-        matches!(number(e), Some(1053 | 1927 | 4031)) || state.is_some_and(|c| c.starts_with("08"))
-    })
 }
 
 /// On MySQL and MariaDB. The claim is one statement on MariaDB
@@ -372,12 +378,7 @@ impl Dialect for MySqlDialect {
             Err(e) => return Err(e.into()),
         };
         let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
-        for row in &rows {
-            let at = idem_sql::batch_position(row, &keys)?;
-            answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
-        }
-        Ok(answers)
+        self.settle_batch(conn, reqs, &keys, &rows).await
     }
 
     /// MariaDB and MySQL: one update of the batch's rows, fenced like the
@@ -457,11 +458,8 @@ impl Dialect for MySqlDialect {
         id: &RecordId,
         token: Token,
     ) -> Result<bool, Error> {
-        let applied = q(&self.sql.completed_under)
-            .bind_fenced(id, token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(applied.is_some())
+        let query = q(&self.sql.completed_under).bind_fenced(id, token);
+        Ok(idem_sql::returns_row(query, conn).await?)
     }
 
     async fn fenced(

@@ -1,53 +1,27 @@
 //! This backend's errors, and the one place that maps them onto
 //! [`idem_core::store::StoreError`].
 
-use idem_core::store::StoreError;
 use idem_sql::Class;
 use sqlx::mysql::MySqlDatabaseError;
 
-/// The backend's name in [`StoreError`]s.
+/// The backend's name in [`StoreError`](idem_core::store::StoreError)s.
 pub(crate) const BACKEND: &str = "mysql";
 
-/// An error of the MySQL / MariaDB backend.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// A configured table name is not a plain SQL identifier. Permanent:
-    /// fix the configuration.
-    #[error("invalid {what} name: {reason}")]
-    InvalidIdentifier {
-        /// `"table"`.
-        what: &'static str,
-        /// Why it was refused.
-        reason: &'static str,
-    },
-    /// The driver failed (connection, query, decoding). Temporary or
-    /// permanent depending on the cause (the `From<Error> for StoreError`
-    /// impl classifies it).
-    #[error(transparent)]
-    Sqlx(#[from] sqlx::Error),
-    /// The table exists but was not written in the layout this build reads
-    /// and writes ([`idem_sql::LAYOUT`]): a build before 0.1, a later
-    /// layout, or a table of something else. Refused by `migrate`, never
-    /// read. Permanent: point the store at a new table.
-    #[error(transparent)]
-    Layout(#[from] idem_sql::LayoutError),
-    /// A stored row cannot be decoded into a record (unknown state, a
-    /// fingerprint that is not 32 bytes, ...). Permanent until repaired.
-    #[error("corrupted record: {detail}")]
-    Corrupt {
-        /// What is wrong with it (never the key or the body).
-        detail: String,
-    },
-    /// The claim kept losing races with concurrent writers on the same
-    /// record (deadlocks, duplicate keys, a record changed between the read
-    /// and the takeover) and gave up after a bounded number of tries.
-    /// Temporary.
-    #[error("the claim lost {tries} races in a row on one record")]
-    ClaimContention {
-        /// How many times the claim was run.
-        tries: u32,
-    },
+idem_sql::sql_error! {
+    /// An error of the MySQL / MariaDB backend.
+    pub enum Error {
+        corrupt;
+        classified by class_of;
+        /// The claim kept losing races with concurrent writers on the same
+        /// record (deadlocks, duplicate keys, a record changed between the
+        /// read and the takeover) and gave up after a bounded number of
+        /// tries. Temporary.
+        #[error("the claim lost {tries} races in a row on one record")]
+        ClaimContention {
+            /// How many times the claim was run.
+            tries: u32,
+        },
+    }
 }
 
 /// Server error numbers.
@@ -104,51 +78,26 @@ fn is_unavailable_database(e: &sqlx::Error) -> bool {
             .is_some_and(|state| state.starts_with("08") || state == "40001")
 }
 
-impl From<Error> for StoreError {
-    fn from(e: Error) -> Self {
-        if let Error::Corrupt { detail } = e {
-            return Self::Corrupt {
-                backend: BACKEND,
-                detail,
-            };
-        }
-        let class = match &e {
-            Error::Sqlx(s) => idem_sql::classify(s, is_unavailable_database),
-            Error::ClaimContention { .. } => Class::Unavailable,
-            _ => Class::Backend,
-        };
-        idem_sql::to_store_error(BACKEND, class, e)
-    }
-}
-
-impl From<idem_sql::RowError> for Error {
-    fn from(e: idem_sql::RowError) -> Self {
-        match e {
-            idem_sql::RowError::Sqlx(e) => Self::Sqlx(e),
-            idem_sql::RowError::Corrupt(detail) => Self::Corrupt { detail },
-        }
-    }
-}
-
-impl From<Error> for idem_core::Error {
-    fn from(e: Error) -> Self {
-        StoreError::from(e).into()
+/// What an error is, for the engine.
+fn class_of(e: &Error) -> Class {
+    match e {
+        Error::Sqlx(s) => idem_sql::classify(s, is_unavailable_database),
+        Error::ClaimContention { .. } => Class::Unavailable,
+        _ => Class::Backend,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use idem_core::store::StoreError;
+
     use super::*;
 
     #[test]
     fn mapping_classifies_driver_errors() {
-        // The driver's own errors are classified by `idem_sql::classify`
-        // (tested there); here, this backend's.
-        let corrupt = Error::Corrupt { detail: "x".into() };
-        assert!(matches!(
-            StoreError::from(corrupt),
-            StoreError::Corrupt { .. }
-        ));
+        // The driver's own errors are classified by `idem_sql::classify`,
+        // a corrupt row by `idem_sql::sql_error!` (tested there); here, this
+        // backend's.
         assert!(matches!(
             StoreError::from(Error::ClaimContention { tries: 8 }),
             StoreError::Unavailable { .. }

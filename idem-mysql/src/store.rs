@@ -15,18 +15,9 @@ use sqlx::{Executor, MySql, MySqlConnection, MySqlPool};
 use crate::config::{
     DEFAULT_TABLE, DEFAULT_TX_LOCK_TIMEOUT, MAX_TABLE_NAME_LEN, Server, validate_identifier,
 };
-use crate::dialect::{MySqlDialect, sqlx_leaves_connection_sound};
+use crate::dialect::{MySqlDialect, leaves_connection_sound};
 use crate::error::Error;
 use crate::sql::{Statements, TableName};
-
-/// What a connection is after the migration or the detection failed with
-/// this error (see [`idem_sql::Conn`]).
-fn leaves_connection_sound(e: &Error) -> bool {
-    match e {
-        Error::Sqlx(e) => sqlx_leaves_connection_sound(e),
-        _ => true,
-    }
-}
 
 /// The MySQL / MariaDB idempotency store. Cheap to clone (pools and a few
 /// `Arc`s; clones share them).
@@ -59,15 +50,6 @@ fn leaves_connection_sound(e: &Error) -> bool {
 #[derive(Clone)]
 pub struct MySqlStore {
     core: SqlCore<MySqlDialect>,
-}
-
-impl std::fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlStore")
-            .field("dialect", self.core.dialect())
-            .field("conns", self.core.connections())
-            .finish_non_exhaustive()
-    }
 }
 
 impl MySqlStore {

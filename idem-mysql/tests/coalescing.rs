@@ -7,33 +7,13 @@ mod support;
 
 use idem_sql::Coalescing;
 
-idem_test_support::sql_suite!(crate::support::MySql::MARIADB; a_lone_task_never_waits_for_a_batch,
-    one_failing_call_fails_no_other_in_its_batch,
-);
+idem_test_support::sql_suite!(crate::support::MySql::MARIADB; @coalescing);
 
 mod mysql_path {
     idem_test_support::sql_suite!(crate::support::MySql::MYSQL_PATH;
         a_lone_task_never_waits_for_a_batch,
+        coalesced_calls_keep_every_answer_always,
     );
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn coalesced_calls_keep_every_answer_always() {
-        let d = crate::support::MySql::MYSQL_PATH;
-        idem_test_support::sql::coalesced_calls_keep_every_answer(d, super::Coalescing::Always)
-            .await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn coalesced_calls_keep_every_answer_when_busy() {
-    let d = support::MySql::MARIADB;
-    idem_test_support::sql::coalesced_calls_keep_every_answer(d, Coalescing::WhenBusy).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn coalesced_calls_keep_every_answer_always() {
-    let d = support::MySql::MARIADB;
-    idem_test_support::sql::coalesced_calls_keep_every_answer(d, Coalescing::Always).await;
 }
 
 mod always {

@@ -28,15 +28,15 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_core::Scope;
 use idem_core::clock::ManualClock;
 use idem_core::store::RecordState;
-use idem_core::{Idem, Scope};
 use idem_mysql::MySqlStore;
 use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
-use idem_test_support::sql::{Counter, policy, scope};
+use idem_test_support::sql::{Counter, scope};
 use idem_test_support::work::{
-    acknowledged_batch, assert_switch_error, assert_waiting_calls_never_stored, call, call_held,
-    call_until_answered, state,
+    acknowledged_batch, assert_waiting_calls_never_stored, call, call_held, call_until_answered,
+    state,
 };
 use support::cluster::{Cluster, Mode};
 use support::proxy::{Protocol, Proxy};
@@ -66,11 +66,7 @@ async fn store_via(front: &Proxy, cluster: &Cluster) -> MySqlStore {
 }
 
 fn engine(store: &MySqlStore, clock: &ManualClock) -> Engine {
-    Arc::new(
-        Idem::new(store.clone())
-            .with_clock(clock.clone())
-            .with_policy(policy(2)),
-    )
+    Arc::new(idem_test_support::sql::engine(store, clock))
 }
 
 /// SIGKILLs the primary (its replication connection goes with it: the
@@ -84,12 +80,7 @@ async fn lose_primary(cluster: &mut Cluster, front: &Proxy, engine: &Engine, sco
     cluster.link.kill_all();
     front.set_down(true);
     front.kill_all();
-    let runs = Counter::default();
-    let during = call(engine, scope, "during-the-switch", &runs)
-        .await
-        .expect_err("no server: the call fails");
-    assert_switch_error(&during);
-    assert_eq!(runs.get(), 0, "the work never ran without a claim");
+    idem_test_support::sql::assert_call_fails_without_server(engine, scope).await;
 }
 
 /// Promotes the replica and points `front` at it.

@@ -11,7 +11,9 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
     RecordSummary, StateCounts, StoreError, StoredRecord, Token,
 };
-use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SqlCore};
+use idem_sql::{
+    BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim, SqlCore,
+};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row};
 
@@ -63,51 +65,6 @@ impl PgDialect {
             name: Arc::new(name),
             ..self.clone()
         }
-    }
-
-    /// The claim's answer from the row its statement returned for it: won,
-    /// the standing record, or (claimable) the takeover of exactly the
-    /// version read; `None` when the takeover lost a race.
-    async fn settle(
-        &self,
-        conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-        row: &PgRow,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let kind: String = row.try_get("kind")?;
-        if kind == "claimed" {
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(row)?,
-                previous: None,
-            })));
-        }
-        let record = decode_record(row, req.id)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        if !record.is_expired(req.now) && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read (its token).
-        let seen: i64 = row.try_get("token")?;
-        let Some(row) = claim_query(&self.sql.takeover, req)
-            .bind(seen)
-            .fetch_optional(&mut *conn)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = attempt_of(&row)?;
-        // An expired key starts over (attempt 1, no previous attempt). A
-        // takeover reports the state it read; a holder whose lease ended may
-        // have released since (same token): the reason then reads
-        // `LeaseExpired`, the cautious answer (the work reconciles either way).
-        let previous = match reason {
-            Some(reason) if attempt > 1 => Some(Previous {
-                reason,
-                resource_id: row.try_get("resource_id")?,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
     }
 
     /// Makes the server suspect if `e` says it may have changed.
@@ -220,6 +177,54 @@ fn attempt_of(row: &PgRow) -> Result<u32, Error> {
     Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
+/// The claim's row, settled as alone (for a batch too).
+impl SettleClaim for PgDialect {
+    /// The claim's answer from the row its statement returned for it: won,
+    /// the standing record, or (claimable) the takeover of exactly the
+    /// version read; `None` when the takeover lost a race.
+    async fn settle(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+        row: &PgRow,
+    ) -> Result<Option<ClaimOutcome>, Error> {
+        let kind: String = row.try_get("kind")?;
+        if kind == "claimed" {
+            return Ok(Some(ClaimOutcome::Claimed(Claimed {
+                attempt: attempt_of(row)?,
+                previous: None,
+            })));
+        }
+        let record = decode_record(row, req.id)?;
+        let reason = record.takeover_reason(&req.fingerprint, req.now);
+        if !record.is_expired(req.now) && reason.is_none() {
+            return Ok(Some(ClaimOutcome::Existing(record)));
+        }
+        // Claimable: take over exactly the version read (its token).
+        let seen: i64 = row.try_get("token")?;
+        let Some(row) = claim_query(&self.sql.takeover, req)
+            .bind(seen)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempt = attempt_of(&row)?;
+        // An expired key starts over (attempt 1, no previous attempt). A
+        // takeover reports the state it read; a holder whose lease ended may
+        // have released since (same token): the reason then reads
+        // `LeaseExpired`, the cautious answer (the work reconciles either way).
+        let previous = match reason {
+            Some(reason) if attempt > 1 => Some(Previous {
+                reason,
+                resource_id: row.try_get("resource_id")?,
+            }),
+            _ => None,
+        };
+        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+    }
+}
+
 /// On PostgreSQL every transition is one statement (two for a takeover),
 /// run again only when it lost a race to a concurrent writer on the same
 /// record, which the next run, with a fresh snapshot, sees committed. One
@@ -305,12 +310,7 @@ impl Dialect for PgDialect {
             .bind(keys.iter().map(|k| &k[..]).collect::<Vec<_>>())
             .fetch_all(&mut *conn)
             .await?;
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
-        for row in &rows {
-            let at = idem_sql::batch_position(row, &keys)?;
-            answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
-        }
-        Ok(answers)
+        self.settle_batch(conn, reqs, &keys, &rows).await
     }
 
     async fn complete_batch(
@@ -379,11 +379,8 @@ impl Dialect for PgDialect {
         id: &RecordId,
         token: Token,
     ) -> Result<bool, Error> {
-        let applied = q(&self.sql.completed_under)
-            .bind_fenced(id, token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(applied.is_some())
+        let query = q(&self.sql.completed_under).bind_fenced(id, token);
+        Ok(idem_sql::returns_row(query, conn).await?)
     }
 
     async fn fenced(

@@ -7,84 +7,59 @@ use idem_sql::Class;
 /// The backend's name in [`StoreError`]s.
 pub(crate) const BACKEND: &str = "postgres";
 
-/// An error of the PostgreSQL backend.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// A configured table or schema name is not a plain SQL identifier.
-    /// Permanent: fix the configuration.
-    #[error("invalid {what} name: {reason}")]
-    InvalidIdentifier {
-        /// `"table"` or `"schema"`.
-        what: &'static str,
-        /// Why it was refused.
-        reason: &'static str,
-    },
-    /// The driver failed (connection, query, decoding). Temporary or
-    /// permanent depending on the cause (the `From<Error> for StoreError`
-    /// impl classifies it).
-    #[error(transparent)]
-    Sqlx(#[from] sqlx::Error),
-    /// The table exists but was not written in the layout this build reads
-    /// and writes ([`idem_sql::LAYOUT`]): a build before 0.1, a later
-    /// layout, or a table of something else. Refused by `migrate`, never
-    /// read. Permanent: point the store at a new table.
-    #[error(transparent)]
-    Layout(#[from] idem_sql::LayoutError),
-    /// A stored row cannot be decoded into a record (unknown state, a
-    /// fingerprint that is not 32 bytes, ...). Permanent until repaired.
-    #[error("corrupted record: {detail}")]
-    Corrupt {
-        /// What is wrong with it (never the key or the body).
-        detail: String,
-    },
-    /// The server is a standby in recovery (read-only): the store was
-    /// pointed at a replica, or at a host that is being demoted or not yet
-    /// promoted. At start ([`PgStore::connect`](crate::PgStore::connect),
-    /// [`PgStore::migrate`](crate::PgStore::migrate),
-    /// [`PgStore::check_replication`](crate::PgStore::check_replication)) it
-    /// is permanent: fix the URL. Met by a call after a connection failed
-    /// (during a failover) it is temporary, and the call answers
-    /// [`StoreError::Unavailable`] (503): no write is attempted.
-    #[error(
-        "the PostgreSQL server is a standby in recovery (read-only): point the store at the primary"
-    )]
-    Standby,
-    /// The store was built with
-    /// [`PgStore::require_synchronous_replication`](crate::PgStore::require_synchronous_replication)
-    /// and the server's commits do not wait for any standby. At start it is
-    /// permanent until the deployment is fixed; met by a call after a
-    /// connection failed (a failover to a server without a synchronous
-    /// standby) it is [`StoreError::Unavailable`] (503), and every write is
-    /// refused until a check passes again.
-    #[error(
-        "commits are not synchronous to any standby (synchronous_commit = {synchronous_commit}, \
-         synchronous_standby_names = {synchronous_standby_names:?}) and the store requires \
-         synchronous replication"
-    )]
-    NotSynchronous {
-        /// `synchronous_commit` as the server reported it.
-        synchronous_commit: String,
-        /// `synchronous_standby_names` as the server reported it.
-        synchronous_standby_names: String,
-    },
-    /// A write did not finish within
-    /// [`PgStore::with_call_timeout`](crate::PgStore::with_call_timeout):
-    /// typically a commit waiting for a synchronous standby that does not
-    /// answer. Temporary ([`StoreError::Unavailable`], 503); the write was
-    /// not reported stored, and may still commit once a standby confirms it.
-    #[error("the call did not finish within {after:?} (a commit waiting for a standby?)")]
-    Timeout {
-        /// The configured bound.
-        after: std::time::Duration,
-    },
-    /// The claim kept losing races with concurrent writers on the same
-    /// record and gave up after a bounded number of tries. Temporary.
-    #[error("the claim lost {tries} races in a row on one record")]
-    ClaimContention {
-        /// How many times the statement was run.
-        tries: u32,
-    },
+idem_sql::sql_error! {
+    /// An error of the PostgreSQL backend.
+    pub enum Error {
+        corrupt;
+        classified by class_of;
+        /// The server is a standby in recovery (read-only): the store was
+        /// pointed at a replica, or at a host that is being demoted or not yet
+        /// promoted. At start ([`PgStore::connect`](crate::PgStore::connect),
+        /// [`PgStore::migrate`](crate::PgStore::migrate),
+        /// [`PgStore::check_replication`](crate::PgStore::check_replication)) it
+        /// is permanent: fix the URL. Met by a call after a connection failed
+        /// (during a failover) it is temporary, and the call answers
+        /// [`StoreError::Unavailable`] (503): no write is attempted.
+        #[error(
+            "the PostgreSQL server is a standby in recovery (read-only): point the store at the primary"
+        )]
+        Standby,
+        /// The store was built with
+        /// [`PgStore::require_synchronous_replication`](crate::PgStore::require_synchronous_replication)
+        /// and the server's commits do not wait for any standby. At start it is
+        /// permanent until the deployment is fixed; met by a call after a
+        /// connection failed (a failover to a server without a synchronous
+        /// standby) it is [`StoreError::Unavailable`] (503), and every write is
+        /// refused until a check passes again.
+        #[error(
+            "commits are not synchronous to any standby (synchronous_commit = {synchronous_commit}, \
+             synchronous_standby_names = {synchronous_standby_names:?}) and the store requires \
+             synchronous replication"
+        )]
+        NotSynchronous {
+            /// `synchronous_commit` as the server reported it.
+            synchronous_commit: String,
+            /// `synchronous_standby_names` as the server reported it.
+            synchronous_standby_names: String,
+        },
+        /// A write did not finish within
+        /// [`PgStore::with_call_timeout`](crate::PgStore::with_call_timeout):
+        /// typically a commit waiting for a synchronous standby that does not
+        /// answer. Temporary ([`StoreError::Unavailable`], 503); the write was
+        /// not reported stored, and may still commit once a standby confirms it.
+        #[error("the call did not finish within {after:?} (a commit waiting for a standby?)")]
+        Timeout {
+            /// The configured bound.
+            after: std::time::Duration,
+        },
+        /// The claim kept losing races with concurrent writers on the same
+        /// record and gave up after a bounded number of tries. Temporary.
+        #[error("the claim lost {tries} races in a row on one record")]
+        ClaimContention {
+            /// How many times the statement was run.
+            tries: u32,
+        },
+    }
 }
 
 /// SQLSTATEs that mean "the server or the connection went away, or the call
@@ -137,43 +112,20 @@ pub(crate) fn is_lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-impl From<Error> for StoreError {
-    fn from(e: Error) -> Self {
-        if let Error::Corrupt { detail } = e {
-            return Self::Corrupt {
-                backend: BACKEND,
-                detail,
-            };
+/// What an error is, for the engine.
+fn class_of(e: &Error) -> Class {
+    match e {
+        Error::Corrupt { .. } | Error::InvalidIdentifier { .. } | Error::Layout(_) => {
+            Class::Backend
         }
-        let class = match &e {
-            Error::Corrupt { .. } | Error::InvalidIdentifier { .. } | Error::Layout(_) => {
-                Class::Backend
-            }
-            Error::Sqlx(s) => idem_sql::classify(
-                s,
-                |s| matches!(s, sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_unavailable_state)),
-            ),
-            Error::ClaimContention { .. }
-            | Error::Standby
-            | Error::NotSynchronous { .. }
-            | Error::Timeout { .. } => Class::Unavailable,
-        };
-        idem_sql::to_store_error(BACKEND, class, e)
-    }
-}
-
-impl From<idem_sql::RowError> for Error {
-    fn from(e: idem_sql::RowError) -> Self {
-        match e {
-            idem_sql::RowError::Sqlx(e) => Self::Sqlx(e),
-            idem_sql::RowError::Corrupt(detail) => Self::Corrupt { detail },
-        }
-    }
-}
-
-impl From<Error> for idem_core::Error {
-    fn from(e: Error) -> Self {
-        StoreError::from(e).into()
+        Error::Sqlx(s) => idem_sql::classify(
+            s,
+            |s| matches!(s, sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_unavailable_state)),
+        ),
+        Error::ClaimContention { .. }
+        | Error::Standby
+        | Error::NotSynchronous { .. }
+        | Error::Timeout { .. } => Class::Unavailable,
     }
 }
 
@@ -189,13 +141,9 @@ mod tests {
 
     #[test]
     fn mapping_classifies_driver_errors() {
-        // The driver's own errors are classified by `idem_sql::classify`
-        // (tested there); here, this backend's.
-        let corrupt = Error::Corrupt { detail: "x".into() };
-        assert!(matches!(
-            StoreError::from(corrupt),
-            StoreError::Corrupt { .. }
-        ));
+        // The driver's own errors are classified by `idem_sql::classify`,
+        // a corrupt row by `idem_sql::sql_error!` (tested there); here, this
+        // backend's.
         assert!(is_unavailable_state("08006"));
         assert!(is_unavailable_state("57P01"));
         assert!(is_unavailable_state("25006"));

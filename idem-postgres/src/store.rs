@@ -62,15 +62,6 @@ pub struct PgStore {
     core: SqlCore<PgDialect>,
 }
 
-impl std::fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore")
-            .field("dialect", self.core.dialect())
-            .field("conns", self.core.connections())
-            .finish_non_exhaustive()
-    }
-}
-
 impl PgStore {
     /// A store over an existing pool, using `public.idem_records`.
     ///
@@ -302,11 +293,7 @@ impl PgStore {
     /// digits and `_`, not starting with a digit or `pg_`.
     pub fn with_table_name(self, table: &str) -> Result<Self, Error> {
         let table = validate_identifier("table", table, MAX_TABLE_NAME_LEN)?;
-        let name = TableName {
-            table,
-            ..(*self.core.dialect().name).clone()
-        };
-        Ok(self.renamed(name))
+        Ok(self.renamed(|name| name.table = table))
     }
 
     /// Uses another schema (default `public`); [`PgStore::migrate`] creates
@@ -318,11 +305,7 @@ impl PgStore {
     /// digits and `_`, not starting with a digit or `pg_`.
     pub fn with_schema_name(self, schema: &str) -> Result<Self, Error> {
         let schema = validate_identifier("schema", schema, MAX_SCHEMA_NAME_LEN)?;
-        let name = TableName {
-            schema,
-            ..(*self.core.dialect().name).clone()
-        };
-        Ok(self.renamed(name))
+        Ok(self.renamed(|name| name.schema = schema))
     }
 
     /// How long the transactional mode waits for a concurrent duplicate's
@@ -372,7 +355,10 @@ impl PgStore {
     }
 
     /// The same store on another table.
-    fn renamed(mut self, name: TableName) -> Self {
+    /// The same store on the table `rename` makes of its table's name.
+    fn renamed(mut self, rename: impl FnOnce(&mut TableName)) -> Self {
+        let mut name = (*self.core.dialect().name).clone();
+        rename(&mut name);
         *self.core.dialect_mut() = self.core.dialect().renamed(name);
         self
     }

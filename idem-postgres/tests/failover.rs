@@ -71,11 +71,7 @@ async fn store_via(front: &Proxy, cluster: &Cluster) -> PgStore {
 }
 
 fn engine(store: &PgStore, clock: &ManualClock) -> Engine {
-    Arc::new(
-        Idem::new(store.clone())
-            .with_clock(clock.clone())
-            .with_policy(policy(2)),
-    )
+    Arc::new(idem_test_support::sql::engine(store, clock))
 }
 
 /// Kills the primary, promotes the standby, points `front` at it (open
@@ -84,12 +80,7 @@ fn engine(store: &PgStore, clock: &ManualClock) -> Engine {
 /// nothing.
 async fn fail_over(cluster: &Cluster, front: &Proxy, engine: &Engine, scope: &Scope) {
     kill_primary_behind(cluster, front).await;
-    let runs = Counter::default();
-    let during = call(engine, scope, "during-the-switch", &runs)
-        .await
-        .expect_err("no server: the call fails");
-    assert_switch_error(&during);
-    assert_eq!(runs.get(), 0, "the work never ran without a claim");
+    idem_test_support::sql::assert_call_fails_without_server(engine, scope).await;
     promote_behind(cluster, front).await;
 }
 

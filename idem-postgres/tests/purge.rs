@@ -21,40 +21,67 @@ fn record_key_sql(key: &str) -> String {
     )
 }
 
+/// Seeds 20,000 rows of `(o, op)`, keys `k1` to `k20000` (`i` from 1 to
+/// 20,000): `columns` are each row's values from `state` to
+/// `key_expires_at`; then files each at `sweep_at` and analyzes the table.
+async fn seed(fx: &PgFixture, columns: &str, sweep_at: &str) {
+    let t = fx.table();
+    fx.store
+        .pool()
+        .execute(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
+                              outcome, response, response_expires_at, key_expires_at, sweep_at)
+             SELECT {id}, 'o', 'op', 'k' || i, sha256(i::text::bytea), {columns}, 0
+             FROM generate_series(1, 20000) AS i;
+             UPDATE {t} SET sweep_at = {sweep_at};
+             ANALYZE {t};",
+            id = record_key_sql("'k' || i"),
+        )))
+        .await
+        .expect("seed");
+}
+
+/// The plan of `sql` (`EXPLAIN`).
+async fn explain(fx: &PgFixture, sql: &str) -> String {
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+        .fetch_all(fx.store.pool())
+        .await
+        .expect("explain");
+    plan.join("\n")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_uses_the_sweep_index() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
-        let t = fx.table();
         let now: i64 = 1_000_000_000_000;
-        // 20,000 live rows with bodies, 50 expired keys, 50 expired bodies.
-        fx.store
-            .pool()
-            .execute(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                  outcome, response, response_expires_at, key_expires_at, sweep_at)
-                 SELECT {id}, 'o', 'op', 'k' || i, sha256(i::text::bytea), 'completed', i, 1, 0,
-                        'success', '\\x00'::bytea,
-                        CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
-                        CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END, 0
-                 FROM generate_series(1, 20000) AS i;
-                 -- Where a purge has filed them: at the next expiry.
-                 UPDATE {t} SET sweep_at = LEAST(response_expires_at, key_expires_at);
-                 ANALYZE {t};",
-                id = record_key_sql("'k' || i"),
-            )))
-            .await
-            .expect("seed");
-        let sql = idem_postgres::statements::purge(&fx.store).replace("$1", &now.to_string()).replace("$2", "100");
-        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
-            .fetch_all(fx.store.pool())
-            .await
-            .expect("explain");
-        let plan = plan.join("\n");
+        // 20,000 live rows with bodies, 50 expired keys, 50 expired bodies,
+        // filed where a purge files them: at the next expiry.
+        seed(
+            &fx,
+            &format!(
+                "'completed', i, 1, 0, 'success', '\\x00'::bytea,
+                 CASE WHEN i % 400 = 1 THEN {now} - 1 ELSE {now} + i END,
+                 CASE WHEN i % 400 = 0 THEN {now} - 1 ELSE {now} + 100000 + i END"
+            ),
+            "LEAST(response_expires_at, key_expires_at)",
+        )
+        .await;
+        let sql = idem_postgres::statements::purge(&fx.store)
+            .replace("$1", &now.to_string())
+            .replace("$2", "100");
+        let plan = explain(&fx, &sql).await;
         println!("{plan}");
         let p = fx.store.table_name();
-        assert!(plan.contains(&format!("{p}_sweep_idx")), "the purge must walk the sweep index:\n{plan}");
+        assert!(
+            plan.contains(&format!("{p}_sweep_idx")),
+            "the purge must walk the sweep index:\n{plan}"
+        );
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
-        assert_eq!(plan.matches("Tid Scan").count(), 2, "the batch is then reached by ctid:\n{plan}");
+        assert_eq!(
+            plan.matches("Tid Scan").count(),
+            2,
+            "the batch is then reached by ctid:\n{plan}"
+        );
         let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
         let report = idem.admin().purge_expired(30).await.expect("purge");
@@ -71,48 +98,46 @@ async fn purge_uses_the_sweep_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_listing_uses_the_sweep_index() {
     with_fixture(PgFixture::new(2).await, |fx| async move {
-        let t = fx.table();
         let now: i64 = 1_000_000_000_000;
-        // 20,000 completed rows, 30 stuck in flight, 30 in flight under a live lease.
-        fx.store
-            .pool()
-            .execute(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
-                                  outcome, response, response_expires_at, key_expires_at, sweep_at)
-                 SELECT {id}, 'o', 'op', 'k' || i, sha256(i::text::bytea),
-                        CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
-                        CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
-                        CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000, 0
-                 FROM generate_series(1, 20000) AS i;
-                 -- In flight: at the lease end; completed: where a purge filed them.
-                 UPDATE {t} SET sweep_at = CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END;
-                 ANALYZE {t};",
-                id = record_key_sql("'k' || i"),
-            )))
-            .await
-            .expect("seed");
+        // 20,000 completed rows, 30 stuck in flight, 30 in flight under a
+        // live lease. In flight: at the lease end; completed: where a purge
+        // filed them.
+        seed(
+            &fx,
+            &format!(
+                "CASE WHEN i <= 60 THEN 'in_flight' ELSE 'completed' END, i, 1,
+                 CASE WHEN i <= 30 THEN {now} - i ELSE {now} + 60000 END,
+                 CASE WHEN i <= 60 THEN NULL ELSE 'success' END, NULL, NULL, {now} + 100000"
+            ),
+            "CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END",
+        )
+        .await;
         let sql = idem_postgres::statements::list_in_flight(&fx.store)
             .replace("$1", &now.to_string())
             .replace("$2", &now.to_string())
             .replace("$3", "8");
-        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
-            .fetch_all(fx.store.pool())
-            .await
-            .expect("explain");
-        let plan = plan.join("\n");
+        let plan = explain(&fx, &sql).await;
         let p = fx.store.table_name();
-        assert!(plan.contains(&format!("{p}_sweep_idx")), "listing must use its index:\n{plan}");
+        assert!(
+            plan.contains(&format!("{p}_sweep_idx")),
+            "listing must use its index:\n{plan}"
+        );
         assert!(!plan.contains("Seq Scan"), "no sequential scan:\n{plan}");
         let clock = ManualClock::new(idem_core::clock::Timestamp::from_unix_millis(now));
         let idem = engine(&fx.store, &clock);
         let (mut seen, mut cursor) = (Vec::new(), None);
         loop {
             let page = idem
-                .admin().list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
+                .admin()
+                .list_stuck(std::time::Duration::ZERO, cursor.as_ref(), 7)
                 .await
                 .expect("list");
             assert!(page.records.len() <= 7);
-            seen.extend(page.records.into_iter().map(|r| r.id.key().as_str().to_owned()));
+            seen.extend(
+                page.records
+                    .into_iter()
+                    .map(|r| r.id.key().as_str().to_owned()),
+            );
             match page.next {
                 Some(next) => cursor = Some(next),
                 None => break,

@@ -10,12 +10,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem_core::clock::ManualClock;
-use idem_core::{Idem, IdempotencyKey};
+use idem_core::{Idem, IdempotencyKey, Reply};
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::{Error, PgStore};
 use idem_test_support::sql::{Out, policy, request, scope};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
+
+/// An engine on `store`, one store retry.
+fn engine(store: &PgStore) -> Idem<PgStore> {
+    Idem::new(store.clone())
+        .with_clock(ManualClock::starting_now())
+        .with_policy(policy(1))
+}
+
+/// One call on a fresh key.
+async fn call(engine: &Idem<PgStore>) -> Result<Reply<String, String>, idem_core::Error> {
+    engine
+        .execute(
+            &scope(),
+            IdempotencyKey::random().as_str(),
+            &request(),
+            |_| async { Out::Success("ok".into()) },
+        )
+        .await
+}
 
 /// Counts the warnings idem-postgres logs on this thread.
 #[derive(Debug, Clone, Default)]
@@ -77,16 +96,7 @@ async fn commits_without_a_synchronous_standby_warn_once_and_can_be_refused() {
     assert!(!found.in_recovery);
     assert_eq!(found.synchronous_standby_names, "");
     assert_eq!(store.check_replication().await.expect("check"), found);
-    let engine = Idem::new(store.clone())
-        .with_clock(ManualClock::starting_now())
-        .with_policy(policy(1));
-    let reply = engine
-        .execute(
-            &scope(),
-            IdempotencyKey::random().as_str(),
-            &request(),
-            |_| async { Out::Success("ok".into()) },
-        )
+    let reply = call(&engine(&store))
         .await
         .expect("a store that is not required to be synchronous runs");
     assert!(reply.is_stored());
@@ -135,19 +145,9 @@ async fn a_store_over_a_pool_checks_before_its_first_call() {
     let fresh = PgStore::new(store.pool().clone())
         .with_schema_name(store.schema_name())
         .expect("schema");
-    let engine = Idem::new(fresh.clone())
-        .with_clock(ManualClock::starting_now())
-        .with_policy(policy(1));
+    let engine = engine(&fresh);
     for _ in 0..3 {
-        engine
-            .execute(
-                &scope(),
-                IdempotencyKey::random().as_str(),
-                &request(),
-                |_| async { Out::Success("ok".into()) },
-            )
-            .await
-            .expect("call");
+        call(&engine).await.expect("call");
     }
     assert_eq!(
         warnings.count(),

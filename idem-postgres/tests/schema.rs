@@ -125,15 +125,7 @@ async fn completions_are_hot_updates() {
 /// for a migration tool of your own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_refuses_a_table_of_another_layout() {
-    let schema = support::schema_name();
-    let pool = support::pool(2, support::options()).await;
-    let store = PgStore::new(pool.clone())
-        .with_schema_name(&schema)
-        .expect("schema");
-    let fx = PgFixture {
-        store: store.clone(),
-        schema: schema.clone(),
-    };
+    let fx = PgFixture::unmigrated(2).await;
     with_fixture(fx, |fx| async move {
         let t = fx.table();
         fx.store
@@ -207,15 +199,7 @@ async fn migrate_refuses_a_table_of_another_layout() {
 /// it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_marks_its_table_and_accepts_it_again() {
-    let schema = support::schema_name();
-    let pool = support::pool(2, support::options()).await;
-    let store = PgStore::new(pool.clone())
-        .with_schema_name(&schema)
-        .expect("schema");
-    let fx = PgFixture {
-        store: store.clone(),
-        schema: schema.clone(),
-    };
+    let fx = PgFixture::unmigrated(2).await;
     with_fixture(fx, |fx| async move {
         fx.store.migrate().await.expect("migrate");
         let t = fx.table();

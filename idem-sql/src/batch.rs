@@ -28,6 +28,7 @@ use idem_core::store::{
     CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, OwnedCompletion, StoreError, Token,
     record_batch,
 };
+use sqlx::{ColumnIndex, Database, Decode, Type};
 use tokio::sync::oneshot;
 use tracing::debug;
 
@@ -118,6 +119,51 @@ pub struct BatchCompletion<'a> {
     pub token: Token,
     /// What it stores.
     pub completion: Completion<'a>,
+}
+
+/// A dialect whose claim statement returns the record's row, claimed or
+/// standing, for a batch as for one claim: each row is settled as alone.
+pub trait SettleClaim: Dialect {
+    /// The claim's answer from the row its statement returned for it: won,
+    /// the standing record, or (claimable) the takeover of exactly the
+    /// version read; `None` when the takeover lost a race.
+    fn settle(
+        &self,
+        conn: &mut DbConnection<Self>,
+        req: &ClaimRequest<'_>,
+        row: &<Self::Db as Database>::Row,
+    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send;
+
+    /// The answers of a batch's claims `reqs`, in order, from the `rows`
+    /// their statement returned, each settled ([`SettleClaim::settle`]) on
+    /// `conn`; `None` for a claim no row names. `keys` are the claims'
+    /// record keys ([`record_key`]).
+    ///
+    /// # Errors
+    ///
+    /// The first settlement's, or [`RowError::Corrupt`](crate::RowError)
+    /// for a row of none of the batch's records.
+    fn settle_batch(
+        &self,
+        conn: &mut DbConnection<Self>,
+        reqs: &[ClaimRequest<'_>],
+        keys: &[[u8; 16]],
+        rows: &[<Self::Db as Database>::Row],
+    ) -> impl Future<Output = Result<Vec<Option<ClaimOutcome>>, Self::Error>> + Send
+    where
+        Self::Error: From<crate::RowError>,
+        &'static str: ColumnIndex<<Self::Db as Database>::Row>,
+        for<'r> Vec<u8>: Decode<'r, Self::Db> + Type<Self::Db>,
+    {
+        async move {
+            let mut answers = vec![None; reqs.len()];
+            for row in rows {
+                let at = crate::batch_position(row, keys)?;
+                answers[at] = self.settle(&mut *conn, &reqs[at], row).await?;
+            }
+            Ok(answers)
+        }
+    }
 }
 
 /// A call waiting for its batch.

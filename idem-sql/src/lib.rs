@@ -11,7 +11,7 @@ mod row;
 mod store;
 mod tx;
 
-pub use batch::{BatchCompletion, Coalescing, MAX_BATCH};
+pub use batch::{BatchCompletion, Coalescing, MAX_BATCH, SettleClaim};
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use ident::check_identifier;
@@ -19,7 +19,7 @@ pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{
     RowError, attempt_of, batch_position, check_identity, decode_counts, decode_record,
-    decode_summary, text, truncate,
+    decode_summary, returns_row, text, truncate,
 };
 #[doc(hidden)]
 pub use store::__private;

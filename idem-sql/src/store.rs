@@ -745,12 +745,23 @@ impl<D: Dialect> TxStore for SqlCore<D> {
     }
 }
 
-/// Implements [`TxStore`], [`Store`] and [`AdminStore`] for a dialect
-/// crate's store type by handing every call to its [`SqlCore`]:
+/// Implements [`TxStore`], [`Store`], [`AdminStore`] and `Debug` (its
+/// dialect and connections) for a dialect crate's store type by handing
+/// every call to its [`SqlCore`]:
 /// `sql_store!(PgStore, Pg, core)` for `struct PgStore { core: SqlCore<Pg>,
 /// .. }`.
 #[macro_export]
 macro_rules! sql_store {
+    // One async method of `$trait` handed to the store's core.
+    (@forward $trait:ident, $field:ident;
+        $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;)*
+    ) => {
+        $(
+            async fn $name(&self, $($arg: $ty),*) -> $crate::__private::Result<$ret> {
+                $crate::__private::$trait::$name(&self.$field, $($arg),*).await
+            }
+        )*
+    };
     ($store:ty, $dialect:ty, $field:ident) => {
         impl $store {
             /// Whether claims and completions that find every connection
@@ -787,6 +798,15 @@ macro_rules! sql_store {
             }
         }
 
+        impl ::std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("dialect", self.$field.dialect())
+                    .field("conns", self.$field.connections())
+                    .finish_non_exhaustive()
+            }
+        }
+
         impl $crate::TxStore for $store {
             type Dialect = $dialect;
 
@@ -798,60 +818,34 @@ macro_rules! sql_store {
         /// Every call is [`SqlCore`](idem_sql::SqlCore)'s: see the crate
         /// docs for its statements.
         impl $crate::__private::Store for $store {
-            async fn claim(
-                &self,
-                req: &$crate::__private::ClaimRequest<'_>,
-            ) -> $crate::__private::Result<$crate::__private::ClaimOutcome> {
-                $crate::__private::Store::claim(&self.$field, req).await
-            }
-            async fn complete(
-                &self,
-                id: &$crate::__private::RecordId,
-                token: $crate::__private::Token,
-                completion: &$crate::__private::Completion<'_>,
-            ) -> $crate::__private::Result<()> {
-                $crate::__private::Store::complete(&self.$field, id, token, completion).await
-            }
-            async fn release(
-                &self,
-                id: &$crate::__private::RecordId,
-                token: $crate::__private::Token,
-                now: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<()> {
-                $crate::__private::Store::release(&self.$field, id, token, now).await
-            }
-            async fn save_resource_id(
-                &self,
-                id: &$crate::__private::RecordId,
-                token: $crate::__private::Token,
-                resource_id: &str,
-            ) -> $crate::__private::Result<()> {
-                $crate::__private::Store::save_resource_id(&self.$field, id, token, resource_id)
-                    .await
-            }
-            async fn extend_lease(
-                &self,
-                id: &$crate::__private::RecordId,
-                token: $crate::__private::Token,
-                lease_until: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<()> {
-                $crate::__private::Store::extend_lease(&self.$field, id, token, lease_until).await
-            }
-            async fn fetch(
-                &self,
-                id: &$crate::__private::RecordId,
-                now: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<::std::option::Option<$crate::__private::StoredRecord>>
-            {
-                $crate::__private::Store::fetch(&self.$field, id, now).await
-            }
-            async fn purge_expired(
-                &self,
-                now: $crate::__private::Timestamp,
-                limit: u32,
-            ) -> $crate::__private::Result<$crate::__private::PurgeReport> {
-                $crate::__private::Store::purge_expired(&self.$field, now, limit).await
-            }
+            $crate::sql_store!(@forward Store, $field;
+                fn claim(req: &$crate::__private::ClaimRequest<'_>)
+                    -> $crate::__private::ClaimOutcome;
+                fn complete(
+                    id: &$crate::__private::RecordId,
+                    token: $crate::__private::Token,
+                    completion: &$crate::__private::Completion<'_>
+                ) -> ();
+                fn release(
+                    id: &$crate::__private::RecordId,
+                    token: $crate::__private::Token,
+                    now: $crate::__private::Timestamp
+                ) -> ();
+                fn save_resource_id(
+                    id: &$crate::__private::RecordId,
+                    token: $crate::__private::Token,
+                    resource_id: &str
+                ) -> ();
+                fn extend_lease(
+                    id: &$crate::__private::RecordId,
+                    token: $crate::__private::Token,
+                    lease_until: $crate::__private::Timestamp
+                ) -> ();
+                fn fetch(id: &$crate::__private::RecordId, now: $crate::__private::Timestamp)
+                    -> ::std::option::Option<$crate::__private::StoredRecord>;
+                fn purge_expired(now: $crate::__private::Timestamp, limit: u32)
+                    -> $crate::__private::PurgeReport;
+            );
             fn capabilities(&self) -> $crate::__private::Capabilities {
                 $crate::__private::Store::capabilities(&self.$field)
             }
@@ -861,34 +855,21 @@ macro_rules! sql_store {
         /// listing with keyset pagination; release, delete and counts are
         /// one statement each. Counting scans the table.
         impl $crate::__private::AdminStore for $store {
-            async fn list_in_flight(
-                &self,
-                query: &$crate::__private::InFlightQuery<'_>,
-            ) -> $crate::__private::Result<$crate::__private::Page> {
-                $crate::__private::AdminStore::list_in_flight(&self.$field, query).await
-            }
-            async fn release_in_flight(
-                &self,
-                id: &$crate::__private::RecordId,
-                attempt: ::std::option::Option<u32>,
-                now: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<bool> {
-                $crate::__private::AdminStore::release_in_flight(&self.$field, id, attempt, now)
-                    .await
-            }
-            async fn delete_completed(
-                &self,
-                id: &$crate::__private::RecordId,
-                now: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<bool> {
-                $crate::__private::AdminStore::delete_completed(&self.$field, id, now).await
-            }
-            async fn count_states(
-                &self,
-                now: $crate::__private::Timestamp,
-            ) -> $crate::__private::Result<$crate::__private::StateCounts> {
-                $crate::__private::AdminStore::count_states(&self.$field, now).await
-            }
+            $crate::sql_store!(@forward AdminStore, $field;
+                fn list_in_flight(query: &$crate::__private::InFlightQuery<'_>)
+                    -> $crate::__private::Page;
+                fn release_in_flight(
+                    id: &$crate::__private::RecordId,
+                    attempt: ::std::option::Option<u32>,
+                    now: $crate::__private::Timestamp
+                ) -> bool;
+                fn delete_completed(
+                    id: &$crate::__private::RecordId,
+                    now: $crate::__private::Timestamp
+                ) -> bool;
+                fn count_states(now: $crate::__private::Timestamp)
+                    -> $crate::__private::StateCounts;
+            );
         }
     };
 }
@@ -1001,15 +982,18 @@ where
     }
 }
 
-/// What [`sql_store!`](crate::sql_store) names, from wherever it expands.
+/// What [`sql_store!`](crate::sql_store) and [`sql_error!`](crate::sql_error)
+/// name, from wherever they expand.
 #[doc(hidden)]
 pub mod __private {
+    pub use idem_core::Error as CoreError;
     pub use idem_core::RecordId;
     pub use idem_core::clock::Timestamp;
     pub use idem_core::store::{
         AdminStore, Capabilities, ClaimOutcome, ClaimRequest, Completion, InFlightQuery, Page,
-        PurgeReport, StateCounts, Store, StoredRecord, Token,
+        PurgeReport, StateCounts, Store, StoreError, StoredRecord, Token,
     };
+    pub use sqlx;
 
     /// A store call's result.
     pub type Result<T> = std::result::Result<T, idem_core::store::StoreError>;

@@ -233,12 +233,8 @@ impl Dialect for SqliteDialect {
         id: &RecordId,
         token: Token,
     ) -> Result<bool, StoreError> {
-        let applied = q(&self.sql.completed_under)
-            .bind_fenced(id, token)
-            .fetch_optional(conn)
-            .await
-            .map_err(map)?;
-        Ok(applied.is_some())
+        let query = q(&self.sql.completed_under).bind_fenced(id, token);
+        idem_sql::returns_row(query, conn).await.map_err(map)
     }
 
     async fn fenced(

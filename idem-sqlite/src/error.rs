@@ -5,31 +5,11 @@ use idem_core::store::StoreError;
 
 pub(crate) const BACKEND: &str = "sqlite";
 
-/// An error of the SQLite backend: opening, migrating or configuring a
-/// store. Converts into [`StoreError`] and [`idem_core::Error`], so `?`
-/// works in a `main` returning either.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// A configured table name is not a plain SQL identifier (see
-    /// [`SqliteStore::with_table_name`](crate::SqliteStore::with_table_name)).
-    /// Permanent: fix the configuration.
-    #[error("invalid {what} name: {reason}")]
-    InvalidIdentifier {
-        /// What was named: `"table"`.
-        what: &'static str,
-        /// Why it was refused.
-        reason: &'static str,
-    },
-    /// The driver failed (the file cannot be opened, a statement failed).
-    #[error(transparent)]
-    Sqlx(#[from] sqlx::Error),
-    /// The table exists but was not written in the layout this build reads
-    /// and writes ([`idem_sql::LAYOUT`]): a build before 0.1, a later
-    /// layout, or a table of something else. Refused by `migrate`, never
-    /// read. Permanent: point the store at a new table.
-    #[error(transparent)]
-    Layout(#[from] idem_sql::LayoutError),
+idem_sql::sql_error! {
+    /// An error of the SQLite backend: opening, migrating or configuring a
+    /// store. Converts into [`StoreError`] and [`idem_core::Error`], so `?`
+    /// works in a `main` returning either.
+    pub enum Error {}
 }
 
 impl From<Error> for StoreError {
@@ -41,12 +21,6 @@ impl From<Error> for StoreError {
                 source: Box::new(refused),
             },
         }
-    }
-}
-
-impl From<Error> for idem_core::Error {
-    fn from(e: Error) -> Self {
-        StoreError::from(e).into()
     }
 }
 

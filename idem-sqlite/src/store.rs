@@ -79,15 +79,6 @@ pub struct SqliteStore {
     core: SqlCore<SqliteDialect>,
 }
 
-impl std::fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("dialect", self.core.dialect())
-            .field("conns", self.core.connections())
-            .finish_non_exhaustive()
-    }
-}
-
 impl SqliteStore {
     /// A store over your pool, on the table `idem_records`. The pool is used
     /// as given, for every call: sqlx pings each connection as it takes it

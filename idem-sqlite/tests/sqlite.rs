@@ -13,6 +13,17 @@ use support::FileDb;
 
 type Out = Outcome<Charge, Decline>;
 
+/// The indexes of `table`, by name.
+async fn indexes(store: &SqliteStore, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? ORDER BY 1",
+    )
+    .bind(table)
+    .fetch_all(store.pool())
+    .await
+    .expect("indexes")
+}
+
 async fn complete_one(idem: &Idem<SqliteStore>, scope: &Scope, key: &str) {
     idem.execute(scope, key, &json!({"amount": 100}), |a| async move {
         a.set_resource_id("ch_1");
@@ -216,14 +227,8 @@ async fn purges_and_the_stuck_list_walk_the_sweep_index() {
             "{sql}: {text:?}"
         );
     }
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_records' ORDER BY 1",
-    )
-    .fetch_all(db.store.pool())
-    .await
-    .unwrap();
     assert_eq!(
-        indexes,
+        indexes(&db.store, "idem_records").await,
         ["idem_records_sweep", "sqlite_autoindex_idem_records_1"]
     );
     db.teardown().await;
@@ -479,14 +484,8 @@ async fn stores_with_different_tables_in_one_file_are_separate() {
         .await
         .unwrap();
     assert_eq!(counts.completed, 1, "{counts:?}");
-    let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'other_idem' ORDER BY 1",
-    )
-    .fetch_all(db.store.pool())
-    .await
-    .unwrap();
     assert_eq!(
-        indexes,
+        indexes(&db.store, "other_idem").await,
         ["other_idem_sweep", "sqlite_autoindex_other_idem_1"]
     );
     db.teardown().await;

@@ -35,11 +35,7 @@ impl Throwaway {
         // Its own tmpdir: bootstraps side by side in one /tmp collide on
         // their temporary tables' names and abort.
         std::fs::create_dir_all(dir.join("tmp")).expect("create the server's directory");
-        let out = Command::new("mariadb-install-db")
-            .args(["--no-defaults", "--user=root", "--skip-test-db"])
-            .arg("--auth-root-authentication-method=normal")
-            .arg(format!("--datadir={}", dir.join("data").display()))
-            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+        let out = install_db(&dir)
             .output()
             .expect("run mariadb-install-db (is MariaDB installed?)");
         assert!(
@@ -114,6 +110,19 @@ impl Drop for Throwaway {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The `mariadb-install-db` command that installs a data directory in
+/// `dir/data` (its temporary files in `dir/tmp`, which must exist: installs
+/// side by side in one /tmp collide on their temporary tables' names), root
+/// without a password, no `test` database.
+pub fn install_db(dir: &Path) -> Command {
+    let mut cmd = Command::new("mariadb-install-db");
+    cmd.args(["--no-defaults", "--user=root", "--skip-test-db"])
+        .arg("--auth-root-authentication-method=normal")
+        .arg(format!("--datadir={}", dir.join("data").display()))
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()));
+    cmd
 }
 
 /// The `mariadbd` command for a server on `port` whose data directory (and

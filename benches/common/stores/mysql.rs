@@ -7,40 +7,32 @@
 //! trip, a fresh key two: claim, complete); on MySQL the plain `INSERT`,
 //! then a `SELECT` when the key exists.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-
 use idem_mysql::sqlx::{self, AssertSqlSafe, MySqlPool, Row};
 use idem_mysql::{MySqlStore, Server};
 
-use super::workload::{OPERATION, OWNER, Statements, body, record_key};
+use super::workload::{OPERATION, OWNER, RawParts, Statements, record_key, standing};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `MySqlStore` on its own pool.
 #[derive(Debug)]
 pub(crate) struct RawMySql {
-    pool: MySqlPool,
+    raw: RawParts<MySqlPool>,
     server: Server,
     claim: String,
     insert: String,
     read: String,
     complete: String,
-    fingerprint: [u8; 32],
-    body: Vec<u8>,
-    tokens: AtomicI64,
 }
 
 impl RawMySql {
     pub(crate) fn new(store: &MySqlStore, body_len: usize) -> Self {
         Self {
-            pool: store.pool().clone(),
+            raw: RawParts::new(store.pool().clone(), body_len),
             server: store.server().expect("detected by connect or migrate"),
             claim: idem_mysql::statements::claim_returning(store).to_owned(),
             insert: idem_mysql::statements::insert(store).to_owned(),
             read: idem_mysql::statements::read(store).to_owned(),
             complete: idem_mysql::statements::complete(store).to_owned(),
-            fingerprint: [7; 32],
-            body: body(body_len),
-            tokens: AtomicI64::new(1),
         }
     }
 }
@@ -54,8 +46,7 @@ impl Statements for RawMySql {
     /// it is in flight). A lost race (no row) is run again, as the store does.
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
         loop {
-            let token =
-                self.tokens.fetch_add(1, Ordering::Relaxed) + (i64::from(std::process::id()) << 32);
+            let token = self.raw.token() + (i64::from(std::process::id()) << 32);
             let now = now_ms();
             let bind = |sql: &str| {
                 sqlx::query(AssertSqlSafe(sql.to_owned()))
@@ -63,7 +54,7 @@ impl Statements for RawMySql {
                     .bind(OWNER)
                     .bind(OPERATION)
                     .bind(key.to_owned())
-                    .bind(self.fingerprint.to_vec())
+                    .bind(self.raw.fingerprint.to_vec())
                     .bind(token)
                     .bind(now + LEASE_MS)
                     .bind(now + TTL_MS)
@@ -73,16 +64,16 @@ impl Statements for RawMySql {
             let row = match self.server {
                 Server::MariaDb => bind(&self.claim)
                     .bind(now)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&self.raw.pool)
                     .await
                     .expect("claim"),
-                _ => match bind(&self.insert).execute(&self.pool).await {
+                _ => match bind(&self.insert).execute(&self.raw.pool).await {
                     Ok(_) => return Ok(token),
                     Err(e) if duplicate(&e) => {
                         let row = sqlx::query(AssertSqlSafe(self.read.as_str()))
                             .bind(now)
                             .bind(record_key(key))
-                            .fetch_optional(&self.pool)
+                            .fetch_optional(&self.raw.pool)
                             .await
                             .expect("read");
                         let Some(row) = row else { continue };
@@ -94,8 +85,7 @@ impl Statements for RawMySql {
             if row.get::<i64, _>("token") == token {
                 return Ok(token);
             }
-            let state: String = row.get("state");
-            return Err((state == "completed").then(|| row.get("response")));
+            return standing!(row);
         }
     }
 
@@ -103,13 +93,13 @@ impl Statements for RawMySql {
         let now = now_ms();
         let done = sqlx::query(AssertSqlSafe(self.complete.as_str()))
             .bind("success")
-            .bind(self.body.as_slice())
+            .bind(self.raw.body.as_slice())
             .bind(now + TTL_MS)
             .bind(now + TTL_MS)
             .bind(None::<&str>)
             .bind(record_key(key))
             .bind(token)
-            .execute(&self.pool)
+            .execute(&self.raw.pool)
             .await
             .expect("complete");
         assert_eq!(done.rows_affected(), 1, "lease lost");

@@ -7,36 +7,30 @@
 //! conditional insert (and the read again if that lost), on one connection
 //! (so a replay is one read, through the library and here alike).
 
-use std::sync::atomic::{AtomicI64, Ordering};
-
 use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, AssertSqlSafe, Row, SqlitePool};
 
-use super::workload::{OPERATION, OWNER, Statements, body, record_key};
+use super::workload::{
+    OPERATION, OWNER, RawParts, Statements, complete_key_first, record_key, standing,
+};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `SqliteStore` on its own pool.
 #[derive(Debug)]
 pub(crate) struct RawSqlite {
-    pool: SqlitePool,
+    raw: RawParts<SqlitePool>,
     claim: String,
     complete: String,
     fetch: String,
-    fingerprint: [u8; 32],
-    body: Vec<u8>,
-    tokens: AtomicI64,
 }
 
 impl RawSqlite {
     pub(crate) fn new(store: &SqliteStore, body_len: usize) -> Self {
         Self {
-            pool: store.pool().clone(),
+            raw: RawParts::new(store.pool().clone(), body_len),
             claim: idem_sqlite::statements::claim(store).to_owned(),
             complete: idem_sqlite::statements::complete(store).to_owned(),
             fetch: idem_sqlite::statements::fetch(store).to_owned(),
-            fingerprint: [7; 32],
-            body: body(body_len),
-            tokens: AtomicI64::new(1),
         }
     }
 }
@@ -46,8 +40,8 @@ impl Statements for RawSqlite {
     /// while it is in flight). The store's sequence on one connection: the
     /// read, and only for an absent key the claim.
     async fn claim(&self, key: &str) -> Result<i64, Option<Vec<u8>>> {
-        let mut conn = self.pool.acquire().await.expect("acquire");
-        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        let mut conn = self.raw.pool.acquire().await.expect("acquire");
+        let token = self.raw.token();
         let now = now_ms();
         let read = || {
             sqlx::query(AssertSqlSafe(self.fetch.as_str()))
@@ -55,14 +49,13 @@ impl Statements for RawSqlite {
                 .bind(now)
         };
         if let Some(row) = read().fetch_optional(&mut *conn).await.expect("fetch") {
-            let state: String = row.get("state");
-            return Err((state == "completed").then(|| row.get("response")));
+            return standing!(row);
         }
         let won = sqlx::query(AssertSqlSafe(self.claim.as_str()))
             .bind(OWNER)
             .bind(OPERATION)
             .bind(key)
-            .bind(self.fingerprint.as_slice())
+            .bind(self.raw.fingerprint.as_slice())
             .bind(token)
             .bind(now + LEASE_MS)
             .bind(now + TTL_MS)
@@ -79,23 +72,10 @@ impl Statements for RawSqlite {
             .await
             .expect("fetch")
             .expect("the record that won");
-        let state: String = row.get("state");
-        Err((state == "completed").then(|| row.get("response")))
+        standing!(row)
     }
 
     async fn complete(&self, key: &str, token: i64) {
-        let now = now_ms();
-        let done = sqlx::query(AssertSqlSafe(self.complete.as_str()))
-            .bind(record_key(key))
-            .bind(token)
-            .bind("success")
-            .bind(self.body.as_slice())
-            .bind(now + TTL_MS)
-            .bind(now + TTL_MS)
-            .bind(None::<&str>)
-            .execute(&self.pool)
-            .await
-            .expect("complete");
-        assert_eq!(done.rows_affected(), 1, "lease lost");
+        complete_key_first!(self, key, token);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::store::Store;
@@ -22,6 +22,73 @@ pub(crate) fn record_key(key: &str) -> Vec<u8> {
     let key = idem_core::IdempotencyKey::parse_exact(key).expect("a bench key");
     idem_core::RecordId::new(scope, key).digest()[..16].to_vec()
 }
+
+/// What every raw SQL baseline holds besides its statements: the store's
+/// pool, the fingerprint and body it writes, and its claims' tokens.
+#[derive(Debug)]
+pub(crate) struct RawParts<P> {
+    pub(crate) pool: P,
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) body: Vec<u8>,
+    tokens: AtomicI64,
+}
+
+impl<P> RawParts<P> {
+    pub(crate) fn new(pool: P, body_len: usize) -> Self {
+        Self {
+            pool,
+            fingerprint: [7; 32],
+            body: body(body_len),
+            tokens: AtomicI64::new(1),
+        }
+    }
+
+    /// The next claim's token.
+    pub(crate) fn token(&self) -> i64 {
+        self.tokens.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// What a raw SQL baseline's claim answers for a record it did not win,
+/// from the record's row: the body once completed, `None` while in flight.
+/// A macro: each driver's row type is its own (the caller imports `Row`).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+macro_rules! standing {
+    ($row:expr) => {{
+        let row = &$row;
+        let state: String = row.get("state");
+        Err((state == "completed").then(|| row.get("response")))
+    }};
+}
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use standing;
+
+/// A raw SQL baseline's completion of `$key` under `$token` with the bench
+/// body, for a completion statement that names the record first (its key,
+/// then the token), then the outcome, body, expiries and resource id: the
+/// PostgreSQL and SQLite stores'. A macro: each driver's pool is its own
+/// (the caller's scope provides `sqlx`, `AssertSqlSafe`, `record_key`,
+/// `now_ms` and `TTL_MS`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! complete_key_first {
+    ($self:ident, $key:expr, $token:expr) => {{
+        let now = now_ms();
+        let done = sqlx::query(AssertSqlSafe($self.complete.as_str()))
+            .bind(record_key($key))
+            .bind($token)
+            .bind("success")
+            .bind($self.raw.body.as_slice())
+            .bind(now + TTL_MS)
+            .bind(now + TTL_MS)
+            .bind(None::<&str>)
+            .execute(&$self.raw.pool)
+            .await
+            .expect("complete");
+        assert_eq!(done.rows_affected(), 1, "lease lost");
+    }};
+}
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use complete_key_first;
 
 /// Records kept completed for the replay scenario, per target.
 pub(crate) const REPLAY_KEYS: u64 = 256;

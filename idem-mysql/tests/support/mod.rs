@@ -7,16 +7,16 @@
 use std::time::Duration;
 
 use idem_core::testkit::Fixture;
-use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, RecordId, Reply, Scope};
+use idem_core::{IdempotencyKey, RecordId};
 use idem_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlSslMode};
 use idem_mysql::sqlx::pool::PoolConnection;
 use idem_mysql::sqlx::{self, Executor, MySqlConnection, MySqlPool, Row, Transaction};
-use idem_mysql::{MySqlIdemExt, MySqlStore, Server};
+use idem_mysql::{MySqlStore, Server};
 use idem_test_support::sql::mariadb::Throwaway;
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Out, Outage, OutageDialect,
-    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Outage, OutageDialect, SqlFixture,
+    TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{mariadb as server, mariadb_cluster as cluster, proxy};
@@ -370,21 +370,6 @@ impl CorruptDialect for MySql {
 }
 
 impl TxDialect for MySql {
-    type Conn = MySqlConnection;
-    fn execute_in_tx<K, F>(
-        &self,
-        idem: &Idem<MySqlStore>,
-        scope: &Scope,
-        key: K,
-        request: &serde_json::Value,
-        work: F,
-    ) -> impl Future<Output = Result<Reply<String, String>, Error>> + Send
-    where
-        K: IntoKey + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut MySqlConnection) -> TxFuture<'c, Out> + Send,
-    {
-        idem.execute_in_tx(scope, key, request, work)
-    }
     async fn create_orders(&self, fx: &MyFixture) {
         fx.store
             .pool()

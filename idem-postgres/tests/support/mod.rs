@@ -7,15 +7,15 @@
 use std::time::Duration;
 
 use idem_core::testkit::Fixture;
-use idem_core::{Attempt, Error, Idem, IdempotencyKey, IntoKey, RecordId, Reply, Scope};
+use idem_core::{Error, IdempotencyKey, RecordId};
+use idem_postgres::PgStore;
 use idem_postgres::sqlx::pool::PoolConnection;
 use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
-use idem_postgres::{PgIdemExt, PgStore};
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, Out, Outage, OutageDialect, POSTGRES,
-    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, Outage, OutageDialect, POSTGRES, SqlFixture,
+    TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
@@ -122,6 +122,16 @@ impl PgFixture {
     /// the calls on sqlx's pool), over a new, migrated schema.
     pub async fn over_pool(max: u32) -> Self {
         Self::migrated(PgStore::new(pool(max, options()).await)).await
+    }
+
+    /// A store over a pool of `max` connections built here (`PgStore::new`),
+    /// on a new schema it has not migrated (nor created).
+    pub async fn unmigrated(max: u32) -> Self {
+        let schema = schema_name();
+        let store = PgStore::new(pool(max, options()).await)
+            .with_schema_name(&schema)
+            .expect("valid schema name");
+        Self { store, schema }
     }
 
     /// `store` over a new, migrated schema.
@@ -274,21 +284,6 @@ impl CorruptDialect for Pg {
 }
 
 impl TxDialect for Pg {
-    type Conn = PgConnection;
-    fn execute_in_tx<K, F>(
-        &self,
-        idem: &Idem<PgStore>,
-        scope: &Scope,
-        key: K,
-        request: &serde_json::Value,
-        work: F,
-    ) -> impl Future<Output = Result<Reply<String, String>, Error>> + Send
-    where
-        K: IntoKey + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut PgConnection) -> TxFuture<'c, Out> + Send,
-    {
-        idem.execute_in_tx(scope, key, request, work)
-    }
     async fn create_orders(&self, fx: &PgFixture) {
         fx.store
             .pool()

@@ -67,6 +67,16 @@ pub async fn a_lone_task_never_waits_for_a_batch<D: Dialect>(d: D) {
     );
 }
 
+/// [`coalesced_calls_keep_every_answer`] with [`Coalescing::WhenBusy`].
+pub async fn coalesced_calls_keep_every_answer_when_busy<D: Dialect>(d: D) {
+    coalesced_calls_keep_every_answer(d, Coalescing::WhenBusy).await;
+}
+
+/// [`coalesced_calls_keep_every_answer`] with [`Coalescing::Always`].
+pub async fn coalesced_calls_keep_every_answer_always<D: Dialect>(d: D) {
+    coalesced_calls_keep_every_answer(d, Coalescing::Always).await;
+}
+
 /// 96 callers at once on a pool of two, with coalescing `mode`: 32 fresh
 /// keys, 16 keys raced by two callers each, 16 replays and 16 mismatches of
 /// keys completed before. Each fresh key's work runs once and is stored; of

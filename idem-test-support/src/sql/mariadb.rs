@@ -6,11 +6,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use idem_mysql::sqlx::mysql::MySqlPoolOptions;
 use idem_mysql::sqlx::{self, Executor};
+
+use crate::mariadb_server::{install_db, mariadbd};
 
 /// One `mariadbd`, killed and its directory removed when dropped.
 #[derive(Debug)]
@@ -62,18 +64,9 @@ impl Throwaway {
         // Its own tmpdir too: bootstraps running side by side in one /tmp
         // collide on their temporary tables' names and abort.
         std::fs::create_dir_all(dir.join("tmp")).expect("temp dir");
-        let data = dir.join("data");
         let out = tokio::task::spawn_blocking({
-            let data = data.clone();
-            let tmp = dir.join("tmp");
-            move || {
-                Command::new("mariadb-install-db")
-                    .args(["--no-defaults", "--user=root", "--skip-test-db"])
-                    .arg("--auth-root-authentication-method=normal")
-                    .arg(format!("--datadir={}", data.display()))
-                    .arg(format!("--tmpdir={}", tmp.display()))
-                    .output()
-            }
+            let mut install = install_db(&dir);
+            move || install.output()
         })
         .await
         .expect("join")
@@ -129,19 +122,8 @@ impl Throwaway {
     /// Starts `mariadbd` and waits until it answers.
     async fn run(&mut self) {
         let d = &self.dir;
-        let child = Command::new("mariadbd")
-            .args(["--no-defaults", "--user=root", "--bind-address=127.0.0.1"])
-            .arg(format!("--port={}", self.port))
-            .arg(format!("--datadir={}", d.join("data").display()))
-            .arg(format!("--socket={}", d.join("sock").display()))
-            .arg(format!("--tmpdir={}", d.join("tmp").display()))
-            .arg(format!("--pid-file={}", d.join("pid").display()))
-            .arg(format!("--log-error={}", d.join("err.log").display()))
-            .args(["--skip-log-bin", "--innodb-buffer-pool-size=32M"])
+        let child = mariadbd(self.port, d)
             .args(&self.options)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .expect("mariadbd is installed");
         self.child = Some(child);

@@ -62,6 +62,7 @@ pub use transactional::*;
 
 pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
 
+use idem_sql::{SqlIdemExt, TxConnection, TxStore};
 use proxy::{Protocol, Proxy};
 
 pub use crate::work::{Counter, Out, request};
@@ -123,6 +124,25 @@ pub fn engine<S: AdminStore + Clone>(store: &S, clock: &ManualClock) -> Idem<S> 
     Idem::new(store.clone())
         .with_clock(clock.clone())
         .with_policy(policy(2))
+}
+
+/// A call made while no server is behind the store's address: a typed 503
+/// ([`assert_switch_error`](crate::work::assert_switch_error)) whose work
+/// never ran.
+///
+/// # Panics
+///
+/// When the call succeeds, fails otherwise, or its work ran.
+pub async fn assert_call_fails_without_server<S: AdminStore>(
+    engine: &crate::work::Engine<S>,
+    scope: &Scope,
+) {
+    let runs = Counter::default();
+    let during = crate::work::call(engine, scope, "during-the-switch", &runs)
+        .await
+        .expect_err("no server: the call fails");
+    crate::work::assert_switch_error(&during);
+    assert_eq!(runs.get(), 0, "the work never ran without a claim");
 }
 
 /// A scope of its own (a random tenant).
@@ -230,9 +250,7 @@ pub trait CorruptDialect: Dialect {
 }
 
 /// A dialect with a transactional mode (`execute_in_tx`).
-pub trait TxDialect: Dialect {
-    /// The connection a transactional work writes on.
-    type Conn: Send;
+pub trait TxDialect: Dialect<Store: TxStore> {
     /// `idem.execute_in_tx(scope, key, request, work)`.
     fn execute_in_tx<K, F>(
         &self,
@@ -244,7 +262,10 @@ pub trait TxDialect: Dialect {
     ) -> impl Future<Output = Result<Reply<String, String>, Error>> + Send
     where
         K: IntoKey + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut Self::Conn) -> TxFuture<'c, Out> + Send;
+        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<Self::Store>) -> TxFuture<'c, Out> + Send,
+    {
+        idem.execute_in_tx(scope, key, request, work)
+    }
     /// Creates the caller's own `orders` table next to the fixture's.
     fn create_orders(&self, fx: &Self::Fixture) -> impl Future<Output = ()> + Send;
     /// The statement inserting one order note (one bind parameter).
@@ -252,7 +273,7 @@ pub trait TxDialect: Dialect {
     /// Runs [`insert_order_sql`](TxDialect::insert_order_sql) with `note` on
     /// a transactional work's connection.
     fn insert_order<'c>(
-        conn: &'c mut Self::Conn,
+        conn: &'c mut TxConnection<Self::Store>,
         sql: String,
         note: &'static str,
     ) -> TxFuture<'c, ()>;
@@ -352,12 +373,21 @@ pub trait Outage: Send + Sync + 'static {
 /// The calling crate needs `tokio` (features `macros`, `rt-multi-thread`)
 /// as a dev-dependency.
 ///
-/// Two named groups stand for the scenarios every dialect runs together:
+/// Three named groups stand for the scenarios every dialect runs together:
 /// `@races` (64 racers over several stores, racing takeovers, a thousand
-/// keys) and `@values` (hostile values, byte-exact identities, binary
-/// bodies): `sql_suite!(d; @races)`.
+/// keys), `@values` (hostile values, byte-exact identities, binary
+/// bodies) and `@coalescing` (a lone task, a failing call in a batch, 96
+/// mixed callers when busy and always batched): `sql_suite!(d; @races)`.
 #[macro_export]
 macro_rules! sql_suite {
+    ($dialect:expr; @coalescing) => {
+        $crate::sql_suite!($dialect;
+            a_lone_task_never_waits_for_a_batch,
+            one_failing_call_fails_no_other_in_its_batch,
+            coalesced_calls_keep_every_answer_when_busy,
+            coalesced_calls_keep_every_answer_always,
+        );
+    };
     ($dialect:expr; @races) => {
         $crate::sql_suite!($dialect;
             sixty_four_racers,

@@ -148,11 +148,8 @@ pub async fn tx_duplicate_waits_for_the_winner_then_replays<D: TxDialect>(d: D) 
         let (scope, runs) = (scope(), Counter::default());
         let write = Some((d.insert_order_sql(&fx), "winner"));
         let winner = Out::Success("winner".into());
-        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k"), &runs, write, winner);
-        started.await.expect("first is in its work");
-        let second = duplicate_in_tx(&d, &idem, &scope, "k", &runs);
-        let waited = d.claim_waiting(&fx).await && !second.is_finished();
-        go.notify_one();
+        let (first, second, waited) =
+            duplicate_behind_held(&d, &fx, &idem, (&scope, &runs), write, winner).await;
         assert!(waited, "the duplicate waits on the uncommitted record");
         let a = first.await.expect("join").expect("first");
         let b = second.await.expect("join").expect("second");
@@ -178,11 +175,8 @@ pub async fn tx_duplicate_runs_after_a_rollback_and_plain_calls_wait_too<D: TxDi
         let (scope, runs) = (scope(), Counter::default());
         // 1. The first rolls back: the waiting duplicate runs.
         let transient = Out::Transient("provider 503".into());
-        let (first, started, go) = hold_in_tx(&d, &idem, (&scope, "k"), &runs, None, transient);
-        started.await.expect("started");
-        let second = duplicate_in_tx(&d, &idem, &scope, "k", &runs);
-        let waited = d.claim_waiting(&fx).await && !second.is_finished();
-        go.notify_one();
+        let (first, second, waited) =
+            duplicate_behind_held(&d, &fx, &idem, (&scope, &runs), None, transient).await;
         assert!(waited, "waits on the uncommitted claim");
         assert!(
             first
@@ -316,6 +310,27 @@ fn hold_in_tx<D: TxDialect>(
         .await
     });
     (task, started, go)
+}
+
+/// A call held in its transaction on key `k` ([`hold_in_tx`]) and a
+/// transactional duplicate of it ([`duplicate_in_tx`]): once the first is in
+/// its work the duplicate starts, and the first is let go after looking
+/// whether the duplicate waits on the server for the held record. Both
+/// calls, and whether it waited.
+async fn duplicate_behind_held<D: TxDialect>(
+    d: &D,
+    fx: &D::Fixture,
+    idem: &Idem<D::Store>,
+    (scope, runs): (&Scope, &Counter),
+    write: Option<(String, &'static str)>,
+    outcome: Out,
+) -> (JoinHandle<TxReply>, JoinHandle<TxReply>, bool) {
+    let (first, started, go) = hold_in_tx(d, idem, (scope, "k"), runs, write, outcome);
+    started.await.expect("first is in its work");
+    let second = duplicate_in_tx(d, idem, scope, "k", runs);
+    let waited = d.claim_waiting(fx).await && !second.is_finished();
+    go.notify_one();
+    (first, second, waited)
 }
 
 /// Spawns a transactional duplicate on `key` whose work counts its run and
