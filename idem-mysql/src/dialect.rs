@@ -8,8 +8,8 @@ use std::time::Duration;
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
-    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, PurgeReport, RecordSummary,
+    StateCounts, StoreError, StoredRecord, Token,
 };
 use idem_sql::{
     BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim,
@@ -160,37 +160,37 @@ fn sqlx_leaves_connection_sound(e: &sqlx::Error) -> bool {
     })
 }
 
-/// The claim's row, settled as alone (for a batch too).
+/// The claim's row, settled as alone (for a batch too): our token names a
+/// won claim (our insert or, after a lost reply, our own earlier claim); a
+/// takeover is one fenced update of exactly the version read.
 impl SettleClaim for MySqlDialect {
-    /// The claim's answer from the row its insert returned for it (or the
-    /// read after a duplicate key): won (our token), the standing record,
-    /// or (claimable) the takeover of exactly the version read; `None`
-    /// when the takeover lost a race.
-    async fn settle(
+    fn won(&self, req: &ClaimRequest<'_>, row: &MySqlRow) -> Result<Option<u32>, Error> {
+        let token: i64 = row.try_get("token")?;
+        (token == req.token.as_i64())
+            .then(|| attempt_of(row))
+            .transpose()
+    }
+
+    /// A batch's rows carry the body whatever its expiry: an expired one is
+    /// dropped here.
+    fn standing(&self, req: &ClaimRequest<'_>, row: &MySqlRow) -> Result<StoredRecord, Error> {
+        let mut record = decode_record(row, req.id)?;
+        if record.response_expires_at.is_some_and(|at| at <= req.now) {
+            record.response = None;
+        }
+        Ok(record)
+    }
+
+    async fn take_over(
         &self,
         conn: &mut MySqlConnection,
         req: &ClaimRequest<'_>,
         row: &MySqlRow,
-    ) -> Result<Option<ClaimOutcome>, Error> {
+        record: &StoredRecord,
+        expired: bool,
+    ) -> Result<Option<(u32, Option<String>)>, Error> {
         let lease = req.lease_until.as_unix_millis();
         let token: i64 = row.try_get("token")?;
-        if token == req.token.as_i64() {
-            // Our insert (or, after a lost reply, our own earlier claim).
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(row)?,
-                previous: None,
-            })));
-        }
-        let mut record = decode_record(row, req.id)?;
-        // A batch's rows carry the body whatever its expiry.
-        if record.response_expires_at.is_some_and(|at| at <= req.now) {
-            record.response = None;
-        }
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        let expired = record.is_expired(req.now);
-        if !expired && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
         // Claimable: take over exactly the version read. An expired key
         // starts over (attempt 1, no resource id, the new key expiry);
         // otherwise the attempt counts on and the resource id stays.
@@ -226,17 +226,7 @@ impl SettleClaim for MySqlDialect {
             Err(e) if is_race(&e) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
-        // A takeover reports the state it read; a holder whose lease ended
-        // may have released since (same token, a guard column changed: then
-        // this takeover lost and runs again, and reads `Released`).
-        let previous = match reason {
-            Some(reason) if !expired => Some(Previous {
-                reason,
-                resource_id,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+        Ok(Some((attempt, resource_id)))
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
-    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Completion, InFlightQuery, PurgeReport, RecordSummary, StateCounts,
+    StoreError, StoredRecord, Token,
 };
 use idem_sql::{
     BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim, SqlCore,
@@ -177,51 +177,34 @@ fn attempt_of(row: &PgRow) -> Result<u32, Error> {
     Ok(idem_sql::attempt_of::<_, i32>(row)?)
 }
 
-/// The claim's row, settled as alone (for a batch too).
+/// The claim's row, settled as alone (for a batch too): `kind` names a
+/// won claim; a takeover is one statement on exactly the version read (its
+/// token), which returns the new attempt and the resource id it keeps.
 impl SettleClaim for PgDialect {
-    /// The claim's answer from the row its statement returned for it: won,
-    /// the standing record, or (claimable) the takeover of exactly the
-    /// version read; `None` when the takeover lost a race.
-    async fn settle(
+    fn won(&self, _: &ClaimRequest<'_>, row: &PgRow) -> Result<Option<u32>, Error> {
+        let kind: String = row.try_get("kind")?;
+        (kind == "claimed").then(|| attempt_of(row)).transpose()
+    }
+
+    fn standing(&self, req: &ClaimRequest<'_>, row: &PgRow) -> Result<StoredRecord, Error> {
+        decode_record(row, req.id)
+    }
+
+    async fn take_over(
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest<'_>,
         row: &PgRow,
-    ) -> Result<Option<ClaimOutcome>, Error> {
-        let kind: String = row.try_get("kind")?;
-        if kind == "claimed" {
-            return Ok(Some(ClaimOutcome::Claimed(Claimed {
-                attempt: attempt_of(row)?,
-                previous: None,
-            })));
-        }
-        let record = decode_record(row, req.id)?;
-        let reason = record.takeover_reason(&req.fingerprint, req.now);
-        if !record.is_expired(req.now) && reason.is_none() {
-            return Ok(Some(ClaimOutcome::Existing(record)));
-        }
-        // Claimable: take over exactly the version read (its token).
+        _: &StoredRecord,
+        _: bool,
+    ) -> Result<Option<(u32, Option<String>)>, Error> {
         let seen: i64 = row.try_get("token")?;
-        let Some(row) = claim_query(&self.sql.takeover, req)
+        let took = claim_query(&self.sql.takeover, req)
             .bind(seen)
             .fetch_optional(&mut *conn)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let attempt = attempt_of(&row)?;
-        // An expired key starts over (attempt 1, no previous attempt). A
-        // takeover reports the state it read; a holder whose lease ended may
-        // have released since (same token): the reason then reads
-        // `LeaseExpired`, the cautious answer (the work reconciles either way).
-        let previous = match reason {
-            Some(reason) if attempt > 1 => Some(Previous {
-                reason,
-                resource_id: row.try_get("resource_id")?,
-            }),
-            _ => None,
-        };
-        Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+            .await?;
+        took.map(|row| Ok((attempt_of(&row)?, row.try_get("resource_id")?)))
+            .transpose()
     }
 }
 

@@ -25,8 +25,8 @@ use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::Fingerprint;
 use idem_core::store::{
-    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Completion, OwnedCompletion, StoreError, Token,
-    record_batch,
+    CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Claimed, Completion, OwnedCompletion, Previous,
+    StoreError, StoredRecord, Token, record_batch,
 };
 use sqlx::{ColumnIndex, Database, Decode, Type};
 use tokio::sync::oneshot;
@@ -122,17 +122,84 @@ pub struct BatchCompletion<'a> {
 }
 
 /// A dialect whose claim statement returns the record's row, claimed or
-/// standing, for a batch as for one claim: each row is settled as alone.
+/// standing, for a batch as for one claim: each row is settled as alone
+/// ([`SettleClaim::settle`]); the dialect says how its row reads and how it
+/// takes a record over.
 pub trait SettleClaim: Dialect {
+    /// The attempt when `row` is this claim's own insert (the claim won),
+    /// `None` when it holds a standing record.
+    ///
+    /// # Errors
+    ///
+    /// A column that does not decode.
+    fn won(
+        &self,
+        req: &ClaimRequest<'_>,
+        row: &<Self::Db as Database>::Row,
+    ) -> Result<Option<u32>, Self::Error>;
+
+    /// The standing record `row` holds, as the claim sees it at `req.now`.
+    ///
+    /// # Errors
+    ///
+    /// A column that does not decode, or a row of another identity.
+    fn standing(
+        &self,
+        req: &ClaimRequest<'_>,
+        row: &<Self::Db as Database>::Row,
+    ) -> Result<StoredRecord, Self::Error>;
+
+    /// Takes over exactly the version of `record` that `row` holds (a
+    /// claimable record; `expired`: its key expired, and the claim starts
+    /// over at attempt 1): the new attempt and the resource id it carries
+    /// on, or `None` when the takeover lost a race.
+    fn take_over(
+        &self,
+        conn: &mut DbConnection<Self>,
+        req: &ClaimRequest<'_>,
+        row: &<Self::Db as Database>::Row,
+        record: &StoredRecord,
+        expired: bool,
+    ) -> impl Future<Output = Result<Option<(u32, Option<String>)>, Self::Error>> + Send;
+
     /// The claim's answer from the row its statement returned for it: won,
     /// the standing record, or (claimable) the takeover of exactly the
     /// version read; `None` when the takeover lost a race.
+    ///
+    /// A takeover reports the state it read (an expired key starts over:
+    /// attempt 1, no previous attempt). A holder whose lease ended may
+    /// release meanwhile: where the release changes a column the takeover
+    /// is fenced on, the takeover loses and the claim runs again (and reads
+    /// `Released`); otherwise the reason reads `LeaseExpired`, the cautious
+    /// answer (the work reconciles either way).
     fn settle(
         &self,
         conn: &mut DbConnection<Self>,
         req: &ClaimRequest<'_>,
         row: &<Self::Db as Database>::Row,
-    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send {
+        async move {
+            if let Some(attempt) = self.won(req, row)? {
+                let previous = None;
+                return Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })));
+            }
+            let record = self.standing(req, row)?;
+            let reason = record.takeover_reason(&req.fingerprint, req.now);
+            let expired = record.is_expired(req.now);
+            if !expired && reason.is_none() {
+                return Ok(Some(ClaimOutcome::Existing(record)));
+            }
+            let took = self.take_over(conn, req, row, &record, expired).await?;
+            let Some((attempt, resource_id)) = took else {
+                return Ok(None);
+            };
+            let previous = reason.filter(|_| attempt > 1).map(|reason| Previous {
+                reason,
+                resource_id,
+            });
+            Ok(Some(ClaimOutcome::Claimed(Claimed { attempt, previous })))
+        }
+    }
 
     /// The answers of a batch's claims `reqs`, in order, from the `rows`
     /// their statement returned, each settled ([`SettleClaim::settle`]) on
