@@ -23,7 +23,7 @@ use idem_core::testkit::FailingStore;
 use idem_core::{Idem, InFlightMode, Policy};
 use tokio::sync::{Notify, Semaphore};
 
-use super::check::{Got, send};
+use super::check::{Got, key, send};
 use idem_http::{
     Class, ExtensionOwner, FingerprintSpec, IdemAttempt, IdempotencyLayer, KeyNamespace,
     KeyRequirement, OperationSource, OwnerId, PathSource,
@@ -479,6 +479,11 @@ impl<S: Store> App<S> {
             .drain_completions(Duration::from_secs(10))
             .await
     }
+}
+
+/// The app with the default options, and a fresh key.
+pub(super) async fn start<S: Store>(store: Arc<S>) -> (App<S>, String) {
+    (App::start(store).await, key())
 }
 
 /// Routes under a prefix, the layer applied inside the nested router.

@@ -152,6 +152,13 @@ pub(super) async fn send(r: reqwest::RequestBuilder) -> Got {
     Got::read(r.send().await.expect("request sent")).await
 }
 
+/// Sends `r` and asserts that it ran (`status`, no marker).
+pub(super) async fn executed(r: reqwest::RequestBuilder, status: u16) -> Got {
+    let g = send(r).await;
+    g.assert_executed(status);
+    g
+}
+
 /// A fresh random key, as text.
 pub(super) fn key() -> String {
     idem_core::IdempotencyKey::random().as_str().to_owned()

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use idem_core::store::Store;
 use idem_core::{IdempotencyKey, Scope};
 
-use super::app::{App, Options, engine};
-use super::check::{Got, key, send};
+use super::app::{App, Options, engine, start};
+use super::check::{Got, executed, key, send};
 use idem_http::HttpConfigError;
 
 const RACERS: usize = 64;
@@ -27,8 +27,7 @@ fn racers<S: Store>(app: &App<S>, k: &str) -> tokio::task::JoinSet<Got> {
 /// 64 concurrent identical requests in reject mode: the handler runs once;
 /// the others get 409 `in_flight` with `Retry-After` ≥ 1 (or a replay).
 pub async fn race_64_reject_mode_runs_once<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let mut set = racers(&app, &k);
     let mut conflicts = 0;
     let mut executed = Vec::new();
@@ -77,8 +76,7 @@ pub async fn race_64_wait_mode_replays_to_all<S: Store>(store: Arc<S>) {
 /// The handler's body fails while read: 500 `response_body_failed`
 /// (retryable), the key is released and the retry runs again.
 pub async fn response_body_failure_releases_the_key<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     for i in 1..=2 {
         let g = send(app.order(&k).header("x-body-error", "1")).await;
         g.assert_problem(500, "response_body_failed", Some(&k));
@@ -106,8 +104,7 @@ pub async fn problem_echoes_the_unquoted_key<S: Store>(store: Arc<S>) {
 /// first execution, not a replay of the duplicate. Nested objects and
 /// `application/*+json` are refused the same way.
 pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let g = send(app.post("/orders", Some(&k), r#"{"amount":1,"amount":1000}"#)).await;
     let p = g.assert_problem(400, "invalid_request", Some(&k));
     assert_eq!(p["retryable"], false);
@@ -119,8 +116,7 @@ pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
         "{p}"
     );
     assert_eq!(app.counts.executions(), 0, "the work did not run");
-    let first = send(app.post("/orders", Some(&k), r#"{"amount":1000}"#)).await;
-    first.assert_executed(201);
+    let first = executed(app.post("/orders", Some(&k), r#"{"amount":1000}"#), 201).await;
     assert_eq!(app.counts.executions(), 1);
     send(app.post("/orders", Some(&k), r#"{"amount":1000}"#))
         .await
@@ -185,17 +181,14 @@ pub async fn wait_mode_timeout_is_409_with_retry_after<S: Store>(store: Arc<S>) 
 /// the fingerprint hashes the path as received (prefix included), not the
 /// path the nested router sees.
 pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#)).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.post("/v1/orders", Some(&k), r#"{"a":1}"#), 201).await;
     send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#))
         .await
         .assert_replay_of(&first);
     // Another prefix, or the top-level route: another operation.
     for path in ["/v2/orders", "/orders"] {
-        let g = send(app.post(path, Some(&k), r#"{"a":1}"#)).await;
-        g.assert_executed(201);
+        executed(app.post(path, Some(&k), r#"{"a":1}"#), 201).await;
     }
     assert_eq!(app.counts.executions(), 3);
     // A template with a parameter: one operation for every id (another id
@@ -251,8 +244,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
     // `/strict` fingerprints every field; the main layer ignores /client_ts.
     for (path, second) in [("/orders", 201), ("/strict", 422)] {
         let k = key();
-        let first = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#)).await;
-        first.assert_executed(201);
+        let first = executed(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#), 201).await;
         let g = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":2}"#)).await;
         if second == 422 {
             g.assert_problem(422, "fingerprint_mismatch", Some(&k));

@@ -11,8 +11,8 @@ use reqwest::Method;
 use reqwest::header::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL};
-use super::check::{Got, assert_section, key, send};
+use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL, start};
+use super::check::{Got, assert_section, executed, key, send};
 use idem_http::KeyNamespace;
 
 /// Writes `request` on a raw connection and returns the status and the
@@ -49,8 +49,7 @@ pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
         (Method::TRACE, "/orders/1", ""),
     ] {
         for k in [None, Some("a, b"), Some("good-key"), Some("good-key")] {
-            let g = send(app.request(m.clone(), path, k, body)).await;
-            g.assert_executed(201);
+            let g = executed(app.request(m.clone(), path, k, body), 201).await;
             if m == Method::HEAD {
                 assert!(g.body.is_empty(), "HEAD has no body");
             } else {
@@ -98,8 +97,7 @@ pub async fn row_03_optional_key_passes_through<S: Store>(store: Arc<S>) {
     }
     assert_eq!(app.counts.executions(), 2);
     let k = key();
-    let first = send(app.post("/optional", Some(&k), "{}")).await;
-    first.assert_executed(201);
+    let first = executed(app.post("/optional", Some(&k), "{}"), 201).await;
     send(app.post("/optional", Some(&k), "{}"))
         .await
         .assert_replay_of(&first);
@@ -155,10 +153,8 @@ pub async fn row_04_invalid_keys_are_400<S: Store>(store: Arc<S>) {
 /// Row 5: `"k"` then `k` with the same body: one record, the second is a
 /// replay.
 pub async fn row_05_quoted_and_bare_key_are_one_record<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.order(&format!("\"{k}\""))).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&format!("\"{k}\"")), 201).await;
     app.send_order(&k).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
@@ -166,8 +162,7 @@ pub async fn row_05_quoted_and_bare_key_are_one_record<S: Store>(store: Arc<S>) 
 /// Row 6: no owner (auth missing or misplaced): 500 `owner_unavailable`,
 /// nothing runs.
 pub async fn row_06_owner_unavailable_is_500<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let g = send(
         app.client
             .post(format!("{}/orders", app.base))
@@ -182,8 +177,7 @@ pub async fn row_06_owner_unavailable_is_500<S: Store>(store: Arc<S>) {
 /// Row 7: a body over the limit, declared or streamed: 413, nothing runs,
 /// and a declared one is refused without reading the body.
 pub async fn row_07_request_body_over_limit_is_413<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let big = "x".repeat(MAX_REQUEST + 1);
     let g = send(app.post("/orders", Some(&k), &big)).await;
     let p = g.assert_problem(413, "request_too_large", Some(&k));
@@ -217,8 +211,7 @@ pub async fn row_07_request_body_over_limit_is_413<S: Store>(store: Arc<S>) {
 /// unchanged, without a marker.
 pub async fn row_08_first_request_executes<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
-    let g = send(app.post("/orders", Some(&key()), r#"{"item":"a"}"#)).await;
-    g.assert_executed(201);
+    let g = executed(app.post("/orders", Some(&key()), r#"{"item":"a"}"#), 201).await;
     assert_eq!(g.json()["id"], "ord_1");
     assert_eq!(g.header("x-recovery"), Some("false"));
     assert_eq!(app.counts.executions(), 1);
@@ -228,10 +221,8 @@ pub async fn row_08_first_request_executes<S: Store>(store: Arc<S>) {
 /// `Set-Cookie`), exact bytes (also non-UTF-8 bodies and header values), a fresh `Date`, a
 /// recomputed `Content-Length` and the marker.
 pub async fn row_09_retry_is_a_byte_exact_replay<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.order(&k).header("x-cookie", "1")).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&k).header("x-cookie", "1"), 201).await;
     assert!(first.header("set-cookie").is_some());
     for _ in 0..2 {
         send(app.order(&k).header("x-cookie", "1"))
@@ -254,10 +245,8 @@ pub async fn row_09_retry_is_a_byte_exact_replay<S: Store>(store: Arc<S>) {
 
 /// Row 10: a stored 4xx (`Failure`) is replayed like a success.
 pub async fn row_10_stored_failure_is_replayed<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.order(&k).header("x-status", "400")).await;
-    first.assert_executed(400);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&k).header("x-status", "400"), 400).await;
     app.send_order(&k).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
@@ -265,8 +254,7 @@ pub async fn row_10_stored_failure_is_replayed<S: Store>(store: Arc<S>) {
 /// Row 11: the same key with another body, path parameter, query or
 /// included header: 422 every time; the record is untouched.
 pub async fn row_11_same_key_other_request_is_422<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let charge =
         |path: &str, body: &str, fp: &str| send(app.post(path, Some(&k), body).header("x-fp", fp));
     let first = charge("/accounts/1/charges?a=1", r#"{"n":1}"#, "1").await;
@@ -294,8 +282,7 @@ pub async fn row_11_same_key_other_request_is_422<S: Store>(store: Arc<S>) {
 /// Row 12: a duplicate while the first runs (reject mode): 409 `in_flight`
 /// with `Retry-After` = the lease left; then the replay.
 pub async fn row_12_in_flight_is_409_with_retry_after<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let a = app.hold(&k).await;
     for (left, advance) in [("60", 30), ("30", 0)] {
         let g = app.send_order(&k).await;
@@ -326,8 +313,7 @@ pub async fn row_13_wait_mode_replays_when_the_first_finishes<S: Store>(store: A
 /// Row 14: after `response_ttl`, before `key_ttl`: 409 `response_expired`
 /// with the resource id, no `Retry-After`, the handler does not run.
 pub async fn row_14_expired_response_is_409_with_resource_id<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     send(app.order(&k).header("x-resource", "ord_77"))
         .await
         .assert_executed(201);
@@ -350,8 +336,7 @@ pub async fn row_15_unstored_response_is_409_not_stored<S: Store>(store: Arc<S>)
     let cases: [(&str, &str); 2] = [("x-class", "complete-without-body"), ("x-sse", "1")];
     for (i, (h, v)) in cases.into_iter().enumerate() {
         let k = key();
-        let first = send(app.order(&k).header(h, v).header("x-resource", "r1")).await;
-        first.assert_executed(201);
+        let first = executed(app.order(&k).header(h, v).header("x-resource", "r1"), 201).await;
         if h == "x-sse" {
             assert_eq!(first.body, b"data: 1\n\ndata: 2\n\n");
         }
@@ -366,11 +351,9 @@ pub async fn row_15_unstored_response_is_409_not_stored<S: Store>(store: Arc<S>)
 /// size hint, several chunks with yields between them) is collected, stored
 /// and replayed byte-exact; streaming alone is not a reason to skip storing.
 pub async fn row_15_streamed_body_under_the_limit_is_stored<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let chunks = 8;
-    let first = send(app.order(&k).header("x-stream", chunks.to_string())).await;
-    first.assert_executed(201);
+    let first = executed(app.order(&k).header("x-stream", chunks.to_string()), 201).await;
     assert_eq!(first.body, super::app::streamed_body(1, chunks));
     assert!(first.body.len() < super::app::MAX_RESPONSE);
     for _ in 0..2 {
@@ -385,8 +368,7 @@ pub async fn row_15_streamed_body_under_the_limit_is_stored<S: Store>(store: Arc
 /// `response_not_stored`), and the stream ends whole; later retries get the
 /// same 409, never a replay or a second run.
 pub async fn row_15_sse_streams_and_is_never_stored<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let mut res = app
         .order(&k)
         .header("x-sse-live", "1")
@@ -431,8 +413,7 @@ pub async fn row_15_sse_streams_and_is_never_stored<S: Store>(store: Arc<S>) {
 /// Row 16: an in-flight record whose lease ended: the retry runs as a
 /// recovery, and its outcome is the one replayed.
 pub async fn row_16_expired_lease_is_taken_over_as_recovery<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let a = app.hold(&k).await;
     let b = app.recover(&k).await;
     app.counts.release(1);
@@ -470,8 +451,7 @@ pub async fn row_18_oversized_response_streams_and_is_not_stored<S: Store>(store
         if chunked {
             r = r.header("x-chunked", "1");
         }
-        let first = send(r).await;
-        first.assert_executed(201);
+        let first = executed(r, 201).await;
         let want = if chunked {
             size.div_ceil(1024) * 1024
         } else {
@@ -494,8 +474,7 @@ pub async fn row_18_oversized_response_streams_and_is_not_stored<S: Store>(store
 /// Row 19: the store is unreachable at the claim: 503 `store_unavailable`
 /// with `Retry-After: 1`, and the handler does not run (fail closed).
 pub async fn row_19_store_down_at_claim_is_503<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_all(true);
     let g = app.send_order(&k).await;
     g.assert_problem(503, "store_unavailable", Some(&k));
@@ -512,8 +491,7 @@ pub async fn row_19_store_down_at_claim_is_503<S: Store>(store: Arc<S>) {
 /// 409 `in_flight` (nothing runs); once it is, the retry replays the
 /// handler's 201. The handler ran once.
 pub async fn row_20_store_down_at_completion_is_retried_then_replayed<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_complete(true);
     let g = app.send_order(&k).await;
     g.assert_problem(503, "store_unavailable", Some(&k));
@@ -534,8 +512,7 @@ pub async fn row_20_store_down_at_completion_is_retried_then_replayed<S: Store>(
 /// from the saved id), and if the outcome is never stored before the lease
 /// ends, the retry after it is a recovery given that id.
 pub async fn row_20b_store_down_at_completion_after_a_saved_resource_id<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_complete(true);
     send(app.order(&k).header("x-save-resource", "ord_1"))
         .await
@@ -551,8 +528,7 @@ pub async fn row_20b_store_down_at_completion_after_a_saved_resource_id<S: Store
 /// Row 21: a holder whose lease was taken over gets 409 `lease_lost`
 /// (`Retry-After: 1`); the newer attempt's outcome is the one replayed.
 pub async fn row_21_lease_lost_is_409<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let a = app.hold(&k).await;
     app.expire_lease();
     let b = app.send_order(&k).await;
@@ -567,8 +543,7 @@ pub async fn row_21_lease_lost_is_409<S: Store>(store: Arc<S>) {
 
 /// Row 22: a corrupted record: 500 `corrupt_record`, untouched, nothing runs.
 pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let body = b"{}";
     let fp = app.fingerprint_of("/orders", "/orders", body).await;
     let scope = Scope::new("alice", "POST /orders").expect("scope");
@@ -614,8 +589,7 @@ pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
 /// Row 23: the client disconnects mid-handler (detached): the handler runs
 /// to the end, the outcome is stored, the retry replays it.
 pub async fn row_23_disconnect_when_detached_completes<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let a = app.hold(&k).await;
     a.abort();
     let _ = a.await;
@@ -685,8 +659,7 @@ pub async fn row_25_panic_is_500_then_recovery<S: Store>(store: Arc<S>) {
 
 /// Row 26: the same key under two owners: two records, each replays its own.
 pub async fn row_26_owners_are_isolated<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let a = app.send_order(&k).await;
     let bob = || app.post_with("/orders", Some(&k), "{}", "bob", "application/json");
     let b = send(bob()).await;
@@ -736,10 +709,12 @@ pub async fn row_28_different_key_same_body_executes<S: Store>(store: Arc<S>) {
 /// change only in an ignored field; reordered form pairs; the same
 /// multipart bytes: replays.
 pub async fn row_29_equivalent_bodies_replay<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&k), r#"{"a":1,"b":[1,2],"client_ts":1}"#)).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(
+        app.post("/orders", Some(&k), r#"{"a":1,"b":[1,2],"client_ts":1}"#),
+        201,
+    )
+    .await;
     send(app.post(
         "/orders",
         Some(&k),
@@ -771,10 +746,8 @@ pub async fn row_29_equivalent_bodies_replay<S: Store>(store: Arc<S>) {
 
 /// Row 30: a POST with a key and an empty body, retried: once, then replayed.
 pub async fn row_30_empty_body_runs_once<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&k), "")).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.post("/orders", Some(&k), ""), 201).await;
     send(app.post("/orders", Some(&k), ""))
         .await
         .assert_replay_of(&first);
