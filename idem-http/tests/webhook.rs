@@ -241,6 +241,15 @@ impl<S: Store> App<S> {
         tokio::spawn(async move { send_to(&client, &url, &d).await })
     }
 
+    /// Asserts that `key`'s record completed with `outcome` on the first
+    /// attempt.
+    async fn assert_completed_once(&self, key: &str, outcome: OutcomeKind) {
+        assert_eq!(
+            self.state(key).await,
+            Some((RecordState::Completed, Some(outcome), 1))
+        );
+    }
+
     async fn state(&self, key: &str) -> Option<(RecordState, Option<OutcomeKind>, u32)> {
         self.layer
             .idem()
@@ -519,10 +528,7 @@ mod rows {
         assert_eq!(g.header("idempotent-replayed"), None);
         assert_eq!(app.runs.count(), 1);
         assert_eq!(app.runs.recoveries(), vec![false]);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W7: a 4xx is a permanent failure: stored, acknowledged with 200, the
@@ -535,10 +541,7 @@ mod rows {
         assert_eq!(g.status, 200, "{}", g.text());
         assert!(g.body.is_empty());
         assert_eq!(app.runs.hook_calls.load(Ordering::SeqCst), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Failure), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Failure).await;
         app.clock.advance(Duration::from_secs(30));
         app.send(&app.delivery(&e, "permanent")).await.is_ack();
         assert_eq!(app.runs.count(), 1);
@@ -622,10 +625,7 @@ mod rows {
         app.clock.advance(Duration::from_secs(3600));
         app.send(&app.delivery(&e, "ok")).await.is_ack();
         assert_eq!(app.runs.count(), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W11: with `Replay`, a duplicate gets the stored response and the
@@ -819,10 +819,7 @@ mod rows {
         }
         assert_eq!(fresh, 1);
         assert_eq!(app.runs.count(), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W19: a captured signed request replayed verbatim: a duplicate inside
