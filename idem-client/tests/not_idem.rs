@@ -32,10 +32,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_client::{
-    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding,
-    Report, ReportKind, Sent, StopReason,
+    IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding, ReportKind,
+    Sent,
 };
-use support::{Fault, client_with, fault_proxy, one_key};
+use support::{Fault, client_with, exhausted_at_deadline, fault_proxy, one_key, sent};
 
 /// What the API has saved under a key.
 #[derive(Debug, Clone)]
@@ -407,27 +407,8 @@ async fn refusals_until_the_deadline_return_the_key() {
         .send()
         .await
         .unwrap();
-    match resp.idem() {
-        Err(Error::Exhausted {
-            key,
-            reason,
-            last_status,
-            ..
-        }) => {
-            assert_eq!(&key, intent.key());
-            assert_eq!(reason, StopReason::Deadline);
-            assert_eq!(last_status, Some(StatusCode::SERVICE_UNAVAILABLE));
-        }
-        other => panic!("expected Exhausted, got {other:?}"),
-    }
+    assert_eq!(&exhausted_at_deadline(resp.idem()), intent.key());
     assert_eq!(s.runs(), 0);
     assert!(s.keys().len() >= 2, "{:?}", s.keys());
     one_key(&s.keys());
-}
-
-/// Sends and returns the response with its report.
-async fn sent(request: reqwest_middleware::RequestBuilder) -> (reqwest::Response, Report) {
-    let resp = request.send().await.unwrap();
-    let report = resp.idem_report().unwrap().clone();
-    (resp, report)
 }

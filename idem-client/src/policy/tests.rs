@@ -62,6 +62,13 @@ fn is_retry(step: &Step) -> bool {
     matches!(step, Step::Retry { .. })
 }
 
+fn retry_reason(step: &Step) -> RetryReason {
+    match step {
+        Step::Retry { reason, .. } => *reason,
+        other => panic!("expected a retry, got {other:?}"),
+    }
+}
+
 fn retry_delay(step: &Step) -> Duration {
     match step {
         Step::Retry { delay, .. } => *delay,
@@ -74,16 +81,7 @@ fn row01_connect_failure_retries_then_stops_as_transport() {
     let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Connect);
     let step = p.decide(&view, state(1, 0), &mut || 0);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::Connect,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::Connect, "{step:?}");
     let spent = p.decide(&view, state(6, 0), &mut || 0);
     assert_eq!(spent, Step::Stop(StopReason::Transport));
 }
@@ -93,16 +91,7 @@ fn row02_ambiguous_transport_failure_retries_same_key_then_stops() {
     let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Ambiguous);
     let step = p.decide(&view, state(2, 0), &mut || 0);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::Transport,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::Transport, "{step:?}");
     let spent = p.decide(&view, state(1, 59_999), &mut max_random);
     assert_eq!(spent, Step::Stop(StopReason::Transport));
 }
@@ -219,13 +208,7 @@ fn row10_in_flight_waits_retry_after_plus_jitter_same_key() {
             problem: Some(&pr),
         };
         let step = p.decide(&view, state(1, 0), &mut max_random);
-        assert!(matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::InFlight,
-                ..
-            }
-        ));
+        assert_eq!(retry_reason(&step), RetryReason::InFlight, "{step:?}");
         // Spread at most min(1 s, 3 s / 10) = 300 ms.
         assert!(
             retry_delay(&step) <= Duration::from_millis(3_300),
@@ -266,16 +249,7 @@ fn row11_response_expired_or_not_stored_is_already_processed() {
 #[test]
 fn row12_409_with_retry_after_and_no_code_waits_as_in_flight() {
     let step = decide(409, &[("retry-after", "1")], None);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::InFlight,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::InFlight, "{step:?}");
     assert!(retry_delay(&step) >= Duration::from_secs(1));
     let step = decide_with(
         &RetryPolicy::default(),

@@ -776,6 +776,26 @@ pub async fn sent(
     (resp, report)
 }
 
+/// Asserts that the send stopped at its deadline after a 503 (the key
+/// returned for the caller to resume with) and returns that key.
+pub fn exhausted_at_deadline(
+    result: Result<idem_client::Sent, idem_client::Error>,
+) -> IdempotencyKey {
+    match result {
+        Err(idem_client::Error::Exhausted {
+            key,
+            reason,
+            last_status,
+            ..
+        }) => {
+            assert_eq!(reason, idem_client::StopReason::Deadline);
+            assert_eq!(last_status, Some(StatusCode::SERVICE_UNAVAILABLE));
+            key
+        }
+        other => panic!("expected Exhausted, got {other:?}"),
+    }
+}
+
 pub fn one_key(keys: &[String]) -> &str {
     assert!(!keys.is_empty(), "no key was recorded");
     assert!(keys.iter().all(|k| k == &keys[0]), "keys differ: {keys:?}");
