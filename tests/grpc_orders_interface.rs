@@ -547,7 +547,7 @@ fn grpc_orders_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[test]
 fn grpc_orders_on_postgres() {
-    let db = support::TempPgDatabase::create("grpc_orders");
+    let db = support::TempDatabase::postgres("grpc_orders");
     let env = db.store_env();
     the_interface_on(&env, None);
 }
@@ -557,18 +557,8 @@ fn grpc_orders_on_postgres() {
 #[cfg(feature = "mysql")]
 #[test]
 fn grpc_orders_on_mariadb() {
-    let admin = support::admin_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    support::with_database!(
-        idem::mysql::sqlx,
-        idem::mysql::sqlx::MySqlConnection,
-        "grpc_orders",
-        admin,
-        "DROP DATABASE IF EXISTS {db}",
-        |url| the_interface_on(
-            &[("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)],
-            None
-        )
-    );
+    let db = support::TempDatabase::mysql("grpc_orders");
+    the_interface_on(&db.store_env(), None);
 }
 
 /// A throwaway Redis server of its own, stopped mid-test for the

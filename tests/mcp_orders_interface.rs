@@ -150,41 +150,15 @@ fn python_sdk_over_http_on_redis_with_the_store_down() {
 #[cfg(feature = "postgres")]
 #[test]
 fn python_sdk_over_stdio_on_postgres() {
-    let admin = support::admin_url(
-        "IDEM_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    support::with_database!(
-        idem::postgres::sqlx,
-        idem::postgres::sqlx::PgConnection,
-        "mcp_orders",
-        admin,
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)",
-        |url| drive(
-            "stdio",
-            &[
-                ("IDEM_STORE", "postgres".to_owned()),
-                ("IDEM_POSTGRES_URL", url)
-            ]
-        )
-    );
+    let db = support::TempDatabase::postgres("mcp_orders");
+    drive("stdio", &db.store_env());
 }
 
 #[cfg(feature = "mysql")]
 #[test]
 fn python_sdk_over_http_on_mysql() {
-    let admin = support::admin_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    support::with_database!(
-        idem::mysql::sqlx,
-        idem::mysql::sqlx::MySqlConnection,
-        "mcp_orders",
-        admin,
-        "DROP DATABASE IF EXISTS {db}",
-        |url| drive(
-            "http",
-            &[("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)]
-        )
-    );
+    let db = support::TempDatabase::mysql("mcp_orders");
+    drive("http", &db.store_env());
 }
 
 /// `mcp_orders` on HTTP with this store, killed when dropped.

@@ -230,7 +230,7 @@ fn order_client_against_http_orders_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[test]
 fn order_client_against_http_orders_on_postgres() {
-    let db = support::TempPgDatabase::create("order_client");
+    let db = support::TempDatabase::postgres("order_client");
     let env = db.store_env();
     the_interface_on(&env);
 }
@@ -264,7 +264,7 @@ fn order_client_against_http_orders_on_redis() {
 #[cfg(feature = "postgres")]
 #[test]
 fn http_orders_warns_or_refuses_without_a_synchronous_standby() {
-    let db = support::TempPgDatabase::create("orders_sync");
+    let db = support::TempDatabase::postgres("orders_sync");
     let base = [
         ("IDEM_STORE", "postgres".to_owned()),
         ("IDEM_POSTGRES_URL", db.url.clone()),

@@ -474,7 +474,7 @@ async fn webhook_receiver_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn webhook_receiver_on_postgres() {
-    let db = support::TempPgDatabase::create("webhook_receiver");
+    let db = support::TempDatabase::postgres("webhook_receiver");
     let env = db.store_env();
     the_interface_on(&env).await;
 }

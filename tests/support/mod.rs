@@ -153,33 +153,6 @@ macro_rules! run_sql {
     }};
 }
 
-#[allow(unused_imports, reason = "each test binary uses a different part")]
-pub(crate) use run_sql;
-
-/// Runs `test` on a database of its own (`idem_<tag>_<random>`) on the SQL
-/// server `admin` names (`$conn`: the sqlx connection type), created first
-/// and dropped after (`$drop`, given `{db}`); `test` gets the database's URL.
-#[allow(unused_macros, reason = "each test binary uses a different part")]
-macro_rules! with_database {
-    ($sqlx:path, $conn:ty, $tag:literal, $admin:expr, $drop:literal, $test:expr) => {{
-        let admin: String = $admin;
-        let db = format!("idem_{}_{}", $tag, crate::support::random_id());
-        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-        let sql = |stmt: String| {
-            crate::support::run_sql!($sqlx, $conn, admin.clone(), stmt)
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        };
-        sql(format!("CREATE DATABASE {db}"));
-        let result = std::panic::catch_unwind(|| $test(url));
-        sql(format!($drop, db = db));
-        if let Err(p) = result {
-            std::panic::resume_unwind(p);
-        }
-    }};
-}
-#[allow(unused_imports, reason = "each test binary uses a different part")]
-pub(crate) use with_database;
-
 /// The URL in `var`, or `default`.
 pub(crate) fn admin_url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
@@ -234,60 +207,122 @@ impl Drop for TempMysqlTable {
     }
 }
 
-/// A PostgreSQL database of its own on the server of `IDEM_POSTGRES_URL`
-/// (an example uses a fixed schema), dropped when this is.
-#[cfg(feature = "postgres")]
+/// The SQL server a [`TempDatabase`] is made on.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mysql,
+}
+
+/// A database of its own on the server of `IDEM_POSTGRES_URL` or
+/// `IDEM_MYSQL_URL` (an example uses a fixed schema or table name), dropped
+/// when this is.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(Debug)]
-pub(crate) struct TempPgDatabase {
+pub(crate) struct TempDatabase {
+    server: Server,
     admin: String,
     name: String,
     /// Its URL.
     pub(crate) url: String,
 }
 
-#[cfg(feature = "postgres")]
-impl TempPgDatabase {
-    /// Creates `idem_<tag>_<random>`.
-    pub(crate) fn create(tag: &str) -> Self {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl TempDatabase {
+    /// Creates `idem_<tag>_<random>` on the Postgres server.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn postgres(tag: &str) -> Self {
         let admin = admin_url(
             "IDEM_POSTGRES_URL",
             "postgres://postgres@127.0.0.1:5432/test",
         );
+        Self::create(Server::Postgres, admin, tag)
+    }
+
+    /// Creates `idem_<tag>_<random>` on the MySQL/MariaDB server.
+    #[cfg(feature = "mysql")]
+    pub(crate) fn mysql(tag: &str) -> Self {
+        let admin = admin_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
+        Self::create(Server::Mysql, admin, tag)
+    }
+
+    fn create(server: Server, admin: String, tag: &str) -> Self {
         let name = format!("idem_{tag}_{}", random_id());
         let url = match admin.rsplit_once('/') {
-            Some((server, _)) => format!("{server}/{name}"),
-            None => panic!("IDEM_POSTGRES_URL has no database: {admin}"),
+            Some((host, _)) => format!("{host}/{name}"),
+            None => panic!("{admin} names no database"),
         };
-        let db = Self { admin, name, url };
-        db.sql(format!("CREATE DATABASE \"{}\"", db.name));
+        let db = Self {
+            server,
+            admin,
+            name,
+            url,
+        };
+        db.sql(format!("CREATE DATABASE {}", db.quoted()));
         db
     }
 
     /// The settings that run an example on it.
     pub(crate) fn store_env(&self) -> [(&'static str, String); 2] {
-        [
-            ("IDEM_STORE", "postgres".to_owned()),
-            ("IDEM_POSTGRES_URL", self.url.clone()),
-        ]
+        match self.server {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => [
+                ("IDEM_STORE", "postgres".to_owned()),
+                ("IDEM_POSTGRES_URL", self.url.clone()),
+            ],
+            #[cfg(feature = "mysql")]
+            Server::Mysql => [
+                ("IDEM_STORE", "mysql".to_owned()),
+                ("IDEM_MYSQL_URL", self.url.clone()),
+            ],
+        }
     }
 
-    /// Runs `stmt` on the admin URL, on a thread and runtime of its own (so
-    /// that a test on a runtime can drop this too).
+    /// Its name, quoted for the server.
+    fn quoted(&self) -> String {
+        match self.server {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => format!("\"{}\"", self.name),
+            #[cfg(feature = "mysql")]
+            Server::Mysql => format!("`{}`", self.name),
+        }
+    }
+
+    /// Runs `stmt` on the admin URL.
     fn sql(&self, stmt: String) {
-        run_sql!(
-            idem::postgres::sqlx,
-            idem::postgres::sqlx::PgConnection,
-            self.admin.clone(),
-            stmt
-        )
+        let admin = self.admin.clone();
+        match self.server {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => run_sql!(
+                idem::postgres::sqlx,
+                idem::postgres::sqlx::PgConnection,
+                admin,
+                stmt
+            ),
+            #[cfg(feature = "mysql")]
+            Server::Mysql => run_sql!(
+                idem::mysql::sqlx,
+                idem::mysql::sqlx::MySqlConnection,
+                admin,
+                stmt
+            ),
+        }
         .unwrap_or_else(|p| std::panic::resume_unwind(p));
     }
 }
 
-#[cfg(feature = "postgres")]
-impl Drop for TempPgDatabase {
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Drop for TempDatabase {
     fn drop(&mut self) {
-        let stmt = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let stmt = match self.server {
+            #[cfg(feature = "postgres")]
+            Server::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.quoted()),
+            #[cfg(feature = "mysql")]
+            Server::Mysql => format!("DROP DATABASE IF EXISTS {}", self.quoted()),
+        };
         if std::thread::panicking() {
             // Never a second panic while unwinding: the first one is the news.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sql(stmt)));
