@@ -125,12 +125,19 @@ impl Drop for TempSqlite {
     }
 }
 
-/// Runs `stmt` on a connection of its own to `url` (`$conn`: the sqlx
-/// connection type), on a thread and runtime of their own, so that a test
-/// on a runtime can run it too; returns the thread's panic, if any.
+/// Runs `stmt` on a connection of its own to `url` (`postgres` or `mysql`,
+/// or a sqlx path and the name of its connection type), on a thread and
+/// runtime of their own, so that a test on a runtime can run it too;
+/// returns the thread's panic, if any.
 #[allow(unused_macros, reason = "each test binary uses a different part")]
 macro_rules! run_sql {
-    ($sqlx:path, $conn:ty, $url:expr, $stmt:expr) => {{
+    (postgres, $url:expr, $stmt:expr) => {
+        run_sql!(idem::postgres::sqlx, PgConnection, $url, $stmt)
+    };
+    (mysql, $url:expr, $stmt:expr) => {
+        run_sql!(idem::mysql::sqlx, MySqlConnection, $url, $stmt)
+    };
+    ($sqlx:path, $conn:ident, $url:expr, $stmt:expr) => {{
         use $sqlx::{self as sqlx, Connection, Executor};
         let (url, stmt): (String, String) = ($url, $stmt);
         std::thread::spawn(move || {
@@ -139,7 +146,7 @@ macro_rules! run_sql {
                 .build()
                 .expect("runtime");
             rt.block_on(async {
-                let mut c = <$conn>::connect(&url).await.unwrap_or_else(|e| {
+                let mut c = sqlx::$conn::connect(&url).await.unwrap_or_else(|e| {
                     panic!(
                         "cannot reach {url}: {e}; start it or point IDEM_POSTGRES_URL or \
                          IDEM_MYSQL_URL at a server (this test never skips)"
@@ -192,12 +199,7 @@ impl TempMysqlTable {
 impl Drop for TempMysqlTable {
     fn drop(&mut self) {
         let stmt = format!("DROP TABLE IF EXISTS `{}`", self.name);
-        let dropped = run_sql!(
-            idem::mysql::sqlx,
-            idem::mysql::sqlx::MySqlConnection,
-            self.url.clone(),
-            stmt
-        );
+        let dropped = run_sql!(mysql, self.url.clone(), stmt);
         // Never a second panic while unwinding: the first one is the news.
         if let Err(p) = dropped
             && !std::thread::panicking()
@@ -296,19 +298,9 @@ impl TempDatabase {
         let admin = self.admin.clone();
         match self.server {
             #[cfg(feature = "postgres")]
-            Server::Postgres => run_sql!(
-                idem::postgres::sqlx,
-                idem::postgres::sqlx::PgConnection,
-                admin,
-                stmt
-            ),
+            Server::Postgres => run_sql!(postgres, admin, stmt),
             #[cfg(feature = "mysql")]
-            Server::Mysql => run_sql!(
-                idem::mysql::sqlx,
-                idem::mysql::sqlx::MySqlConnection,
-                admin,
-                stmt
-            ),
+            Server::Mysql => run_sql!(mysql, admin, stmt),
         }
         .unwrap_or_else(|p| std::panic::resume_unwind(p));
     }
