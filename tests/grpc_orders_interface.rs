@@ -567,10 +567,7 @@ fn grpc_orders_on_mariadb() {
 #[test]
 fn grpc_orders_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     let toggle = |down: bool| {
         if down {
             redis.stop();

@@ -250,10 +250,7 @@ fn order_client_against_http_orders_on_mysql() {
 #[test]
 fn order_client_against_http_orders_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     the_interface_on(&env);
 }
 

@@ -485,10 +485,7 @@ async fn webhook_receiver_on_postgres() {
 #[tokio::test]
 async fn webhook_receiver_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     the_interface_on(&env).await;
 }
 

@@ -160,6 +160,11 @@ macro_rules! run_sql {
     }};
 }
 
+/// The settings that run an example on the Redis server at `url`.
+pub(crate) fn redis_env(url: String) -> [(&'static str, String); 2] {
+    [("IDEM_STORE", "redis".to_owned()), ("IDEM_REDIS_URL", url)]
+}
+
 /// The URL in `var`, or `default`.
 pub(crate) fn admin_url(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_owned())
