@@ -206,6 +206,18 @@ fn assert_rejected(v: &Value, code: &str, reason: &str) {
 
 /// Runs `grpc_order_client`: the parsed JSON line (checked to hold the
 /// fields in the documented order) and its exit code.
+/// Asserts `order_client`'s exit code and its line's `outcome` and
+/// `status`.
+#[track_caller]
+fn assert_line(line: &Value, code: i32, exit: i32, outcome: &str, status: &str) {
+    assert_eq!(code, exit, "{line}");
+    assert_eq!(
+        (line["outcome"].as_str(), line["status"].as_str()),
+        (Some(outcome), Some(status)),
+        "{line}"
+    );
+}
+
 fn order_client(args: &[&str]) -> (Value, i32) {
     let out = Command::new(support::example("grpc_order_client", FEATURES))
         .args(args)
@@ -306,22 +318,14 @@ fn the_client_on(env: &[(&str, String)]) {
     assert_eq!(replayed["order"], fresh["order"]);
     assert_eq!(replayed["key"], key.as_str());
     let (mismatch, code) = with_key("251");
-    assert_eq!(code, 1, "{mismatch}");
-    assert_eq!(
-        (mismatch["outcome"].as_str(), mismatch["status"].as_str()),
-        (Some("error"), Some("FAILED_PRECONDITION"))
-    );
+    assert_line(&mismatch, code, 1, "error", "FAILED_PRECONDITION");
     assert_eq!(
         (mismatch["reason"].as_str(), mismatch["attempts"].as_u64()),
         (Some("FINGERPRINT_MISMATCH"), Some(1))
     );
     // The handler's own permanent status: its answer, exit 0, never retried.
     let (declined, code) = order_client(&[&base[..], &["--amount", "7"]].concat());
-    assert_eq!(code, 0, "{declined}");
-    assert_eq!(
-        (declined["outcome"].as_str(), declined["status"].as_str()),
-        (Some("fresh"), Some("FAILED_PRECONDITION"))
-    );
+    assert_line(&declined, code, 0, "fresh", "FAILED_PRECONDITION");
     assert_eq!(
         (declined["attempts"].as_u64(), declined["order"].is_null()),
         (Some(1), true)
@@ -330,11 +334,7 @@ fn the_client_on(env: &[(&str, String)]) {
     // Transient: retried under one key until the deadline, then exit 1.
     let (busy, code) =
         order_client(&[&base[..], &["--amount", "13", "--deadline-ms", "1200"]].concat());
-    assert_eq!(code, 1, "{busy}");
-    assert_eq!(
-        (busy["outcome"].as_str(), busy["status"].as_str()),
-        (Some("error"), Some("UNAVAILABLE"))
-    );
+    assert_line(&busy, code, 1, "error", "UNAVAILABLE");
     let attempts = busy["attempts"].as_i64().unwrap();
     assert!(attempts > 1, "{busy}");
     assert_eq!(c.executions(), 2 + attempts);
