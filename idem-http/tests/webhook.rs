@@ -241,6 +241,12 @@ impl<S: Store> App<S> {
         tokio::spawn(async move { send_to(&client, &url, &d).await })
     }
 
+    /// Asserts that nothing ran and that `key` has no record.
+    async fn assert_untouched(&self, key: &str) {
+        assert_eq!(self.runs.count(), 0);
+        assert_eq!(self.state(key).await, None);
+    }
+
     /// Asserts that `key`'s record completed with `outcome` on the first
     /// attempt.
     async fn assert_completed_once(&self, key: &str, outcome: OutcomeKind) {
@@ -418,8 +424,7 @@ mod rows {
         ] {
             app.send(&bad).await.problem(400, "malformed_webhook");
         }
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W2: no signature matches (wrong secret, tampered body, `v1,` empty,
@@ -454,8 +459,7 @@ mod rows {
                 "the detail quotes no signature"
             );
         }
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
         assert_eq!(app.state("msg_other").await, None);
     }
 
@@ -481,8 +485,7 @@ mod rows {
         let big = format!("{{\"id\":\"{e}\",\"pad\":\"{}\"}}", "x".repeat(64 * 1024));
         let d = Delivery::signed(Kind::Standard, &e, &big, app.now_secs());
         app.send(&d).await.problem(413, "request_too_large");
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W5: verified but no event id: 400 `missing_event_id`; with
@@ -796,8 +799,7 @@ mod rows {
         app.send(&app.delivery(&e, "ok"))
             .await
             .problem(503, "shutting_down");
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W18: 16 identical deliveries at once: the handler runs once; every
