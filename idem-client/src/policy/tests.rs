@@ -62,6 +62,18 @@ fn is_retry(step: &Step) -> bool {
     matches!(step, Step::Retry { .. })
 }
 
+/// Asserts that each status, with no header and no problem, is the
+/// server's fresh answer.
+fn assert_fresh(statuses: &[u16]) {
+    for &s in statuses {
+        assert_eq!(
+            decide(s, &[], None),
+            Step::Return(SendOutcome::Fresh),
+            "{s}"
+        );
+    }
+}
+
 fn retry_reason(step: &Step) -> RetryReason {
     match step {
         Step::Retry { reason, .. } => *reason,
@@ -98,13 +110,7 @@ fn row02_ambiguous_transport_failure_retries_same_key_then_stops() {
 
 #[test]
 fn row03_success_without_marker_is_fresh() {
-    for s in [200, 201, 204, 302] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[200, 201, 204, 302]);
 }
 
 #[test]
@@ -162,13 +168,7 @@ fn row07_fingerprint_mismatch_422_is_never_retried() {
 
 #[test]
 fn row08_handler_4xx_without_idem_problem_is_its_answer() {
-    for s in [400, 401, 402, 404, 422] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[400, 401, 402, 404, 422]);
     // A handler's own problem body: a 422 whose code is not idem's.
     let step = decide(422, &[], Some(problem("validation_failed", Some(false))));
     assert_eq!(step, Step::Return(SendOutcome::Fresh));
@@ -350,13 +350,7 @@ fn row18_503_honours_retry_after_else_backoff() {
 
 #[test]
 fn row19_other_5xx_is_returned() {
-    for s in [501, 505, 511] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[501, 505, 511]);
 }
 
 #[test]
