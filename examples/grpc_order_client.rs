@@ -19,12 +19,15 @@
 //! `order_client`), 1 on a rejection by idem or when retries ran out (2 for
 //! bad arguments).
 
+#[path = "support/flags.rs"]
+mod flags;
 #[path = "support/orders_proto.rs"]
 mod orders_proto;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+use flags::{millis, number};
 use idem::IdempotencyKey;
 use idem::client::ReportKind;
 use idem::grpc::{GrpcClientLayer, ReportSlot};
@@ -57,22 +60,10 @@ fn args() -> Result<Args, String> {
             "--url" => url = Some(value()?),
             "--account" => account = Some(value()?),
             "--key" => key = Some(value()?),
-            "--amount" => {
-                let n = value()?;
-                amount = Some(
-                    n.parse()
-                        .map_err(|_| format!("--amount {n}: not a number"))?,
-                );
-            }
+            "--amount" => amount = Some(number(&flag, &value()?)?),
             "--currency" => currency = Some(value()?),
             "--note" => note = value()?,
-            "--deadline-ms" => {
-                let ms = value()?;
-                let ms: u64 = ms
-                    .parse()
-                    .map_err(|_| format!("--deadline-ms {ms}: not a number"))?;
-                deadline = Some(Duration::from_millis(ms));
-            }
+            "--deadline-ms" => deadline = Some(millis(&flag, &value()?)?),
             other => return Err(format!("unknown argument {other}")),
         }
     }

@@ -18,10 +18,14 @@
 //! replayed and already processed, 1 otherwise (2 for bad arguments).
 //! Works against `examples/mcp_orders.rs`.
 
+#[path = "support/flags.rs"]
+mod flags;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flags::millis;
 use idem::IdempotencyKey;
 use idem::mcp::rmcp::model::{CallToolRequestParams, CallToolResult};
 use idem::mcp::rmcp::service::{RunningService, ServiceError};
@@ -78,10 +82,7 @@ fn args() -> Result<Args, String> {
         .map_err(|_| format!("--amount {amount}: not an integer"))?;
     let deadline = match take("--deadline-ms") {
         None => None,
-        Some(ms) => Some(Duration::from_millis(
-            ms.parse()
-                .map_err(|_| format!("--deadline-ms {ms}: not a number"))?,
-        )),
+        Some(ms) => Some(millis("--deadline-ms", &ms)?),
     };
     Ok(Args {
         server,

@@ -21,9 +21,13 @@
 //! `"after_deadline": true|false`: whether the answer (or the error) came
 //! after the deadline had passed.
 
+#[path = "support/flags.rs"]
+mod flags;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
+use flags::millis;
 use idem::IdempotencyKey;
 use idem::client::{IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, ReportKind};
 use serde_json::{Value, json};
@@ -54,13 +58,7 @@ fn args() -> Result<Option<Args>, String> {
             "--account" => account = Some(value()?),
             "--key" => key = Some(value()?),
             "--body" => body = Some(value()?),
-            "--deadline-ms" => {
-                let ms = value()?;
-                let ms: u64 = ms
-                    .parse()
-                    .map_err(|_| format!("--deadline-ms {ms}: not a number"))?;
-                deadline = Some(Duration::from_millis(ms));
-            }
+            "--deadline-ms" => deadline = Some(millis(&flag, &value()?)?),
             other => return Err(format!("unknown argument {other}")),
         }
     }

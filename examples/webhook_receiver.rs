@@ -60,6 +60,8 @@
 //! curl localhost:3001/stats
 //! ```
 
+#[path = "support/stop.rs"]
+mod stop;
 #[path = "support/store_from_env.rs"]
 mod store_from_env;
 
@@ -78,6 +80,7 @@ use idem::http::IdemAttempt;
 use idem::http::webhook::{Provider, Secret, WebhookDelivery, WebhookLayer};
 use idem::{AnyStore, Idem};
 use serde_json::{Value, json};
+use stop::stop;
 use store_from_env::{log_warnings_to_stderr, store_from_env};
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -157,27 +160,6 @@ async fn serve(idem: Idem<AnyStore>) -> Result<(), BoxError> {
         layer.shutdown().await;
     }
     Ok(())
-}
-
-/// Ctrl-C or SIGTERM.
-async fn stop() {
-    #[cfg(unix)]
-    {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// The work, behind the webhook layer: it runs once per event (again only

@@ -19,7 +19,7 @@
     reason = "no async runtime here: the test drives two processes and waits on their wall clock"
 )]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -29,29 +29,17 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+mod support;
+
+use support::{TempSqlite, free_addr, random_id};
+
+/// The example binaries' features, for the message when they are not built.
+const FEATURES: &str = "grpc,client,postgres,mysql,redis";
+
 const RESPONSE_TTL_MS: u64 = 2500;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features grpc,postgres,mysql,redis` \
-         without a --test filter (cargo then builds the examples), or build it first with \
-         `cargo build -p idem --example grpc_orders --features grpc,postgres,mysql,redis`",
-        path.display()
-    );
-    path
 }
 
 /// The Python of a virtual environment with `tests/grpc/requirements.txt`
@@ -103,17 +91,6 @@ fn run(cmd: &mut Command) {
     );
 }
 
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
-
 /// `grpc_orders` with this environment, killed when dropped.
 struct Server {
     child: Child,
@@ -121,34 +98,12 @@ struct Server {
 
 impl Server {
     fn start(addr: SocketAddr, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(example("grpc_orders"));
-        cmd.env("IDEM_GRPC_ADDR", addr.to_string())
-            .env("IDEM_RESPONSE_TTL_MS", RESPONSE_TTL_MS.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn grpc_orders");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let expected = format!("listening on {addr}");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if line == expected {
-                    let _ = tx.send(());
-                }
-            }
+        let mut child = support::spawn("grpc_orders", FEATURES, env, |cmd| {
+            cmd.env("IDEM_GRPC_ADDR", addr.to_string())
+                .env("IDEM_RESPONSE_TTL_MS", RESPONSE_TTL_MS.to_string());
         });
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = child.kill();
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("grpc_orders did not print `listening on {addr}`: {err}");
-        }
+        let expected = format!("listening on {addr}");
+        support::await_line(&mut child, "grpc_orders", move |line| line == expected);
         Self { child }
     }
 
@@ -251,8 +206,20 @@ fn assert_rejected(v: &Value, code: &str, reason: &str) {
 
 /// Runs `grpc_order_client`: the parsed JSON line (checked to hold the
 /// fields in the documented order) and its exit code.
+/// Asserts `order_client`'s exit code and its line's `outcome` and
+/// `status`.
+#[track_caller]
+fn assert_line(line: &Value, code: i32, exit: i32, outcome: &str, status: &str) {
+    assert_eq!(code, exit, "{line}");
+    assert_eq!(
+        (line["outcome"].as_str(), line["status"].as_str()),
+        (Some(outcome), Some(status)),
+        "{line}"
+    );
+}
+
 fn order_client(args: &[&str]) -> (Value, i32) {
-    let out = Command::new(example("grpc_order_client"))
+    let out = Command::new(support::example("grpc_order_client", FEATURES))
         .args(args)
         .output()
         .expect("run grpc_order_client");
@@ -351,22 +318,14 @@ fn the_client_on(env: &[(&str, String)]) {
     assert_eq!(replayed["order"], fresh["order"]);
     assert_eq!(replayed["key"], key.as_str());
     let (mismatch, code) = with_key("251");
-    assert_eq!(code, 1, "{mismatch}");
-    assert_eq!(
-        (mismatch["outcome"].as_str(), mismatch["status"].as_str()),
-        (Some("error"), Some("FAILED_PRECONDITION"))
-    );
+    assert_line(&mismatch, code, 1, "error", "FAILED_PRECONDITION");
     assert_eq!(
         (mismatch["reason"].as_str(), mismatch["attempts"].as_u64()),
         (Some("FINGERPRINT_MISMATCH"), Some(1))
     );
     // The handler's own permanent status: its answer, exit 0, never retried.
     let (declined, code) = order_client(&[&base[..], &["--amount", "7"]].concat());
-    assert_eq!(code, 0, "{declined}");
-    assert_eq!(
-        (declined["outcome"].as_str(), declined["status"].as_str()),
-        (Some("fresh"), Some("FAILED_PRECONDITION"))
-    );
+    assert_line(&declined, code, 0, "fresh", "FAILED_PRECONDITION");
     assert_eq!(
         (declined["attempts"].as_u64(), declined["order"].is_null()),
         (Some(1), true)
@@ -375,11 +334,7 @@ fn the_client_on(env: &[(&str, String)]) {
     // Transient: retried under one key until the deadline, then exit 1.
     let (busy, code) =
         order_client(&[&base[..], &["--amount", "13", "--deadline-ms", "1200"]].concat());
-    assert_eq!(code, 1, "{busy}");
-    assert_eq!(
-        (busy["outcome"].as_str(), busy["status"].as_str()),
-        (Some("error"), Some("UNAVAILABLE"))
-    );
+    assert_line(&busy, code, 1, "error", "UNAVAILABLE");
     let attempts = busy["attempts"].as_i64().unwrap();
     assert!(attempts > 1, "{busy}");
     assert_eq!(c.executions(), 2 + attempts);
@@ -584,110 +539,26 @@ fn the_interface_on(env: &[(&str, String)], store_down: Option<&dyn Fn(bool)>) {
 
 #[test]
 fn grpc_orders_on_sqlite() {
-    let path = std::env::temp_dir().join(format!("idem-grpc-orders-{}.db", random_id()));
-    let env = [
-        ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", path.to_string_lossy().into_owned()),
-    ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env, None));
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    let db = TempSqlite::new("grpc-orders");
+    the_interface_on(&db.store_env(), None);
 }
 
-/// Runs the interface on a database of its own on the server `var` (or
-/// `default`) names, created and dropped with `sql(admin_url, statement)`:
-/// `grpc_orders` uses a fixed schema (Postgres) or table (MariaDB) name.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn on_a_database_of_its_own(
-    store: &str,
-    var: &str,
-    default: &str,
-    quote: fn(&str) -> String,
-    drop_suffix: &str,
-    sql: &dyn Fn(&str, String),
-) {
-    let admin = std::env::var(var).unwrap_or_else(|_| default.to_owned());
-    let db = format!("idem_grpc_orders_{}", random_id());
-    let (server, _) = admin.rsplit_once('/').unwrap();
-    sql(&admin, format!("CREATE DATABASE {}", quote(&db)));
-    let env = [
-        ("IDEM_STORE", store.to_owned()),
-        (var, format!("{server}/{db}")),
-    ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env, None));
-    sql(
-        &admin,
-        format!("DROP DATABASE IF EXISTS {}{drop_suffix}", quote(&db)),
-    );
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
-}
-
-/// Runs `f` on a current-thread runtime.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
+/// A database of its own (`grpc_orders` uses a fixed schema), dropped after.
 #[cfg(feature = "postgres")]
 #[test]
 fn grpc_orders_on_postgres() {
-    use idem::postgres::sqlx::{self, Connection, Executor};
-    let sql = |admin: &str, stmt: String| {
-        block_on(async {
-            let mut c = sqlx::PgConnection::connect(admin)
-                .await
-                .unwrap_or_else(|e| {
-                    panic!("cannot reach PostgreSQL at {admin}: {e} (this test never skips)")
-                });
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        });
-    };
-    on_a_database_of_its_own(
-        "postgres",
-        "IDEM_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-        |db| format!("\"{db}\""),
-        " WITH (FORCE)",
-        &sql,
-    );
+    let db = support::TempDatabase::postgres("grpc_orders");
+    let env = db.store_env();
+    the_interface_on(&env, None);
 }
 
+/// A database of its own on the server of `IDEM_MYSQL_URL` (`grpc_orders`
+/// uses a fixed table name), dropped after.
 #[cfg(feature = "mysql")]
 #[test]
 fn grpc_orders_on_mariadb() {
-    use idem::mysql::sqlx::{self, Connection, Executor};
-    let sql = |admin: &str, stmt: String| {
-        block_on(async {
-            let mut c = sqlx::MySqlConnection::connect(admin)
-                .await
-                .unwrap_or_else(|e| {
-                    panic!("cannot reach MariaDB at {admin}: {e} (this test never skips)")
-                });
-            c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-            c.close().await.unwrap();
-        });
-    };
-    on_a_database_of_its_own(
-        "mysql",
-        "IDEM_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-        |db| format!("`{db}`"),
-        "",
-        &sql,
-    );
+    let db = support::TempDatabase::mysql("grpc_orders");
+    the_interface_on(&db.store_env(), None);
 }
 
 /// A throwaway Redis server of its own, stopped mid-test for the
@@ -696,10 +567,7 @@ fn grpc_orders_on_mariadb() {
 #[test]
 fn grpc_orders_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     let toggle = |down: bool| {
         if down {
             redis.stop();

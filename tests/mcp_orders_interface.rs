@@ -24,27 +24,15 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
+mod support;
+
+use support::TempSqlite;
+
+/// The example binaries' features, for the message when they are not built.
+const FEATURES: &str = "mcp,axum,postgres,mysql,redis";
+
 /// The SDK, pinned: the version the script was written against.
 const REQUIREMENTS: &str = "mcp==2.3.0\n";
-
-/// A built example, next to this test binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples");
-    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test -p idem --features mcp,axum` without a --test \
-         filter (cargo then builds the examples), or `cargo build -p idem --examples \
-         --features mcp,axum` first",
-        path.display()
-    );
-    path
-}
 
 /// The script's Python, in a virtual environment of its own made once per
 /// requirements (`target/mcp-venv-<hash>`); made in a scratch directory and
@@ -95,7 +83,9 @@ fn python() -> PathBuf {
 fn drive(mode: &str, env: &[(&str, String)]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
     let mut cmd = Command::new(python());
-    cmd.arg(script).arg(mode).arg(example("mcp_orders"));
+    cmd.arg(script)
+        .arg(mode)
+        .arg(support::example("mcp_orders", FEATURES));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -117,26 +107,10 @@ fn drive(mode: &str, env: &[(&str, String)]) {
     assert_eq!(passed, expected, "{last}");
 }
 
-fn random_id() -> String {
-    idem::IdempotencyKey::random().as_str().to_ascii_lowercase()
-}
-
 /// A SQLite file of its own, removed after.
-fn with_sqlite(f: impl FnOnce(&[(&str, String)]) + std::panic::UnwindSafe) {
-    let path = std::env::temp_dir().join(format!("idem-mcp-orders-{}.db", random_id()));
-    let env = [
-        ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", path.to_string_lossy().into_owned()),
-    ];
-    let result = std::panic::catch_unwind(|| f(&env));
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+fn with_sqlite(f: impl FnOnce(&[(&str, String)])) {
+    let db = TempSqlite::new("mcp-orders");
+    f(&db.store_env());
 }
 
 #[test]
@@ -173,77 +147,18 @@ fn python_sdk_over_http_on_redis_with_the_store_down() {
     redis.stop();
 }
 
-/// Runs `test` on a database of its own on the SQL server `admin` names
-/// (`$conn`: the sqlx connection type), created first and dropped after;
-/// `test` gets the database's URL.
-macro_rules! with_database {
-    ($sqlx:path, $conn:ty, $admin:expr, $drop:literal, $test:expr) => {{
-        use $sqlx::{self as sqlx, Connection, Executor};
-        let admin: String = $admin;
-        let db = format!("idem_mcp_orders_{}", random_id());
-        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let sql = |stmt: String| {
-            rt.block_on(async {
-                let mut c = <$conn>::connect(&admin).await.unwrap_or_else(|e| {
-                    panic!("cannot reach {admin} (this test never skips): {e}")
-                });
-                c.execute(sqlx::AssertSqlSafe(stmt)).await.unwrap();
-                c.close().await.unwrap();
-            });
-        };
-        sql(format!("CREATE DATABASE {db}"));
-        let result = std::panic::catch_unwind(|| $test(url));
-        sql(format!($drop, db = db));
-        if let Err(p) = result {
-            std::panic::resume_unwind(p);
-        }
-    }};
-}
-
-fn admin_url(var: &str, default: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| default.to_owned())
-}
-
 #[cfg(feature = "postgres")]
 #[test]
 fn python_sdk_over_stdio_on_postgres() {
-    let admin = admin_url(
-        "IDEM_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    );
-    with_database!(
-        idem::postgres::sqlx,
-        sqlx::PgConnection,
-        admin,
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)",
-        |url| drive(
-            "stdio",
-            &[
-                ("IDEM_STORE", "postgres".to_owned()),
-                ("IDEM_POSTGRES_URL", url)
-            ]
-        )
-    );
+    let db = support::TempDatabase::postgres("mcp_orders");
+    drive("stdio", &db.store_env());
 }
 
 #[cfg(feature = "mysql")]
 #[test]
 fn python_sdk_over_http_on_mysql() {
-    let admin = admin_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-    with_database!(
-        idem::mysql::sqlx,
-        sqlx::MySqlConnection,
-        admin,
-        "DROP DATABASE IF EXISTS {db}",
-        |url| drive(
-            "http",
-            &[("IDEM_STORE", "mysql".to_owned()), ("IDEM_MYSQL_URL", url)]
-        )
-    );
+    let db = support::TempDatabase::mysql("mcp_orders");
+    drive("http", &db.store_env());
 }
 
 /// `mcp_orders` on HTTP with this store, killed when dropped.
@@ -255,7 +170,7 @@ struct HttpServer {
 impl HttpServer {
     fn start(env: &[(&str, String)]) -> Self {
         use std::io::BufRead;
-        let mut cmd = Command::new(example("mcp_orders"));
+        let mut cmd = Command::new(support::example("mcp_orders", FEATURES));
         cmd.env("IDEM_MCP_ADDR", "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -352,7 +267,7 @@ fn relay(mut client: TcpStream, upstream: &str, dropped: &AtomicBool) {
 
 /// Runs `mcp_order_client`: the parsed JSON line and its exit code.
 fn order_client(args: &[&str]) -> (Value, i32) {
-    let out = Command::new(example("mcp_order_client"))
+    let out = Command::new(support::example("mcp_order_client", FEATURES))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -428,7 +343,9 @@ fn mcp_order_client_through_a_dropped_answer() {
         assert_eq!(mismatch["code"], "fingerprint_mismatch");
 
         // stdio: a server command, the same store, its own owner.
-        let cmd = example("mcp_orders").to_string_lossy().into_owned();
+        let cmd = support::example("mcp_orders", FEATURES)
+            .to_string_lossy()
+            .into_owned();
         let (fresh, code) = order_client(&[
             "--server-cmd",
             cmd.as_str(),

@@ -308,13 +308,7 @@ async fn nats_orders_on_its_own_stream() {
         // then the process says `stopped` and exits 0.
         let last = format!("l-{n}");
         publish(&js, &subject, Some(&last), r#"{"type":"test.slow"}"#).await;
-        db.wait_for_ledger_row(&last).await;
-        orders.terminate();
-        orders
-            .expect(&format!("acked {last} attempt 1 executed"))
-            .await;
-        orders.expect("stopped").await;
-        let status = orders.wait_exit(Duration::from_secs(30)).await;
+        let status = orders.terminate_with_in_hand(&db, &last).await;
         assert_eq!(status.code(), Some(0), "{status}");
         assert_eq!(db.ledger(&last).await, [(1, 0)]);
 

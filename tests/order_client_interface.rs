@@ -14,7 +14,7 @@
 mod support;
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::{SocketAddr, TcpStream},
     process::{Child, Command},
     time::{Duration, Instant},
@@ -38,24 +38,9 @@ impl OrdersServer {
         let mut child = support::spawn("http_orders", FEATURES, env, |cmd| {
             cmd.env("IDEM_HTTP_ADDR", addr.to_string());
         });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if line.starts_with("listening on") {
-                    let _ = tx.send(());
-                }
-            }
+        support::await_line(&mut child, "http_orders", |line| {
+            line.starts_with("listening on")
         });
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = child.kill();
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("http_orders did not start: {err}");
-        }
         Self { child, addr }
     }
 
@@ -236,10 +221,7 @@ fn the_interface_on(env: &[(&str, String)]) {
 #[test]
 fn order_client_against_http_orders_on_sqlite() {
     let db = TempSqlite::new("order-client");
-    let env = [
-        ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", db.env()),
-    ];
+    let env = db.store_env();
     the_interface_on(&env);
 }
 
@@ -248,11 +230,8 @@ fn order_client_against_http_orders_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[test]
 fn order_client_against_http_orders_on_postgres() {
-    let db = support::TempPgDatabase::create("order_client");
-    let env = [
-        ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", db.url.clone()),
-    ];
+    let db = support::TempDatabase::postgres("order_client");
+    let env = db.store_env();
     the_interface_on(&env);
 }
 
@@ -261,39 +240,8 @@ fn order_client_against_http_orders_on_postgres() {
 #[cfg(feature = "mysql")]
 #[test]
 fn order_client_against_http_orders_on_mysql() {
-    use idem::mysql::sqlx::{self, Connection, Executor};
-    let url = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let table = format!("idem_orders_{}", random_id());
-    let env = [
-        ("IDEM_STORE", "mysql".to_owned()),
-        ("IDEM_MYSQL_URL", url.clone()),
-        ("IDEM_MYSQL_TABLE", table.clone()),
-    ];
-    let result = std::panic::catch_unwind(|| the_interface_on(&env));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut c = sqlx::MySqlConnection::connect(&url)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot reach MySQL/MariaDB at {url}: {e}; start it or point IDEM_MYSQL_URL \
-                 at a server (this test never skips)"
-                )
-            });
-        c.execute(sqlx::AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS `{table}`"
-        )))
-        .await
-        .unwrap();
-        c.close().await.unwrap();
-    });
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    let table = support::TempMysqlTable::new("orders");
+    the_interface_on(&table.env());
 }
 
 /// A throwaway Redis server of its own (`http_orders` uses the fixed prefix
@@ -302,10 +250,7 @@ fn order_client_against_http_orders_on_mysql() {
 #[test]
 fn order_client_against_http_orders_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     the_interface_on(&env);
 }
 
@@ -316,7 +261,7 @@ fn order_client_against_http_orders_on_redis() {
 #[cfg(feature = "postgres")]
 #[test]
 fn http_orders_warns_or_refuses_without_a_synchronous_standby() {
-    let db = support::TempPgDatabase::create("orders_sync");
+    let db = support::TempDatabase::postgres("orders_sync");
     let base = [
         ("IDEM_STORE", "postgres".to_owned()),
         ("IDEM_POSTGRES_URL", db.url.clone()),

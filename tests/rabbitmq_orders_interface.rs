@@ -229,12 +229,6 @@ async fn the_interface(channel: &Channel, queue: &str, dead: &str) {
     // then `stopped`, exit 0.
     let last = format!("l-{n}");
     publish(channel, queue, Some(&last), r#"{"type":"test.slow"}"#).await;
-    db.wait_for_ledger_row(&last).await;
-    orders.terminate();
-    orders
-        .expect(&format!("acked {last} attempt 1 executed"))
-        .await;
-    orders.expect("stopped").await;
-    let status = orders.wait_exit(Duration::from_secs(30)).await;
+    let status = orders.terminate_with_in_hand(&db, &last).await;
     assert!(status.success(), "{status}");
 }

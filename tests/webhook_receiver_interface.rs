@@ -465,10 +465,7 @@ async fn the_interface_on(env: &[(&str, String)]) {
 #[tokio::test]
 async fn webhook_receiver_on_sqlite() {
     let db = TempSqlite::new("webhook-receiver");
-    let env = [
-        ("IDEM_STORE", "sqlite".to_owned()),
-        ("IDEM_SQLITE_PATH", db.env()),
-    ];
+    let env = db.store_env();
     the_interface_on(&env).await;
 }
 
@@ -477,11 +474,8 @@ async fn webhook_receiver_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn webhook_receiver_on_postgres() {
-    let db = support::TempPgDatabase::create("webhook_receiver");
-    let env = [
-        ("IDEM_STORE", "postgres".to_owned()),
-        ("IDEM_POSTGRES_URL", db.url.clone()),
-    ];
+    let db = support::TempDatabase::postgres("webhook_receiver");
+    let env = db.store_env();
     the_interface_on(&env).await;
 }
 
@@ -491,10 +485,7 @@ async fn webhook_receiver_on_postgres() {
 #[tokio::test]
 async fn webhook_receiver_on_redis() {
     let redis = idem_test_support::redis_server::Throwaway::start();
-    let env = [
-        ("IDEM_STORE", "redis".to_owned()),
-        ("IDEM_REDIS_URL", redis.url()),
-    ];
+    let env = support::redis_env(redis.url());
     the_interface_on(&env).await;
 }
 
@@ -545,31 +536,6 @@ async fn webhook_receiver_default_store_survives_a_restart() {
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn webhook_receiver_on_mysql() {
-    use idem::mysql::sqlx::{self, Connection, Executor};
-    let url = std::env::var("IDEM_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let table = format!("idem_webhook_{}", random_id().replace('-', "_"));
-    let env = [
-        ("IDEM_STORE", "mysql".to_owned()),
-        ("IDEM_MYSQL_URL", url.clone()),
-        ("IDEM_MYSQL_TABLE", table.clone()),
-    ];
-    let result = tokio::spawn(async move { the_interface_on(&env).await }).await;
-    let mut c = sqlx::MySqlConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot reach MySQL/MariaDB at {url}: {e}; start it or point IDEM_MYSQL_URL \
-                 at a server (this test never skips)"
-            )
-        });
-    c.execute(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS `{table}`"
-    )))
-    .await
-    .unwrap();
-    c.close().await.unwrap();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    let table = support::TempMysqlTable::new("webhook");
+    the_interface_on(&table.env()).await;
 }

@@ -147,23 +147,7 @@ impl Work {
     }
 }
 
-/// SIGTERM or Ctrl-C.
-pub(crate) async fn stop() {
-    #[cfg(unix)]
-    {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
+/// SIGTERM or Ctrl-C: the queue examples stop on it.
+#[path = "stop.rs"]
+mod signal;
+pub(crate) use signal::stop;

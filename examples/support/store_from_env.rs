@@ -50,10 +50,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
             );
             let schema = var("IDEM_POSTGRES_SCHEMA", snake);
             let options = base.schema_name(&schema);
-            let needs = format!("`--features {features},postgres`");
-            let store = open(options, &url, &which, &needs).await?;
-            println!("store: postgres, schema {schema}");
-            Ok(store)
+            open_server(options, &url, &which, features, &format!("schema {schema}")).await
         }
         "mysql" => {
             let url = var(
@@ -62,10 +59,7 @@ pub(crate) async fn store_from_env(name: &str, features: &str) -> Result<AnyStor
             );
             let table = var("IDEM_MYSQL_TABLE", snake);
             let options = base.table_name(&table);
-            let needs = format!("`--features {features},mysql`");
-            let store = open(options, &url, &which, &needs).await?;
-            println!("store: mysql, table {table}");
-            Ok(store)
+            open_server(options, &url, &which, features, &format!("table {table}")).await
         }
         "redis" => {
             let url = var("IDEM_REDIS_URL", "redis://127.0.0.1:6379/".to_owned());
@@ -156,6 +150,21 @@ pub(crate) fn log_warnings_to_stderr() {
 
 /// Opens the store `url` names; a backend compiled out says which features
 /// the example needs.
+/// Opens the SQL server store `which` (`postgres`, `mysql`, its feature's
+/// name too) at `url` and prints its `store: {which}, {place}` line.
+async fn open_server(
+    options: ConnectOptions,
+    url: &str,
+    which: &str,
+    features: &str,
+    place: &str,
+) -> Result<AnyStore, BoxError> {
+    let needs = format!("`--features {features},{which}`");
+    let store = open(options, url, which, &needs).await?;
+    println!("store: {which}, {place}");
+    Ok(store)
+}
+
 async fn open(
     options: ConnectOptions,
     url: &str,

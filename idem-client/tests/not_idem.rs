@@ -32,10 +32,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_client::{
-    Error, IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding,
-    Report, ReportKind, Sent, StopReason,
+    IdemResponseExt, IdempotencyMiddleware, IdempotentRequestExt, Intent, KeyEncoding, ReportKind,
+    Sent,
 };
-use support::{Fault, client_with, fault_proxy, one_key};
+use support::{Fault, client_with, exhausted_at_deadline, fault_proxy, one_key, sent};
 
 /// What the API has saved under a key.
 #[derive(Debug, Clone)]
@@ -211,6 +211,14 @@ impl Server {
     fn keys(&self) -> Vec<String> {
         self.api.keys.lock().unwrap().clone()
     }
+
+    /// Asserts that the charge ran `runs` times and the API saw `sends`
+    /// requests, all with one key.
+    fn ran_with_one_key(&self, runs: usize, sends: usize) {
+        assert_eq!(self.runs(), runs);
+        assert_eq!(self.keys().len(), sends);
+        one_key(&self.keys());
+    }
 }
 
 /// The client as a Stripe user would set it: bare keys (Stripe takes the raw
@@ -262,9 +270,7 @@ async fn lost_response_is_retried_with_the_key_and_replayed() {
         (resp.status().as_u16(), r.kind, r.attempts),
         (200, ReportKind::Replayed, 2)
     );
-    assert_eq!(s.runs(), 1);
-    assert_eq!(s.keys().len(), 2);
-    one_key(&s.keys());
+    s.ran_with_one_key(1, 2);
 }
 
 /// A bare 409 says neither "later" nor "done": by default it is the
@@ -366,9 +372,7 @@ async fn rate_limit_429_waits_for_retry_after() {
         (200, ReportKind::Fresh, 2)
     );
     assert!(r.elapsed >= Duration::from_secs(1), "{r:?}");
-    assert_eq!(s.runs(), 1);
-    assert_eq!(s.keys().len(), 2);
-    one_key(&s.keys());
+    s.ran_with_one_key(1, 2);
 }
 
 /// A 503 without `Retry-After` from a load balancer: retried with backoff
@@ -383,9 +387,7 @@ async fn bare_503_is_retried_with_backoff() {
         (resp.status().as_u16(), r.kind, r.attempts),
         (200, ReportKind::Fresh, 3)
     );
-    assert_eq!(s.runs(), 1);
-    assert_eq!(s.keys().len(), 3);
-    one_key(&s.keys());
+    s.ran_with_one_key(1, 3);
 }
 
 /// A front door that keeps refusing: the send stops at its deadline with the
@@ -407,27 +409,8 @@ async fn refusals_until_the_deadline_return_the_key() {
         .send()
         .await
         .unwrap();
-    match resp.idem() {
-        Err(Error::Exhausted {
-            key,
-            reason,
-            last_status,
-            ..
-        }) => {
-            assert_eq!(&key, intent.key());
-            assert_eq!(reason, StopReason::Deadline);
-            assert_eq!(last_status, Some(StatusCode::SERVICE_UNAVAILABLE));
-        }
-        other => panic!("expected Exhausted, got {other:?}"),
-    }
+    assert_eq!(&exhausted_at_deadline(resp.idem()), intent.key());
     assert_eq!(s.runs(), 0);
     assert!(s.keys().len() >= 2, "{:?}", s.keys());
     one_key(&s.keys());
-}
-
-/// Sends and returns the response with its report.
-async fn sent(request: reqwest_middleware::RequestBuilder) -> (reqwest::Response, Report) {
-    let resp = request.send().await.unwrap();
-    let report = resp.idem_report().unwrap().clone();
-    (resp, report)
 }

@@ -165,22 +165,17 @@ mod tests {
 
     #[test]
     fn a_nameless_service_or_method_is_a_method_path_error() {
-        assert_eq!(
-            method_path("p", "", "Create"),
-            Err(GrpcConfigError::MethodPath("/p./Create".to_owned()))
-        );
-        assert_eq!(
-            method_path("", "", "Create"),
-            Err(GrpcConfigError::MethodPath("//Create".to_owned()))
-        );
-        assert_eq!(
-            method_path("p", "Orders", ""),
-            Err(GrpcConfigError::MethodPath("/p.Orders/".to_owned()))
-        );
-        assert_eq!(
-            method_path("p", "Or/ders", "Create"),
-            Err(GrpcConfigError::MethodPath("/p.Or/ders/Create".to_owned()))
-        );
+        for (package, service, method, path) in [
+            ("p", "", "Create", "/p./Create"),
+            ("", "", "Create", "//Create"),
+            ("p", "Orders", "", "/p.Orders/"),
+            ("p", "Or/ders", "Create", "/p.Or/ders/Create"),
+        ] {
+            assert_eq!(
+                method_path(package, service, method),
+                Err(GrpcConfigError::MethodPath(path.to_owned()))
+            );
+        }
     }
 
     #[test]

@@ -63,13 +63,34 @@ impl<Svc: fmt::Debug, S: Store, O> fmt::Debug for GrpcIdempotencyService<Svc, S,
     }
 }
 
-fn boxed<B>(res: Response<B>) -> Response<Body>
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxDynError>,
-{
+fn boxed<B: Answer>(res: Response<B>) -> Response<Body> {
     res.map(Body::new)
 }
+
+/// The routes the layer wraps, as its own steps need them: a tonic service
+/// whose future and error can move into the task that runs the work.
+trait Routes<ResB>:
+    Service<Request<Body>, Response = Response<ResB>, Future: Send + 'static, Error: Send + 'static>
+    + Send
+    + 'static
+{
+}
+
+impl<T, ResB> Routes<ResB> for T where
+    T: Service<
+            Request<Body>,
+            Response = Response<ResB>,
+            Future: Send + 'static,
+            Error: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
+/// The body of a handler's answer: bytes, with an error the engine can box.
+trait Answer: HttpBody<Data = Bytes, Error: Into<BoxDynError>> + Send + 'static {}
+
+impl<B: HttpBody<Data = Bytes, Error: Into<BoxDynError>> + Send + 'static> Answer for B {}
 
 impl<Svc, S, O, ResB> Service<Request<Body>> for GrpcIdempotencyService<Svc, S, O>
 where
@@ -116,20 +137,11 @@ enum Step {
     Run(Request<Body>, idem_core::adapter::Prepared),
 }
 
-async fn covered<Svc, S, O, ResB>(
+async fn covered<Svc: Routes<ResB>, ResB: Answer, S: Store, O: OwnerSource>(
     shared: Arc<Shared<S, O>>,
     mut inner: Svc,
     req: Request<Body>,
-) -> Result<Response<Body>, Svc::Error>
-where
-    Svc: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
-    Svc::Future: Send + 'static,
-    Svc::Error: Send + 'static,
-    ResB: HttpBody<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-    O: OwnerSource,
-{
+) -> Result<Response<Body>, Svc::Error> {
     match prepare(&shared, req).await {
         Step::PassThrough(req) => {
             tracing::Span::current().record("outcome", "passthrough");
@@ -279,24 +291,14 @@ fn full(bytes: Bytes) -> Body {
 }
 
 /// What the engine is told about the handler's answer.
-/// What the engine is told about the handler's answer.
 type Capture = Settle<HttpResponse, HttpResponse>;
 
-async fn run<Svc, S, O, ResB>(
+async fn run<Svc: Routes<ResB>, ResB: Answer, S: Store, O: OwnerSource>(
     shared: Arc<Shared<S, O>>,
     inner: Svc,
     mut req: Request<Body>,
     prepared: idem_core::adapter::Prepared,
-) -> Result<Response<Body>, Svc::Error>
-where
-    Svc: Service<Request<Body>, Response = Response<ResB>> + Send + 'static,
-    Svc::Future: Send + 'static,
-    Svc::Error: Send + 'static,
-    ResB: HttpBody<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-    O: OwnerSource,
-{
+) -> Result<Response<Body>, Svc::Error> {
     let span = tracing::Span::current();
     req.extensions_mut()
         .insert(IdemKey(prepared.id.key().clone()));
@@ -362,20 +364,11 @@ where
 
 /// Calls the handler, reads its whole answer (a unary call has one message)
 /// and decides what the engine stores.
-async fn call_and_capture<Svc, S, O, ResB>(
+async fn call_and_capture<Svc: Routes<ResB>, ResB: Answer, S: Store, O: Sync>(
     shared: &Shared<S, O>,
     mut inner: Svc,
     req: Request<Body>,
-) -> (Capture, Result<Response<Body>, Svc::Error>)
-where
-    Svc: Service<Request<Body>, Response = Response<ResB>> + Send,
-    Svc::Future: Send,
-    Svc::Error: Send,
-    ResB: HttpBody<Data = Bytes> + Send,
-    ResB::Error: Into<BoxDynError>,
-    S: Store,
-    O: Sync,
-{
+) -> (Capture, Result<Response<Body>, Svc::Error>) {
     let res = match inner.call(req).await {
         Ok(r) => r,
         Err(e) => return (Capture::Release, Err(e)),

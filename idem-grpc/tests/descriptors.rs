@@ -53,6 +53,16 @@ fn service(name: &str, methods: Vec<MethodDescriptorProto>) -> ServiceDescriptor
     }
 }
 
+/// `Svc` in package `idem.test.v1`: `Create` (unary) and `Watch` (server
+/// streaming), no message types.
+fn svc_file() -> FileDescriptorProto {
+    file(
+        "idem/test/v1/svc.proto",
+        Some("idem.test.v1"),
+        service("Svc", vec![method("Create", false), method("Watch", true)]),
+    )
+}
+
 /// The test server's schema, as tonic-build would write it: `Svc` in
 /// package `idem.test.v1` with `Create` (unary) and `Watch` (server
 /// streaming), and `Bare` without a package with `Create` (unary). `Open`
@@ -60,11 +70,7 @@ fn service(name: &str, methods: Vec<MethodDescriptorProto>) -> ServiceDescriptor
 fn descriptors() -> Vec<u8> {
     FileDescriptorSet {
         file: vec![
-            file(
-                "idem/test/v1/svc.proto",
-                Some("idem.test.v1"),
-                service("Svc", vec![method("Create", false), method("Watch", true)]),
-            ),
+            svc_file(),
             file(
                 "bare.proto",
                 None,
@@ -298,11 +304,7 @@ fn message(name: &str, fields: Vec<FieldDescriptorProto>) -> DescriptorProto {
 /// The test server's schema with its message types (`app::Req`,
 /// `app::Resp`): what a canonical fingerprint decodes by.
 fn typed_descriptors() -> Vec<u8> {
-    let mut svc = file(
-        "idem/test/v1/svc.proto",
-        Some("idem.test.v1"),
-        service("Svc", vec![method("Create", false), method("Watch", true)]),
-    );
+    let mut svc = svc_file();
     svc.syntax = Some("proto3".to_owned());
     svc.message_type = vec![
         message(

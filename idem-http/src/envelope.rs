@@ -63,11 +63,9 @@ impl Default for FingerprintSpec {
 }
 
 impl FingerprintSpec {
-    /// How the body counts (default [`BodyFingerprint::Auto`]).
-    #[must_use]
-    pub fn body(mut self, b: BodyFingerprint) -> Self {
-        self.body = b;
-        self
+    setters! {
+        /// How the body counts (default [`BodyFingerprint::Auto`]).
+        pub fn body(b: BodyFingerprint) => body;
     }
 
     /// JSON pointers (relative to a JSON body's root) that do not count,
@@ -112,18 +110,12 @@ impl FingerprintSpec {
         self
     }
 
-    /// Whether the query string counts (default `true`).
-    #[must_use]
-    pub fn include_query(mut self, on: bool) -> Self {
-        self.query = on;
-        self
-    }
+    setters! {
+        /// Whether the query string counts (default `true`).
+        pub fn include_query(on: bool) => query;
 
-    /// Which path counts (default [`PathSource::Uri`]).
-    #[must_use]
-    pub fn path(mut self, p: PathSource) -> Self {
-        self.path = p;
-        self
+        /// Which path counts (default [`PathSource::Uri`]).
+        pub fn path(p: PathSource) => path;
     }
 
     /// The body mode.

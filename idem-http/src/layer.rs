@@ -151,145 +151,81 @@ impl<S: Store, O> IdempotencyLayerBuilder<S, O> {
         }
     }
 
-    /// The status when the owner is unavailable (default 500; some APIs
-    /// prefer 401).
-    #[must_use]
-    pub fn missing_owner_status(mut self, status: StatusCode) -> Self {
-        self.cfg.missing_owner_status = status;
-        self
-    }
+    setters! {
+        /// The status when the owner is unavailable (default 500; some APIs
+        /// prefer 401).
+        pub fn missing_owner_status(status: StatusCode) => cfg.missing_owner_status;
 
-    /// The covered methods (default POST, PATCH). Others pass untouched.
-    #[must_use]
-    pub fn methods(mut self, m: impl IntoIterator<Item = Method>) -> Self {
-        self.cfg.methods = m.into_iter().collect();
-        self
-    }
+        /// The covered methods (default POST, PATCH). Others pass untouched.
+        pub fn methods(
+            m: impl IntoIterator<Item = Method>,
+        ) => cfg.methods = m.into_iter().collect();
 
-    /// Whether covered requests need a key (default required).
-    #[must_use]
-    pub fn key(mut self, r: KeyRequirement) -> Self {
-        self.cfg.key = r;
-        self
-    }
+        /// Whether covered requests need a key (default required).
+        pub fn key(r: KeyRequirement) => cfg.key;
 
-    /// The key syntax (default lenient: sf-string or bare).
-    #[must_use]
-    pub fn key_syntax(mut self, s: KeySyntax) -> Self {
-        self.cfg.key_syntax = s;
-        self
-    }
+        /// The key syntax (default lenient: sf-string or bare).
+        pub fn key_syntax(s: KeySyntax) => cfg.key_syntax;
 
-    /// The key header (default `Idempotency-Key`).
-    #[must_use]
-    pub fn key_header(mut self, name: HeaderName) -> Self {
-        self.cfg.key_header = name;
-        self
-    }
+        /// The key header (default `Idempotency-Key`).
+        pub fn key_header(name: HeaderName) => cfg.key_header;
 
-    /// An extra key rule, e.g. a minimum length; a refusal is 400
-    /// `invalid_key` with reason `rejected_by_validator`, and the `Err`
-    /// reason is the problem's `detail`.
-    #[must_use]
-    pub fn key_validator(
-        mut self,
-        f: impl Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync + 'static,
-    ) -> Self {
-        self.cfg.key_validator = Some(Arc::new(f));
-        self
-    }
+        /// An extra key rule, e.g. a minimum length; a refusal is 400
+        /// `invalid_key` with reason `rejected_by_validator`, and the `Err`
+        /// reason is the problem's `detail`.
+        pub fn key_validator(
+            f: impl Fn(&IdempotencyKey) -> Result<(), Cow<'static, str>> + Send + Sync + 'static,
+        ) => cfg.key_validator = Some(Arc::new(f));
 
-    /// Where the operation comes from (default [`OperationSource::Path`],
-    /// in every build; axum apps name their routes with
-    /// `OperationSource::MatchedPath`).
-    #[must_use]
-    pub fn operation(mut self, o: OperationSource) -> Self {
-        self.cfg.operation = o;
-        self
-    }
+        /// Where the operation comes from (default [`OperationSource::Path`],
+        /// in every build; axum apps name their routes with
+        /// `OperationSource::MatchedPath`).
+        pub fn operation(o: OperationSource) => cfg.operation;
 
-    /// Which records share a key space (default per route).
-    #[must_use]
-    pub fn key_namespace(mut self, n: KeyNamespace) -> Self {
-        self.cfg.namespace = n;
-        self
-    }
+        /// Which records share a key space (default per route).
+        pub fn key_namespace(n: KeyNamespace) => cfg.namespace;
 
-    /// What makes two requests the same.
-    #[must_use]
-    pub fn fingerprint(mut self, f: FingerprintSpec) -> Self {
-        self.cfg.fingerprint = f;
-        self
-    }
+        /// What makes two requests the same.
+        pub fn fingerprint(f: FingerprintSpec) => cfg.fingerprint;
 
-    /// The request body limit (default 2 MiB); keep it ≤ the route's
-    /// `DefaultBodyLimit`.
-    #[must_use]
-    pub fn max_request_body(mut self, bytes: usize) -> Self {
-        self.cfg.max_request_body = bytes;
-        self
-    }
+        /// The request body limit (default 2 MiB); keep it ≤ the route's
+        /// `DefaultBodyLimit`.
+        pub fn max_request_body(bytes: usize) => cfg.max_request_body;
 
-    /// Replaces the default classifier (a [`Class`] response extension
-    /// still wins).
-    #[must_use]
-    pub fn classify(
-        mut self,
-        f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
-    ) -> Self {
-        self.cfg.classify = Some(Arc::new(f));
-        self
-    }
+        /// Replaces the default classifier (a [`Class`] response extension
+        /// still wins).
+        pub fn classify(
+            f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
+        ) => cfg.classify = Some(Arc::new(f));
 
-    /// Which response headers are stored (default: all but `Set-Cookie`,
-    /// trace and request ids, `Server-Timing`, `Age`).
-    #[must_use]
-    pub fn stored_headers(mut self, p: HeaderPolicy) -> Self {
-        self.cfg.stored_headers = p;
-        self
-    }
+        /// Which response headers are stored (default: all but `Set-Cookie`,
+        /// trace and request ids, `Server-Timing`, `Age`).
+        pub fn stored_headers(p: HeaderPolicy) => cfg.stored_headers;
 
-    /// The headers set to `true` on a replay (default `Idempotent-Replayed`
-    /// and `X-Idempotent-Replayed`).
-    #[must_use]
-    pub fn replayed_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.cfg.replayed_headers = names.into_iter().collect();
-        self
-    }
+        /// The headers set to `true` on a replay (default `Idempotent-Replayed`
+        /// and `X-Idempotent-Replayed`).
+        pub fn replayed_headers(
+            names: impl IntoIterator<Item = HeaderName>,
+        ) => cfg.replayed_headers = names.into_iter().collect();
 
-    /// How problem `type` URIs are formed (default the draft's anchors).
-    #[must_use]
-    pub fn problem_types(mut self, t: ProblemTypes) -> Self {
-        self.cfg.problem_types = t;
-        self
-    }
+        /// How problem `type` URIs are formed (default the draft's anchors).
+        pub fn problem_types(t: ProblemTypes) => cfg.problem_types;
 
-    /// Adds `Link: <url>; rel="describedby"` to every problem.
-    #[must_use]
-    pub fn docs_url(mut self, url: impl Into<String>) -> Self {
-        self.cfg.docs_url = Some(url.into());
-        self
-    }
+        /// Adds `Link: <url>; rel="describedby"` to every problem.
+        pub fn docs_url(url: impl Into<String>) => cfg.docs_url = Some(url.into());
 
-    /// Whether handlers run in a spawned, tracked task (default `true`): a
-    /// client disconnect or an outer timeout then cannot cut an operation in
-    /// half. Needs a tokio runtime. Either way a panicking handler is
-    /// answered with 500 `handler_panicked` and its record is left in flight
-    /// for recovery after the lease; `false` runs the handler inside the
-    /// request's own future, so a disconnect drops it mid-work (a crash,
-    /// recovered the same way).
-    #[must_use]
-    pub fn detached(mut self, on: bool) -> Self {
-        self.cfg.detached = on;
-        self
-    }
+        /// Whether handlers run in a spawned, tracked task (default `true`): a
+        /// client disconnect or an outer timeout then cannot cut an operation in
+        /// half. Needs a tokio runtime. Either way a panicking handler is
+        /// answered with 500 `handler_panicked` and its record is left in flight
+        /// for recovery after the lease; `false` runs the handler inside the
+        /// request's own future, so a disconnect drops it mid-work (a crash,
+        /// recovered the same way).
+        pub fn detached(on: bool) => cfg.detached;
 
-    /// Renews the lease every `lease / 3` while a handler runs, up to
-    /// `ceiling` (default 5 min); `None` turns it off.
-    #[must_use]
-    pub fn auto_renew_lease(mut self, ceiling: Option<Duration>) -> Self {
-        self.cfg.auto_renew = ceiling;
-        self
+        /// Renews the lease every `lease / 3` while a handler runs, up to
+        /// `ceiling` (default 5 min); `None` turns it off.
+        pub fn auto_renew_lease(ceiling: Option<Duration>) => cfg.auto_renew;
     }
 }
 

@@ -1,6 +1,29 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Builder methods that each set one setting and return the builder, with
+/// their docs and `#[must_use]`: `=> field` stores the argument as given,
+/// `=> field = value` stores `value` (made from the argument).
+macro_rules! setters {
+    ($(
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($arg:ident: $ty:ty $(,)?) => $($field:ident).+ $(= $value:expr)?;
+    )*) => {$(
+        $(#[$attr])*
+        #[must_use]
+        $vis fn $name(mut self, $arg: $ty) -> Self {
+            self.$($field).+ = setters!(@value $arg $(, $value)?);
+            self
+        }
+    )*};
+    (@value $arg:ident) => {
+        $arg
+    };
+    (@value $arg:ident, $value:expr) => {
+        $value
+    };
+}
+
 // The files in the order one covered request flows through them.
 // The layer: its builder and configuration, and who owns a record. No
 // module imports one that imports it back: the layer builds the state

@@ -80,26 +80,21 @@ async fn the_default_is_the_received_path_in_every_build() {
 
 #[tokio::test]
 async fn a_named_route_or_name_is_the_operation_in_every_build() {
-    let fp = record_of(
-        OperationSource::Route(Cow::Borrowed("/accounts/{id}/charges")),
-        FingerprintSpec::default(),
-        "POST /accounts/{id}/charges",
-    )
-    .await;
-    assert_eq!(
-        fp,
-        "962123afebb30c64dc5c17fca9fc7e0bea46f3c7ba45b973a4d68676de6a9d01"
-    );
-    let fp = record_of(
-        OperationSource::Fixed(Cow::Borrowed("charges.create")),
-        FingerprintSpec::default(),
-        "charges.create",
-    )
-    .await;
-    assert_eq!(
-        fp,
-        "378ea561c1e68f6599bfbf2c58792734d88ec3f71087e9ad81c4931527bbd2c0"
-    );
+    for (source, operation, pinned) in [
+        (
+            OperationSource::Route(Cow::Borrowed("/accounts/{id}/charges")),
+            "POST /accounts/{id}/charges",
+            "962123afebb30c64dc5c17fca9fc7e0bea46f3c7ba45b973a4d68676de6a9d01",
+        ),
+        (
+            OperationSource::Fixed(Cow::Borrowed("charges.create")),
+            "charges.create",
+            "378ea561c1e68f6599bfbf2c58792734d88ec3f71087e9ad81c4931527bbd2c0",
+        ),
+    ] {
+        let fp = record_of(source, FingerprintSpec::default(), operation).await;
+        assert_eq!(fp, pinned, "{operation}");
+    }
 }
 
 /// With feature `axum`, axum's names are used only when asked for.

@@ -241,6 +241,21 @@ impl<S: Store> App<S> {
         tokio::spawn(async move { send_to(&client, &url, &d).await })
     }
 
+    /// Asserts that nothing ran and that `key` has no record.
+    async fn assert_untouched(&self, key: &str) {
+        assert_eq!(self.runs.count(), 0);
+        assert_eq!(self.state(key).await, None);
+    }
+
+    /// Asserts that `key`'s record completed with `outcome` on the first
+    /// attempt.
+    async fn assert_completed_once(&self, key: &str, outcome: OutcomeKind) {
+        assert_eq!(
+            self.state(key).await,
+            Some((RecordState::Completed, Some(outcome), 1))
+        );
+    }
+
     async fn state(&self, key: &str) -> Option<(RecordState, Option<OutcomeKind>, u32)> {
         self.layer
             .idem()
@@ -409,8 +424,7 @@ mod rows {
         ] {
             app.send(&bad).await.problem(400, "malformed_webhook");
         }
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W2: no signature matches (wrong secret, tampered body, `v1,` empty,
@@ -445,8 +459,7 @@ mod rows {
                 "the detail quotes no signature"
             );
         }
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
         assert_eq!(app.state("msg_other").await, None);
     }
 
@@ -472,8 +485,7 @@ mod rows {
         let big = format!("{{\"id\":\"{e}\",\"pad\":\"{}\"}}", "x".repeat(64 * 1024));
         let d = Delivery::signed(Kind::Standard, &e, &big, app.now_secs());
         app.send(&d).await.problem(413, "request_too_large");
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W5: verified but no event id: 400 `missing_event_id`; with
@@ -519,10 +531,7 @@ mod rows {
         assert_eq!(g.header("idempotent-replayed"), None);
         assert_eq!(app.runs.count(), 1);
         assert_eq!(app.runs.recoveries(), vec![false]);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W7: a 4xx is a permanent failure: stored, acknowledged with 200, the
@@ -535,10 +544,7 @@ mod rows {
         assert_eq!(g.status, 200, "{}", g.text());
         assert!(g.body.is_empty());
         assert_eq!(app.runs.hook_calls.load(Ordering::SeqCst), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Failure), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Failure).await;
         app.clock.advance(Duration::from_secs(30));
         app.send(&app.delivery(&e, "permanent")).await.is_ack();
         assert_eq!(app.runs.count(), 1);
@@ -622,10 +628,7 @@ mod rows {
         app.clock.advance(Duration::from_secs(3600));
         app.send(&app.delivery(&e, "ok")).await.is_ack();
         assert_eq!(app.runs.count(), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W11: with `Replay`, a duplicate gets the stored response and the
@@ -796,8 +799,7 @@ mod rows {
         app.send(&app.delivery(&e, "ok"))
             .await
             .problem(503, "shutting_down");
-        assert_eq!(app.runs.count(), 0);
-        assert_eq!(app.state(&e).await, None);
+        app.assert_untouched(&e).await;
     }
 
     /// W18: 16 identical deliveries at once: the handler runs once; every
@@ -819,10 +821,7 @@ mod rows {
         }
         assert_eq!(fresh, 1);
         assert_eq!(app.runs.count(), 1);
-        assert_eq!(
-            app.state(&e).await,
-            Some((RecordState::Completed, Some(OutcomeKind::Success), 1))
-        );
+        app.assert_completed_once(&e, OutcomeKind::Success).await;
     }
 
     /// W19: a captured signed request replayed verbatim: a duplicate inside

@@ -16,7 +16,7 @@ use idem_mcp::rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, JsonObject,
     RequestMetaObject, ServerCapabilities, ServerConfig,
 };
-use idem_mcp::rmcp::service::{RequestContext, RunningService, ServiceError};
+use idem_mcp::rmcp::service::{Peer, RequestContext, RunningService, ServiceError};
 use idem_mcp::rmcp::{RoleClient, RoleServer, ServerHandler, ServiceExt};
 use idem_mcp::{IdempotentTools, ReportKind, ToolCaller, ToolKeys, ToolOutcome, error_code};
 use serde_json::{Value, json};
@@ -159,6 +159,45 @@ async fn call(c: &Client, r: CallToolRequestParams) -> Result<CallToolResult, Er
     }
 }
 
+/// A `create_order` call with these arguments and `_meta` members.
+async fn create(c: &Client, arguments: &Value, meta: Value) -> Result<CallToolResult, ErrorData> {
+    call(c, request("create_order", arguments.clone(), meta)).await
+}
+
+/// Starts a `create_order` call from `peer` in the background (arguments
+/// that hold the tool at its gate) and waits until the tool has entered it.
+async fn gated<S: Store>(
+    server: &Orders<S>,
+    peer: &Peer<RoleClient>,
+    arguments: &Value,
+    meta: Value,
+) -> tokio::task::JoinHandle<Result<CallToolResult, ServiceError>> {
+    let (r, peer) = (
+        request("create_order", arguments.clone(), meta),
+        peer.clone(),
+    );
+    let call = tokio::spawn(async move { peer.call_tool(r).await });
+    server.started.notified().await;
+    call
+}
+
+/// Opens the gate of a [`gated`] call and retries it until it is no longer
+/// in flight: the stored outcome.
+async fn settled<S: Store>(
+    server: &Orders<S>,
+    c: &Client,
+    arguments: &Value,
+    meta: Value,
+) -> CallToolResult {
+    server.gate.notify_one();
+    loop {
+        match create(c, arguments, meta.clone()).await {
+            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
+            other => break other.unwrap(),
+        }
+    }
+}
+
 fn replayed(r: &CallToolResult) -> bool {
     idem_mcp::is_replayed(r)
 }
@@ -182,14 +221,10 @@ async fn answers<S: Store + Clone>(store: S) {
     // First call, then the replay with the marker; the stored result exactly.
     let k = fresh_key();
     let order = json!({ "amount": 5, "currency": "EUR" });
-    let first = call(&c, request("create_order", order.clone(), with_key(&k)))
-        .await
-        .unwrap();
+    let first = create(&c, &order, with_key(&k)).await.unwrap();
     assert!(!replayed(&first), "{first:?}");
     assert!(first.meta.is_none(), "no marker on a first execution");
-    let again = call(&c, request("create_order", order.clone(), with_key(&k)))
-        .await
-        .unwrap();
+    let again = create(&c, &order, with_key(&k)).await.unwrap();
     assert!(replayed(&again));
     assert_eq!(again.structured_content, first.structured_content);
     assert_eq!(again.content, first.content);
@@ -198,55 +233,36 @@ async fn answers<S: Store + Clone>(store: S) {
 
     // The key as an argument names the same record; `_meta` wins over it.
     let by_arg = json!({ "amount": 5, "currency": "EUR", "idempotency_key": k });
-    let r = call(&c, request("create_order", by_arg, alice.clone()))
-        .await
-        .unwrap();
+    let r = create(&c, &by_arg, alice.clone()).await.unwrap();
     assert!(
         replayed(&r),
         "the argument key replays the _meta key's record"
     );
     let other = fresh_key();
     let both = json!({ "amount": 5, "currency": "EUR", "idempotency_key": other });
-    let r = call(&c, request("create_order", both, with_key(&k)))
-        .await
-        .unwrap();
+    let r = create(&c, &both, with_key(&k)).await.unwrap();
     assert!(replayed(&r), "_meta wins");
     assert_eq!(server.executions(), 1);
     let k2 = fresh_key();
     let arg_only = json!({ "amount": 6, "currency": "EUR", "idempotency_key": k2 });
-    let r1 = call(&c, request("create_order", arg_only.clone(), alice.clone()))
-        .await
-        .unwrap();
-    let r2 = call(&c, request("create_order", arg_only, alice.clone()))
-        .await
-        .unwrap();
+    let r1 = create(&c, &arg_only, alice.clone()).await.unwrap();
+    let r2 = create(&c, &arg_only, alice.clone()).await.unwrap();
     assert!(!replayed(&r1) && replayed(&r2));
     assert_eq!(server.executions(), 2);
 
     // Same key, other arguments.
-    let e = call(
-        &c,
-        request(
-            "create_order",
-            json!({ "amount": 9, "currency": "EUR" }),
-            with_key(&k),
-        ),
-    )
-    .await
-    .unwrap_err();
+    let e = create(&c, &json!({ "amount": 9, "currency": "EUR" }), with_key(&k))
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), "fingerprint_mismatch", "{e:?}");
     assert_eq!(server.executions(), 2);
 
     // Permanent failure: stored and replayed.
     let kp = fresh_key();
     let seven = json!({ "amount": 7, "currency": "EUR" });
-    let p1 = call(&c, request("create_order", seven.clone(), with_key(&kp)))
-        .await
-        .unwrap();
+    let p1 = create(&c, &seven, with_key(&kp)).await.unwrap();
     assert_eq!(p1.is_error, Some(true));
-    let p2 = call(&c, request("create_order", seven, with_key(&kp)))
-        .await
-        .unwrap();
+    let p2 = create(&c, &seven, with_key(&kp)).await.unwrap();
     assert!(replayed(&p2));
     assert_eq!(p2.is_error, Some(true));
     assert_eq!(
@@ -259,9 +275,7 @@ async fn answers<S: Store + Clone>(store: S) {
     let kt = fresh_key();
     let thirteen = json!({ "amount": 13, "currency": "EUR" });
     for run in 4..=5 {
-        let t = call(&c, request("create_order", thirteen.clone(), with_key(&kt)))
-            .await
-            .unwrap();
+        let t = create(&c, &thirteen, with_key(&kt)).await.unwrap();
         assert!(!replayed(&t));
         assert_eq!(
             t.structured_content,
@@ -272,13 +286,10 @@ async fn answers<S: Store + Clone>(store: S) {
 
     // No key: runs each time. `stats` is never keyed.
     for run in 6..=7 {
-        let r = call(
+        let r = create(
             &c,
-            request(
-                "create_order",
-                json!({ "amount": 1, "currency": "EUR" }),
-                alice.clone(),
-            ),
+            &json!({ "amount": 1, "currency": "EUR" }),
+            alice.clone(),
         )
         .await
         .unwrap();
@@ -309,31 +320,19 @@ async fn answers<S: Store + Clone>(store: S) {
         json!(null),
     ] {
         let meta = json!({ "owner": "alice", "idempotencyKey": bad });
-        let e = call(
-            &c,
-            request(
-                "create_order",
-                json!({ "amount": 1, "currency": "EUR" }),
-                meta,
-            ),
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(code(&e), "invalid_key", "{bad}: {e:?}");
-        let by_arg = json!({ "amount": 1, "currency": "EUR", "idempotency_key": bad });
-        let e = call(&c, request("create_order", by_arg, alice.clone()))
+        let e = create(&c, &json!({ "amount": 1, "currency": "EUR" }), meta)
             .await
             .unwrap_err();
         assert_eq!(code(&e), "invalid_key", "{bad}: {e:?}");
+        let by_arg = json!({ "amount": 1, "currency": "EUR", "idempotency_key": bad });
+        let e = create(&c, &by_arg, alice.clone()).await.unwrap_err();
+        assert_eq!(code(&e), "invalid_key", "{bad}: {e:?}");
     }
     assert_eq!(
-        call(
+        create(
             &c,
-            request(
-                "create_order",
-                json!({"amount": 1, "currency": "EUR", "idempotency_key": "x".repeat(255)}),
-                alice.clone()
-            )
+            &json!({"amount": 1, "currency": "EUR", "idempotency_key": "x".repeat(255)}),
+            alice.clone()
         )
         .await
         .unwrap()
@@ -345,57 +344,31 @@ async fn answers<S: Store + Clone>(store: S) {
     // A key is taken as is: surrounding spaces make another key (a header's
     // optional whitespace does not apply to a JSON string).
     let spaced = format!(" {k} ");
-    let s = call(
-        &c,
-        request("create_order", order.clone(), with_key(&spaced)),
-    )
-    .await
-    .unwrap();
+    let s = create(&c, &order, with_key(&spaced)).await.unwrap();
     assert!(!replayed(&s), "{spaced:?} is not {k:?}");
     assert_ne!(s.structured_content, first.structured_content);
-    let s2 = call(
-        &c,
-        request("create_order", order.clone(), with_key(&spaced)),
-    )
-    .await
-    .unwrap();
+    let s2 = create(&c, &order, with_key(&spaced)).await.unwrap();
     assert!(replayed(&s2), "and is a key of its own");
     assert_eq!(s2.structured_content, s.structured_content);
     assert_eq!(server.executions(), 9);
 
     // Two owners, one key: two executions, no cross-owner replay.
     let bob = json!({ "owner": "bob", "idempotencyKey": k });
-    let b = call(&c, request("create_order", order.clone(), bob))
-        .await
-        .unwrap();
+    let b = create(&c, &order, bob).await.unwrap();
     assert!(!replayed(&b));
     assert_ne!(b.structured_content, first.structured_content);
     assert_eq!(server.executions(), 10);
     // No owner: refused.
-    let e = call(
-        &c,
-        request(
-            "create_order",
-            order.clone(),
-            json!({ "idempotencyKey": k }),
-        ),
-    )
-    .await
-    .unwrap_err();
+    let e = create(&c, &order, json!({ "idempotencyKey": k }))
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), "owner_unavailable");
 
     // In flight: the first call holds the record until the gate opens.
     let kf = fresh_key();
     let slow = json!({ "amount": 2, "currency": "EUR", "note": "gate" });
-    let first = {
-        let r = request("create_order", slow.clone(), with_key(&kf));
-        let peer = c.peer().clone();
-        tokio::spawn(async move { peer.call_tool(r).await })
-    };
-    server.started.notified().await;
-    let e = call(&c, request("create_order", slow.clone(), with_key(&kf)))
-        .await
-        .unwrap_err();
+    let first = gated(&server, c.peer(), &slow, with_key(&kf)).await;
+    let e = create(&c, &slow, with_key(&kf)).await.unwrap_err();
     assert_eq!(code(&e), "in_flight");
     assert!(
         e.data.as_ref().unwrap()["retryAfterMs"].as_u64().unwrap() > 0,
@@ -404,9 +377,7 @@ async fn answers<S: Store + Clone>(store: S) {
     server.gate.notify_one();
     let done = first.await.unwrap().unwrap();
     assert!(!replayed(&done));
-    let r = call(&c, request("create_order", slow.clone(), with_key(&kf)))
-        .await
-        .unwrap();
+    let r = create(&c, &slow, with_key(&kf)).await.unwrap();
     assert!(replayed(&r));
     assert_eq!(r.structured_content, done.structured_content);
 
@@ -414,21 +385,10 @@ async fn answers<S: Store + Clone>(store: S) {
     // told `notifications/cancelled`); the work finishes and is stored.
     let kc = fresh_key();
     let before = server.executions();
-    {
-        let r = request("create_order", slow.clone(), with_key(&kc));
-        let peer = c.peer().clone();
-        let abandoned = tokio::spawn(async move { peer.call_tool(r).await });
-        server.started.notified().await;
-        abandoned.abort();
-        let _ = abandoned.await;
-    }
-    server.gate.notify_one();
-    let r = loop {
-        match call(&c, request("create_order", slow.clone(), with_key(&kc))).await {
-            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
-            other => break other.unwrap(),
-        }
-    };
+    let abandoned = gated(&server, c.peer(), &slow, with_key(&kc)).await;
+    abandoned.abort();
+    let _ = abandoned.await;
+    let r = settled(&server, &c, &slow, with_key(&kc)).await;
     assert!(replayed(&r), "the abandoned call's outcome was stored");
     assert_eq!(server.executions(), before + 1);
 
@@ -437,32 +397,24 @@ async fn answers<S: Store + Clone>(store: S) {
     // recovery (attempt 2) that runs the work again.
     let kx = fresh_key();
     let crash = json!({ "amount": 99, "currency": "EUR" });
-    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
-        .await
-        .unwrap_err();
+    let e = create(&c, &crash, with_key(&kx)).await.unwrap_err();
     assert_eq!(code(&e), "handler_panicked", "{e:?}");
     let lease = server.tools.idem().policy().lease();
     assert_eq!(
         e.data.as_ref().unwrap()["retryAfterMs"].as_u64(),
         Some(lease.as_millis() as u64)
     );
-    let e = call(&c, request("create_order", crash.clone(), with_key(&kx)))
-        .await
-        .unwrap_err();
+    let e = create(&c, &crash, with_key(&kx)).await.unwrap_err();
     assert_eq!(code(&e), "in_flight");
     clock.advance(lease + Duration::from_secs(1));
-    let r = call(&c, request("create_order", crash.clone(), with_key(&kx)))
-        .await
-        .unwrap();
+    let r = create(&c, &crash, with_key(&kx)).await.unwrap();
     assert!(!replayed(&r));
     assert_eq!(
         r.structured_content.as_ref().unwrap()["attempt"],
         2,
         "{r:?}"
     );
-    let r = call(&c, request("create_order", crash, with_key(&kx)))
-        .await
-        .unwrap();
+    let r = create(&c, &crash, with_key(&kx)).await.unwrap();
     assert!(replayed(&r));
 
     // A dropped connection: the host goes away mid-call; the work
@@ -471,21 +423,12 @@ async fn answers<S: Store + Clone>(store: S) {
     let before = server.executions();
     {
         let gone = connect(server.clone()).await;
-        let r = request("create_order", slow.clone(), with_key(&kd));
-        let peer = gone.peer().clone();
-        let pending = tokio::spawn(async move { peer.call_tool(r).await });
-        server.started.notified().await;
+        let pending = gated(&server, gone.peer(), &slow, with_key(&kd)).await;
         drop(gone);
         pending.abort();
         let _ = pending.await;
     }
-    server.gate.notify_one();
-    let r = loop {
-        match call(&c, request("create_order", slow.clone(), with_key(&kd))).await {
-            Err(e) if code(&e) == "in_flight" => tokio::task::yield_now().await,
-            other => break other.unwrap(),
-        }
-    };
+    let r = settled(&server, &c, &slow, with_key(&kd)).await;
     assert!(replayed(&r), "the dropped connection's outcome was stored");
     assert_eq!(server.executions(), before + 1);
 
@@ -597,30 +540,23 @@ where
     fixture.teardown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_memory() {
-    on(idem_test_support::fixtures::memory().await).await;
+/// One test per backend, each running [`on`] over a fresh fixture.
+macro_rules! on_every_backend {
+    ($($name:ident => $fixture:ident),+ $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            on(idem_test_support::fixtures::$fixture().await).await;
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_sqlite() {
-    on(idem_test_support::fixtures::sqlite_file().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_postgres() {
-    on(idem_test_support::fixtures::postgres().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_mysql() {
-    on(idem_test_support::fixtures::mysql().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_redis() {
-    on(idem_test_support::fixtures::redis().await).await;
-}
+on_every_backend!(
+    on_memory => memory,
+    on_sqlite => sqlite_file,
+    on_postgres => postgres,
+    on_mysql => mysql,
+    on_redis => redis,
+);
 
 /// Shutting down: keyed calls that arrive after `shutdown` began are
 /// refused with `shutting_down` (nothing runs, a retry hint given); the work
@@ -633,28 +569,16 @@ async fn shutdown_refuses_new_keyed_calls_and_stores_the_running_one() {
     let k = fresh_key();
     let slow = json!({ "amount": 5, "currency": "EUR", "note": "gate" });
     let meta = json!({ "owner": "alice", "idempotencyKey": k });
-    let running = {
-        let r = request("create_order", slow.clone(), meta.clone());
-        let peer = c.peer().clone();
-        tokio::spawn(async move { peer.call_tool(r).await })
-    };
-    server.started.notified().await;
+    let running = gated(&server, c.peer(), &slow, meta.clone()).await;
 
     // The first poll of `shutdown` closes the door; it then waits for the
     // running call, so it does not finish here.
     let waited = tokio::time::timeout(Duration::ZERO, server.tools.shutdown()).await;
     assert!(waited.is_err(), "shutdown waits for the running call");
     let other = json!({ "owner": "alice", "idempotencyKey": fresh_key() });
-    let e = call(
-        &c,
-        request(
-            "create_order",
-            json!({ "amount": 1, "currency": "EUR" }),
-            other,
-        ),
-    )
-    .await
-    .unwrap_err();
+    let e = create(&c, &json!({ "amount": 1, "currency": "EUR" }), other)
+        .await
+        .unwrap_err();
     assert_eq!(code(&e), "shutting_down", "{e:?}");
     assert!(
         e.data.as_ref().unwrap()["retryAfterMs"].as_u64().unwrap() > 0,
@@ -696,12 +620,7 @@ async fn a_tool_that_outlives_its_lease_is_not_run_twice() {
     let k = fresh_key();
     let slow = json!({ "amount": 5, "currency": "EUR", "note": "gate" });
     let meta = json!({ "owner": "alice", "idempotencyKey": k });
-    let running = {
-        let r = request("create_order", slow.clone(), meta.clone());
-        let peer = c.peer().clone();
-        tokio::spawn(async move { peer.call_tool(r).await })
-    };
-    server.started.notified().await;
+    let running = gated(&server, c.peer(), &slow, meta.clone()).await;
     let scope = idem_core::Scope::new("alice", "create_order").unwrap();
     let admin = server.tools.idem().admin();
     let first_end = admin
@@ -731,15 +650,13 @@ async fn a_tool_that_outlives_its_lease_is_not_run_twice() {
     }
     // Past the first lease's end: the retry finds the call still running.
     clock.advance(lease * 2 / 3);
-    let e = call(&c, request("create_order", slow.clone(), meta.clone()))
-        .await
-        .unwrap_err();
+    let e = create(&c, &slow, meta.clone()).await.unwrap_err();
     assert_eq!(code(&e), "in_flight", "{e:?}");
     assert_eq!(server.executions(), 1, "not recovered while it runs");
 
     server.gate.notify_one();
     let first = running.await.unwrap().unwrap();
-    let again = call(&c, request("create_order", slow, meta)).await.unwrap();
+    let again = create(&c, &slow, meta).await.unwrap();
     assert!(replayed(&again));
     assert_eq!(again.structured_content, first.structured_content);
     assert_eq!(server.executions(), 1);
@@ -760,16 +677,14 @@ async fn an_outcome_not_stored_yet_is_not_answered_as_done() {
     let meta = json!({ "owner": "alice", "idempotencyKey": k });
 
     store.fail_complete(true);
-    let e = call(&c, request("create_order", order.clone(), meta.clone()))
-        .await
-        .unwrap_err();
+    let e = create(&c, &order, meta.clone()).await.unwrap_err();
     assert_eq!(code(&e), "store_unavailable", "{e:?}");
     assert_eq!(server.tools.idem().pending_completions(), 1, "kept");
 
     store.fail_complete(false);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let replay = loop {
-        match call(&c, request("create_order", order.clone(), meta.clone())).await {
+        match create(&c, &order, meta.clone()).await {
             Err(e) if code(&e) == "in_flight" => {
                 assert!(std::time::Instant::now() < deadline, "never stored");
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -14,16 +14,27 @@ use idem_sqlite::SqliteStore;
 
 use crate::servers::{MYSQL, POSTGRES};
 
+/// [`Fixture`] for a wrapper whose first field is its store: `store` is a
+/// clone of it, `teardown` runs the block on the wrapper.
+macro_rules! fixture {
+    ($name:ident($store:ty), |$fixture:ident| $teardown:block) => {
+        impl Fixture for $name {
+            type Store = $store;
+            fn store(&self) -> $store {
+                self.0.clone()
+            }
+            async fn teardown(self) {
+                let $fixture = self;
+                $teardown
+            }
+        }
+    };
+}
+
 /// A fresh [`MemoryStore`].
 #[derive(Debug)]
 pub struct Memory(MemoryStore);
-impl Fixture for Memory {
-    type Store = MemoryStore;
-    fn store(&self) -> MemoryStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {}
-}
+fixture!(Memory(MemoryStore), |_fixture| {});
 /// A fresh [`MemoryStore`].
 pub async fn memory() -> Memory {
     Memory(MemoryStore::new())
@@ -32,15 +43,9 @@ pub async fn memory() -> Memory {
 /// An in-memory SQLite store, closed at teardown.
 #[derive(Debug)]
 pub struct SqliteMemory(SqliteStore);
-impl Fixture for SqliteMemory {
-    type Store = SqliteStore;
-    fn store(&self) -> SqliteStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {
-        self.0.close().await;
-    }
-}
+fixture!(SqliteMemory(SqliteStore), |fixture| {
+    fixture.0.close().await;
+});
 /// An in-memory SQLite store.
 pub async fn sqlite_memory() -> SqliteMemory {
     SqliteMemory(SqliteStore::memory().await.expect("in-memory SQLite"))
@@ -49,20 +54,14 @@ pub async fn sqlite_memory() -> SqliteMemory {
 /// A SQLite file store in the temp dir; the file (and its WAL) removed at teardown.
 #[derive(Debug)]
 pub struct SqliteFile(SqliteStore, std::path::PathBuf);
-impl Fixture for SqliteFile {
-    type Store = SqliteStore;
-    fn store(&self) -> SqliteStore {
-        self.0.clone()
+fixture!(SqliteFile(SqliteStore), |fixture| {
+    fixture.0.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = fixture.1.clone().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
     }
-    async fn teardown(self) {
-        self.0.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.1.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
+});
 /// A SQLite file store of its own.
 pub async fn sqlite_file() -> SqliteFile {
     let path = std::env::temp_dir().join(format!(
@@ -83,21 +82,16 @@ fn pg_down(e: &dyn std::fmt::Display) -> ! {
 /// A Postgres store in a schema of its own, dropped at teardown.
 #[derive(Debug)]
 pub struct Pg(PgStore, String);
-impl Fixture for Pg {
-    type Store = PgStore;
-    fn store(&self) -> PgStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {
-        let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.1);
-        self.0
-            .pool()
-            .execute(sqlx::AssertSqlSafe(drop))
-            .await
-            .expect("drop schema");
-        self.0.close().await;
-    }
-}
+fixture!(Pg(PgStore), |fixture| {
+    let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", fixture.1);
+    fixture
+        .0
+        .pool()
+        .execute(sqlx::AssertSqlSafe(drop))
+        .await
+        .expect("drop schema");
+    fixture.0.close().await;
+});
 /// A migrated Postgres store in a fresh schema (`IDEM_POSTGRES_URL`, default the machine's server).
 ///
 /// # Panics
@@ -133,21 +127,16 @@ fn mysql_down(e: &dyn std::fmt::Display) -> ! {
 /// A MySQL / MariaDB store in a table of its own, dropped at teardown.
 #[derive(Debug)]
 pub struct MySql(idem_mysql::MySqlStore);
-impl Fixture for MySql {
-    type Store = idem_mysql::MySqlStore;
-    fn store(&self) -> idem_mysql::MySqlStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {
-        let drop = format!("DROP TABLE IF EXISTS `{}`", self.0.table_name());
-        self.0
-            .pool()
-            .execute(idem_mysql::sqlx::AssertSqlSafe(drop))
-            .await
-            .expect("drop table");
-        self.0.close().await;
-    }
-}
+fixture!(MySql(idem_mysql::MySqlStore), |fixture| {
+    let drop = format!("DROP TABLE IF EXISTS `{}`", fixture.0.table_name());
+    fixture
+        .0
+        .pool()
+        .execute(idem_mysql::sqlx::AssertSqlSafe(drop))
+        .await
+        .expect("drop table");
+    fixture.0.close().await;
+});
 /// A migrated MySQL / MariaDB store in a fresh table (`IDEM_MYSQL_URL`,
 /// default the machine's server), with the statements of the server found.
 ///
@@ -178,31 +167,25 @@ fn redis_url() -> String {
 /// A Redis store under a key prefix of its own, whose keys are deleted at teardown.
 #[derive(Debug)]
 pub struct Redis(RedisStore);
-impl Fixture for Redis {
-    type Store = RedisStore;
-    fn store(&self) -> RedisStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {
-        let client = redis::Client::open(redis_url()).expect("redis url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("redis connection");
-        let pattern = format!("{}*", self.0.prefix().as_str());
-        let keys: Vec<String> = {
-            let mut iter = conn.scan_match::<_, String>(&pattern).await.expect("scan");
-            let mut keys = Vec::new();
-            while let Some(k) = iter.next_item().await {
-                keys.push(k.expect("key"));
-            }
-            keys
-        };
-        if !keys.is_empty() {
-            let _: i64 = conn.del(keys).await.expect("del");
+fixture!(Redis(RedisStore), |fixture| {
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    let pattern = format!("{}*", fixture.0.prefix().as_str());
+    let keys: Vec<String> = {
+        let mut iter = conn.scan_match::<_, String>(&pattern).await.expect("scan");
+        let mut keys = Vec::new();
+        while let Some(k) = iter.next_item().await {
+            keys.push(k.expect("key"));
         }
+        keys
+    };
+    if !keys.is_empty() {
+        let _: i64 = conn.del(keys).await.expect("del");
     }
-}
+});
 /// A Redis store under a fresh prefix (`IDEM_REDIS_URL`, default the machine's server).
 ///
 /// # Panics
@@ -223,26 +206,20 @@ pub async fn redis() -> Redis {
 /// A key prefix of its own on the throwaway three-primary cluster.
 #[derive(Debug)]
 pub struct RedisCluster(RedisStore, Vec<String>);
-impl Fixture for RedisCluster {
-    type Store = RedisStore;
-    fn store(&self) -> RedisStore {
-        self.0.clone()
-    }
-    async fn teardown(self) {
-        let pattern = format!("{}*", self.0.prefix().as_str());
-        for url in &self.1 {
-            let client = redis::Client::open(url.as_str()).expect("node url");
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("node connection");
-            let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
-            for k in keys {
-                let _: i64 = conn.del(&k).await.expect("DEL");
-            }
+fixture!(RedisCluster(RedisStore), |fixture| {
+    let pattern = format!("{}*", fixture.0.prefix().as_str());
+    for url in &fixture.1 {
+        let client = redis::Client::open(url.as_str()).expect("node url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("node connection");
+        let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
+        for k in keys {
+            let _: i64 = conn.del(&k).await.expect("DEL");
         }
     }
-}
+});
 /// A store on this binary's throwaway Redis Cluster, under a fresh prefix.
 ///
 /// # Panics

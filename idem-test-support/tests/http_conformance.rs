@@ -10,29 +10,16 @@
 
 use idem_test_support::fixtures as support;
 
-mod memory {
-    idem_test_support::http_conformance!(super::support::memory());
+/// The whole suite once per backend, in a module named after its fixture.
+macro_rules! on_backends {
+    ($($fixture:ident),+ $(,)?) => {$(
+        mod $fixture {
+            idem_test_support::http_conformance!(super::support::$fixture());
+        }
+    )+};
 }
 
-mod sqlite_memory {
-    idem_test_support::http_conformance!(super::support::sqlite_memory());
-}
-
-mod sqlite_file {
-    idem_test_support::http_conformance!(super::support::sqlite_file());
-}
-
-mod postgres {
-    idem_test_support::http_conformance!(super::support::postgres());
-}
-
-mod mysql {
-    idem_test_support::http_conformance!(super::support::mysql());
-}
-
-mod redis {
-    idem_test_support::http_conformance!(super::support::redis());
-}
+on_backends!(memory, sqlite_memory, sqlite_file, postgres, mysql, redis);
 
 /// A smoke subset on a throwaway three-primary Redis Cluster (ports
 /// 7340-7379): first call, replay, mismatch, in flight, wait-mode timeout,

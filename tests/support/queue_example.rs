@@ -129,6 +129,17 @@ impl Orders {
         }
     }
 
+    /// SIGTERM while the message `id` (just published) is in hand: it
+    /// finishes and is acked, then the process says `stopped`; its exit
+    /// status.
+    pub(crate) async fn terminate_with_in_hand(&mut self, db: &Db, id: &str) -> ExitStatus {
+        db.wait_for_ledger_row(id).await;
+        self.terminate();
+        self.expect(&format!("acked {id} attempt 1 executed")).await;
+        self.expect("stopped").await;
+        self.wait_exit(LINE).await
+    }
+
     /// SIGTERM.
     pub(crate) fn terminate(&self) {
         let status = Command::new("kill")

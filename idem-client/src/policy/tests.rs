@@ -62,6 +62,25 @@ fn is_retry(step: &Step) -> bool {
     matches!(step, Step::Retry { .. })
 }
 
+/// Asserts that each status, with no header and no problem, is the
+/// server's fresh answer.
+fn assert_fresh(statuses: &[u16]) {
+    for &s in statuses {
+        assert_eq!(
+            decide(s, &[], None),
+            Step::Return(SendOutcome::Fresh),
+            "{s}"
+        );
+    }
+}
+
+fn retry_reason(step: &Step) -> RetryReason {
+    match step {
+        Step::Retry { reason, .. } => *reason,
+        other => panic!("expected a retry, got {other:?}"),
+    }
+}
+
 fn retry_delay(step: &Step) -> Duration {
     match step {
         Step::Retry { delay, .. } => *delay,
@@ -74,16 +93,7 @@ fn row01_connect_failure_retries_then_stops_as_transport() {
     let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Connect);
     let step = p.decide(&view, state(1, 0), &mut || 0);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::Connect,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::Connect, "{step:?}");
     let spent = p.decide(&view, state(6, 0), &mut || 0);
     assert_eq!(spent, Step::Stop(StopReason::Transport));
 }
@@ -93,29 +103,14 @@ fn row02_ambiguous_transport_failure_retries_same_key_then_stops() {
     let p = RetryPolicy::default();
     let view = AttemptView::Transport(TransportFailure::Ambiguous);
     let step = p.decide(&view, state(2, 0), &mut || 0);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::Transport,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::Transport, "{step:?}");
     let spent = p.decide(&view, state(1, 59_999), &mut max_random);
     assert_eq!(spent, Step::Stop(StopReason::Transport));
 }
 
 #[test]
 fn row03_success_without_marker_is_fresh() {
-    for s in [200, 201, 204, 302] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[200, 201, 204, 302]);
 }
 
 #[test]
@@ -173,13 +168,7 @@ fn row07_fingerprint_mismatch_422_is_never_retried() {
 
 #[test]
 fn row08_handler_4xx_without_idem_problem_is_its_answer() {
-    for s in [400, 401, 402, 404, 422] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[400, 401, 402, 404, 422]);
     // A handler's own problem body: a 422 whose code is not idem's.
     let step = decide(422, &[], Some(problem("validation_failed", Some(false))));
     assert_eq!(step, Step::Return(SendOutcome::Fresh));
@@ -219,13 +208,7 @@ fn row10_in_flight_waits_retry_after_plus_jitter_same_key() {
             problem: Some(&pr),
         };
         let step = p.decide(&view, state(1, 0), &mut max_random);
-        assert!(matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::InFlight,
-                ..
-            }
-        ));
+        assert_eq!(retry_reason(&step), RetryReason::InFlight, "{step:?}");
         // Spread at most min(1 s, 3 s / 10) = 300 ms.
         assert!(
             retry_delay(&step) <= Duration::from_millis(3_300),
@@ -266,16 +249,7 @@ fn row11_response_expired_or_not_stored_is_already_processed() {
 #[test]
 fn row12_409_with_retry_after_and_no_code_waits_as_in_flight() {
     let step = decide(409, &[("retry-after", "1")], None);
-    assert!(
-        matches!(
-            step,
-            Step::Retry {
-                reason: RetryReason::InFlight,
-                ..
-            }
-        ),
-        "{step:?}"
-    );
+    assert_eq!(retry_reason(&step), RetryReason::InFlight, "{step:?}");
     assert!(retry_delay(&step) >= Duration::from_secs(1));
     let step = decide_with(
         &RetryPolicy::default(),
@@ -376,13 +350,7 @@ fn row18_503_honours_retry_after_else_backoff() {
 
 #[test]
 fn row19_other_5xx_is_returned() {
-    for s in [501, 505, 511] {
-        assert_eq!(
-            decide(s, &[], None),
-            Step::Return(SendOutcome::Fresh),
-            "{s}"
-        );
-    }
+    assert_fresh(&[501, 505, 511]);
 }
 
 #[test]

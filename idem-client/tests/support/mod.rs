@@ -78,6 +78,17 @@ fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
+/// A pool of at most `max` connections to the test server (10 s to get
+/// one).
+async fn pg_pool(max: u32) -> pg_sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&pg_url())
+        .await
+        .unwrap_or_else(|e| pg_down(&e))
+}
+
 fn pg_down(e: &dyn std::fmt::Display) -> ! {
     panic!(
         "cannot reach PostgreSQL at {}: {e}\nStart it with:\n    pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
@@ -177,12 +188,7 @@ impl Place {
                 Runs::Sqlite(pool)
             }
             Backend::Postgres => {
-                let pool = PgPoolOptions::new()
-                    .max_connections(2)
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect(&pg_url())
-                    .await
-                    .unwrap_or_else(|e| pg_down(&e));
+                let pool = pg_pool(2).await;
                 Runs::Pg(pool, self.schema())
             }
             Backend::Redis => {
@@ -449,12 +455,7 @@ impl Server {
                     serve(store, runs, knobs, addr, tx).await;
                 }
                 Backend::Postgres => {
-                    let pool = PgPoolOptions::new()
-                        .max_connections(4)
-                        .acquire_timeout(Duration::from_secs(10))
-                        .connect(&pg_url())
-                        .await
-                        .unwrap_or_else(|e| pg_down(&e));
+                    let pool = pg_pool(4).await;
                     let store = PgStore::new(pool)
                         .with_schema_name(&place.schema())
                         .expect("schema name");
@@ -774,6 +775,26 @@ pub async fn sent(
     let resp = request.send().await.unwrap();
     let report = resp.idem_report().unwrap().clone();
     (resp, report)
+}
+
+/// Asserts that the send stopped at its deadline after a 503 (the key
+/// returned for the caller to resume with) and returns that key.
+pub fn exhausted_at_deadline(
+    result: Result<idem_client::Sent, idem_client::Error>,
+) -> IdempotencyKey {
+    match result {
+        Err(idem_client::Error::Exhausted {
+            key,
+            reason,
+            last_status,
+            ..
+        }) => {
+            assert_eq!(reason, idem_client::StopReason::Deadline);
+            assert_eq!(last_status, Some(StatusCode::SERVICE_UNAVAILABLE));
+            key
+        }
+        other => panic!("expected Exhausted, got {other:?}"),
+    }
 }
 
 pub fn one_key(keys: &[String]) -> &str {

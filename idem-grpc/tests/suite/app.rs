@@ -363,6 +363,9 @@ impl<S: Store> App<S> {
     }
 }
 
+/// A call started in the background ([`Client::spawn_gated`]).
+pub type Gated = tokio::task::JoinHandle<Result<Response<Resp>, Status>>;
+
 /// A tonic client of the test service.
 #[derive(Clone)]
 pub struct Client {
@@ -379,20 +382,31 @@ pub struct Meta {
 
 pub fn with(account: &str, key: &str) -> Meta {
     Meta {
-        account: Some(account.to_owned()),
         keys: vec![key.as_bytes().to_vec()],
-        timeout: None,
+        ..Meta::owned_by(account)
+    }
+}
+
+impl Meta {
+    /// The owner `account`, no key.
+    pub fn owned_by(account: &str) -> Self {
+        Self {
+            account: Some(account.to_owned()),
+            ..Self::default()
+        }
     }
 }
 
 impl Client {
     /// Starts a [`gated`] `CreateOrder` as `a1` under `key`, in the background.
-    pub fn spawn_gated(
-        &self,
-        key: &str,
-    ) -> tokio::task::JoinHandle<Result<Response<Resp>, Status>> {
-        let (c, m) = (self.clone(), with("a1", key));
-        tokio::spawn(async move { c.call(CREATE, gated(), &m).await })
+    pub fn spawn_gated(&self, key: &str) -> Gated {
+        let (c, key) = (self.clone(), key.to_owned());
+        tokio::spawn(async move { c.create(gated(), &key).await })
+    }
+
+    /// A `Create` of `msg` as `a1` under `key`.
+    pub async fn create(&self, msg: Req, key: &str) -> Result<Response<Resp>, Status> {
+        self.call(CREATE, msg, &with("a1", key)).await
     }
 
     pub fn request(msg: Req, meta: &Meta) -> Request<Req> {

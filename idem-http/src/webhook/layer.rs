@@ -135,11 +135,9 @@ impl<S: fmt::Debug> fmt::Debug for WebhookLayerBuilder<S> {
 }
 
 impl<S: Store> WebhookLayerBuilder<S> {
-    /// The sender (required).
-    #[must_use]
-    pub fn provider(mut self, p: Provider) -> Self {
-        self.provider = Some(p);
-        self
+    setters! {
+        /// The sender (required).
+        pub fn provider(p: Provider) => provider = Some(p);
     }
 
     /// The owner of every record (required), e.g.
@@ -158,45 +156,27 @@ impl<S: Store> WebhookLayerBuilder<S> {
         self
     }
 
-    /// Where the event id comes from (default: the provider's).
-    #[must_use]
-    pub fn event_id(mut self, e: EventId) -> Self {
-        self.event_id = Some(e);
-        self
-    }
+    setters! {
+        /// Where the event id comes from (default: the provider's).
+        pub fn event_id(e: EventId) => event_id = Some(e);
 
-    /// How far a signed timestamp may be from the engine's clock, either way
-    /// (default 300 s).
-    #[must_use]
-    pub fn tolerance(mut self, d: Duration) -> Self {
-        self.tolerance = d;
-        self
-    }
+        /// How far a signed timestamp may be from the engine's clock, either way
+        /// (default 300 s).
+        pub fn tolerance(d: Duration) => tolerance;
 
-    /// The body limit (default 2 MiB), checked before verifying; keep it
-    /// ≤ the route's `DefaultBodyLimit`.
-    #[must_use]
-    pub fn max_body(mut self, bytes: usize) -> Self {
-        self.cfg.max_request_body = bytes;
-        self
-    }
+        /// The body limit (default 2 MiB), checked before verifying; keep it
+        /// ≤ the route's `DefaultBodyLimit`.
+        pub fn max_body(bytes: usize) => cfg.max_request_body;
 
-    /// What a duplicate of a finished delivery gets (default
-    /// [`DuplicateAnswer::Ack`]).
-    #[must_use]
-    pub fn duplicate(mut self, a: DuplicateAnswer) -> Self {
-        self.duplicate = a;
-        self
-    }
+        /// What a duplicate of a finished delivery gets (default
+        /// [`DuplicateAnswer::Ack`]).
+        pub fn duplicate(a: DuplicateAnswer) => duplicate;
 
-    /// The status of a duplicate that arrives while the first delivery
-    /// runs (default 503, with `Retry-After` the lease left, as Standard
-    /// Webhooks tells senders to honour); 409 or 429 also build. Never 410,
-    /// which disables the endpoint.
-    #[must_use]
-    pub fn in_flight_status(mut self, s: StatusCode) -> Self {
-        self.cfg.in_flight_status = Some(s);
-        self
+        /// The status of a duplicate that arrives while the first delivery
+        /// runs (default 503, with `Retry-After` the lease left, as Standard
+        /// Webhooks tells senders to honour); 409 or 429 also build. Never 410,
+        /// which disables the endpoint.
+        pub fn in_flight_status(s: StatusCode) => cfg.in_flight_status = Some(s);
     }
 
     /// What a permanent failure is answered with (default
@@ -218,25 +198,19 @@ impl<S: Store> WebhookLayerBuilder<S> {
         self
     }
 
-    /// Whether the body is fingerprinted (default `false`): providers
-    /// re-sign each attempt and may re-serialise the payload, and a 422 on a
-    /// real redelivery would have them retry for days. `true` compares
-    /// canonical JSON (other bodies by their bytes): the same id with
-    /// another body is then 422 `fingerprint_mismatch`.
-    #[must_use]
-    pub fn fingerprint_body(mut self, on: bool) -> Self {
-        self.fingerprint_body = on;
-        self
-    }
+    setters! {
+        /// Whether the body is fingerprinted (default `false`): providers
+        /// re-sign each attempt and may re-serialise the payload, and a 422 on a
+        /// real redelivery would have them retry for days. `true` compares
+        /// canonical JSON (other bodies by their bytes): the same id with
+        /// another body is then 422 `fingerprint_mismatch`.
+        pub fn fingerprint_body(on: bool) => fingerprint_body;
 
-    /// Whether a verified delivery without an event id is keyed on the
-    /// SHA-256 of its body (default `false`: 400 `missing_event_id`). Only
-    /// the body counts: a timestamp would make every re-signed retry a new
-    /// key.
-    #[must_use]
-    pub fn fallback_body_hash(mut self, on: bool) -> Self {
-        self.fallback_body_hash = on;
-        self
+        /// Whether a verified delivery without an event id is keyed on the
+        /// SHA-256 of its body (default `false`: 400 `missing_event_id`). Only
+        /// the body counts: a timestamp would make every re-signed retry a new
+        /// key.
+        pub fn fallback_body_hash(on: bool) => fallback_body_hash;
     }
 
     /// Builds even when the engine's `key_ttl` is shorter than the
@@ -248,17 +222,14 @@ impl<S: Store> WebhookLayerBuilder<S> {
         self
     }
 
-    /// Replaces the default classifier: 2xx success; 4xx other than 408,
-    /// 425 and 429 a permanent failure; everything else (5xx, 408, 425,
-    /// 429, 1xx, 3xx) transient, released for the provider's next attempt.
-    /// A [`Class`] response extension still wins.
-    #[must_use]
-    pub fn classify(
-        mut self,
-        f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
-    ) -> Self {
-        self.cfg.classify = Some(Arc::new(f));
-        self
+    setters! {
+        /// Replaces the default classifier: 2xx success; 4xx other than 408,
+        /// 425 and 429 a permanent failure; everything else (5xx, 408, 425,
+        /// 429, 1xx, 3xx) transient, released for the provider's next attempt.
+        /// A [`Class`] response extension still wins.
+        pub fn classify(
+            f: impl Fn(&http::response::Parts) -> Class + Send + Sync + 'static,
+        ) => cfg.classify = Some(Arc::new(f));
     }
 
     /// Validates the settings and builds the layer.

@@ -11,7 +11,10 @@ use http::HeaderName;
 
 use super::verify::{GitHub, Secret, StandardWebhooks, Stripe, Verify};
 
-const HOUR: u64 = 3600;
+/// `n` hours.
+const fn hours(n: u64) -> Duration {
+    Duration::from_secs(n * 3600)
+}
 
 /// Where a delivery's event id (the record's key) comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,15 +64,11 @@ impl Provider {
     /// secrets from [`Secret::whsec`]; the id is the key. Retention at least
     /// 76 h (the specification's example schedule, 75 h 35 min).
     pub fn standard_webhooks(secrets: impl IntoIterator<Item = Secret>) -> Self {
-        Self {
-            name: Cow::Borrowed("standard_webhooks"),
-            verifier: Arc::new(StandardWebhooks {
-                secrets: secrets.into_iter().collect(),
-                names: vec![StandardWebhooks::names("webhook")],
-            }),
-            event_id: EventId::Signed,
-            min_retention: Duration::from_secs(76 * HOUR),
-        }
+        let verifier = StandardWebhooks {
+            secrets: secrets.into_iter().collect(),
+            names: vec![StandardWebhooks::names("webhook")],
+        };
+        Self::custom("standard_webhooks", verifier, EventId::Signed, hours(76))
     }
 
     /// Svix: the Standard Webhooks scheme under `svix-*` names, or under
@@ -77,18 +76,14 @@ impl Provider {
     /// from [`Secret::whsec`]. Retention at least 28 h (8 attempts over
     /// 27 h 35 min).
     pub fn svix(secrets: impl IntoIterator<Item = Secret>) -> Self {
-        Self {
-            name: Cow::Borrowed("svix"),
-            verifier: Arc::new(StandardWebhooks {
-                secrets: secrets.into_iter().collect(),
-                names: vec![
-                    StandardWebhooks::names("svix"),
-                    StandardWebhooks::names("webhook"),
-                ],
-            }),
-            event_id: EventId::Signed,
-            min_retention: Duration::from_secs(28 * HOUR),
-        }
+        let verifier = StandardWebhooks {
+            secrets: secrets.into_iter().collect(),
+            names: vec![
+                StandardWebhooks::names("svix"),
+                StandardWebhooks::names("webhook"),
+            ],
+        };
+        Self::custom("svix", verifier, EventId::Signed, hours(28))
     }
 
     /// Stripe: `Stripe-Signature: t=<unix>,v1=<hex>` over `{t}.{body}`, the
@@ -96,14 +91,11 @@ impl Provider {
     /// the body's `/id` (`evt_…`). Retention at least 72 h (live mode
     /// retries for up to three days).
     pub fn stripe(secrets: impl IntoIterator<Item = Secret>) -> Self {
-        Self {
-            name: Cow::Borrowed("stripe"),
-            verifier: Arc::new(Stripe {
-                secrets: secrets.into_iter().collect(),
-            }),
-            event_id: EventId::JsonPointer(Cow::Borrowed("/id")),
-            min_retention: Duration::from_secs(72 * HOUR),
-        }
+        let verifier = Stripe {
+            secrets: secrets.into_iter().collect(),
+        };
+        let id = EventId::JsonPointer(Cow::Borrowed("/id"));
+        Self::custom("stripe", verifier, id, hours(72))
     }
 
     /// GitHub: `X-Hub-Signature-256: sha256=<hex>` over the body, the
@@ -117,14 +109,11 @@ impl Provider {
     /// replayed under a new `X-GitHub-Delivery` is a new event. Where that
     /// matters, key on the body with `.event_id(EventId::BodyHash)`.
     pub fn github(secrets: impl IntoIterator<Item = Secret>) -> Self {
-        Self {
-            name: Cow::Borrowed("github"),
-            verifier: Arc::new(GitHub {
-                secrets: secrets.into_iter().collect(),
-            }),
-            event_id: EventId::Header(HeaderName::from_static("x-github-delivery")),
-            min_retention: Duration::from_secs(72 * HOUR),
-        }
+        let verifier = GitHub {
+            secrets: secrets.into_iter().collect(),
+        };
+        let id = EventId::Header(HeaderName::from_static("x-github-delivery"));
+        Self::custom("github", verifier, id, hours(72))
     }
 
     /// Another sender: its verifier, its event id, the shortest retention

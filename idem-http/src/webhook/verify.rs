@@ -389,13 +389,18 @@ mod tests {
         }
     }
 
+    /// A delivery of [`SW_ID`] with `<prefix>-id`, `-timestamp` and
+    /// `-signature` headers.
+    fn sw_req(prefix: &str, ts: &str, sig: &str) -> Parts {
+        req(&[
+            (&format!("{prefix}-id"), SW_ID),
+            (&format!("{prefix}-timestamp"), ts),
+            (&format!("{prefix}-signature"), sig),
+        ])
+    }
+
     fn sw(sig: &str, ts: i64, now: i64) -> Result<Verified, VerifyError> {
-        let ts = ts.to_string();
-        let p = req(&[
-            ("webhook-id", SW_ID),
-            ("webhook-timestamp", &ts),
-            ("webhook-signature", sig),
-        ]);
+        let p = sw_req("webhook", &ts.to_string(), sig);
         standard().verify(&p, SW_BODY, at(now), TOL)
     }
 
@@ -468,11 +473,7 @@ mod tests {
         }
         let r = sw(SW_SIG, SW_TS, SW_TS);
         assert!(r.is_ok());
-        let p = req(&[
-            ("webhook-id", SW_ID),
-            ("webhook-timestamp", "yesterday"),
-            ("webhook-signature", SW_SIG),
-        ]);
+        let p = sw_req("webhook", "yesterday", SW_SIG);
         assert!(matches!(
             standard().verify(&p, SW_BODY, at(SW_TS), TOL),
             Err(VerifyError::Malformed(_))
@@ -484,12 +485,7 @@ mod tests {
         let list = format!("v1,R3PTzyfHASBKHH98a7yexTwaJ4yNIcGhFQc1yuN+BPU= v1a,xyz v1, {SW_SIG}");
         assert!(sw(&list, SW_TS, SW_TS).is_ok());
         // A tampered body fails with the same header.
-        let ts = SW_TS.to_string();
-        let p = req(&[
-            ("webhook-id", SW_ID),
-            ("webhook-timestamp", &ts),
-            ("webhook-signature", SW_SIG),
-        ]);
+        let p = sw_req("webhook", &SW_TS.to_string(), SW_SIG);
         assert_eq!(
             standard().verify(&p, b"{}", at(SW_TS), TOL),
             Err(VerifyError::NoMatch)
@@ -509,22 +505,14 @@ mod tests {
     fn svix_names_and_white_labelled_names_both_verify() {
         let ts = SW_TS.to_string();
         for prefix in ["svix", "webhook"] {
-            let p = req(&[
-                (&format!("{prefix}-id"), SW_ID),
-                (&format!("{prefix}-timestamp"), &ts),
-                (&format!("{prefix}-signature"), SW_SIG),
-            ]);
+            let p = sw_req(prefix, &ts, SW_SIG);
             assert!(
                 svix().verify(&p, SW_BODY, at(SW_TS), TOL).is_ok(),
                 "{prefix}"
             );
         }
         // Standard Webhooks alone does not read svix-* names.
-        let p = req(&[
-            ("svix-id", SW_ID),
-            ("svix-timestamp", &ts),
-            ("svix-signature", SW_SIG),
-        ]);
+        let p = sw_req("svix", &ts, SW_SIG);
         assert!(matches!(
             standard().verify(&p, SW_BODY, at(SW_TS), TOL),
             Err(VerifyError::Malformed(_))
@@ -540,12 +528,7 @@ mod tests {
             ],
             names: vec![StandardWebhooks::names("webhook")],
         };
-        let ts = SW_TS.to_string();
-        let p = req(&[
-            ("webhook-id", SW_ID),
-            ("webhook-timestamp", &ts),
-            ("webhook-signature", SW_SIG),
-        ]);
+        let p = sw_req("webhook", &SW_TS.to_string(), SW_SIG);
         assert!(v.verify(&p, SW_BODY, at(SW_TS), TOL).is_ok());
     }
 

@@ -23,6 +23,7 @@ use idem_core::testkit::FailingStore;
 use idem_core::{Idem, InFlightMode, Policy};
 use tokio::sync::{Notify, Semaphore};
 
+use super::check::{Got, key, send};
 use idem_http::{
     Class, ExtensionOwner, FingerprintSpec, IdemAttempt, IdempotencyLayer, KeyNamespace,
     KeyRequirement, OperationSource, OwnerId, PathSource,
@@ -132,6 +133,24 @@ impl Default for Options {
             detached: true,
             namespace: KeyNamespace::PerRoute,
             docs_url: None,
+        }
+    }
+}
+
+impl Options {
+    /// The defaults, in wait mode.
+    pub fn waiting() -> Self {
+        Self {
+            wait: true,
+            ..Self::default()
+        }
+    }
+
+    /// The defaults, with handlers that are not detached.
+    pub fn attached() -> Self {
+        Self {
+            detached: false,
+            ..Self::default()
         }
     }
 }
@@ -404,6 +423,67 @@ impl<S: Store> App<S> {
     pub fn expire_lease(&self) {
         self.clock.advance(LEASE + Duration::from_secs(1));
     }
+
+    /// The test's usual request: a JSON `POST /orders` of `{}` with `key`.
+    pub fn order(&self, key: &str) -> reqwest::RequestBuilder {
+        self.post("/orders", Some(key), "{}")
+    }
+
+    /// Sends [`order`](Self::order) and reads the answer.
+    pub async fn send_order(&self, key: &str) -> Got {
+        send(self.order(key)).await
+    }
+
+    /// Starts an [`order`](Self::order) whose handler holds (`x-hold`) and
+    /// waits until the handler has entered; the task answers once
+    /// [`Counts::release`]d (read it with [`Got::joined`]).
+    pub async fn hold(
+        &self,
+        key: &str,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let task = tokio::spawn(self.order(key).header("x-hold", "1").send());
+        self.counts.entered().await;
+        task
+    }
+
+    /// Releases the handler of a [`hold`](Self::hold) and asserts that it
+    /// ran (201) and that the same order is then a replay of it; returns its
+    /// answer.
+    pub async fn finish(
+        &self,
+        held: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+        key: &str,
+    ) -> Got {
+        self.counts.release(1);
+        let first = Got::joined(held).await;
+        first.assert_executed(201);
+        self.send_order(key).await.assert_replay_of(&first);
+        first
+    }
+
+    /// Moves past the lease and sends the [`order`](Self::order) again:
+    /// asserts it runs (201) as a recovery, and returns its answer.
+    pub async fn recover(&self, key: &str) -> Got {
+        self.expire_lease();
+        let g = self.send_order(key).await;
+        g.assert_executed(201);
+        assert_eq!(g.header("x-recovery"), Some("true"));
+        g
+    }
+
+    /// Waits (10 s at most) for the engine's background completions; returns
+    /// how many are left.
+    pub async fn drain(&self) -> usize {
+        self.layer
+            .idem()
+            .drain_completions(Duration::from_secs(10))
+            .await
+    }
+}
+
+/// The app with the default options, and a fresh key.
+pub(super) async fn start<S: Store>(store: Arc<S>) -> (App<S>, String) {
+    (App::start(store).await, key())
 }
 
 /// Routes under a prefix, the layer applied inside the nested router.

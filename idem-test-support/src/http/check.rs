@@ -27,6 +27,11 @@ impl Got {
         }
     }
 
+    /// Reads the answer of a spawned request (`tokio::spawn(r.send())`).
+    pub async fn joined(task: tokio::task::JoinHandle<reqwest::Result<Response>>) -> Self {
+        Self::read(task.await.expect("join").expect("response")).await
+    }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
@@ -140,6 +145,32 @@ impl Got {
         }
         p
     }
+}
+
+/// Sends `r` and reads the answer whole.
+pub(super) async fn send(r: reqwest::RequestBuilder) -> Got {
+    Got::read(r.send().await.expect("request sent")).await
+}
+
+/// Sends `r` and asserts that it ran (`status`, no marker).
+pub(super) async fn executed(r: reqwest::RequestBuilder, status: u16) -> Got {
+    let g = send(r).await;
+    g.assert_executed(status);
+    g
+}
+
+/// A fresh random key, as text.
+pub(super) fn key() -> String {
+    idem_core::IdempotencyKey::random().as_str().to_owned()
+}
+
+/// Asserts that problem `p`'s `type` links to `section` of the draft
+/// (`"#section-2.1"`).
+pub(super) fn assert_section(p: &Value, section: &str) {
+    assert!(
+        p["type"].as_str().unwrap_or_default().ends_with(section),
+        "{p}"
+    );
 }
 
 /// `^urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`

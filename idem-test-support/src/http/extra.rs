@@ -6,24 +6,29 @@ use std::time::{Duration, Instant};
 use idem_core::store::Store;
 use idem_core::{IdempotencyKey, Scope};
 
-use super::app::{App, Options, engine};
-use super::check::Got;
+use super::app::{App, Options, engine, start};
+use super::check::{Got, executed, key, send};
 use idem_http::HttpConfigError;
 
 const RACERS: usize = 64;
 
-/// 64 concurrent identical requests in reject mode: the handler runs once;
-/// the others get 409 `in_flight` with `Retry-After` ≥ 1 (or a replay).
-pub async fn race_64_reject_mode_runs_once<S: Store>(store: Arc<S>) {
-    let app = Arc::new(App::start(store).await);
-    let k = IdempotencyKey::random().as_str().to_owned();
+/// [`RACERS`] identical held requests with key `k`, sent at once.
+fn racers<S: Store>(app: &App<S>, k: &str) -> tokio::task::JoinSet<Got> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..RACERS {
         let r = app
-            .post("/orders", Some(&k), r#"{"n":1}"#)
+            .post("/orders", Some(k), r#"{"n":1}"#)
             .header("x-hold", "1");
         set.spawn(async move { Got::read(r.send().await.expect("sent")).await });
     }
+    set
+}
+
+/// 64 concurrent identical requests in reject mode: the handler runs once;
+/// the others get 409 `in_flight` with `Retry-After` ≥ 1 (or a replay).
+pub async fn race_64_reject_mode_runs_once<S: Store>(store: Arc<S>) {
+    let (app, k) = start(store).await;
+    let mut set = racers(&app, &k);
     let mut conflicts = 0;
     let mut executed = Vec::new();
     let mut released = false;
@@ -49,24 +54,9 @@ pub async fn race_64_reject_mode_runs_once<S: Store>(store: Arc<S>) {
 /// 64 concurrent identical requests in wait mode: one execution and 63
 /// replays of the same bytes.
 pub async fn race_64_wait_mode_replays_to_all<S: Store>(store: Arc<S>) {
-    let app = Arc::new(
-        App::with(
-            store,
-            Options {
-                wait: true,
-                ..Options::default()
-            },
-        )
-        .await,
-    );
-    let k = IdempotencyKey::random().as_str().to_owned();
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..RACERS {
-        let r = app
-            .post("/orders", Some(&k), r#"{"n":1}"#)
-            .header("x-hold", "1");
-        set.spawn(async move { Got::read(r.send().await.expect("sent")).await });
-    }
+    let app = App::with(store, Options::waiting()).await;
+    let k = key();
+    let mut set = racers(&app, &k);
     app.counts.entered().await;
     app.counts.release(1);
     let mut all = Vec::new();
@@ -86,17 +76,9 @@ pub async fn race_64_wait_mode_replays_to_all<S: Store>(store: Arc<S>) {
 /// The handler's body fails while read: 500 `response_body_failed`
 /// (retryable), the key is released and the retry runs again.
 pub async fn response_body_failure_releases_the_key<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = IdempotencyKey::random().as_str().to_owned();
+    let (app, k) = start(store).await;
     for i in 1..=2 {
-        let g = Got::read(
-            app.post("/orders", Some(&k), "{}")
-                .header("x-body-error", "1")
-                .send()
-                .await
-                .expect("sent"),
-        )
-        .await;
+        let g = send(app.order(&k).header("x-body-error", "1")).await;
         g.assert_problem(500, "response_body_failed", Some(&k));
         assert_eq!(app.counts.executions(), i);
     }
@@ -106,14 +88,11 @@ pub async fn response_body_failure_releases_the_key<S: Store>(store: Arc<S>) {
 /// key header arrives in the draft's quoted form: the key is echoed unquoted.
 pub async fn problem_echoes_the_unquoted_key<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
-    let g = Got::read(
+    let g = send(
         app.client
             .post(format!("{}/orders", app.base))
             .header("idempotency-key", "\"quoted-key-1\"")
-            .body("{}")
-            .send()
-            .await
-            .expect("sent"),
+            .body("{}"),
     )
     .await;
     g.assert_problem(500, "owner_unavailable", Some("quoted-key-1"));
@@ -125,8 +104,7 @@ pub async fn problem_echoes_the_unquoted_key<S: Store>(store: Arc<S>) {
 /// first execution, not a replay of the duplicate. Nested objects and
 /// `application/*+json` are refused the same way.
 pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = IdempotencyKey::random().as_str().to_owned();
+    let (app, k) = start(store).await;
     let g = send(app.post("/orders", Some(&k), r#"{"amount":1,"amount":1000}"#)).await;
     let p = g.assert_problem(400, "invalid_request", Some(&k));
     assert_eq!(p["retryable"], false);
@@ -138,8 +116,7 @@ pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
         "{p}"
     );
     assert_eq!(app.counts.executions(), 0, "the work did not run");
-    let first = send(app.post("/orders", Some(&k), r#"{"amount":1000}"#)).await;
-    first.assert_executed(201);
+    let first = executed(app.post("/orders", Some(&k), r#"{"amount":1000}"#), 201).await;
     assert_eq!(app.counts.executions(), 1);
     send(app.post("/orders", Some(&k), r#"{"amount":1000}"#))
         .await
@@ -149,7 +126,7 @@ pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
     send(app.post("/orders", Some(&k), r#"{"amount":1000,"amount":1000}"#))
         .await
         .assert_problem(400, "invalid_request", Some(&k));
-    let k = IdempotencyKey::random().as_str().to_owned();
+    let k = key();
     send(app.post_with(
         "/orders",
         Some(&k),
@@ -160,10 +137,6 @@ pub async fn json_duplicate_members_are_400<S: Store>(store: Arc<S>) {
     .await
     .assert_problem(400, "invalid_request", Some(&k));
     assert_eq!(app.counts.executions(), 1);
-}
-
-async fn send(r: reqwest::RequestBuilder) -> Got {
-    Got::read(r.send().await.expect("request sent")).await
 }
 
 /// Wait mode (rows 12 and 13): a duplicate that waits longer than the wait
@@ -182,17 +155,12 @@ pub async fn wait_mode_timeout_is_409_with_retry_after<S: Store>(store: Arc<S>) 
         },
     )
     .await;
-    let k = IdempotencyKey::random().as_str().to_owned();
-    let first = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
+    let k = key();
+    let first = app.hold(&k).await;
     // 20 s of the 60 s lease have passed on the engine's clock.
     app.clock.advance(Duration::from_secs(20));
     let asked = Instant::now();
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     assert!(
         asked.elapsed() >= wait,
         "answered after {:?}, before the wait timeout",
@@ -202,12 +170,7 @@ pub async fn wait_mode_timeout_is_409_with_retry_after<S: Store>(store: Arc<S>) 
     assert_eq!(p["retryable"], true);
     assert_eq!(g.header("retry-after"), Some("40"), "{p}");
     assert_eq!(app.counts.executions(), 1, "the waiter did not run");
-    app.counts.release(1);
-    let first = Got::read(first.await.expect("join").expect("response")).await;
-    first.assert_executed(201);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&first);
+    app.finish(first, &k).await;
     assert_eq!(app.counts.executions(), 1);
 }
 
@@ -218,23 +181,20 @@ pub async fn wait_mode_timeout_is_409_with_retry_after<S: Store>(store: Arc<S>) 
 /// the fingerprint hashes the path as received (prefix included), not the
 /// path the nested router sees.
 pub async fn nested_router_names_the_full_route<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = IdempotencyKey::random().as_str().to_owned();
-    let first = send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#)).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.post("/v1/orders", Some(&k), r#"{"a":1}"#), 201).await;
     send(app.post("/v1/orders", Some(&k), r#"{"a":1}"#))
         .await
         .assert_replay_of(&first);
     // Another prefix, or the top-level route: another operation.
     for path in ["/v2/orders", "/orders"] {
-        let g = send(app.post(path, Some(&k), r#"{"a":1}"#)).await;
-        g.assert_executed(201);
+        executed(app.post(path, Some(&k), r#"{"a":1}"#), 201).await;
     }
     assert_eq!(app.counts.executions(), 3);
     // A template with a parameter: one operation for every id (another id
     // with the same key is the same record, and the path is fingerprinted:
     // 422), named after the full template.
-    let k = IdempotencyKey::random().as_str().to_owned();
+    let k = key();
     send(app.post("/v1/accounts/1/charges", Some(&k), "{}"))
         .await
         .assert_executed(201);
@@ -283,9 +243,8 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     // `/strict` fingerprints every field; the main layer ignores /client_ts.
     for (path, second) in [("/orders", 201), ("/strict", 422)] {
-        let k = IdempotencyKey::random().as_str().to_owned();
-        let first = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#)).await;
-        first.assert_executed(201);
+        let k = key();
+        let first = executed(app.post(path, Some(&k), r#"{"a":1,"client_ts":1}"#), 201).await;
         let g = send(app.post(path, Some(&k), r#"{"a":1,"client_ts":2}"#)).await;
         if second == 422 {
             g.assert_problem(422, "fingerprint_mismatch", Some(&k));
@@ -300,7 +259,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
     assert_eq!(app.counts.executions(), 2);
     // `/small` has a 16-byte request limit; the main layer's is larger.
     let big = r#"{"item":"a long enough body"}"#;
-    let k = IdempotencyKey::random().as_str().to_owned();
+    let k = key();
     send(app.post("/small", Some(&k), big))
         .await
         .assert_problem(413, "request_too_large", Some(&k));
@@ -346,7 +305,7 @@ pub async fn to_builder_derives_per_route_layers<S: Store>(store: Arc<S>) {
     // One shutdown stops the derived layers too.
     app.layer.close();
     for path in ["/strict", "/small", "/orders"] {
-        let k = IdempotencyKey::random().as_str().to_owned();
+        let k = key();
         send(app.post(path, Some(&k), "{}"))
             .await
             .assert_problem(503, "shutting_down", Some(&k));

@@ -11,17 +11,9 @@ use reqwest::Method;
 use reqwest::header::HeaderValue;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL};
-use super::check::Got;
+use super::app::{App, KEY_TTL, MAX_REQUEST, Options, RESPONSE_TTL, start};
+use super::check::{Got, assert_section, executed, key, send};
 use idem_http::KeyNamespace;
-
-fn key() -> String {
-    IdempotencyKey::random().as_str().to_owned()
-}
-
-async fn send(r: reqwest::RequestBuilder) -> Got {
-    Got::read(r.send().await.expect("request sent")).await
-}
 
 /// Writes `request` on a raw connection and returns the status and the
 /// whole response text (the request should say `Connection: close`).
@@ -57,8 +49,7 @@ pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
         (Method::TRACE, "/orders/1", ""),
     ] {
         for k in [None, Some("a, b"), Some("good-key"), Some("good-key")] {
-            let g = send(app.request(m.clone(), path, k, body)).await;
-            g.assert_executed(201);
+            let g = executed(app.request(m.clone(), path, k, body), 201).await;
             if m == Method::HEAD {
                 assert!(g.body.is_empty(), "HEAD has no body");
             } else {
@@ -78,35 +69,21 @@ pub async fn row_01_uncovered_methods_pass_through<S: Store>(store: Arc<S>) {
 /// Row 2 (and `docs_url`): a covered request without a key on a `Required` route: 400
 /// `missing_key`, nothing runs.
 pub async fn row_02_missing_key_is_400<S: Store>(store: Arc<S>) {
-    let app = App::start(Arc::clone(&store)).await;
-    let g = send(app.post("/orders", None, "{}")).await;
-    let p = g.assert_problem(400, "missing_key", None);
-    assert_eq!(p["retryable"], false);
-    assert!(
-        p["type"]
-            .as_str()
-            .unwrap_or_default()
-            .ends_with("#section-2.1")
-    );
-    assert_eq!(g.header("link"), None);
-    assert_eq!(app.counts.executions(), 0);
-
+    let docs = Options {
+        docs_url: Some("https://docs.example/idempotency".to_owned()),
+        ..Options::default()
+    };
     // With `docs_url`, every problem links to it (the draft's alternative).
-    let app = App::with(
-        store,
-        Options {
-            docs_url: Some("https://docs.example/idempotency".to_owned()),
-            ..Options::default()
-        },
-    )
-    .await;
-    let g = send(app.post("/orders", None, "{}")).await;
-    g.assert_problem(400, "missing_key", None);
-    assert_eq!(
-        g.header("link"),
-        Some(r#"<https://docs.example/idempotency>; rel="describedby"; type="text/html""#)
-    );
-    assert_eq!(app.counts.executions(), 0);
+    let link = r#"<https://docs.example/idempotency>; rel="describedby"; type="text/html""#;
+    for (opts, want_link) in [(Options::default(), None), (docs, Some(link))] {
+        let app = App::with(Arc::clone(&store), opts).await;
+        let g = send(app.post("/orders", None, "{}")).await;
+        let p = g.assert_problem(400, "missing_key", None);
+        assert_eq!(p["retryable"], false);
+        assert_section(&p, "#section-2.1");
+        assert_eq!(g.header("link"), want_link);
+        assert_eq!(app.counts.executions(), 0);
+    }
 }
 
 /// Row 3: no key on an `Optional` route passes through (no marker); a key
@@ -120,8 +97,7 @@ pub async fn row_03_optional_key_passes_through<S: Store>(store: Arc<S>) {
     }
     assert_eq!(app.counts.executions(), 2);
     let k = key();
-    let first = send(app.post("/optional", Some(&k), "{}")).await;
-    first.assert_executed(201);
+    let first = executed(app.post("/optional", Some(&k), "{}"), 201).await;
     send(app.post("/optional", Some(&k), "{}"))
         .await
         .assert_replay_of(&first);
@@ -177,21 +153,16 @@ pub async fn row_04_invalid_keys_are_400<S: Store>(store: Arc<S>) {
 /// Row 5: `"k"` then `k` with the same body: one record, the second is a
 /// replay.
 pub async fn row_05_quoted_and_bare_key_are_one_record<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&format!("\"{k}\"")), "{}")).await;
-    first.assert_executed(201);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&first);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&format!("\"{k}\"")), 201).await;
+    app.send_order(&k).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 6: no owner (auth missing or misplaced): 500 `owner_unavailable`,
 /// nothing runs.
 pub async fn row_06_owner_unavailable_is_500<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let g = send(
         app.client
             .post(format!("{}/orders", app.base))
@@ -206,32 +177,33 @@ pub async fn row_06_owner_unavailable_is_500<S: Store>(store: Arc<S>) {
 /// Row 7: a body over the limit, declared or streamed: 413, nothing runs,
 /// and a declared one is refused without reading the body.
 pub async fn row_07_request_body_over_limit_is_413<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let big = "x".repeat(MAX_REQUEST + 1);
     let g = send(app.post("/orders", Some(&k), &big)).await;
     let p = g.assert_problem(413, "request_too_large", Some(&k));
     assert_eq!(p["limit"], MAX_REQUEST);
+    let head = |framing: &str| {
+        format!(
+            "POST /orders HTTP/1.1\r\nHost: x\r\nX-Owner: alice\r\nIdempotency-Key: {k}\r\n\
+             {framing}\r\nConnection: close\r\n\r\n"
+        )
+    };
     // A lying Content-Length: answered before any body byte is sent.
-    let req = format!(
-        "POST /orders HTTP/1.1\r\nHost: x\r\nX-Owner: alice\r\nIdempotency-Key: {k}\r\n\
-         Content-Type: application/json\r\nContent-Length: 100000000\r\nConnection: close\r\n\r\n"
-    );
-    let (status, text) = raw(app.addr(), req.as_bytes()).await;
-    assert_eq!(status, 413, "{text}");
+    let lying = head("Content-Type: application/json\r\nContent-Length: 100000000");
     // Chunked, over the limit.
     let chunk = "y".repeat(4096);
-    let mut req = format!(
-        "POST /orders HTTP/1.1\r\nHost: x\r\nX-Owner: alice\r\nIdempotency-Key: {k}\r\n\
-         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    );
+    let mut chunked = head("Transfer-Encoding: chunked");
     for _ in 0..3 {
-        req.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+        chunked.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
     }
-    req.push_str("0\r\n\r\n");
-    let (status, text) = raw(app.addr(), req.as_bytes()).await;
-    assert_eq!(status, 413, "{text}");
-    assert!(text.contains("request_too_large"));
+    chunked.push_str("0\r\n\r\n");
+    for (req, names_the_code) in [(lying, false), (chunked, true)] {
+        let (status, text) = raw(app.addr(), req.as_bytes()).await;
+        assert_eq!(status, 413, "{text}");
+        if names_the_code {
+            assert!(text.contains("request_too_large"));
+        }
+    }
     assert_eq!(app.counts.executions(), 0);
 }
 
@@ -239,8 +211,7 @@ pub async fn row_07_request_body_over_limit_is_413<S: Store>(store: Arc<S>) {
 /// unchanged, without a marker.
 pub async fn row_08_first_request_executes<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
-    let g = send(app.post("/orders", Some(&key()), r#"{"item":"a"}"#)).await;
-    g.assert_executed(201);
+    let g = executed(app.post("/orders", Some(&key()), r#"{"item":"a"}"#), 201).await;
     assert_eq!(g.json()["id"], "ord_1");
     assert_eq!(g.header("x-recovery"), Some("false"));
     assert_eq!(app.counts.executions(), 1);
@@ -250,25 +221,18 @@ pub async fn row_08_first_request_executes<S: Store>(store: Arc<S>) {
 /// `Set-Cookie`), exact bytes (also non-UTF-8 bodies and header values), a fresh `Date`, a
 /// recomputed `Content-Length` and the marker.
 pub async fn row_09_retry_is_a_byte_exact_replay<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&k), "{}").header("x-cookie", "1")).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&k).header("x-cookie", "1"), 201).await;
     assert!(first.header("set-cookie").is_some());
     for _ in 0..2 {
-        send(app.post("/orders", Some(&k), "{}").header("x-cookie", "1"))
+        send(app.order(&k).header("x-cookie", "1"))
             .await
             .assert_replay_of(&first);
     }
     let k = key();
-    let first = send(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-bin", "1")
-            .header("x-nonutf8", "1"),
-    )
-    .await;
+    let first = send(app.order(&k).header("x-bin", "1").header("x-nonutf8", "1")).await;
     assert!(std::str::from_utf8(&first.body).is_err());
-    let replay = send(app.post("/orders", Some(&k), "{}")).await;
+    let replay = app.send_order(&k).await;
     replay.assert_replay_of(&first);
     let obs = |g: &Got| g.headers.get("x-bin-header").map(|v| v.as_bytes().to_vec());
     assert_eq!(
@@ -281,30 +245,19 @@ pub async fn row_09_retry_is_a_byte_exact_replay<S: Store>(store: Arc<S>) {
 
 /// Row 10: a stored 4xx (`Failure`) is replayed like a success.
 pub async fn row_10_stored_failure_is_replayed<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-status", "400"),
-    )
-    .await;
-    first.assert_executed(400);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&first);
+    let (app, k) = start(store).await;
+    let first = executed(app.order(&k).header("x-status", "400"), 400).await;
+    app.send_order(&k).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 11: the same key with another body, path parameter, query or
 /// included header: 422 every time; the record is untouched.
 pub async fn row_11_same_key_other_request_is_422<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(
-        app.post("/accounts/1/charges?a=1", Some(&k), r#"{"n":1}"#)
-            .header("x-fp", "1"),
-    )
-    .await;
+    let (app, k) = start(store).await;
+    let charge =
+        |path: &str, body: &str, fp: &str| send(app.post(path, Some(&k), body).header("x-fp", fp));
+    let first = charge("/accounts/1/charges?a=1", r#"{"n":1}"#, "1").await;
     first.assert_executed(201);
     let variants = [
         ("/accounts/1/charges?a=1", r#"{"n":2}"#, "1"),
@@ -315,107 +268,62 @@ pub async fn row_11_same_key_other_request_is_422<S: Store>(store: Arc<S>) {
     ];
     for (path, body, fp) in variants {
         for _ in 0..2 {
-            let g = send(app.post(path, Some(&k), body).header("x-fp", fp)).await;
+            let g = charge(path, body, fp).await;
             let p = g.assert_problem(422, "fingerprint_mismatch", Some(&k));
-            assert!(
-                p["type"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .ends_with("#section-2.2")
-            );
+            assert_section(&p, "#section-2.2");
         }
     }
-    send(
-        app.post("/accounts/1/charges?a=1", Some(&k), r#"{"n":1}"#)
-            .header("x-fp", "1"),
-    )
-    .await
-    .assert_replay_of(&first);
+    charge("/accounts/1/charges?a=1", r#"{"n":1}"#, "1")
+        .await
+        .assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 12: a duplicate while the first runs (reject mode): 409 `in_flight`
 /// with `Retry-After` = the lease left; then the replay.
 pub async fn row_12_in_flight_is_409_with_retry_after<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let a = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    let p = g.assert_problem(409, "in_flight", Some(&k));
-    assert!(
-        p["type"]
-            .as_str()
-            .unwrap_or_default()
-            .ends_with("#section-2.6")
-    );
-    assert_eq!(g.header("retry-after"), Some("60"));
-    app.clock.advance(Duration::from_secs(30));
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_problem(409, "in_flight", Some(&k));
-    assert_eq!(g.header("retry-after"), Some("30"));
-    app.counts.release(1);
-    let first = Got::read(a.await.expect("join").expect("response")).await;
-    first.assert_executed(201);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&first);
+    let (app, k) = start(store).await;
+    let a = app.hold(&k).await;
+    for (left, advance) in [("60", 30), ("30", 0)] {
+        let g = app.send_order(&k).await;
+        let p = g.assert_problem(409, "in_flight", Some(&k));
+        assert_section(&p, "#section-2.6");
+        assert_eq!(g.header("retry-after"), Some(left));
+        app.clock.advance(Duration::from_secs(advance));
+    }
+    app.finish(a, &k).await;
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 13: in wait mode the duplicate waits for the first and gets the
 /// replay.
 pub async fn row_13_wait_mode_replays_when_the_first_finishes<S: Store>(store: Arc<S>) {
-    let app = App::with(
-        store,
-        Options {
-            wait: true,
-            ..Options::default()
-        },
-    )
-    .await;
+    let app = App::with(store, Options::waiting()).await;
     let k = key();
-    let a = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
-    let b = tokio::spawn(app.post("/orders", Some(&k), "{}").send());
+    let a = app.hold(&k).await;
+    let b = tokio::spawn(app.order(&k).send());
     tokio::task::yield_now().await;
     app.counts.release(1);
-    let first = Got::read(a.await.expect("join").expect("response")).await;
+    let first = Got::joined(a).await;
     first.assert_executed(201);
-    Got::read(b.await.expect("join").expect("response"))
-        .await
-        .assert_replay_of(&first);
+    Got::joined(b).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 14: after `response_ttl`, before `key_ttl`: 409 `response_expired`
 /// with the resource id, no `Retry-After`, the handler does not run.
 pub async fn row_14_expired_response_is_409_with_resource_id<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    send(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-resource", "ord_77"),
-    )
-    .await
-    .assert_executed(201);
+    let (app, k) = start(store).await;
+    send(app.order(&k).header("x-resource", "ord_77"))
+        .await
+        .assert_executed(201);
     app.clock.advance(RESPONSE_TTL + Duration::from_secs(1));
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     let p = g.assert_problem(409, "response_expired", Some(&k));
     assert_eq!(p["resource_id"], "ord_77");
     assert_eq!(p["retryable"], false);
     app.clock.advance(KEY_TTL);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
+    app.send_order(&k).await.assert_executed(201);
     assert_eq!(app.counts.executions(), 2);
 }
 
@@ -428,17 +336,11 @@ pub async fn row_15_unstored_response_is_409_not_stored<S: Store>(store: Arc<S>)
     let cases: [(&str, &str); 2] = [("x-class", "complete-without-body"), ("x-sse", "1")];
     for (i, (h, v)) in cases.into_iter().enumerate() {
         let k = key();
-        let first = send(
-            app.post("/orders", Some(&k), "{}")
-                .header(h, v)
-                .header("x-resource", "r1"),
-        )
-        .await;
-        first.assert_executed(201);
+        let first = executed(app.order(&k).header(h, v).header("x-resource", "r1"), 201).await;
         if h == "x-sse" {
             assert_eq!(first.body, b"data: 1\n\ndata: 2\n\n");
         }
-        let g = send(app.post("/orders", Some(&k), "{}")).await;
+        let g = app.send_order(&k).await;
         let p = g.assert_problem(409, "response_not_stored", Some(&k));
         assert_eq!(p["resource_id"], "r1");
         assert_eq!(app.counts.executions(), i + 1);
@@ -449,21 +351,13 @@ pub async fn row_15_unstored_response_is_409_not_stored<S: Store>(store: Arc<S>)
 /// size hint, several chunks with yields between them) is collected, stored
 /// and replayed byte-exact; streaming alone is not a reason to skip storing.
 pub async fn row_15_streamed_body_under_the_limit_is_stored<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let chunks = 8;
-    let first = send(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-stream", chunks.to_string()),
-    )
-    .await;
-    first.assert_executed(201);
+    let first = executed(app.order(&k).header("x-stream", chunks.to_string()), 201).await;
     assert_eq!(first.body, super::app::streamed_body(1, chunks));
     assert!(first.body.len() < super::app::MAX_RESPONSE);
     for _ in 0..2 {
-        send(app.post("/orders", Some(&k), "{}"))
-            .await
-            .assert_replay_of(&first);
+        app.send_order(&k).await.assert_replay_of(&first);
     }
     assert_eq!(app.counts.executions(), 1);
 }
@@ -474,10 +368,9 @@ pub async fn row_15_streamed_body_under_the_limit_is_stored<S: Store>(store: Arc
 /// `response_not_stored`), and the stream ends whole; later retries get the
 /// same 409, never a replay or a second run.
 pub async fn row_15_sse_streams_and_is_never_stored<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let mut res = app
-        .post("/orders", Some(&k), "{}")
+        .order(&k)
         .header("x-sse-live", "1")
         .header("x-resource", "r1")
         .send()
@@ -503,7 +396,7 @@ pub async fn row_15_sse_streams_and_is_never_stored<S: Store>(store: Arc<S>) {
     assert_eq!(got, b"data: 1\n\n");
     // The stream is still open (the handler waits for the signal) and the
     // record is already done.
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     let p = g.assert_problem(409, "response_not_stored", Some(&k));
     assert_eq!(p["resource_id"], "r1");
     app.counts.release_stream(1);
@@ -511,31 +404,21 @@ pub async fn row_15_sse_streams_and_is_never_stored<S: Store>(store: Arc<S>) {
         got.extend_from_slice(&chunk);
     }
     assert_eq!(got, b"data: 1\n\ndata: 2\n\n");
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_problem(409, "response_not_stored", Some(&k));
+    app.send_order(&k)
+        .await
+        .assert_problem(409, "response_not_stored", Some(&k));
     assert_eq!(app.counts.executions(), 1);
 }
 
 /// Row 16: an in-flight record whose lease ended: the retry runs as a
 /// recovery, and its outcome is the one replayed.
 pub async fn row_16_expired_lease_is_taken_over_as_recovery<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let a = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
-    app.expire_lease();
-    let b = send(app.post("/orders", Some(&k), "{}")).await;
-    b.assert_executed(201);
-    assert_eq!(b.header("x-recovery"), Some("true"));
+    let (app, k) = start(store).await;
+    let a = app.hold(&k).await;
+    let b = app.recover(&k).await;
     app.counts.release(1);
     let _ = a.await;
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&b);
+    app.send_order(&k).await.assert_replay_of(&b);
     assert_eq!(app.counts.executions(), 2);
 }
 
@@ -548,13 +431,11 @@ pub async fn row_17_transient_statuses_release_the_key<S: Store>(store: Arc<S>) 
         .enumerate()
     {
         let k = key();
-        let s = status.to_string();
-        send(app.post("/orders", Some(&k), "{}").header("x-status", &s))
-            .await
-            .assert_executed(status);
-        send(app.post("/orders", Some(&k), "{}").header("x-status", &s))
-            .await
-            .assert_executed(status);
+        for _ in 0..2 {
+            send(app.order(&k).header("x-status", status.to_string()))
+                .await
+                .assert_executed(status);
+        }
         assert_eq!(app.counts.executions(), 2 * (i + 1));
     }
 }
@@ -566,14 +447,11 @@ pub async fn row_18_oversized_response_streams_and_is_not_stored<S: Store>(store
     let size = super::app::MAX_RESPONSE + 1;
     for (i, chunked) in [false, true].into_iter().enumerate() {
         let k = key();
-        let mut r = app
-            .post("/orders", Some(&k), "{}")
-            .header("x-size", size.to_string());
+        let mut r = app.order(&k).header("x-size", size.to_string());
         if chunked {
             r = r.header("x-chunked", "1");
         }
-        let first = send(r).await;
-        first.assert_executed(201);
+        let first = executed(r, 201).await;
         let want = if chunked {
             size.div_ceil(1024) * 1024
         } else {
@@ -586,8 +464,9 @@ pub async fn row_18_oversized_response_streams_and_is_not_stored<S: Store>(store
                 .iter()
                 .all(|&b| b == if chunked { b'y' } else { b'x' })
         );
-        let g = send(app.post("/orders", Some(&k), "{}")).await;
-        g.assert_problem(409, "response_not_stored", Some(&k));
+        app.send_order(&k)
+            .await
+            .assert_problem(409, "response_not_stored", Some(&k));
         assert_eq!(app.counts.executions(), i + 1);
     }
 }
@@ -595,17 +474,14 @@ pub async fn row_18_oversized_response_streams_and_is_not_stored<S: Store>(store
 /// Row 19: the store is unreachable at the claim: 503 `store_unavailable`
 /// with `Retry-After: 1`, and the handler does not run (fail closed).
 pub async fn row_19_store_down_at_claim_is_503<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_all(true);
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     g.assert_problem(503, "store_unavailable", Some(&k));
     assert_eq!(g.header("retry-after"), Some("1"));
     assert_eq!(app.counts.executions(), 0);
     app.store.fail_all(false);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
+    app.send_order(&k).await.assert_executed(201);
 }
 
 /// Row 20: the store fails at completion (a failover, a call timeout).
@@ -615,23 +491,17 @@ pub async fn row_19_store_down_at_claim_is_503<S: Store>(store: Arc<S>) {
 /// 409 `in_flight` (nothing runs); once it is, the retry replays the
 /// handler's 201. The handler ran once.
 pub async fn row_20_store_down_at_completion_is_retried_then_replayed<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_complete(true);
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     g.assert_problem(503, "store_unavailable", Some(&k));
     assert!(g.header("retry-after").is_some(), "{g:?}");
-    send(app.post("/orders", Some(&k), "{}"))
+    app.send_order(&k)
         .await
         .assert_problem(409, "in_flight", Some(&k));
     app.store.fail_complete(false);
-    let left = app
-        .layer
-        .idem()
-        .drain_completions(std::time::Duration::from_secs(10))
-        .await;
-    assert_eq!(left, 0, "stored in the background");
-    let r = send(app.post("/orders", Some(&k), "{}")).await;
+    assert_eq!(app.drain().await, 0, "stored in the background");
+    let r = app.send_order(&k).await;
     assert_eq!(r.status, 201, "{r:?}");
     assert!(r.is_replay(), "{r:?}");
     assert_eq!(app.counts.executions(), 1);
@@ -642,26 +512,15 @@ pub async fn row_20_store_down_at_completion_is_retried_then_replayed<S: Store>(
 /// from the saved id), and if the outcome is never stored before the lease
 /// ends, the retry after it is a recovery given that id.
 pub async fn row_20b_store_down_at_completion_after_a_saved_resource_id<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     app.store.fail_complete(true);
-    send(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-save-resource", "ord_1"),
-    )
-    .await
-    .assert_executed(201);
+    send(app.order(&k).header("x-save-resource", "ord_1"))
+        .await
+        .assert_executed(201);
     app.expire_lease();
     app.store.fail_complete(false);
-    let left = app
-        .layer
-        .idem()
-        .drain_completions(std::time::Duration::from_secs(10))
-        .await;
-    assert_eq!(left, 0, "given up at the lease's end");
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_executed(201);
-    assert_eq!(g.header("x-recovery"), Some("true"));
+    assert_eq!(app.drain().await, 0, "given up at the lease's end");
+    let g = app.recover(&k).await;
     assert_eq!(g.header("x-previous-resource"), Some("ord_1"));
     assert_eq!(app.counts.executions(), 2);
 }
@@ -669,31 +528,22 @@ pub async fn row_20b_store_down_at_completion_after_a_saved_resource_id<S: Store
 /// Row 21: a holder whose lease was taken over gets 409 `lease_lost`
 /// (`Retry-After: 1`); the newer attempt's outcome is the one replayed.
 pub async fn row_21_lease_lost_is_409<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let a = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
+    let (app, k) = start(store).await;
+    let a = app.hold(&k).await;
     app.expire_lease();
-    let b = send(app.post("/orders", Some(&k), "{}")).await;
+    let b = app.send_order(&k).await;
     b.assert_executed(201);
     app.counts.release(1);
-    let a = Got::read(a.await.expect("join").expect("response")).await;
+    let a = Got::joined(a).await;
     a.assert_problem(409, "lease_lost", Some(&k));
     assert_eq!(a.header("retry-after"), Some("1"));
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&b);
+    app.send_order(&k).await.assert_replay_of(&b);
     assert_eq!(app.counts.executions(), 2);
 }
 
 /// Row 22: a corrupted record: 500 `corrupt_record`, untouched, nothing runs.
 pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
+    let (app, k) = start(store).await;
     let body = b"{}";
     let fp = app.fingerprint_of("/orders", "/orders", body).await;
     let scope = Scope::new("alice", "POST /orders").expect("scope");
@@ -729,7 +579,7 @@ pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
         .await
         .expect("complete");
     for _ in 0..2 {
-        let g = send(app.post("/orders", Some(&k), "{}")).await;
+        let g = app.send_order(&k).await;
         let p = g.assert_problem(500, "corrupt_record", Some(&k));
         assert!(!p.to_string().contains("garbage"));
     }
@@ -739,20 +589,14 @@ pub async fn row_22_corrupt_record_is_500<S: Store>(store: Arc<S>) {
 /// Row 23: the client disconnects mid-handler (detached): the handler runs
 /// to the end, the outcome is stored, the retry replays it.
 pub async fn row_23_disconnect_when_detached_completes<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let a = tokio::spawn(
-        app.post("/orders", Some(&k), "{}")
-            .header("x-hold", "1")
-            .send(),
-    );
-    app.counts.entered().await;
+    let (app, k) = start(store).await;
+    let a = app.hold(&k).await;
     a.abort();
     let _ = a.await;
     app.counts.release(1);
     let mut replay = None;
     for _ in 0..500 {
-        let g = send(app.post("/orders", Some(&k), "{}")).await;
+        let g = app.send_order(&k).await;
         if g.status != 409 {
             replay = Some(g);
             break;
@@ -770,14 +614,7 @@ pub async fn row_23_disconnect_when_detached_completes<S: Store>(store: Arc<S>) 
 /// handler is dropped, the record stays in flight, and after the lease the
 /// retry is a recovery.
 pub async fn row_24_dropped_when_not_detached_is_recovered<S: Store>(store: Arc<S>) {
-    let app = App::with(
-        store,
-        Options {
-            detached: false,
-            ..Options::default()
-        },
-    )
-    .await;
+    let app = App::with(store, Options::attached()).await;
     let k = key();
     let req = axum::http::Request::post("/orders")
         .header("x-owner", "alice")
@@ -792,13 +629,10 @@ pub async fn row_24_dropped_when_not_detached_is_recovered<S: Store>(store: Arc<
         _ = fut => panic!("the held handler answered"),
         () = app.counts.entered() => {}
     }
-    send(app.post("/orders", Some(&k), "{}"))
+    app.send_order(&k)
         .await
         .assert_problem(409, "in_flight", Some(&k));
-    app.expire_lease();
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_executed(201);
-    assert_eq!(g.header("x-recovery"), Some("true"));
+    app.recover(&k).await;
     assert_eq!(app.counts.executions(), 2);
 }
 
@@ -806,60 +640,33 @@ pub async fn row_24_dropped_when_not_detached_is_recovered<S: Store>(store: Arc<
 /// `handler_panicked` with `Retry-After`; the record stays in flight and is
 /// recovered after the lease.
 pub async fn row_25_panic_is_500_then_recovery<S: Store>(store: Arc<S>) {
-    let app = App::start(Arc::clone(&store)).await;
-    let k = key();
-    let g = send(app.post("/orders", Some(&k), "{}").header("x-panic", "1")).await;
-    g.assert_problem(500, "handler_panicked", Some(&k));
-    assert_eq!(g.header("retry-after"), Some("60"));
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_problem(409, "in_flight", Some(&k));
-    app.expire_lease();
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_executed(201);
-    assert_eq!(g.header("x-recovery"), Some("true"));
-    assert_eq!(app.counts.executions(), 2);
-
     // Not detached, the panic happens inside the request's own future: it is
     // answered the same way and the record recovered the same way.
-    let app = App::with(
-        store,
-        Options {
-            detached: false,
-            ..Options::default()
-        },
-    )
-    .await;
-    let k = key();
-    let g = send(app.post("/orders", Some(&k), "{}").header("x-panic", "1")).await;
-    g.assert_problem(500, "handler_panicked", Some(&k));
-    assert_eq!(g.header("retry-after"), Some("60"));
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_problem(409, "in_flight", Some(&k));
-    app.expire_lease();
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
-    g.assert_executed(201);
-    assert_eq!(g.header("x-recovery"), Some("true"));
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&g);
-    assert_eq!(app.counts.executions(), 2);
+    for opts in [Options::default(), Options::attached()] {
+        let app = App::with(Arc::clone(&store), opts).await;
+        let k = key();
+        let g = send(app.order(&k).header("x-panic", "1")).await;
+        g.assert_problem(500, "handler_panicked", Some(&k));
+        assert_eq!(g.header("retry-after"), Some("60"));
+        app.send_order(&k)
+            .await
+            .assert_problem(409, "in_flight", Some(&k));
+        let g = app.recover(&k).await;
+        app.send_order(&k).await.assert_replay_of(&g);
+        assert_eq!(app.counts.executions(), 2);
+    }
 }
 
 /// Row 26: the same key under two owners: two records, each replays its own.
 pub async fn row_26_owners_are_isolated<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let a = send(app.post("/orders", Some(&k), "{}")).await;
+    let (app, k) = start(store).await;
+    let a = app.send_order(&k).await;
     let bob = || app.post_with("/orders", Some(&k), "{}", "bob", "application/json");
     let b = send(bob()).await;
     a.assert_executed(201);
     b.assert_executed(201);
     assert_ne!(a.body, b.body);
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_replay_of(&a);
+    app.send_order(&k).await.assert_replay_of(&a);
     send(bob()).await.assert_replay_of(&b);
     assert_eq!(app.counts.executions(), 2);
 }
@@ -867,43 +674,34 @@ pub async fn row_26_owners_are_isolated<S: Store>(store: Arc<S>) {
 /// Row 27: the same key on another route: a separate record per route
 /// (`PerRoute`), a 422 with `PerOwner`.
 pub async fn row_27_routes_are_isolated_per_route_or_422_per_owner<S: Store>(store: Arc<S>) {
-    let app = App::start(Arc::clone(&store)).await;
-    let k = key();
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
-    send(app.post("/other", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
-    assert_eq!(app.counts.executions(), 2);
-    let app = App::with(
-        store,
-        Options {
-            namespace: KeyNamespace::PerOwner,
-            ..Options::default()
-        },
-    )
-    .await;
-    let k = key();
-    send(app.post("/orders", Some(&k), "{}"))
-        .await
-        .assert_executed(201);
-    send(app.post("/other", Some(&k), "{}"))
-        .await
-        .assert_problem(422, "fingerprint_mismatch", Some(&k));
-    assert_eq!(app.counts.executions(), 1);
+    let per_owner = Options {
+        namespace: KeyNamespace::PerOwner,
+        ..Options::default()
+    };
+    for (opts, separate) in [(Options::default(), true), (per_owner, false)] {
+        let app = App::with(Arc::clone(&store), opts).await;
+        let k = key();
+        app.send_order(&k).await.assert_executed(201);
+        let other = send(app.post("/other", Some(&k), "{}")).await;
+        if separate {
+            other.assert_executed(201);
+            assert_eq!(app.counts.executions(), 2);
+        } else {
+            other.assert_problem(422, "fingerprint_mismatch", Some(&k));
+            assert_eq!(app.counts.executions(), 1);
+        }
+    }
 }
 
 /// Row 28: a different key with the same body is a new request, never
 /// rejected.
 pub async fn row_28_different_key_same_body_executes<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
-    send(app.post("/orders", Some(&key()), r#"{"a":1}"#))
-        .await
-        .assert_executed(201);
-    send(app.post("/orders", Some(&key()), r#"{"a":1}"#))
-        .await
-        .assert_executed(201);
+    for _ in 0..2 {
+        send(app.post("/orders", Some(&key()), r#"{"a":1}"#))
+            .await
+            .assert_executed(201);
+    }
     assert_eq!(app.counts.executions(), 2);
 }
 
@@ -911,10 +709,12 @@ pub async fn row_28_different_key_same_body_executes<S: Store>(store: Arc<S>) {
 /// change only in an ignored field; reordered form pairs; the same
 /// multipart bytes: replays.
 pub async fn row_29_equivalent_bodies_replay<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&k), r#"{"a":1,"b":[1,2],"client_ts":1}"#)).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(
+        app.post("/orders", Some(&k), r#"{"a":1,"b":[1,2],"client_ts":1}"#),
+        201,
+    )
+    .await;
     send(app.post(
         "/orders",
         Some(&k),
@@ -922,45 +722,32 @@ pub async fn row_29_equivalent_bodies_replay<S: Store>(store: Arc<S>) {
     ))
     .await
     .assert_replay_of(&first);
-    let k = key();
-    let form = |body: &str| {
-        app.post_with(
-            "/orders",
-            Some(&k),
-            body,
-            "alice",
-            "application/x-www-form-urlencoded",
-        )
+    let typed = |k: &str, body: &str, content_type: &str| {
+        send(app.post_with("/orders", Some(k), body, "alice", content_type))
     };
-    let first = send(form("a=1&b=2&b=3")).await;
+    let k = key();
+    let form = "application/x-www-form-urlencoded";
+    let first = typed(&k, "a=1&b=2&b=3", form).await;
     first.assert_executed(201);
-    send(form("b=2&a=1&b=3")).await.assert_replay_of(&first);
-    send(form("b=3&a=1&b=2"))
+    typed(&k, "b=2&a=1&b=3", form)
+        .await
+        .assert_replay_of(&first);
+    typed(&k, "b=3&a=1&b=2", form)
         .await
         .assert_problem(422, "fingerprint_mismatch", Some(&k));
     let k = key();
     let mp = "--XyZ\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nv\r\n--XyZ--\r\n";
-    let multipart = || {
-        app.post_with(
-            "/orders",
-            Some(&k),
-            mp,
-            "alice",
-            "multipart/form-data; boundary=XyZ",
-        )
-    };
-    let first = send(multipart()).await;
+    let multipart = "multipart/form-data; boundary=XyZ";
+    let first = typed(&k, mp, multipart).await;
     first.assert_executed(201);
-    send(multipart()).await.assert_replay_of(&first);
+    typed(&k, mp, multipart).await.assert_replay_of(&first);
     assert_eq!(app.counts.executions(), 3);
 }
 
 /// Row 30: a POST with a key and an empty body, retried: once, then replayed.
 pub async fn row_30_empty_body_runs_once<S: Store>(store: Arc<S>) {
-    let app = App::start(store).await;
-    let k = key();
-    let first = send(app.post("/orders", Some(&k), "")).await;
-    first.assert_executed(201);
+    let (app, k) = start(store).await;
+    let first = executed(app.post("/orders", Some(&k), ""), 201).await;
     send(app.post("/orders", Some(&k), ""))
         .await
         .assert_replay_of(&first);
@@ -973,7 +760,7 @@ pub async fn row_31_shut_down_layer_is_503<S: Store>(store: Arc<S>) {
     let app = App::start(store).await;
     app.layer.shutdown().await;
     let k = key();
-    let g = send(app.post("/orders", Some(&k), "{}")).await;
+    let g = app.send_order(&k).await;
     g.assert_problem(503, "shutting_down", Some(&k));
     assert_eq!(g.header("retry-after"), Some("1"));
     send(app.request(Method::GET, "/orders", None, ""))
