@@ -20,6 +20,10 @@
 //! `idem_bench` and Redis its own key prefix, both removed at the end. The
 //! workload is the store bench's (`benches/common/stores`).
 
+// Every backend's workload is awaited from one `main`: the layout of its
+// future takes more than the compiler's default 128 nested queries.
+#![recursion_limit = "256"]
+
 #[allow(dead_code, reason = "each bench uses a part of the shared helpers")]
 mod common;
 

@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use idem::grpc::{FixedOwner, GrpcIdempotencyLayer};
 use idem::store::Store;
-use idem::{Idem, IdempotencyKey, MemoryStore};
+use idem::{Idem, IdempotencyKey};
 use tokio::runtime::Runtime;
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService};
@@ -145,16 +145,4 @@ fn bench_store<S: Store>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) 
     g.finish();
 }
 
-fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut c = common::criterion();
-    bench_store(&mut c, &rt, "memory", MemoryStore::new());
-    let sqlite = rt
-        .block_on(idem::sqlite::SqliteStore::memory())
-        .expect("sqlite memory");
-    bench_store(&mut c, &rt, "sqlite-memory", sqlite);
-    c.final_summary();
-}
+common::adapter_bench_main!(bench_store);

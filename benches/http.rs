@@ -26,7 +26,7 @@ use idem::store::PurgeReport;
 use idem::store::{
     Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
 };
-use idem::{Idem, IdempotencyKey, MemoryStore, RecordId};
+use idem::{Idem, IdempotencyKey, RecordId};
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 
@@ -153,16 +153,4 @@ fn bench_store<S: Store>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) 
     g.finish();
 }
 
-fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut c = common::criterion();
-    bench_store(&mut c, &rt, "memory", MemoryStore::new());
-    let sqlite = rt
-        .block_on(idem::sqlite::SqliteStore::memory())
-        .expect("sqlite memory");
-    bench_store(&mut c, &rt, "sqlite-memory", sqlite);
-    c.final_summary();
-}
+common::adapter_bench_main!(bench_store);

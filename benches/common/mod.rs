@@ -9,6 +9,30 @@ pub(crate) mod stores;
 
 use std::time::Duration;
 
+/// The `main` of an adapter bench: its `bench_store(c, rt, name, store)`
+/// over the memory store and in-memory SQLite, on one current-thread
+/// runtime.
+#[allow(unused_macros)] // each bench uses a part of these helpers
+macro_rules! adapter_bench_main {
+    ($bench_store:ident) => {
+        fn main() {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let mut c = common::criterion();
+            $bench_store(&mut c, &rt, "memory", idem::MemoryStore::new());
+            let sqlite = rt
+                .block_on(idem::sqlite::SqliteStore::memory())
+                .expect("sqlite memory");
+            $bench_store(&mut c, &rt, "sqlite-memory", sqlite);
+            c.final_summary();
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use adapter_bench_main;
+
 /// `IDEM_BENCH_QUICK=1` asks for a very short run (smoke test of every group).
 pub(crate) fn quick() -> bool {
     std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")

@@ -5,11 +5,11 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::clock::{Clock, ManualClock};
 use idem_core::store::AdminStore;
+use idem_core::testkit::race;
 use idem_core::{Error, IdempotencyKey};
 use idem_test_support::sql::{Counter, Out, engine, request, scope, with_fixture};
 use support::proxy::{Protocol, Proxy};
@@ -43,27 +43,18 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         // The start checks went through the proxy too: count from here.
         let setup = proxy.snapshot().statements();
         let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
-        let barrier = Arc::new(tokio::sync::Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let idem = engines[i % 8].clone();
-                let (scope, key, runs, barrier) = (
-                    scope.clone(),
-                    key.clone(),
-                    runs.clone(),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    idem.execute(&scope, &key, &request(), move |_| async move {
-                        runs.hit();
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        Out::Success(format!("ch_{i}"))
-                    })
-                    .await
+        let tasks = race(64, |i| {
+            let idem = engines[i % 8].clone();
+            let (scope, key, runs) = (scope.clone(), key.clone(), runs.clone());
+            async move {
+                idem.execute(&scope, &key, &request(), move |_| async move {
+                    runs.hit();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Out::Success(format!("ch_{i}"))
                 })
-            })
-            .collect();
+                .await
+            }
+        });
         let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
         for t in tasks {
             match t.await.expect("join") {

@@ -173,18 +173,7 @@ fixture!(Redis(RedisStore), |fixture| {
         .get_multiplexed_async_connection()
         .await
         .expect("redis connection");
-    let pattern = format!("{}*", fixture.0.prefix().as_str());
-    let keys: Vec<String> = {
-        let mut iter = conn.scan_match::<_, String>(&pattern).await.expect("scan");
-        let mut keys = Vec::new();
-        while let Some(k) = iter.next_item().await {
-            keys.push(k.expect("key"));
-        }
-        keys
-    };
-    if !keys.is_empty() {
-        let _: i64 = conn.del(keys).await.expect("del");
-    }
+    crate::redis_admin::unlink_all(&mut conn, fixture.0.prefix().as_str()).await;
 });
 /// A Redis store under a fresh prefix (`IDEM_REDIS_URL`, default the machine's server).
 ///

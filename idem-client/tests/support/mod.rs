@@ -156,18 +156,7 @@ impl Place {
                     .get_multiplexed_async_connection()
                     .await
                     .unwrap_or_else(|e| redis_down(&e));
-                let pattern = format!("{}*", self.prefix());
-                let keys: Vec<String> = {
-                    let mut iter = conn.scan_match::<_, String>(&pattern).await.expect("scan");
-                    let mut keys = Vec::new();
-                    while let Some(k) = iter.next_item().await {
-                        keys.push(k.expect("key"));
-                    }
-                    keys
-                };
-                if !keys.is_empty() {
-                    let _: i64 = conn.del(keys).await.expect("del");
-                }
+                idem_test_support::redis_admin::unlink_all(&mut conn, &self.prefix()).await;
             }
         }
     }

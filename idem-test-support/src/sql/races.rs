@@ -10,6 +10,7 @@ use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock, Timestamp};
 use idem_core::store::RecordState;
 use idem_core::store::{ClaimOutcome, ClaimRequest, Store, StoreError, Token};
+use idem_core::testkit::race;
 use idem_core::{Error, FieldFilter, Idem, IdempotencyKey, Outcome, RecordId, TakeoverReason};
 
 use super::{Counter, Dialect, LEASE, Out, TxDialect, engine, request, scope, with_fixture};
@@ -105,30 +106,27 @@ async fn race_claims<S: Store + Clone>(
         )
         .expect("fp")
     };
-    let barrier = Arc::new(tokio::sync::Barrier::new(32));
-    let tasks: Vec<_> = (0..32u64)
-        .map(|i| {
-            let (store, id, barrier) = (
-                stores[usize::try_from(i % 4).expect("small")].clone(),
-                id.clone(),
-                Arc::clone(&barrier),
+    let tasks = race(32, |i| {
+        let (store, id) = (stores[i % 4].clone(), id.clone());
+        let amount = if distinct {
+            u64::try_from(i).expect("small")
+        } else {
+            1
+        };
+        let fingerprint = fp(amount);
+        async move {
+            let token = Token::random();
+            let req = ClaimRequest::new(
+                &id,
+                fingerprint,
+                token,
+                now,
+                now.plus(LEASE),
+                now.plus(Duration::from_secs(86_400)),
             );
-            let fingerprint = if distinct { fp(i) } else { fp(1) };
-            tokio::spawn(async move {
-                let token = Token::random();
-                barrier.wait().await;
-                let req = ClaimRequest::new(
-                    &id,
-                    fingerprint,
-                    token,
-                    now,
-                    now.plus(LEASE),
-                    now.plus(Duration::from_secs(86_400)),
-                );
-                (token, store.claim(&req).await.expect("claim"))
-            })
-        })
-        .collect();
+            (token, store.claim(&req).await.expect("claim"))
+        }
+    });
     let mut winners = Vec::new();
     for t in tasks {
         match t.await.expect("join") {
@@ -238,32 +236,23 @@ pub async fn transactional_racers_with_rollbacks<D: TxDialect>(d: D) {
         let clock = ManualClock::starting_now();
         let engines: Vec<Idem<D::Store>> = stores.iter().map(|s| engine(s, &clock)).collect();
         let (scope, key, runs) = (scope(), IdempotencyKey::random(), Counter::default());
-        let barrier = Arc::new(tokio::sync::Barrier::new(16));
-        let tasks: Vec<_> = (0..16)
-            .map(|i| {
-                let (d, idem) = (d.clone(), engines[i % 4].clone());
-                let (scope, key, runs, barrier) = (
-                    scope.clone(),
-                    key.clone(),
-                    runs.clone(),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    d.execute_in_tx(&idem, &scope, &key, &request(), move |_, _| {
-                        Box::pin(async move {
-                            runs.hit();
-                            if runs.get() <= 3 {
-                                Out::Transient("provider 503".into())
-                            } else {
-                                Out::Success(format!("ch_{i}"))
-                            }
-                        })
+        let tasks = race(16, |i| {
+            let (d, idem) = (d.clone(), engines[i % 4].clone());
+            let (scope, key, runs) = (scope.clone(), key.clone(), runs.clone());
+            async move {
+                d.execute_in_tx(&idem, &scope, &key, &request(), move |_, _| {
+                    Box::pin(async move {
+                        runs.hit();
+                        if runs.get() <= 3 {
+                            Out::Transient("provider 503".into())
+                        } else {
+                            Out::Success(format!("ch_{i}"))
+                        }
                     })
-                    .await
                 })
-            })
-            .collect();
+                .await
+            }
+        });
         let (mut executed, mut other) = (0, 0);
         for t in tasks {
             match t.await.expect("join") {
