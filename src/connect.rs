@@ -959,8 +959,7 @@ mod tests {
         conn: &mut idem_redis::redis::aio::MultiplexedConnection,
         prefix: &str,
     ) -> Vec<String> {
-        use idem_redis::redis::AsyncCommands;
-        conn.keys(format!("{prefix}*")).await.expect("KEYS")
+        idem_test_support::redis_admin::scan(conn, prefix).await
     }
 
     #[cfg(feature = "redis")]

@@ -303,7 +303,7 @@ fn http_orders_warns_or_refuses_without_a_synchronous_standby() {
 #[test]
 fn http_orders_on_a_schema_and_a_prefix_of_its_own() {
     use idem::postgres::sqlx::{self, Connection, Executor};
-    use idem::redis::redis::{self as r, AsyncCommands};
+    use idem::redis::redis as r;
     let pg = std::env::var("IDEM_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let schema = format!("idem_orders_{}", random_id());
@@ -346,10 +346,8 @@ fn http_orders_on_a_schema_and_a_prefix_of_its_own() {
         c.close().await.unwrap();
         let client = r::Client::open(redis.as_str()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.unwrap();
-        if !keys.is_empty() {
-            let _: () = conn.del(&keys).await.unwrap();
-        }
+        let keys = idem_test_support::redis_admin::scan(&mut conn, &prefix).await;
+        idem_test_support::redis_admin::unlink_all(&mut conn, &prefix).await;
         (records, keys.len())
     });
     if let Err(p) = result {

@@ -863,16 +863,12 @@ fn postgres_killed_process() {
 
 /// Deletes every key under `prefix` on one server.
 async fn delete_prefix(url: &str, prefix: &str) {
-    use idem_redis::redis::AsyncCommands;
     let client = idem_redis::redis::Client::open(url).expect("client");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.expect("KEYS");
-    for k in keys {
-        let _: i64 = conn.del(&k).await.expect("DEL");
-    }
+    idem_test_support::redis_admin::unlink_each(&mut conn, prefix).await;
 }
 
 fn redis_killed_process() {

@@ -9,7 +9,7 @@ use idem_postgres::PgStore;
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::sqlx::{self, Executor};
 use idem_redis::RedisStore;
-use idem_redis::redis::{self, AsyncCommands};
+use idem_redis::redis;
 use idem_sqlite::SqliteStore;
 
 use crate::servers::{MYSQL, POSTGRES};
@@ -173,7 +173,7 @@ fixture!(Redis(RedisStore), |fixture| {
         .get_multiplexed_async_connection()
         .await
         .expect("redis connection");
-    crate::redis_admin::unlink_all(&mut conn, fixture.0.prefix().as_str()).await;
+    crate::redis_admin::unlink_each(&mut conn, fixture.0.prefix().as_str()).await;
 });
 /// A Redis store under a fresh prefix (`IDEM_REDIS_URL`, default the machine's server).
 ///
@@ -196,17 +196,13 @@ pub async fn redis() -> Redis {
 #[derive(Debug)]
 pub struct RedisCluster(RedisStore, Vec<String>);
 fixture!(RedisCluster(RedisStore), |fixture| {
-    let pattern = format!("{}*", fixture.0.prefix().as_str());
     for url in &fixture.1 {
         let client = redis::Client::open(url.as_str()).expect("node url");
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .expect("node connection");
-        let keys: Vec<String> = conn.keys(&pattern).await.expect("KEYS");
-        for k in keys {
-            let _: i64 = conn.del(&k).await.expect("DEL");
-        }
+        crate::redis_admin::unlink_each(&mut conn, fixture.0.prefix().as_str()).await;
     }
 });
 /// A store on this binary's throwaway Redis Cluster, under a fresh prefix.

@@ -49,3 +49,15 @@ pub async fn unlink_all(conn: &mut impl ConnectionLike, prefix: &str) {
             .expect("UNLINK");
     }
 }
+
+/// [`unlink_all`] one key at a time: for a node of a Redis Cluster, where
+/// one `UNLINK` of keys in several hash slots is refused (`CROSSSLOT`).
+pub async fn unlink_each(conn: &mut impl ConnectionLike, prefix: &str) {
+    for key in scan(conn, prefix).await {
+        let _: i64 = redis::cmd("UNLINK")
+            .arg(&key)
+            .query_async(conn)
+            .await
+            .expect("UNLINK");
+    }
+}

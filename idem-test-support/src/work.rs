@@ -5,7 +5,6 @@
 //! over the store.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::store::{AdminStore, RecordState, Store, StoreError};
@@ -23,19 +22,8 @@ pub fn request() -> serde_json::Value {
     serde_json::json!({"amount": 100, "currency": "eur"})
 }
 
-/// How many times a work ran.
-#[derive(Debug, Clone, Default)]
-pub struct Counter(Arc<AtomicUsize>);
-impl Counter {
-    /// One more run.
-    pub fn hit(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-    /// Runs so far.
-    pub fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+/// How many times a work ran: the conformance kit's counter.
+pub use idem_core::testkit::Counter;
 
 /// Calls `key` on `idem` with a work that counts its run in `runs` and
 /// answers `answer`; returns what the caller saw.
