@@ -19,7 +19,7 @@
 //! exactly as a dropped single call's does.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
@@ -29,7 +29,7 @@ use idem_core::store::{
     StoreError, StoredRecord, Token, record_batch,
 };
 use sqlx::{ColumnIndex, Database, Decode, Type};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tracing::debug;
 
 use crate::conns::Judged;
@@ -239,6 +239,9 @@ pub(crate) struct Queued<R, A> {
     key: [u8; 16],
     call: R,
     answer: oneshot::Sender<A>,
+    /// Told when a batch takes the call, so that its caller stops waiting
+    /// for a connection it no longer needs.
+    taken: Arc<Notify>,
 }
 
 impl<R, A> Queued<R, A> {
@@ -278,10 +281,11 @@ impl<R, A> Queue<R, A> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Queues `call` on the record whose key is `key`: its place, and where
-    /// its answer comes.
-    fn push(&self, key: [u8; 16], call: R) -> (u64, oneshot::Receiver<A>) {
+    /// Queues `call` on the record whose key is `key`: its place, where its
+    /// answer comes, and what tells it a batch took it.
+    fn push(&self, key: [u8; 16], call: R) -> (u64, oneshot::Receiver<A>, Arc<Notify>) {
         let (answer, told) = oneshot::channel();
+        let taken = Arc::new(Notify::new());
         let mut w = self.lock();
         let seq = w.next;
         w.next += 1;
@@ -290,8 +294,9 @@ impl<R, A> Queue<R, A> {
             key,
             call,
             answer,
+            taken: Arc::clone(&taken),
         });
-        (seq, told)
+        (seq, told, taken)
     }
 
     /// Takes at most `max` waiting calls, oldest first, at most one per
@@ -322,6 +327,10 @@ impl<R, A> Queue<R, A> {
         }
         w.calls = kept;
         drop(w);
+        for q in &batch {
+            // A stored wake-up if its caller is not waiting right now.
+            q.taken.notify_one();
+        }
         batch.sort_unstable_by_key(|q| q.key);
         batch
     }
@@ -434,7 +443,10 @@ impl<D: Dialect> SqlCore<D> {
     /// Queues `call` and waits for its answer. While it waits, it also waits
     /// for a connection; whoever gets one first takes every call waiting in
     /// the queue (its own too, unless another batch took it) and runs them
-    /// as one batch in a task of its own.
+    /// as one batch in a task of its own. A caller whose call another batch
+    /// took stops waiting for a connection at once: without that, every
+    /// such caller checked a connection out only to find the queue empty,
+    /// one wasted checkout per call taken.
     async fn queued<R, A>(
         &self,
         own: &OwnPool<D>,
@@ -450,11 +462,13 @@ impl<D: Dialect> SqlCore<D> {
             backend: D::BACKEND,
             source: "the batch this call was in ended without an answer".into(),
         };
-        let (seq, mut told) = queue.push(key, call);
+        let (seq, mut told, taken) = queue.push(key, call);
         loop {
             let conn = tokio::select! {
                 biased;
                 answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
+                // Taken into another caller's batch: no connection to wait for.
+                () = taken.notified() => break,
                 conn = own.get() => conn,
             };
             let conn = match conn {
