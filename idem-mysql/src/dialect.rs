@@ -8,12 +8,9 @@ use std::time::Duration;
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, PurgeReport, RecordSummary,
-    StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, PurgeReport, RecordSummary, StoreError, StoredRecord,
 };
-use idem_sql::{
-    BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim,
-};
+use idem_sql::{BatchCompletion, BindRecord, Coalescing, Dialect, SettleClaim, SharedStatements};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, MySql, MySqlConnection, MySqlExecutor, Row};
 use tracing::debug;
@@ -280,6 +277,18 @@ impl Dialect for MySqlDialect {
         Ok(mark)
     }
 
+    fn shared(&self) -> &SharedStatements {
+        &self.sql.shared
+    }
+
+    fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
+        decode_record(row, id)
+    }
+
+    fn decode_summary(row: &MySqlRow) -> Result<RecordSummary, Error> {
+        Ok(idem_sql::decode_summary::<_, i32>(row, text)?)
+    }
+
     fn leaves_connection_sound(e: &Error) -> bool {
         leaves_connection_sound(e)
     }
@@ -425,72 +434,6 @@ impl Dialect for MySqlDialect {
         Ok(applied)
     }
 
-    async fn complete(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<u64, Error> {
-        let query = q(&self.sql.complete)
-            .bind(c.outcome.as_str())
-            .bind(c.body)
-            .bind(c.response_expires_at.as_unix_millis())
-            .bind(c.key_expires_at.as_unix_millis())
-            .bind(c.resource_id)
-            .bind_fenced(id, token);
-        rows(query, conn).await
-    }
-
-    async fn completed_under(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        token: Token,
-    ) -> Result<bool, Error> {
-        let query = q(&self.sql.completed_under).bind_fenced(id, token);
-        Ok(idem_sql::returns_row(query, conn).await?)
-    }
-
-    async fn fenced(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        token: Token,
-        change: Fenced<'_>,
-    ) -> Result<u64, Error> {
-        let query = match change {
-            Fenced::Release { now } => q(&self.sql.release).bind(now.as_unix_millis()),
-            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id).bind(resource_id),
-            Fenced::ExtendLease { until } => {
-                let until = until.as_unix_millis();
-                q(&self.sql.extend_lease)
-                    .bind(until)
-                    .bind(until)
-                    .bind(until)
-            }
-        };
-        let query = query.bind_fenced(id, token);
-        rows(query, conn).await
-    }
-
-    async fn fetch(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, Error> {
-        let now = now.as_unix_millis();
-        let row = q(&self.sql.fetch)
-            .bind(now)
-            .bind_id(id)
-            .bind(now)
-            .bind(now)
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(|row| decode_record(row, id)).transpose()
-    }
-
     async fn purge_round(
         &self,
         conn: &mut MySqlConnection,
@@ -511,73 +454,6 @@ impl Dialect for MySqlDialect {
             return Ok((report, 0));
         }
         Ok((report, run(&self.sql.purge_refile).await?))
-    }
-
-    async fn list_in_flight(
-        &self,
-        conn: &mut MySqlConnection,
-        qr: &InFlightQuery<'_>,
-        after: Option<KeysetAfter>,
-        fetch: u32,
-    ) -> Result<Vec<RecordSummary>, Error> {
-        let lease_before = qr.lease_before.as_unix_millis();
-        let query = match &after {
-            None => q(&self.sql.list_in_flight),
-            Some(_) => q(&self.sql.list_in_flight_after),
-        }
-        .bind(lease_before)
-        .bind(lease_before)
-        .bind(qr.now.as_unix_millis());
-        let query = match after {
-            None => query,
-            Some(a) => query.bind(a.lease_until.as_unix_millis()).bind(&a.key[..]),
-        };
-        let rows = query.bind(i64::from(fetch)).fetch_all(conn).await?;
-        rows.iter()
-            .map(|row| Ok(idem_sql::decode_summary::<_, i32>(row, text)?))
-            .collect()
-    }
-
-    async fn release_in_flight(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<u64, Error> {
-        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let now = now.as_unix_millis();
-        let query = q(&self.sql.release_in_flight)
-            .bind(now)
-            .bind(now)
-            .bind_id(id)
-            .bind(now)
-            .bind(attempt)
-            .bind(attempt);
-        rows(query, conn).await
-    }
-
-    async fn delete_completed(
-        &self,
-        conn: &mut MySqlConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<u64, Error> {
-        let query = q(&self.sql.delete_completed)
-            .bind_id(id)
-            .bind(now.as_unix_millis());
-        rows(query, conn).await
-    }
-
-    async fn count_states(
-        &self,
-        conn: &mut MySqlConnection,
-        now: Timestamp,
-    ) -> Result<StateCounts, Error> {
-        let now = now.as_unix_millis();
-        let query = (0..6).fold(q(&self.sql.count_states), |q, _| q.bind(now));
-        let row = query.fetch_one(conn).await?;
-        Ok(idem_sql::decode_counts(&row)?)
     }
 
     fn begin_statement(&self) -> String {

@@ -56,13 +56,13 @@ pub mod statements {
     /// resource id or NULL; the record's key, token).
     #[must_use]
     pub fn complete(store: &MySqlStore) -> &str {
-        &store.sql().complete
+        store.sql().shared.complete.sql()
     }
 
     /// The read of a live record (binds: now; the record's key; now, now).
     #[must_use]
     pub fn fetch(store: &MySqlStore) -> &str {
-        &store.sql().fetch
+        store.sql().shared.fetch.sql()
     }
 
     /// The purge's first statement, the deletion of expired keys (binds:
@@ -90,6 +90,6 @@ pub mod statements {
     /// bound ×2, now, limit).
     #[must_use]
     pub fn list_in_flight(store: &MySqlStore) -> &str {
-        &store.sql().list_in_flight
+        store.sql().shared.list_in_flight.sql()
     }
 }

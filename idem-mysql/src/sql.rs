@@ -7,7 +7,11 @@
 
 use std::sync::Arc;
 
-use sqlx::AssertSqlSafe;
+use idem_sql::Param::{
+    AfterKey, AfterLeaseUntil, Attempt, Body, Key, KeyExpiresAt, LeaseBefore, LeaseUntil, Limit,
+    Now, Outcome, ResourceId, ResponseExpiresAt, Token,
+};
+use idem_sql::{SharedStatements, Statement};
 
 /// Where the records live: a validated table name, in the connection's
 /// database.
@@ -31,20 +35,11 @@ pub(crate) struct Statements {
     pub(crate) insert: Arc<str>,
     pub(crate) read: Arc<str>,
     pub(crate) takeover: Arc<str>,
-    pub(crate) complete: Arc<str>,
-    pub(crate) completed_under: Arc<str>,
-    pub(crate) release: Arc<str>,
-    pub(crate) save_resource_id: Arc<str>,
-    pub(crate) extend_lease: Arc<str>,
-    pub(crate) fetch: Arc<str>,
     pub(crate) purge_delete: Arc<str>,
     pub(crate) purge_drop_bodies: Arc<str>,
     pub(crate) purge_refile: Arc<str>,
-    pub(crate) list_in_flight: Arc<str>,
-    pub(crate) list_in_flight_after: Arc<str>,
-    pub(crate) release_in_flight: Arc<str>,
-    pub(crate) delete_completed: Arc<str>,
-    pub(crate) count_states: Arc<str>,
+    /// The statements every dialect has, with their bind order.
+    pub(crate) shared: SharedStatements,
     /// The table, quoted, for the statements built per batch size.
     table: String,
     /// The fresh claim's `INSERT INTO … (columns)`.
@@ -185,37 +180,6 @@ impl Statements {
                    AND key_expires_at = ? AND resource_id <=> ?"
             )
             .into(),
-            // Binds: outcome, body, response expiry, key expiry, resource id
-            // or NULL; the record's key, token. A completion changes no
-            // indexed column.
-            complete: guarded(
-                "state = 'completed', outcome = ?, response = ?, response_expires_at = ?, \
-                 key_expires_at = ?, resource_id = COALESCE(?, resource_id)",
-            )
-            .into(),
-            // Asked only when a completion matched no row: is the record
-            // already completed under this token (a retry after a lost
-            // reply, not a lost lease)? Binds: the record's key, token.
-            completed_under: format!(
-                "SELECT 1 FROM {t} WHERE {PK} AND token = ? AND state = 'completed'"
-            )
-            .into(),
-            // Binds: now; the record and token.
-            release: guarded("state = 'released', lease_until = ?").into(),
-            // Binds: the resource id; the record and token.
-            save_resource_id: guarded("resource_id = ?").into(),
-            // The key is kept at least until the lease ends. Binds: the
-            // lease end three times; the record and token.
-            extend_lease: guarded(
-                "lease_until = ?, sweep_at = ?, key_expires_at = GREATEST(key_expires_at, ?)",
-            )
-            .into(),
-            // Binds: now; the record's key; now, now.
-            fetch: format!(
-                "SELECT {cols} FROM {t} WHERE {PK} \
-                 AND (key_expires_at > ? OR (state = 'in_flight' AND lease_until > ?))"
-            )
-            .into(),
             // The purge: three statements per batch, each walking the sweep
             // index up to now (`sweep_at <= ?` first, `ORDER BY sweep_at
             // LIMIT ?`: a range of the index, at most the limit changed).
@@ -249,48 +213,100 @@ impl Statements {
                  ORDER BY sweep_at LIMIT ?"
             )
             .into(),
-            // The operator listing, walking the sweep index (an in-flight
-            // record's `sweep_at` is its lease end, so the index order is
-            // the lease order). Binds: lease bound ×2, now, limit; the next
-            // pages: lease bound ×2, now, the keyset position (lease end,
-            // record key), limit.
-            list_in_flight: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
-                 ORDER BY sweep_at, id LIMIT ?"
-            )
-            .into(),
-            list_in_flight_after: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
-                   AND (sweep_at, id) > (?, ?)
-                 ORDER BY sweep_at, id LIMIT ?"
-            )
-            .into(),
-            // The lease ends now; the token, resource id and attempt stay.
-            // Binds: now ×2; the record's key; now; the attempt or NULL ×2.
-            release_in_flight: format!(
-                "UPDATE {t} SET lease_until = LEAST(lease_until, ?), sweep_at = LEAST(lease_until, ?)
-                 WHERE {PK} AND state = 'in_flight' AND key_expires_at > ?
-                   AND (? IS NULL OR attempt = ?)"
-            )
-            .into(),
-            // Binds: the record's key, now.
-            delete_completed: format!(
-                "DELETE FROM {t} WHERE {PK} AND (state = 'completed' OR key_expires_at <= ?)"
-            )
-            .into(),
-            // Binds: now ×6.
-            count_states: format!(
-                "SELECT
-                   COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' THEN 1 END) AS in_flight,
-                   COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' AND lease_until <= ? THEN 1 END) AS stuck,
-                   COUNT(CASE WHEN key_expires_at > ? AND state = 'released' THEN 1 END) AS released,
-                   COUNT(CASE WHEN key_expires_at > ? AND state = 'completed' THEN 1 END) AS completed,
-                   COUNT(CASE WHEN key_expires_at <= ? THEN 1 END) AS expired
-                 FROM {t}"
-            )
-            .into(),
+            shared: SharedStatements {
+                // A completion changes no indexed column.
+                complete: Statement::new(
+                    guarded(
+                        "state = 'completed', outcome = ?, response = ?, response_expires_at = ?, \
+                         key_expires_at = ?, resource_id = COALESCE(?, resource_id)",
+                    ),
+                    &[Outcome, Body, ResponseExpiresAt, KeyExpiresAt, ResourceId, Key, Token],
+                ),
+                // Asked only when a completion matched no row: is the record
+                // already completed under this token (a retry after a lost
+                // reply, not a lost lease)?
+                completed_under: Statement::new(
+                    format!("SELECT 1 FROM {t} WHERE {PK} AND token = ? AND state = 'completed'"),
+                    &[Key, Token],
+                ),
+                release: Statement::new(
+                    guarded("state = 'released', lease_until = ?"),
+                    &[Now, Key, Token],
+                ),
+                save_resource_id: Statement::new(
+                    guarded("resource_id = ?"),
+                    &[ResourceId, Key, Token],
+                ),
+                // The key is kept at least until the lease ends.
+                extend_lease: Statement::new(
+                    guarded(
+                        "lease_until = ?, sweep_at = ?, key_expires_at = GREATEST(key_expires_at, ?)",
+                    ),
+                    &[LeaseUntil, LeaseUntil, LeaseUntil, Key, Token],
+                ),
+                fetch: Statement::new(
+                    format!(
+                        "SELECT {cols} FROM {t} WHERE {PK} \
+                         AND (key_expires_at > ? OR (state = 'in_flight' AND lease_until > ?))"
+                    ),
+                    &[Now, Key, Now, Now],
+                ),
+                // The operator listing, walking the sweep index (an
+                // in-flight record's `sweep_at` is its lease end, so the
+                // index order is the lease order).
+                list_in_flight: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
+                         WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
+                         ORDER BY sweep_at, id LIMIT ?"
+                    ),
+                    &[LeaseBefore, LeaseBefore, Now, Limit],
+                ),
+                list_in_flight_after: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
+                         WHERE sweep_at <= ? AND state = 'in_flight' AND lease_until <= ? AND key_expires_at > ?
+                           AND (sweep_at, id) > (?, ?)
+                         ORDER BY sweep_at, id LIMIT ?"
+                    ),
+                    &[
+                        LeaseBefore,
+                        LeaseBefore,
+                        Now,
+                        AfterLeaseUntil,
+                        AfterKey,
+                        Limit,
+                    ],
+                ),
+                // The lease ends now; the token, resource id and attempt
+                // stay.
+                release_in_flight: Statement::new(
+                    format!(
+                        "UPDATE {t} SET lease_until = LEAST(lease_until, ?), sweep_at = LEAST(lease_until, ?)
+                         WHERE {PK} AND state = 'in_flight' AND key_expires_at > ?
+                           AND (? IS NULL OR attempt = ?)"
+                    ),
+                    &[Now, Now, Key, Now, Attempt, Attempt],
+                ),
+                delete_completed: Statement::new(
+                    format!(
+                        "DELETE FROM {t} WHERE {PK} AND (state = 'completed' OR key_expires_at <= ?)"
+                    ),
+                    &[Key, Now],
+                ),
+                count_states: Statement::new(
+                    format!(
+                        "SELECT
+                           COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' THEN 1 END) AS in_flight,
+                           COUNT(CASE WHEN key_expires_at > ? AND state = 'in_flight' AND lease_until <= ? THEN 1 END) AS stuck,
+                           COUNT(CASE WHEN key_expires_at > ? AND state = 'released' THEN 1 END) AS released,
+                           COUNT(CASE WHEN key_expires_at > ? AND state = 'completed' THEN 1 END) AS completed,
+                           COUNT(CASE WHEN key_expires_at <= ? THEN 1 END) AS expired
+                         FROM {t}"
+                    ),
+                    &[Now, Now, Now, Now, Now, Now],
+                ),
+            },
             table: t,
             insert_into,
         }
@@ -300,7 +316,5 @@ impl Statements {
 pub(crate) fn q(
     sql: &Arc<str>,
 ) -> sqlx::query::Query<'static, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    // The text comes from `Statements::new`: fixed SQL around a validated,
-    // quoted identifier. Values always go through bind parameters.
-    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+    idem_sql::query(sql)
 }

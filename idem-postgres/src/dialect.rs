@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Completion, InFlightQuery, PurgeReport, RecordSummary, StateCounts,
-    StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, PurgeReport, RecordSummary, StoreError, StoredRecord,
 };
 use idem_sql::{
-    BatchCompletion, BindRecord, Coalescing, Dialect, Fenced, KeysetAfter, SettleClaim, SqlCore,
+    BatchCompletion, BindRecord, Coalescing, Dialect, SettleClaim, SharedStatements, SqlCore,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Postgres, Row};
@@ -252,6 +251,18 @@ impl Dialect for PgDialect {
         .await?)
     }
 
+    fn shared(&self) -> &SharedStatements {
+        &self.sql.shared
+    }
+
+    fn decode_record(row: &PgRow, id: &RecordId) -> Result<StoredRecord, Error> {
+        decode_record(row, id)
+    }
+
+    fn decode_summary(row: &PgRow) -> Result<RecordSummary, Error> {
+        Ok(idem_sql::decode_summary::<_, i32>(row, idem_sql::text)?)
+    }
+
     fn leaves_connection_sound(e: &Error) -> bool {
         leaves_connection_sound(e)
     }
@@ -337,70 +348,6 @@ impl Dialect for PgDialect {
         Ok(applied)
     }
 
-    async fn complete(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<u64, Error> {
-        let done = q(&self.sql.complete)
-            .bind_fenced(id, token)
-            .bind(c.outcome.as_str())
-            .bind(c.body)
-            .bind(c.response_expires_at.as_unix_millis())
-            .bind(c.key_expires_at.as_unix_millis())
-            .bind(c.resource_id)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn completed_under(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        token: Token,
-    ) -> Result<bool, Error> {
-        let query = q(&self.sql.completed_under).bind_fenced(id, token);
-        Ok(idem_sql::returns_row(query, conn).await?)
-    }
-
-    async fn fenced(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        token: Token,
-        change: Fenced<'_>,
-    ) -> Result<u64, Error> {
-        let query = match change {
-            Fenced::Release { now } => q(&self.sql.release)
-                .bind_fenced(id, token)
-                .bind(now.as_unix_millis()),
-            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id)
-                .bind_fenced(id, token)
-                .bind(resource_id),
-            Fenced::ExtendLease { until } => q(&self.sql.extend_lease)
-                .bind_fenced(id, token)
-                .bind(until.as_unix_millis()),
-        };
-        Ok(query.execute(conn).await?.rows_affected())
-    }
-
-    async fn fetch(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, Error> {
-        let row = q(&self.sql.fetch)
-            .bind_id(id)
-            .bind(now.as_unix_millis())
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(|row| decode_record(row, id)).transpose()
-    }
-
     async fn purge_round(
         &self,
         conn: &mut PgConnection,
@@ -421,73 +368,6 @@ impl Dialect for PgDialect {
             bodies_dropped: count("bodies_dropped")?,
         };
         Ok((report, count("refiled")?))
-    }
-
-    async fn list_in_flight(
-        &self,
-        conn: &mut PgConnection,
-        qr: &InFlightQuery<'_>,
-        after: Option<KeysetAfter>,
-        fetch: u32,
-    ) -> Result<Vec<RecordSummary>, Error> {
-        let query = match &after {
-            None => q(&self.sql.list_in_flight),
-            Some(_) => q(&self.sql.list_in_flight_after),
-        }
-        .bind(qr.lease_before.as_unix_millis())
-        .bind(qr.now.as_unix_millis())
-        .bind(i64::from(fetch));
-        let query = match after {
-            None => query,
-            Some(a) => query.bind(a.lease_until.as_unix_millis()).bind(&a.key[..]),
-        };
-        let rows = query.fetch_all(conn).await?;
-        rows.iter()
-            .map(|row| Ok(idem_sql::decode_summary::<_, i32>(row, idem_sql::text)?))
-            .collect()
-    }
-
-    async fn release_in_flight(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<u64, Error> {
-        let attempt = attempt.map(|a| i32::try_from(a).unwrap_or(i32::MAX));
-        let done = q(&self.sql.release_in_flight)
-            .bind_id(id)
-            .bind(now.as_unix_millis())
-            .bind(attempt)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn delete_completed(
-        &self,
-        conn: &mut PgConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<u64, Error> {
-        let done = q(&self.sql.delete_completed)
-            .bind_id(id)
-            .bind(now.as_unix_millis())
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn count_states(
-        &self,
-        conn: &mut PgConnection,
-        now: Timestamp,
-    ) -> Result<StateCounts, Error> {
-        let row = q(&self.sql.count_states)
-            .bind(now.as_unix_millis())
-            .fetch_one(conn)
-            .await?;
-        Ok(idem_sql::decode_counts(&row)?)
     }
 
     fn begin_statement(&self) -> String {

@@ -47,13 +47,13 @@ pub mod statements {
     /// NULL).
     #[must_use]
     pub fn complete(store: &PgStore) -> &str {
-        &store.sql().complete
+        store.sql().shared.complete.sql()
     }
 
     /// The read of a live record (`$1` the record's key, `$2` now).
     #[must_use]
     pub fn fetch(store: &PgStore) -> &str {
-        &store.sql().fetch
+        store.sql().shared.fetch.sql()
     }
 
     /// The purge (`$1` now, `$2` the batch limit).
@@ -66,6 +66,6 @@ pub mod statements {
     /// bound, `$2` now, `$3` limit).
     #[must_use]
     pub fn list_in_flight(store: &PgStore) -> &str {
-        &store.sql().list_in_flight
+        store.sql().shared.list_in_flight.sql()
     }
 }

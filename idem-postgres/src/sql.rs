@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 
-use sqlx::AssertSqlSafe;
+use idem_sql::Param::{
+    AfterKey, AfterLeaseUntil, Attempt, Body, Key, KeyExpiresAt, LeaseBefore, LeaseUntil, Limit,
+    Now, Outcome, ResourceId, ResponseExpiresAt, Token,
+};
+use idem_sql::{SharedStatements, Statement};
 
 /// Where the records live: a validated schema and table name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,19 +31,10 @@ pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
     pub(crate) claim_batch: Arc<str>,
     pub(crate) takeover: Arc<str>,
-    pub(crate) complete: Arc<str>,
     pub(crate) complete_batch: Arc<str>,
-    pub(crate) completed_under: Arc<str>,
-    pub(crate) release: Arc<str>,
-    pub(crate) save_resource_id: Arc<str>,
-    pub(crate) extend_lease: Arc<str>,
-    pub(crate) fetch: Arc<str>,
     pub(crate) purge: Arc<str>,
-    pub(crate) list_in_flight: Arc<str>,
-    pub(crate) list_in_flight_after: Arc<str>,
-    pub(crate) release_in_flight: Arc<str>,
-    pub(crate) delete_completed: Arc<str>,
-    pub(crate) count_states: Arc<str>,
+    /// The statements every dialect has, with their bind order.
+    pub(crate) shared: SharedStatements,
 }
 
 /// The columns a record is decoded from (`dialect::decode_record`), its
@@ -161,10 +156,6 @@ impl Statements {
                 expired = "(key_expires_at <= $6 AND (state <> 'in_flight' OR lease_until <= $6))",
             )
             .into(),
-            complete: keyed(&guarded(
-                "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
-                 key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
-            )),
             // The completions of a batch, one fenced update: each parameter
             // an array with one element per completion ($1 the record's key,
             // $2 token, $3 outcome, $4 response, $5 response_expires_at,
@@ -181,23 +172,6 @@ impl Statements {
                  RETURNING t.id"
             )
             .into(),
-            // Asked only when a completion changed no row: is the record
-            // already completed under this token (a retry after a lost
-            // reply, not a lost lease)?
-            completed_under: keyed(&format!(
-                "SELECT 1 FROM {t} WHERE {pk} AND token = $4 AND state = 'completed'"
-            )),
-            release: keyed(&guarded("state = 'released', lease_until = $5")),
-            save_resource_id: keyed(&guarded("resource_id = $5")),
-            // The key is kept at least until the lease ends.
-            extend_lease: keyed(&guarded(
-                "lease_until = $5, sweep_at = $5, key_expires_at = GREATEST(key_expires_at, $5)",
-            )),
-            fetch: keyed(&format!(
-                "SELECT {cols} FROM {t} WHERE {pk} \
-                 AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
-                cols = RECORD_COLUMNS.replace("$N", "$4")
-            )),
             // The purge walks the sweep index up to $1 (now), at most $2
             // rows, skipping rows being written right now (`SKIP LOCKED`)
             // and in-flight records whose key lives on (an in-flight
@@ -241,46 +215,99 @@ impl Statements {
                        (SELECT count(*) FROM kept) AS refiled"
             )
             .into(),
-            // The operator listing ($1 lease bound, $2 now, $3 limit; then
-            // $4, $5 the keyset position: lease end and record key), walking
-            // the sweep index: an in-flight record's `sweep_at` is its lease
-            // end, so the index
-            // order is the lease order. It also passes the completed and
-            // released records a purge has not re-filed yet (the ones
-            // completed since the last purge), which it filters out.
-            list_in_flight: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                 ORDER BY sweep_at, id LIMIT $3"
-            )
-            .into(),
-            list_in_flight_after: format!(
-                "SELECT {summary} FROM {t}
-                 WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
-                   AND (sweep_at, id) > ($4, $5)
-                 ORDER BY sweep_at, id LIMIT $3"
-            )
-            .into(),
-            // $4 now, $5 the attempt or NULL: the lease ends now; the token,
-            // resource id and attempt stay.
-            release_in_flight: keyed(&format!(
-                "UPDATE {t} SET lease_until = LEAST(lease_until, $4), sweep_at = LEAST(lease_until, $4)
-                 WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
-                   AND ($5::integer IS NULL OR attempt = $5::integer)"
-            )),
-            delete_completed: keyed(&format!(
-                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
-            )),
-            count_states: format!(
-                "SELECT
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight' AND lease_until <= $1) AS stuck,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'released') AS released,
-                   count(*) FILTER (WHERE key_expires_at > $1 AND state = 'completed') AS completed,
-                   count(*) FILTER (WHERE key_expires_at <= $1) AS expired
-                 FROM {t}"
-            )
-            .into(),
+            shared: SharedStatements {
+                complete: Statement::new(
+                    keyed(&guarded(
+                        "state = 'completed', outcome = $5, response = $6, response_expires_at = $7, \
+                         key_expires_at = $8, resource_id = COALESCE($9, resource_id)",
+                    )),
+                    &[Key, Token, Outcome, Body, ResponseExpiresAt, KeyExpiresAt, ResourceId],
+                ),
+                // Asked only when a completion changed no row: is the record
+                // already completed under this token (a retry after a lost
+                // reply, not a lost lease)?
+                completed_under: Statement::new(
+                    keyed(&format!(
+                        "SELECT 1 FROM {t} WHERE {pk} AND token = $4 AND state = 'completed'"
+                    )),
+                    &[Key, Token],
+                ),
+                release: Statement::new(
+                    keyed(&guarded("state = 'released', lease_until = $5")),
+                    &[Key, Token, Now],
+                ),
+                save_resource_id: Statement::new(
+                    keyed(&guarded("resource_id = $5")),
+                    &[Key, Token, ResourceId],
+                ),
+                // The key is kept at least until the lease ends.
+                extend_lease: Statement::new(
+                    keyed(&guarded(
+                        "lease_until = $5, sweep_at = $5, key_expires_at = GREATEST(key_expires_at, $5)",
+                    )),
+                    &[Key, Token, LeaseUntil],
+                ),
+                fetch: Statement::new(
+                    keyed(&format!(
+                        "SELECT {cols} FROM {t} WHERE {pk} \
+                         AND (key_expires_at > $4 OR (state = 'in_flight' AND lease_until > $4))",
+                        cols = RECORD_COLUMNS.replace("$N", "$4")
+                    )),
+                    &[Key, Now],
+                ),
+                // The operator listing ($1 lease bound, $2 now, $3 limit;
+                // then $4, $5 the keyset position: lease end and record key),
+                // walking the sweep index: an in-flight record's `sweep_at`
+                // is its lease end, so the index order is the lease order.
+                // It also passes the completed and released records a purge
+                // has not re-filed yet (the ones completed since the last
+                // purge), which it filters out.
+                list_in_flight: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
+                         WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                         ORDER BY sweep_at, id LIMIT $3"
+                    ),
+                    &[LeaseBefore, Now, Limit],
+                ),
+                list_in_flight_after: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
+                         WHERE sweep_at <= $1 AND state = 'in_flight' AND lease_until <= $1 AND key_expires_at > $2
+                           AND (sweep_at, id) > ($4, $5)
+                         ORDER BY sweep_at, id LIMIT $3"
+                    ),
+                    &[LeaseBefore, Now, Limit, AfterLeaseUntil, AfterKey],
+                ),
+                // $4 now, $5 the attempt or NULL: the lease ends now; the
+                // token, resource id and attempt stay.
+                release_in_flight: Statement::new(
+                    keyed(&format!(
+                        "UPDATE {t} SET lease_until = LEAST(lease_until, $4), sweep_at = LEAST(lease_until, $4)
+                         WHERE {pk} AND state = 'in_flight' AND key_expires_at > $4
+                           AND ($5::integer IS NULL OR attempt = $5::integer)"
+                    )),
+                    &[Key, Now, Attempt],
+                ),
+                delete_completed: Statement::new(
+                    keyed(&format!(
+                        "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= $4)"
+                    )),
+                    &[Key, Now],
+                ),
+                count_states: Statement::new(
+                    format!(
+                        "SELECT
+                           count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight') AS in_flight,
+                           count(*) FILTER (WHERE key_expires_at > $1 AND state = 'in_flight' AND lease_until <= $1) AS stuck,
+                           count(*) FILTER (WHERE key_expires_at > $1 AND state = 'released') AS released,
+                           count(*) FILTER (WHERE key_expires_at > $1 AND state = 'completed') AS completed,
+                           count(*) FILTER (WHERE key_expires_at <= $1) AS expired
+                         FROM {t}"
+                    ),
+                    &[Now],
+                ),
+            },
         }
     }
 }
@@ -310,7 +337,5 @@ const SUMMARY_COLUMNS: &str =
 pub(crate) fn q(
     sql: &Arc<str>,
 ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    // The text comes from `Statements::new`: fixed SQL around validated,
-    // quoted identifiers. Values always go through bind parameters.
-    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+    idem_sql::query(sql)
 }

@@ -8,6 +8,7 @@ mod ident;
 mod layout;
 mod pool;
 mod row;
+mod statement;
 mod store;
 mod tx;
 
@@ -19,12 +20,13 @@ pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};
 pub use row::{
     RowError, attempt_of, batch_position, check_identity, decode_counts, decode_record,
-    decode_summary, returns_row, text, truncate,
+    decode_summary, text, truncate,
 };
+pub use statement::{Driver, Param, SharedStatements, Statement, Value, query};
 #[doc(hidden)]
 pub use store::__private;
 pub use store::{
-    BindRecord, DbConnection, Dialect, Fenced, KeysetAfter, SqlCore, TxStore, claim_batch_in_tx,
-    keyed, record_key,
+    BindRecord, DbConnection, DbRow, Dialect, Fenced, KeysetAfter, SqlCore, TxStore,
+    claim_batch_in_tx, keyed, record_key,
 };
 pub use tx::{SqlIdemExt, TxConnection, TxFuture};

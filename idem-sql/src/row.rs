@@ -9,8 +9,7 @@ use idem_core::store::Fingerprint;
 use idem_core::store::{OutcomeKind, RecordState, RecordSummary, StateCounts};
 use idem_core::store::{StoreError, StoredRecord};
 use idem_core::{IdempotencyKey, RecordId, Scope};
-use sqlx::query::Query;
-use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// Why a row could not be decoded.
 #[derive(Debug)]
@@ -192,24 +191,6 @@ where
     keys.iter().position(|k| k[..] == id[..]).ok_or_else(|| {
         RowError::Corrupt("a batch's statement returned a row of none of its records".to_owned())
     })
-}
-
-/// Whether `query` returns a row on `conn` (a record in the state the
-/// statement asks for).
-///
-/// # Errors
-///
-/// The driver's.
-pub async fn returns_row<DB>(
-    query: Query<'_, DB, DB::Arguments>,
-    conn: &mut DB::Connection,
-) -> Result<bool, sqlx::Error>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    Ok(query.fetch_optional(conn).await?.is_some())
 }
 
 /// An identity column stored as text.

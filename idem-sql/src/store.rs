@@ -22,6 +22,7 @@ use crate::batch::{BatchCompletion, Coalescing, Queues};
 use crate::conns::{Conns, SqlStore};
 use crate::error::fenced;
 use crate::layout::{LayoutError, check_layout};
+use crate::statement::{Driver, SharedStatements, Statement, Values};
 
 /// [`on_conn!`](crate::on_conn) on a [`SqlCore`], its error as a
 /// [`StoreError`].
@@ -49,6 +50,23 @@ macro_rules! call_unchecked {
 
 /// The connection a dialect's statements run on.
 pub type DbConnection<D> = <<D as Dialect>::Db as Database>::Connection;
+
+/// A row a dialect's statements return.
+pub type DbRow<D> = <<D as Dialect>::Db as Database>::Row;
+
+/// Runs one of the shared statements with `values`; the rows it matched.
+fn execute<'a, D: Dialect>(
+    conn: &'a mut DbConnection<D>,
+    statement: &Statement,
+    values: Values<'_>,
+) -> impl Future<Output = Result<u64, D::Error>> + Send + 'a {
+    let query = statement.bind::<D::Db>(&values);
+    async move {
+        <D::Db as Driver>::execute(query, conn)
+            .await
+            .map_err(D::driver_error)
+    }
+}
 
 /// An update guarded by the fencing token: it changes the record only while
 /// the token is the record's and the record is in flight.
@@ -79,8 +97,8 @@ pub enum Fenced<'a> {
 /// for the store's table) and the dialect's settings; [`SqlCore`] clones it
 /// with the store.
 pub trait Dialect: Clone + Send + Sync + 'static {
-    /// The database.
-    type Db: Database;
+    /// The database (any of sqlx's: every one is a [`Driver`]).
+    type Db: Driver;
     /// The error its statements return: the driver's, plus what only this
     /// dialect reports.
     type Error: Into<StoreError> + std::fmt::Debug + Send + 'static;
@@ -126,6 +144,17 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<Option<ClaimOutcome>, Self::Error>> + Send;
 
+    /// The statements every dialect has: their text and bind order, run by
+    /// the provided methods below.
+    fn shared(&self) -> &SharedStatements;
+
+    /// A record from a row of the `fetch` statement, refusing anything a
+    /// record cannot hold and another identity sharing `id`'s key.
+    fn decode_record(row: &DbRow<Self>, id: &RecordId) -> Result<StoredRecord, Self::Error>;
+
+    /// A summary from a row of the operator listing.
+    fn decode_summary(row: &DbRow<Self>) -> Result<RecordSummary, Self::Error>;
+
     /// The completion, fenced by `token`; the rows it matched.
     fn complete(
         &self,
@@ -133,7 +162,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         id: &RecordId,
         token: Token,
         completion: &Completion<'_>,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        let values = Values {
+            token: Some(token),
+            completion: Some(completion),
+            ..Values::of(id)
+        };
+        execute::<Self>(conn, &self.shared().complete, values)
+    }
 
     /// The completion, and when it matched no row, whether this completion
     /// was already applied under `token` (`true`: not an error) or the
@@ -214,7 +250,17 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut DbConnection<Self>,
         id: &RecordId,
         token: Token,
-    ) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        let values = Values {
+            token: Some(token),
+            ..Values::of(id)
+        };
+        let query = self.shared().completed_under.bind::<Self::Db>(&values);
+        async move {
+            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
+            Ok(row.map_err(Self::driver_error)?.is_some())
+        }
+    }
 
     /// A [`Fenced`] update; the rows it matched.
     fn fenced(
@@ -223,7 +269,37 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         id: &RecordId,
         token: Token,
         change: Fenced<'_>,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        let on = Values {
+            token: Some(token),
+            ..Values::of(id)
+        };
+        let shared = self.shared();
+        let (statement, values) = match change {
+            Fenced::Release { now } => (
+                &shared.release,
+                Values {
+                    now: Some(now),
+                    ..on
+                },
+            ),
+            Fenced::SaveResourceId(resource_id) => (
+                &shared.save_resource_id,
+                Values {
+                    resource_id: Some(resource_id),
+                    ..on
+                },
+            ),
+            Fenced::ExtendLease { until } => (
+                &shared.extend_lease,
+                Values {
+                    lease_until: Some(until),
+                    ..on
+                },
+            ),
+        };
+        execute::<Self>(conn, statement, values)
+    }
 
     /// Reads the live record.
     fn fetch(
@@ -231,7 +307,20 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut DbConnection<Self>,
         id: &RecordId,
         now: Timestamp,
-    ) -> impl Future<Output = Result<Option<StoredRecord>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<StoredRecord>, Self::Error>> + Send {
+        let values = Values {
+            now: Some(now),
+            ..Values::of(id)
+        };
+        let query = self.shared().fetch.bind::<Self::Db>(&values);
+        async move {
+            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
+            let row = row.map_err(Self::driver_error)?;
+            row.as_ref()
+                .map(|row| Self::decode_record(row, id))
+                .transpose()
+        }
+    }
 
     /// One purge round of at most `limit` rows per statement: what it
     /// removed, and how many records it only re-filed to their next due
@@ -251,7 +340,26 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         query: &InFlightQuery<'_>,
         after: Option<KeysetAfter>,
         fetch: u32,
-    ) -> impl Future<Output = Result<Vec<RecordSummary>, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<RecordSummary>, Self::Error>> + Send {
+        let shared = self.shared();
+        let statement = match after {
+            None => &shared.list_in_flight,
+            Some(_) => &shared.list_in_flight_after,
+        };
+        let values = Values {
+            now: Some(query.now),
+            lease_before: Some(query.lease_before),
+            limit: Some(fetch),
+            after: after.as_ref(),
+            ..Values::default()
+        };
+        let query = statement.bind::<Self::Db>(&values);
+        async move {
+            let rows = <Self::Db as Driver>::fetch_all(query, conn).await;
+            let rows = rows.map_err(Self::driver_error)?;
+            rows.iter().map(Self::decode_summary).collect()
+        }
+    }
 
     /// The operator's release (of `attempt` only, if given); the rows it
     /// matched.
@@ -261,7 +369,14 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         id: &RecordId,
         attempt: Option<u32>,
         now: Timestamp,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        let values = Values {
+            now: Some(now),
+            attempt,
+            ..Values::of(id)
+        };
+        execute::<Self>(conn, &self.shared().release_in_flight, values)
+    }
 
     /// The operator's delete of a completed record; the rows it matched.
     fn delete_completed(
@@ -269,14 +384,35 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         conn: &mut DbConnection<Self>,
         id: &RecordId,
         now: Timestamp,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        let values = Values {
+            now: Some(now),
+            ..Values::of(id)
+        };
+        execute::<Self>(conn, &self.shared().delete_completed, values)
+    }
 
     /// The records in each state.
     fn count_states(
         &self,
         conn: &mut DbConnection<Self>,
         now: Timestamp,
-    ) -> impl Future<Output = Result<StateCounts, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<StateCounts, Self::Error>> + Send {
+        let values = Values {
+            now: Some(now),
+            ..Values::default()
+        };
+        let query = self.shared().count_states.bind::<Self::Db>(&values);
+        async move {
+            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
+            let row = row.map_err(Self::driver_error)?;
+            let counts = row.as_ref().map(<Self::Db as Driver>::decode_counts);
+            Ok(counts
+                .transpose()
+                .map_err(Self::driver_error)?
+                .unwrap_or_default())
+        }
+    }
 
     /// The statement that begins a transaction of the transactional mode
     /// and bounds how long it waits for a concurrent duplicate's lock.

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use idem_core::clock::Timestamp;
 use idem_core::store::{
-    ClaimOutcome, ClaimRequest, Claimed, Completion, InFlightQuery, Previous, PurgeReport,
-    RecordSummary, StateCounts, StoreError, StoredRecord, Token,
+    ClaimOutcome, ClaimRequest, Claimed, Previous, PurgeReport, RecordSummary, StoreError,
+    StoredRecord,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{BindRecord, Dialect, Fenced, KeysetAfter};
+use idem_sql::{BindRecord, Dialect, SharedStatements};
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Connection, Row, Sqlite};
 
@@ -108,22 +108,6 @@ fn claimable(r: &StoredRecord, req: &ClaimRequest<'_>) -> bool {
     r.takeover_reason(&req.fingerprint, req.now).is_some()
 }
 
-/// Reads a live record on `conn` (the `fetch` statement).
-async fn fetch(
-    dialect: &SqliteDialect,
-    conn: &mut SqliteConnection,
-    id: &RecordId,
-    now: Timestamp,
-) -> Result<Option<StoredRecord>, StoreError> {
-    let row = q(&dialect.sql.fetch)
-        .bind_id(id)
-        .bind(ms(now))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map)?;
-    row.as_ref().map(|row| decode_record(row, id)).transpose()
-}
-
 /// The rows a statement changed.
 async fn rows(
     query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
@@ -170,6 +154,18 @@ impl Dialect for SqliteDialect {
         Ok(self.created(conn).await.map_err(map)?.map(Some))
     }
 
+    fn shared(&self) -> &SharedStatements {
+        &self.sql.shared
+    }
+
+    fn decode_record(row: &SqliteRow, id: &RecordId) -> Result<StoredRecord, StoreError> {
+        decode_record(row, id)
+    }
+
+    fn decode_summary(row: &SqliteRow) -> Result<RecordSummary, StoreError> {
+        idem_sql::decode_summary::<_, i64>(row, idem_sql::text).map_err(row_error)
+    }
+
     fn leaves_connection_sound(e: &StoreError) -> bool {
         call_leaves_connection_sound(e)
     }
@@ -182,7 +178,7 @@ impl Dialect for SqliteDialect {
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let id = req.id;
-        match fetch(self, conn, id, req.now).await? {
+        match self.fetch(conn, id, req.now).await? {
             Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
             _ => {}
         }
@@ -200,7 +196,7 @@ impl Dialect for SqliteDialect {
         if let Some(row) = won {
             return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
         }
-        match fetch(self, conn, id, req.now).await? {
+        match self.fetch(conn, id, req.now).await? {
             Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
             // Gone or claimable since the insert ran: claim again.
             _ => {
@@ -208,61 +204,6 @@ impl Dialect for SqliteDialect {
                 Ok(None)
             }
         }
-    }
-
-    async fn complete(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        token: Token,
-        c: &Completion<'_>,
-    ) -> Result<u64, StoreError> {
-        let query = q(&self.sql.complete)
-            .bind_fenced(id, token)
-            .bind(c.outcome.as_str())
-            .bind(c.body)
-            .bind(ms(c.response_expires_at))
-            .bind(ms(c.key_expires_at))
-            .bind(c.resource_id);
-        rows(query, conn).await
-    }
-
-    async fn completed_under(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        token: Token,
-    ) -> Result<bool, StoreError> {
-        let query = q(&self.sql.completed_under).bind_fenced(id, token);
-        idem_sql::returns_row(query, conn).await.map_err(map)
-    }
-
-    async fn fenced(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        token: Token,
-        change: Fenced<'_>,
-    ) -> Result<u64, StoreError> {
-        let query = match change {
-            Fenced::Release { now } => q(&self.sql.release).bind_fenced(id, token).bind(ms(now)),
-            Fenced::SaveResourceId(resource_id) => q(&self.sql.save_resource_id)
-                .bind_fenced(id, token)
-                .bind(resource_id),
-            Fenced::ExtendLease { until } => q(&self.sql.extend_lease)
-                .bind_fenced(id, token)
-                .bind(ms(until)),
-        };
-        rows(query, conn).await
-    }
-
-    async fn fetch(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<Option<StoredRecord>, StoreError> {
-        fetch(self, conn, id, now).await
     }
 
     async fn purge_round(
@@ -285,64 +226,6 @@ impl Dialect for SqliteDialect {
         Ok((report, refiled))
     }
 
-    async fn list_in_flight(
-        &self,
-        conn: &mut SqliteConnection,
-        qr: &InFlightQuery<'_>,
-        after: Option<KeysetAfter>,
-        fetch: u32,
-    ) -> Result<Vec<RecordSummary>, StoreError> {
-        let query = match &after {
-            None => q(&self.sql.list_in_flight),
-            Some(_) => q(&self.sql.list_in_flight_after),
-        }
-        .bind(ms(qr.lease_before))
-        .bind(ms(qr.now))
-        .bind(i64::from(fetch));
-        let query = match &after {
-            None => query,
-            Some(a) => query.bind(ms(a.lease_until)).bind(&a.key[..]),
-        };
-        let rows = query.fetch_all(conn).await.map_err(map)?;
-        rows.iter()
-            .map(|row| idem_sql::decode_summary::<_, i64>(row, idem_sql::text).map_err(row_error))
-            .collect()
-    }
-
-    async fn release_in_flight(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        attempt: Option<u32>,
-        now: Timestamp,
-    ) -> Result<u64, StoreError> {
-        let query = q(&self.sql.release_in_flight)
-            .bind_id(id)
-            .bind(ms(now))
-            .bind(attempt.map(i64::from));
-        rows(query, conn).await
-    }
-
-    async fn delete_completed(
-        &self,
-        conn: &mut SqliteConnection,
-        id: &RecordId,
-        now: Timestamp,
-    ) -> Result<u64, StoreError> {
-        let query = q(&self.sql.delete_completed).bind_id(id).bind(ms(now));
-        rows(query, conn).await
-    }
-
-    async fn count_states(
-        &self,
-        conn: &mut SqliteConnection,
-        now: Timestamp,
-    ) -> Result<StateCounts, StoreError> {
-        let query = q(&self.sql.count_states).bind(ms(now));
-        let row = query.fetch_one(conn).await.map_err(map)?;
-        idem_sql::decode_counts(&row).map_err(map)
-    }
-
     fn begin_statement(&self) -> String {
         "BEGIN IMMEDIATE".to_owned()
     }
@@ -361,7 +244,7 @@ impl Dialect for SqliteDialect {
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
         let mut writes = Vec::new();
         for (at, req) in reqs.iter().enumerate() {
-            match fetch(self, conn, req.id, req.now).await? {
+            match self.fetch(conn, req.id, req.now).await? {
                 Some(r) if !claimable(&r, req) => answers[at] = Some(ClaimOutcome::Existing(r)),
                 _ => writes.push(at),
             }

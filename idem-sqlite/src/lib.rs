@@ -48,13 +48,13 @@ pub mod statements {
     /// NULL).
     #[must_use]
     pub fn complete(store: &SqliteStore) -> &str {
-        &store.sql().complete
+        store.sql().shared.complete.sql()
     }
 
     /// The read of a live record (`?1` the record's key, `?2` now).
     #[must_use]
     pub fn fetch(store: &SqliteStore) -> &str {
-        &store.sql().fetch
+        store.sql().shared.fetch.sql()
     }
 
     /// The three statements of one purge batch, in the order the store runs
@@ -72,6 +72,9 @@ pub mod statements {
     #[must_use]
     pub fn list_in_flight(store: &SqliteStore) -> [&str; 2] {
         let sql = store.sql();
-        [&sql.list_in_flight, &sql.list_in_flight_after]
+        [
+            sql.shared.list_in_flight.sql(),
+            sql.shared.list_in_flight_after.sql(),
+        ]
     }
 }

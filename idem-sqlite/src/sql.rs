@@ -7,27 +7,22 @@
 
 use std::sync::Arc;
 
-use sqlx::AssertSqlSafe;
+use idem_sql::Param::{
+    AfterKey, AfterLeaseUntil, Attempt, Body, Key, KeyExpiresAt, LeaseBefore, LeaseUntil, Limit,
+    Now, Outcome, ResourceId, ResponseExpiresAt, Token,
+};
+use idem_sql::{SharedStatements, Statement};
 use sqlx::sqlite::{Sqlite, SqliteArguments};
 
 /// The SQL of every transition, built once per table name.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
-    pub(crate) fetch: Arc<str>,
-    pub(crate) complete: Arc<str>,
-    pub(crate) completed_under: Arc<str>,
-    pub(crate) release: Arc<str>,
-    pub(crate) save_resource_id: Arc<str>,
-    pub(crate) extend_lease: Arc<str>,
     pub(crate) purge_keys: Arc<str>,
     pub(crate) purge_bodies: Arc<str>,
     pub(crate) refile: Arc<str>,
-    pub(crate) list_in_flight: Arc<str>,
-    pub(crate) list_in_flight_after: Arc<str>,
-    pub(crate) release_in_flight: Arc<str>,
-    pub(crate) delete_completed: Arc<str>,
-    pub(crate) count_states: Arc<str>,
+    /// The statements every dialect has, with their bind order.
+    pub(crate) shared: SharedStatements,
     pub(crate) layout: Arc<str>,
 }
 
@@ -99,38 +94,6 @@ WHERE {expired}
 RETURNING attempt, takeover, resource_id"
             )
             .into(),
-            // Reads a live record (`?1`–`?3` the record, `?4` now): its key
-            // has not expired, or it is in flight under a lease; the body
-            // only while `now < response_expires_at`.
-            fetch: keyed(&format!(
-                "SELECT owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
-       outcome, CASE WHEN response_expires_at > ?4 THEN response END AS response,
-       response_expires_at, key_expires_at
-FROM {t}
-WHERE {pk}
-  AND (key_expires_at > ?4 OR (state = 'in_flight' AND lease_until > ?4))"
-            )),
-            // The completion: `?1`–`?4` the record and token, `?5` outcome,
-            // `?6` body, `?7` response expiry, `?8` key expiry, `?9` resource
-            // id or NULL. It changes no indexed column, so it rewrites the
-            // table's page and no index (the record is re-filed in the sweep
-            // index later, by a purge).
-            complete: keyed(&guarded(
-                "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
-                 key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)",
-            )),
-            // Whether the record is already completed under the token `?4`:
-            // asked only when a completion changed no row, so that a retry
-            // after a lost reply is not reported as a lost lease.
-            completed_under: keyed(&format!(
-                "SELECT 1 FROM {t} WHERE {pk} AND token = ?4 AND state = 'completed'"
-            )),
-            release: keyed(&guarded("state = 'released', lease_until = ?5")),
-            save_resource_id: keyed(&guarded("resource_id = ?5")),
-            // Extending a lease keeps the key at least until the lease ends.
-            extend_lease: keyed(&guarded(
-                "lease_until = ?5, sweep_at = ?5, key_expires_at = MAX(key_expires_at, ?5)",
-            )),
             // A purge walks the sweep index up to `?1` (now), at most `?2`
             // rows per statement; in-flight records whose key lives on (a
             // lease that ended: a stuck record) are passed over. First the
@@ -166,52 +129,118 @@ WHERE rowid IN (
     ORDER BY sweep_at LIMIT ?2)"
             )
             .into(),
-            // The operator listing of in-flight records (`?1` lease bound,
-            // `?2` now, `?3` limit), first page; walks the sweep index (an
-            // in-flight record's `sweep_at` is its lease end, so the index
-            // order is the lease order). It also passes the records completed
-            // since the last purge, which it filters out.
-            list_in_flight: format!(
-                "SELECT {summary} FROM {t}
+            shared: SharedStatements {
+                // The completion: `?1`–`?4` the record and token, `?5`
+                // outcome, `?6` body, `?7` response expiry, `?8` key expiry,
+                // `?9` resource id or NULL. It changes no indexed column, so
+                // it rewrites the table's page and no index (the record is
+                // re-filed in the sweep index later, by a purge).
+                complete: Statement::new(
+                    keyed(&guarded(
+                        "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
+                         key_expires_at = ?8, resource_id = COALESCE(?9, resource_id)",
+                    )),
+                    &[Key, Token, Outcome, Body, ResponseExpiresAt, KeyExpiresAt, ResourceId],
+                ),
+                // Whether the record is already completed under the token
+                // `?4`: asked only when a completion changed no row, so that
+                // a retry after a lost reply is not reported as a lost lease.
+                completed_under: Statement::new(
+                    keyed(&format!(
+                        "SELECT 1 FROM {t} WHERE {pk} AND token = ?4 AND state = 'completed'"
+                    )),
+                    &[Key, Token],
+                ),
+                release: Statement::new(
+                    keyed(&guarded("state = 'released', lease_until = ?5")),
+                    &[Key, Token, Now],
+                ),
+                save_resource_id: Statement::new(
+                    keyed(&guarded("resource_id = ?5")),
+                    &[Key, Token, ResourceId],
+                ),
+                // Extending a lease keeps the key at least until the lease
+                // ends.
+                extend_lease: Statement::new(
+                    keyed(&guarded(
+                        "lease_until = ?5, sweep_at = ?5, key_expires_at = MAX(key_expires_at, ?5)",
+                    )),
+                    &[Key, Token, LeaseUntil],
+                ),
+                // Reads a live record (`?1`–`?3` the record, `?4` now): its
+                // key has not expired, or it is in flight under a lease; the
+                // body only while `now < response_expires_at`.
+                fetch: Statement::new(
+                    keyed(&format!(
+                        "SELECT owner, operation, key, fingerprint, state, attempt, lease_until, resource_id,
+       outcome, CASE WHEN response_expires_at > ?4 THEN response END AS response,
+       response_expires_at, key_expires_at
+FROM {t}
+WHERE {pk}
+  AND (key_expires_at > ?4 OR (state = 'in_flight' AND lease_until > ?4))"
+                    )),
+                    &[Key, Now],
+                ),
+                // The operator listing of in-flight records (`?1` lease
+                // bound, `?2` now, `?3` limit), first page; walks the sweep
+                // index (an in-flight record's `sweep_at` is its lease end,
+                // so the index order is the lease order). It also passes the
+                // records completed since the last purge, which it filters
+                // out.
+                list_in_flight: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
 WHERE {in_flight}
 ORDER BY sweep_at, id
 LIMIT ?3"
-            )
-            .into(),
-            // The next pages: after the keyset position `(?4, ?5)` (lease
-            // end, record key).
-            list_in_flight_after: format!(
-                "SELECT {summary} FROM {t}
+                    ),
+                    &[LeaseBefore, Now, Limit],
+                ),
+                // The next pages: after the keyset position `(?4, ?5)`
+                // (lease end, record key).
+                list_in_flight_after: Statement::new(
+                    format!(
+                        "SELECT {summary} FROM {t}
 WHERE {in_flight}
   AND (sweep_at, id) > (?4, ?5)
 ORDER BY sweep_at, id
 LIMIT ?3"
-            )
-            .into(),
-            // The operator release (`?1`–`?3` the record, `?4` now, `?5` the
-            // attempt or NULL): the lease ends now; token, resource id and
-            // attempt stay.
-            release_in_flight: keyed(&format!(
-                "UPDATE {t} SET lease_until = MIN(lease_until, ?4), sweep_at = MIN(lease_until, ?4)
+                    ),
+                    &[LeaseBefore, Now, Limit, AfterLeaseUntil, AfterKey],
+                ),
+                // The operator release (`?1`–`?3` the record, `?4` now, `?5`
+                // the attempt or NULL): the lease ends now; token, resource
+                // id and attempt stay.
+                release_in_flight: Statement::new(
+                    keyed(&format!(
+                        "UPDATE {t} SET lease_until = MIN(lease_until, ?4), sweep_at = MIN(lease_until, ?4)
 WHERE {pk} AND state = 'in_flight'
   AND key_expires_at > ?4 AND (?5 IS NULL OR attempt = ?5)"
-            )),
-            // The operator delete (`?1`–`?3` the record, `?4` now): completed
-            // or expired records only.
-            delete_completed: keyed(&format!(
-                "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= ?4)"
-            )),
-            // Counts by state at `?1` (a full scan).
-            count_states: format!(
-                "SELECT
+                    )),
+                    &[Key, Now, Attempt],
+                ),
+                // The operator delete (`?1`–`?3` the record, `?4` now):
+                // completed or expired records only.
+                delete_completed: Statement::new(
+                    keyed(&format!(
+                        "DELETE FROM {t} WHERE {pk} AND (state = 'completed' OR key_expires_at <= ?4)"
+                    )),
+                    &[Key, Now],
+                ),
+                // Counts by state at `?1` (a full scan).
+                count_states: Statement::new(
+                    format!(
+                        "SELECT
   COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight'), 0) AS in_flight,
   COALESCE(SUM(key_expires_at > ?1 AND state = 'in_flight' AND lease_until <= ?1), 0) AS stuck,
   COALESCE(SUM(key_expires_at > ?1 AND state = 'released'), 0) AS released,
   COALESCE(SUM(key_expires_at > ?1 AND state = 'completed'), 0) AS completed,
   COALESCE(SUM(key_expires_at <= ?1), 0) AS expired
 FROM {t}"
-            )
-            .into(),
+                    ),
+                    &[Now],
+                ),
+            },
             // The text that created the table (its layout's mark is in it),
             // if the table exists. The name is a validated identifier, so it
             // is safe in a literal.
@@ -225,9 +254,7 @@ FROM {t}"
 
 /// A query on one of the [`Statements`].
 pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
-    // The text comes from `Statements::new`: fixed SQL around a validated,
-    // quoted table name. Values always go through bind parameters.
-    sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+    idem_sql::query(sql)
 }
 
 #[cfg(test)]
@@ -237,22 +264,23 @@ mod tests {
     #[test]
     fn every_statement_names_the_table_and_no_other() {
         let s = Statements::new("t_1");
+        let shared = &s.shared;
         for sql in [
             &s.claim,
-            &s.fetch,
-            &s.complete,
-            &s.completed_under,
-            &s.release,
-            &s.save_resource_id,
-            &s.extend_lease,
+            shared.fetch.sql(),
+            shared.complete.sql(),
+            shared.completed_under.sql(),
+            shared.release.sql(),
+            shared.save_resource_id.sql(),
+            shared.extend_lease.sql(),
             &s.purge_keys,
             &s.purge_bodies,
             &s.refile,
-            &s.list_in_flight,
-            &s.list_in_flight_after,
-            &s.release_in_flight,
-            &s.delete_completed,
-            &s.count_states,
+            shared.list_in_flight.sql(),
+            shared.list_in_flight_after.sql(),
+            shared.release_in_flight.sql(),
+            shared.delete_completed.sql(),
+            shared.count_states.sql(),
         ] {
             assert!(sql.contains("\"t_1\""), "{sql}");
             assert!(!sql.contains("idem_records"), "{sql}");
