@@ -112,8 +112,12 @@ fn bench(c: &mut Criterion) {
     .expect("orders table");
     let raw = Raw {
         pool: store.pool().clone(),
-        claim: idem_postgres::statements::claim(&store).to_owned(),
-        complete: idem_postgres::statements::complete(&store).to_owned(),
+        claim: idem_postgres::statement(&store, "claim")
+            .expect("claim")
+            .to_owned(),
+        complete: idem_postgres::statement(&store, "complete")
+            .expect("complete")
+            .to_owned(),
         insert: insert.clone(),
     };
     let idem = Idem::new(store.clone());

@@ -281,6 +281,19 @@ impl Dialect for MySqlDialect {
         &self.sql.shared
     }
 
+    fn statement(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "claim_returning" => &self.sql.claim_returning,
+            "insert" => &self.sql.insert,
+            "read" => &self.sql.read,
+            "takeover" => &self.sql.takeover,
+            "purge_delete" => &self.sql.purge_delete,
+            "purge_drop_bodies" => &self.sql.purge_drop_bodies,
+            "purge_refile" => &self.sql.purge_refile,
+            _ => return None,
+        })
+    }
+
     fn decode_record(row: &MySqlRow, id: &RecordId) -> Result<StoredRecord, Error> {
         decode_record(row, id)
     }

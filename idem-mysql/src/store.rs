@@ -17,7 +17,7 @@ use crate::config::{
 };
 use crate::dialect::{MySqlDialect, leaves_connection_sound};
 use crate::error::Error;
-use crate::sql::{Statements, TableName};
+use crate::sql::TableName;
 
 /// The MySQL / MariaDB idempotency store. Cheap to clone (pools and a few
 /// `Arc`s; clones share them).
@@ -301,10 +301,6 @@ impl MySqlStore {
     #[must_use]
     pub fn server(&self) -> Option<Server> {
         self.core.dialect().server.get().copied()
-    }
-
-    pub(crate) fn sql(&self) -> &Statements {
-        &self.core.dialect().sql
     }
 }
 

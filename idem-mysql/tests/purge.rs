@@ -12,7 +12,7 @@ use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimRequest, Completion, Store, Token};
 use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 use idem_mysql::sqlx::{self, Executor, Row};
-use idem_mysql::statements;
+use idem_mysql::statement;
 use idem_test_support::sql::{LEASE, request, scope, with_fixture};
 use support::{MyFixture, count_rows};
 
@@ -82,10 +82,10 @@ async fn purge_uses_the_sweep_index() {
         let now = 20_000; // 20 records due
         let s = &fx.store;
         for (name, sql, binds) in [
-            ("purge_delete", statements::purge_delete(s), vec![now, now, now, 100]),
-            ("purge_drop_bodies", statements::purge_drop_bodies(s), vec![now, now, now, 100]),
-            ("purge_refile", statements::purge_refile(s), vec![now, now, now, 100]),
-            ("list_in_flight", statements::list_in_flight(s), vec![now, now, now, 100]),
+            ("purge_delete", statement(s, "purge_delete").expect("purge_delete"), vec![now, now, now, 100]),
+            ("purge_drop_bodies", statement(s, "purge_drop_bodies").expect("purge_drop_bodies"), vec![now, now, now, 100]),
+            ("purge_refile", statement(s, "purge_refile").expect("purge_refile"), vec![now, now, now, 100]),
+            ("list_in_flight", statement(s, "list_in_flight").expect("list_in_flight"), vec![now, now, now, 100]),
         ] {
             let p = plan(&fx, sql, &binds).await;
             println!("{name}: {p:?}");

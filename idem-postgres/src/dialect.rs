@@ -255,6 +255,17 @@ impl Dialect for PgDialect {
         &self.sql.shared
     }
 
+    fn statement(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "claim" => &self.sql.claim,
+            "claim_batch" => &self.sql.claim_batch,
+            "takeover" => &self.sql.takeover,
+            "complete_batch" => &self.sql.complete_batch,
+            "purge" => &self.sql.purge,
+            _ => return None,
+        })
+    }
+
     fn decode_record(row: &PgRow, id: &RecordId) -> Result<StoredRecord, Error> {
         decode_record(row, id)
     }

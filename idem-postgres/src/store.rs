@@ -17,7 +17,7 @@ use crate::config::{
 use crate::dialect::{self, PgDialect};
 use crate::error::Error;
 use crate::replication::{self, Guard, Replication};
-use crate::sql::{Statements, TableName};
+use crate::sql::TableName;
 
 /// The PostgreSQL idempotency store. Cheap to clone (two pools and a few
 /// `Arc`s; clones share them).
@@ -452,10 +452,6 @@ impl PgStore {
     #[must_use]
     pub fn table_name(&self) -> &str {
         &self.core.dialect().name.table
-    }
-
-    pub(crate) fn sql(&self) -> &Statements {
-        &self.core.dialect().sql
     }
 }
 

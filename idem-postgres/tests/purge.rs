@@ -66,7 +66,8 @@ async fn purge_uses_the_sweep_index() {
             "LEAST(response_expires_at, key_expires_at)",
         )
         .await;
-        let sql = idem_postgres::statements::purge(&fx.store)
+        let sql = idem_postgres::statement(&fx.store, "purge")
+            .expect("purge")
             .replace("$1", &now.to_string())
             .replace("$2", "100");
         let plan = explain(&fx, &sql).await;
@@ -112,7 +113,8 @@ async fn stuck_listing_uses_the_sweep_index() {
             "CASE WHEN state = 'in_flight' THEN lease_until ELSE key_expires_at END",
         )
         .await;
-        let sql = idem_postgres::statements::list_in_flight(&fx.store)
+        let sql = idem_postgres::statement(&fx.store, "list_in_flight")
+            .expect("list_in_flight")
             .replace("$1", &now.to_string())
             .replace("$2", &now.to_string())
             .replace("$3", "8");

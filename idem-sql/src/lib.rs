@@ -22,7 +22,7 @@ pub use row::{
     RowError, attempt_of, batch_position, check_identity, decode_counts, decode_record,
     decode_summary, text, truncate,
 };
-pub use statement::{Driver, Param, SharedStatements, Statement, Value, query};
+pub use statement::{Driver, Param, SharedStatements, Statement, Value, query, statement};
 #[doc(hidden)]
 pub use store::__private;
 pub use store::{

@@ -124,6 +124,43 @@ pub struct SharedStatements {
     pub count_states: Statement,
 }
 
+impl SharedStatements {
+    /// The statement named `name` (its field's name), if it is one of these.
+    #[must_use]
+    pub fn named(&self, name: &str) -> Option<&Statement> {
+        Some(match name {
+            "complete" => &self.complete,
+            "completed_under" => &self.completed_under,
+            "release" => &self.release,
+            "save_resource_id" => &self.save_resource_id,
+            "extend_lease" => &self.extend_lease,
+            "fetch" => &self.fetch,
+            "list_in_flight" => &self.list_in_flight,
+            "list_in_flight_after" => &self.list_in_flight_after,
+            "release_in_flight" => &self.release_in_flight,
+            "delete_completed" => &self.delete_completed,
+            "count_states" => &self.count_states,
+            _ => return None,
+        })
+    }
+}
+
+/// The text of the statement named `name` that `store` runs, exactly as it
+/// runs it, for review, `EXPLAIN` or a raw-driver baseline (the benches use
+/// them): one of [`SharedStatements`] (by its field's name), or one of the
+/// dialect's own ([`Dialect::statement`](crate::Dialect::statement)). Not
+/// part of any stable API.
+#[doc(hidden)]
+#[must_use]
+pub fn statement<'a, S: crate::TxStore>(store: &'a S, name: &str) -> Option<&'a str> {
+    use crate::Dialect as _;
+    let dialect = store.sql_core().dialect();
+    match dialect.shared().named(name) {
+        Some(shared) => Some(shared.sql()),
+        None => dialect.statement(name),
+    }
+}
+
 /// A bind parameter's value.
 #[derive(Debug, Clone, Copy)]
 pub enum Value<'a> {

@@ -148,6 +148,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     /// the provided methods below.
     fn shared(&self) -> &SharedStatements;
 
+    /// The text of the dialect's own statement `name` (one not among
+    /// [`Dialect::shared`]), for [`statement`](crate::statement).
+    fn statement(&self, name: &str) -> Option<&str>;
+
     /// A record from a row of the `fetch` statement, refusing anything a
     /// record cannot hold and another identity sharing `id`'s key.
     fn decode_record(row: &DbRow<Self>, id: &RecordId) -> Result<StoredRecord, Self::Error>;

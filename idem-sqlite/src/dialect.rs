@@ -158,6 +158,17 @@ impl Dialect for SqliteDialect {
         &self.sql.shared
     }
 
+    fn statement(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            "claim" => &self.sql.claim,
+            "purge_keys" => &self.sql.purge_keys,
+            "purge_bodies" => &self.sql.purge_bodies,
+            "refile" => &self.sql.refile,
+            "layout" => &self.sql.layout,
+            _ => return None,
+        })
+    }
+
     fn decode_record(row: &SqliteRow, id: &RecordId) -> Result<StoredRecord, StoreError> {
         decode_record(row, id)
     }

@@ -17,7 +17,6 @@ use crate::config::{
 };
 use crate::dialect::{SqliteDialect, sqlx_leaves_connection_sound};
 use crate::error::Error;
-use crate::sql::Statements;
 
 /// What a connection is after the migration failed with this error (see
 /// [`idem_sql::Conn`]).
@@ -348,11 +347,6 @@ impl SqliteStore {
             }
         }
         Ok(tx.commit().await?)
-    }
-
-    /// The store's statements.
-    pub(crate) fn sql(&self) -> &Statements {
-        &self.core.dialect().sql
     }
 }
 

@@ -205,11 +205,15 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
 /// index, in its order: no scan of the table, no sort.
 #[tokio::test]
 async fn purges_and_the_stuck_list_walk_the_sweep_index() {
-    use idem_sqlite::statements;
     let db = FileDb::new().await;
-    let [purge_keys, purge_bodies, refile] = statements::purge(&db.store);
-    let [list, list_after] = statements::list_in_flight(&db.store);
-    for sql in [purge_keys, purge_bodies, refile, list, list_after] {
+    for name in [
+        "purge_keys",
+        "purge_bodies",
+        "refile",
+        "list_in_flight",
+        "list_in_flight_after",
+    ] {
+        let sql = idem_sqlite::statement(&db.store, name).expect(name);
         let plan: Vec<(i64, i64, i64, String)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
                 .fetch_all(db.store.pool())

@@ -29,10 +29,18 @@ impl RawMySql {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
             server: store.server().expect("detected by connect or migrate"),
-            claim: idem_mysql::statements::claim_returning(store).to_owned(),
-            insert: idem_mysql::statements::insert(store).to_owned(),
-            read: idem_mysql::statements::read(store).to_owned(),
-            complete: idem_mysql::statements::complete(store).to_owned(),
+            claim: idem_mysql::statement(store, "claim_returning")
+                .expect("claim_returning")
+                .to_owned(),
+            insert: idem_mysql::statement(store, "insert")
+                .expect("insert")
+                .to_owned(),
+            read: idem_mysql::statement(store, "read")
+                .expect("read")
+                .to_owned(),
+            complete: idem_mysql::statement(store, "complete")
+                .expect("complete")
+                .to_owned(),
         }
     }
 }

@@ -26,8 +26,12 @@ impl RawPostgres {
     pub(crate) fn new(store: &PgStore, body_len: usize) -> Self {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
-            claim: idem_postgres::statements::claim(store).to_owned(),
-            complete: idem_postgres::statements::complete(store).to_owned(),
+            claim: idem_postgres::statement(store, "claim")
+                .expect("claim")
+                .to_owned(),
+            complete: idem_postgres::statement(store, "complete")
+                .expect("complete")
+                .to_owned(),
         }
     }
 }

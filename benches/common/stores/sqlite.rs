@@ -28,9 +28,15 @@ impl RawSqlite {
     pub(crate) fn new(store: &SqliteStore, body_len: usize) -> Self {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
-            claim: idem_sqlite::statements::claim(store).to_owned(),
-            complete: idem_sqlite::statements::complete(store).to_owned(),
-            fetch: idem_sqlite::statements::fetch(store).to_owned(),
+            claim: idem_sqlite::statement(store, "claim")
+                .expect("claim")
+                .to_owned(),
+            complete: idem_sqlite::statement(store, "complete")
+                .expect("complete")
+                .to_owned(),
+            fetch: idem_sqlite::statement(store, "fetch")
+                .expect("fetch")
+                .to_owned(),
         }
     }
 }
