@@ -56,6 +56,50 @@ impl SharedServer {
         )
     }
 
+    /// Its connect options, parsed from [`url`](Self::url).
+    ///
+    /// # Panics
+    ///
+    /// When the URL is malformed, with the variable to fix.
+    #[cfg(feature = "sql")]
+    pub fn options<O>(&self) -> O
+    where
+        O: std::str::FromStr,
+        O::Err: std::fmt::Display,
+    {
+        self.url()
+            .parse()
+            .unwrap_or_else(|e| panic!("{} is not a valid URL: {e}", self.env))
+    }
+
+    /// The tests' pool options: `max` connections, a 10 s acquire timeout.
+    #[cfg(feature = "sql")]
+    #[must_use]
+    pub fn pool_options<DB: sqlx::Database>(max: u32) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(Duration::from_secs(10))
+    }
+
+    /// A pool of `max` connections on it through `options`, never tested
+    /// on acquire (fails the test, never skips, if unreachable).
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    #[cfg(feature = "sql")]
+    pub async fn pool<DB: sqlx::Database>(
+        &self,
+        max: u32,
+        options: <DB::Connection as sqlx::Connection>::Options,
+    ) -> sqlx::Pool<DB> {
+        Self::pool_options(max)
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .unwrap_or_else(|e| self.unreachable(&e))
+    }
+
     /// The socket address of `host:port` (for a proxy in front of it).
     #[cfg(feature = "sql")]
     ///

@@ -15,8 +15,8 @@ use idem_mysql::{MySqlStore, Server};
 use idem_test_support::sql::mariadb::Throwaway;
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Outage, OutageDialect, SqlFixture,
-    TxDialect, TxFuture, WireDialect, poll,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Outage, OutageDialect, SharedServer,
+    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{mariadb as server, mariadb_cluster as cluster, proxy};
@@ -29,9 +29,7 @@ pub fn url() -> String {
 /// Connect options for the test server; panics with what to start if the
 /// URL is malformed.
 pub fn options() -> MySqlConnectOptions {
-    url()
-        .parse()
-        .expect("IDEM_MYSQL_URL is not a valid mysql:// URL")
+    MYSQL.options()
 }
 
 pub fn unreachable(e: &dyn std::fmt::Display) -> ! {
@@ -54,23 +52,14 @@ pub fn via(proxy: &Proxy) -> MySqlConnectOptions {
 
 /// A pool on the test server (fails the test, never skips, if unreachable).
 pub async fn pool(max: u32, options: MySqlConnectOptions) -> MySqlPool {
-    MySqlPoolOptions::new()
-        .max_connections(max)
-        .test_before_acquire(false)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .unwrap_or_else(|e| unreachable(&e))
+    MYSQL.pool(max, options).await
 }
 
 /// A store with pools of its own (`MySqlStore::connect_with`: the calls on
 /// idem-sqlx's pool), on the default table (fails the test, never skips, if
 /// the server is unreachable).
 pub async fn connect(max: u32, options: MySqlConnectOptions) -> MySqlStore {
-    let pool = MySqlPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(std::time::Duration::from_secs(10));
-    let store = MySqlStore::connect_with(pool, options)
+    let store = MySqlStore::connect_with(SharedServer::pool_options(max), options)
         .await
         .unwrap_or_else(|e| unreachable(&e));
     batched_if_asked(store)
@@ -95,10 +84,8 @@ pub async fn over(pool: MySqlPool) -> MySqlStore {
 /// A pool whose connections run every transaction at `isolation`
 /// (`"REPEATABLE READ"`, InnoDB's default, or `"READ COMMITTED"`).
 pub async fn pool_at(max: u32, isolation: &'static str) -> MySqlPool {
-    MySqlPoolOptions::new()
-        .max_connections(max)
+    SharedServer::pool_options::<sqlx::MySql>(max)
         .test_before_acquire(false)
-        .acquire_timeout(std::time::Duration::from_secs(10))
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 conn.execute(sqlx::AssertSqlSafe(format!(
@@ -382,19 +369,6 @@ impl TxDialect for MySql {
     }
     fn insert_order_sql(&self, fx: &MyFixture) -> String {
         format!("INSERT INTO `{}` (note) VALUES (?)", orders_table(fx))
-    }
-    fn insert_order<'c>(
-        conn: &'c mut MySqlConnection,
-        sql: String,
-        note: &'static str,
-    ) -> TxFuture<'c, ()> {
-        Box::pin(async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(note)
-                .execute(conn)
-                .await
-                .expect("insert");
-        })
     }
     async fn count_orders(&self, fx: &MyFixture) -> i64 {
         count_rows(fx, &orders_table(fx)).await

@@ -14,8 +14,8 @@ use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, Outage, OutageDialect, POSTGRES, SqlFixture,
-    TxDialect, TxFuture, WireDialect, poll,
+    CorruptDialect, Cost, Costs, Dialect, KillDialect, Outage, OutageDialect, POSTGRES,
+    SharedServer, SqlFixture, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
@@ -28,9 +28,7 @@ pub fn url() -> String {
 /// Connect options for the test server; panics with what to start if the
 /// URL is malformed.
 pub fn options() -> PgConnectOptions {
-    url()
-        .parse()
-        .expect("IDEM_POSTGRES_URL is not a valid postgres:// URL")
+    POSTGRES.options()
 }
 
 fn unreachable(e: &dyn std::fmt::Display) -> ! {
@@ -53,20 +51,12 @@ pub fn via(proxy: &Proxy) -> PgConnectOptions {
 
 /// A pool on the test server (fails the test, never skips, if unreachable).
 pub async fn pool(max: u32, options: PgConnectOptions) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(max)
-        .test_before_acquire(false)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .unwrap_or_else(|e| unreachable(&e))
+    POSTGRES.pool(max, options).await
 }
 
 /// Pool options of the tests: `max` connections, a 10 s acquire timeout.
 pub fn pool_options(max: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(std::time::Duration::from_secs(10))
+    SharedServer::pool_options(max)
 }
 
 /// A store with pools of its own (`PgStore::connect_with`: the calls on
@@ -296,19 +286,6 @@ impl TxDialect for Pg {
     }
     fn insert_order_sql(&self, fx: &PgFixture) -> String {
         format!("INSERT INTO \"{}\".orders (note) VALUES ($1)", fx.schema)
-    }
-    fn insert_order<'c>(
-        conn: &'c mut PgConnection,
-        sql: String,
-        note: &'static str,
-    ) -> TxFuture<'c, ()> {
-        Box::pin(async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(note)
-                .execute(conn)
-                .await
-                .expect("insert");
-        })
     }
     async fn count_orders(&self, fx: &PgFixture) -> i64 {
         count_rows(fx, "orders").await

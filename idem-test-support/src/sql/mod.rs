@@ -62,7 +62,7 @@ pub use transactional::*;
 
 pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
 
-use idem_sql::{SqlIdemExt, TxConnection, TxStore};
+use idem_sql::{Driver, SqlIdemExt, TxConnection, TxStore};
 use proxy::{Protocol, Proxy};
 
 pub use crate::work::{Counter, Out, request};
@@ -276,7 +276,16 @@ pub trait TxDialect: Dialect<Store: TxStore> {
         conn: &'c mut TxConnection<Self::Store>,
         sql: String,
         note: &'static str,
-    ) -> TxFuture<'c, ()>;
+    ) -> TxFuture<'c, ()> {
+        type Db<S> = <<S as TxStore>::Dialect as idem_sql::Dialect>::Db;
+        let query = idem_sql::query(&sql.into());
+        let query = <Db<Self::Store> as Driver>::bind_value(query, idem_sql::Value::Text(note));
+        Box::pin(async move {
+            <Db<Self::Store> as Driver>::execute(query, conn)
+                .await
+                .expect("insert");
+        })
+    }
     /// The rows of the `orders` table.
     fn count_orders(&self, fx: &Self::Fixture) -> impl Future<Output = i64> + Send;
     /// The store with its transactional lock wait bounded by `timeout`.
