@@ -113,11 +113,11 @@ fn bench(c: &mut Criterion) {
     let raw = Raw {
         pool: store.pool().clone(),
         claim: idem_postgres::statement(&store, "claim")
-            .expect("claim")
-            .to_owned(),
+            .map(str::to_owned)
+            .expect("the store runs it"),
         complete: idem_postgres::statement(&store, "complete")
-            .expect("complete")
-            .to_owned(),
+            .map(str::to_owned)
+            .expect("the store runs it"),
         insert: insert.clone(),
     };
     let idem = Idem::new(store.clone());

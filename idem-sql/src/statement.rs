@@ -125,23 +125,30 @@ pub struct SharedStatements {
 }
 
 impl SharedStatements {
+    /// Every statement, with its name (its field's).
+    #[must_use]
+    pub fn all(&self) -> [(&'static str, &Statement); 11] {
+        [
+            ("complete", &self.complete),
+            ("completed_under", &self.completed_under),
+            ("release", &self.release),
+            ("save_resource_id", &self.save_resource_id),
+            ("extend_lease", &self.extend_lease),
+            ("fetch", &self.fetch),
+            ("list_in_flight", &self.list_in_flight),
+            ("list_in_flight_after", &self.list_in_flight_after),
+            ("release_in_flight", &self.release_in_flight),
+            ("delete_completed", &self.delete_completed),
+            ("count_states", &self.count_states),
+        ]
+    }
+
     /// The statement named `name` (its field's name), if it is one of these.
     #[must_use]
     pub fn named(&self, name: &str) -> Option<&Statement> {
-        Some(match name {
-            "complete" => &self.complete,
-            "completed_under" => &self.completed_under,
-            "release" => &self.release,
-            "save_resource_id" => &self.save_resource_id,
-            "extend_lease" => &self.extend_lease,
-            "fetch" => &self.fetch,
-            "list_in_flight" => &self.list_in_flight,
-            "list_in_flight_after" => &self.list_in_flight_after,
-            "release_in_flight" => &self.release_in_flight,
-            "delete_completed" => &self.delete_completed,
-            "count_states" => &self.count_states,
-            _ => return None,
-        })
+        self.all()
+            .into_iter()
+            .find_map(|(n, statement)| (n == name).then_some(statement))
     }
 }
 

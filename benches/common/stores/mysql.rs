@@ -10,7 +10,7 @@
 use idem_mysql::sqlx::{self, AssertSqlSafe, MySqlPool, Row};
 use idem_mysql::{MySqlStore, Server};
 
-use super::workload::{OPERATION, OWNER, RawParts, Statements, record_key, standing};
+use super::workload::{OPERATION, OWNER, RawParts, Statements, record_key, standing, text};
 use super::{LEASE_MS, TTL_MS, now_ms};
 
 /// The statements of `MySqlStore` on its own pool.
@@ -29,18 +29,10 @@ impl RawMySql {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
             server: store.server().expect("detected by connect or migrate"),
-            claim: idem_mysql::statement(store, "claim_returning")
-                .expect("claim_returning")
-                .to_owned(),
-            insert: idem_mysql::statement(store, "insert")
-                .expect("insert")
-                .to_owned(),
-            read: idem_mysql::statement(store, "read")
-                .expect("read")
-                .to_owned(),
-            complete: idem_mysql::statement(store, "complete")
-                .expect("complete")
-                .to_owned(),
+            claim: text(idem_mysql::statement(store, "claim_returning")),
+            insert: text(idem_mysql::statement(store, "insert")),
+            read: text(idem_mysql::statement(store, "read")),
+            complete: text(idem_mysql::statement(store, "complete")),
         }
     }
 }

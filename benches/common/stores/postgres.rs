@@ -10,7 +10,7 @@ use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, AssertSqlSafe, PgPool, Row};
 
 use super::workload::{
-    OPERATION, OWNER, RawParts, Statements, complete_key_first, record_key, standing,
+    OPERATION, OWNER, RawParts, Statements, complete_key_first, record_key, standing, text,
 };
 use super::{LEASE_MS, TTL_MS, now_ms};
 
@@ -26,12 +26,8 @@ impl RawPostgres {
     pub(crate) fn new(store: &PgStore, body_len: usize) -> Self {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
-            claim: idem_postgres::statement(store, "claim")
-                .expect("claim")
-                .to_owned(),
-            complete: idem_postgres::statement(store, "complete")
-                .expect("complete")
-                .to_owned(),
+            claim: text(idem_postgres::statement(store, "claim")),
+            complete: text(idem_postgres::statement(store, "complete")),
         }
     }
 }

@@ -11,7 +11,7 @@ use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, AssertSqlSafe, Row, SqlitePool};
 
 use super::workload::{
-    OPERATION, OWNER, RawParts, Statements, complete_key_first, record_key, standing,
+    OPERATION, OWNER, RawParts, Statements, complete_key_first, record_key, standing, text,
 };
 use super::{LEASE_MS, TTL_MS, now_ms};
 
@@ -28,15 +28,9 @@ impl RawSqlite {
     pub(crate) fn new(store: &SqliteStore, body_len: usize) -> Self {
         Self {
             raw: RawParts::new(store.pool().clone(), body_len),
-            claim: idem_sqlite::statement(store, "claim")
-                .expect("claim")
-                .to_owned(),
-            complete: idem_sqlite::statement(store, "complete")
-                .expect("complete")
-                .to_owned(),
-            fetch: idem_sqlite::statement(store, "fetch")
-                .expect("fetch")
-                .to_owned(),
+            claim: text(idem_sqlite::statement(store, "claim")),
+            complete: text(idem_sqlite::statement(store, "complete")),
+            fetch: text(idem_sqlite::statement(store, "fetch")),
         }
     }
 }

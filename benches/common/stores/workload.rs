@@ -49,6 +49,12 @@ impl<P> RawParts<P> {
     }
 }
 
+/// A statement's text, as the store names it (`idem_postgres::statement`
+/// and its twins): the benches name only statements their store runs.
+pub(crate) fn text(statement: Option<&str>) -> String {
+    statement.expect("a statement the store runs").to_owned()
+}
+
 /// What a raw SQL baseline's claim answers for a record it did not win,
 /// from the record's row: the body once completed, `None` while in flight.
 /// A macro: each driver's row type is its own (the caller imports `Row`).
