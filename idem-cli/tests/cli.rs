@@ -756,17 +756,8 @@ fn sqlite_killed_process() {
         };
         killed_process_one_ended(store.clone(), backend).await;
         store.close().await;
-        remove_sqlite_files(&path);
+        idem_test_support::remove_sqlite(&path);
     });
-}
-
-/// Removes the SQLite database at `path` and its WAL files.
-fn remove_sqlite_files(path: &std::path::Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.to_owned().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
 }
 
 /// A server the tests use: its name, and the variable naming its URL.
@@ -1199,7 +1190,7 @@ fn sqlite_human_output() {
         );
 
         store.close().await;
-        remove_sqlite_files(&path);
+        idem_test_support::remove_sqlite(&path);
     });
 }
 

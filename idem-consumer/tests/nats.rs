@@ -104,7 +104,7 @@ impl Fixture {
 }
 
 impl support::Fixture for Fixture {
-    async fn teardown(self) {
+    async fn teardown(&self) {
         self.js
             .delete_stream(&self.stream)
             .await

@@ -159,7 +159,7 @@ impl Fixture {
 }
 
 impl support::Fixture for Fixture {
-    async fn teardown(self) {
+    async fn teardown(&self) {
         for q in [&self.q, &self.dlq] {
             self.channel
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())

@@ -23,5 +23,5 @@ mod always {
         crate::support::MyFixture::migrated(store, crate::support::options()).await
     }
 
-    idem_core::store_conformance!(setup());
+    idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));
 }

@@ -8,4 +8,4 @@ async fn setup() -> support::MyFixture {
     support::MyFixture::new(16).await
 }
 
-idem_core::store_conformance!(setup());
+idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));

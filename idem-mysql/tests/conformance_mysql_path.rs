@@ -10,4 +10,4 @@ async fn setup() -> support::MyFixture {
     support::MyFixture::mysql_path(16).await
 }
 
-idem_core::store_conformance!(setup());
+idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));

@@ -16,7 +16,7 @@ mod always {
             .await
     }
 
-    idem_core::store_conformance!(setup());
+    idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));
 }
 
 /// A caller that goes away changes no other call's answer, and its own call

@@ -6,9 +6,13 @@
 mod support;
 
 mod own_pool {
-    idem_core::store_conformance!(crate::support::PgFixture::new(16));
+    idem_core::store_conformance!(idem_test_support::sql::conformance(
+        crate::support::PgFixture::new(16)
+    ));
 }
 
 mod over_a_sqlx_pool {
-    idem_core::store_conformance!(crate::support::PgFixture::over_pool(16));
+    idem_core::store_conformance!(idem_test_support::sql::conformance(
+        crate::support::PgFixture::over_pool(16)
+    ));
 }

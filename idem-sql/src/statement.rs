@@ -23,7 +23,6 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// The text must come from a dialect's statements: fixed SQL around
 /// validated, quoted identifiers, every value a bind parameter.
-#[must_use]
 pub fn query<DB: Database>(sql: &Arc<str>) -> Query<'static, DB, DB::Arguments> {
     sqlx::query(AssertSqlSafe(Arc::clone(sql)))
 }

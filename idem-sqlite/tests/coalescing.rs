@@ -16,5 +16,5 @@ mod always {
         fx
     }
 
-    idem_core::store_conformance!(setup());
+    idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));
 }

@@ -4,7 +4,9 @@
 mod support;
 
 mod file {
-    idem_core::store_conformance!(crate::support::FileDb::new());
+    idem_core::store_conformance!(idem_test_support::sql::conformance(
+        crate::support::FileDb::new()
+    ));
 }
 
 mod memory {
@@ -12,5 +14,7 @@ mod memory {
 }
 
 mod named_table {
-    idem_core::store_conformance!(crate::support::FileDb::with_table("billing_idem"));
+    idem_core::store_conformance!(idem_test_support::sql::conformance(
+        crate::support::FileDb::with_table("billing_idem")
+    ));
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idem_core::testkit::{Charge, Decline, Fixture};
 use idem_core::{Error, Idem, Outcome, Scope};
 use idem_sqlite::SqliteStore;
+use idem_test_support::sql::Teardown;
 use serde_json::json;
 use support::FileDb;
 
@@ -58,7 +59,7 @@ async fn replay_one(idem: &Idem<SqliteStore>, scope: &Scope, key: &str) -> Charg
 #[tokio::test]
 async fn hand_corrupted_records_are_typed_errors() {
     let db = FileDb::new().await;
-    let idem = Idem::new(db.store());
+    let idem = Idem::new(db.store.clone());
     let scope = Scope::new("acct", "POST /charges").unwrap();
     let corruptions = [
         (
@@ -125,7 +126,7 @@ async fn hand_corrupted_records_are_typed_errors() {
 async fn records_survive_reopening_the_file() {
     let db = FileDb::new().await;
     let scope = Scope::new("acct", "POST /charges").unwrap();
-    complete_one(&Idem::new(db.store()), &scope, "k1").await;
+    complete_one(&Idem::new(db.store.clone()), &scope, "k1").await;
     db.store.close().await;
     let reopened = SqliteStore::open(&db.path).await.unwrap();
     let charge = replay_one(&Idem::new(reopened.clone()), &scope, "k1").await;
@@ -166,7 +167,7 @@ async fn migrate_on_a_current_database_takes_no_write_lock() {
 
     let db = FileDb::new().await;
     let scope = Scope::new("acct", "POST /charges").unwrap();
-    complete_one(&Idem::new(db.store()), &scope, "k1").await;
+    complete_one(&Idem::new(db.store.clone()), &scope, "k1").await;
     let options = || {
         SqliteConnectOptions::new()
             .filename(&db.path)
@@ -387,9 +388,7 @@ async fn migrate_refuses_a_table_of_another_layout() {
     assert!(created.contains(idem_sql::LAYOUT), "{created}");
     made.migrate().await.expect("accepted again");
     pool.close().await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
+    idem_test_support::remove_sqlite(&path);
 }
 
 /// Two in-memory stores are separate databases.
@@ -450,7 +449,7 @@ async fn stores_with_different_tables_in_one_file_are_separate() {
         ("idem_records", "other_idem")
     );
     let scope = Scope::new("acct", "POST /charges").unwrap();
-    complete_one(&Idem::new(db.store()), &scope, "k").await;
+    complete_one(&Idem::new(db.store.clone()), &scope, "k").await;
     assert!(
         Idem::new(other.clone())
             .admin()
@@ -475,7 +474,9 @@ async fn stores_with_different_tables_in_one_file_are_separate() {
     assert!(!reply.is_replay());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
-        replay_one(&Idem::new(db.store()), &scope, "k").await.id,
+        replay_one(&Idem::new(db.store.clone()), &scope, "k")
+            .await
+            .id,
         "ch_1"
     );
     assert_eq!(

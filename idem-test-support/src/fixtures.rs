@@ -56,11 +56,7 @@ pub async fn sqlite_memory() -> SqliteMemory {
 pub struct SqliteFile(SqliteStore, std::path::PathBuf);
 fixture!(SqliteFile(SqliteStore), |fixture| {
     fixture.0.close().await;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = fixture.1.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
+    crate::remove_sqlite(&fixture.1);
 });
 /// A SQLite file store of its own.
 pub async fn sqlite_file() -> SqliteFile {

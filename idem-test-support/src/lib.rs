@@ -18,5 +18,17 @@ mod scenarios;
 pub mod servers;
 #[cfg(feature = "sql")]
 pub mod sql;
+#[cfg(any(feature = "sql", feature = "fixtures"))]
+pub mod teardown;
 #[cfg(feature = "work")]
 pub mod work;
+
+/// Removes the SQLite database at `path` and its WAL files, whichever
+/// exist.
+pub fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}

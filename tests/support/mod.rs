@@ -117,11 +117,7 @@ impl TempSqlite {
 
 impl Drop for TempSqlite {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        idem_test_support::remove_sqlite(&self.0);
     }
 }
 

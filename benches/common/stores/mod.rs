@@ -65,10 +65,6 @@ impl TempDb {
 
 impl Drop for TempDb {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
+        idem_test_support::remove_sqlite(&self.0);
     }
 }

@@ -131,13 +131,7 @@ impl Place {
     /// Removes the file, schema or keys.
     async fn cleanup(&self) {
         match self.backend {
-            Backend::SqliteFile => {
-                for suffix in ["", "-wal", "-shm"] {
-                    let mut p = self.sqlite_path().into_os_string();
-                    p.push(suffix);
-                    let _ = std::fs::remove_file(p);
-                }
-            }
+            Backend::SqliteFile => idem_test_support::remove_sqlite(&self.sqlite_path()),
             Backend::Postgres => {
                 let pool = PgPoolOptions::new()
                     .max_connections(1)

@@ -3,7 +3,7 @@
 //! its runs, and the checks on what a delivery's handling decided.
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::{Future, Ready};
+use std::future::Ready;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,29 +16,9 @@ use idem_sqlite::SqliteStore;
 pub type P = Processed<String, String>;
 pub type Out = Result<String, Failure<String>>;
 
-/// What a test declared on the broker, deleted at the end.
-pub trait Fixture: Send + Sync + 'static {
-    /// Deletes what the test declared.
-    fn teardown(self) -> impl Future<Output = ()> + Send;
-}
-
-/// Runs `scenario` on `fx` and tears the fixture down even when it fails.
-pub async fn with_fixture<X, F, Fut>(fx: X, scenario: F)
-where
-    X: Fixture,
-    F: FnOnce(Arc<X>) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let fx = Arc::new(fx);
-    let result = tokio::spawn(scenario(Arc::clone(&fx))).await;
-    match Arc::try_unwrap(fx) {
-        Ok(fx) => fx.teardown().await,
-        Err(_) => panic!("the scenario kept the fixture"),
-    }
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
+/// A test's broker declarations, deleted at the end even when its scenario
+/// fails.
+pub use idem_test_support::teardown::{Teardown as Fixture, with_fixture};
 
 /// The billing service's consumer group on `idem`.
 pub fn builder<S: Store>(idem: Idem<S>) -> ConsumerBuilder<S> {

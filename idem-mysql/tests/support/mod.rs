@@ -16,7 +16,7 @@ use idem_test_support::sql::mariadb::Throwaway;
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
     CorruptDialect, Cost, Costs, Dialect, KillDialect, MYSQL, Outage, OutageDialect, SharedServer,
-    SqlFixture, TxDialect, TxFuture, WireDialect, poll,
+    SqlFixture, Teardown, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{mariadb as server, mariadb_cluster as cluster, proxy};
@@ -171,21 +171,14 @@ impl MyFixture {
     }
 }
 
-impl Fixture for MyFixture {
-    type Store = MySqlStore;
-    fn store(&self) -> MySqlStore {
-        self.store.clone()
-    }
-    async fn teardown(self) {
-        self.drop_tables(&[]).await;
-    }
-}
-
 impl SqlFixture for MyFixture {
     type Store = MySqlStore;
     fn store(&self) -> &MySqlStore {
         &self.store
     }
+}
+
+impl Teardown for MyFixture {
     /// Drops the table and the transactional tests' `orders` table.
     async fn teardown(&self) {
         self.drop_tables(&[&orders_table(self)]).await;

@@ -15,7 +15,7 @@ use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, T
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
     CorruptDialect, Cost, Costs, Dialect, KillDialect, Outage, OutageDialect, POSTGRES,
-    SharedServer, SqlFixture, TxDialect, TxFuture, WireDialect, poll,
+    SharedServer, SqlFixture, Teardown, TxDialect, TxFuture, WireDialect, poll,
 };
 
 pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
@@ -152,21 +152,14 @@ impl PgFixture {
     }
 }
 
-impl Fixture for PgFixture {
-    type Store = PgStore;
-    fn store(&self) -> PgStore {
-        self.store.clone()
-    }
-    async fn teardown(self) {
-        self.drop_schema().await;
-    }
-}
-
 impl SqlFixture for PgFixture {
     type Store = PgStore;
     fn store(&self) -> &PgStore {
         &self.store
     }
+}
+
+impl Teardown for PgFixture {
     async fn teardown(&self) {
         self.drop_schema().await;
     }

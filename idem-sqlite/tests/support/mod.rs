@@ -9,7 +9,7 @@ use idem_core::IdempotencyKey;
 use idem_core::testkit::Fixture;
 use idem_sqlite::SqliteStore;
 use idem_sqlite::sqlx::{self, Executor, Row};
-use idem_test_support::sql::{Dialect, SqlFixture};
+use idem_test_support::sql::{Dialect, SqlFixture, Teardown};
 
 /// A database file in the temp dir, deleted (with its WAL files) on teardown.
 pub struct FileDb {
@@ -44,25 +44,7 @@ pub fn temp_path() -> PathBuf {
     std::env::temp_dir().join(format!("idem-test-{}.db", IdempotencyKey::random()))
 }
 
-/// Removes a database file and its WAL files.
-pub fn remove(path: &std::path::Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
-    }
-}
-
-impl Fixture for FileDb {
-    type Store = SqliteStore;
-    fn store(&self) -> SqliteStore {
-        self.store.clone()
-    }
-    async fn teardown(self) {
-        self.store.close().await;
-        remove(&self.path);
-    }
-}
+pub use idem_test_support::remove_sqlite as remove;
 
 /// A private in-memory database.
 pub struct MemoryDb(pub SqliteStore);
@@ -86,6 +68,9 @@ impl SqlFixture for FileDb {
     fn store(&self) -> &SqliteStore {
         &self.store
     }
+}
+
+impl Teardown for FileDb {
     async fn teardown(&self) {
         self.store.close().await;
         remove(&self.path);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem_core::testkit::metrics::{assert_exactly, recorded};
 use idem_core::{Idem, Policy, Scope};
 
-use super::{Out, SqlFixture, TxDialect};
+use super::{Out, SqlFixture, Teardown, TxDialect};
 
 /// Executions, replays, work timings, rejections, transient releases and
 /// responses not stored, each counted exactly once per event.

@@ -41,7 +41,6 @@ pub mod transactional;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::adapter::fingerprint;
@@ -61,6 +60,7 @@ pub use schema::*;
 pub use transactional::*;
 
 pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
+pub use crate::teardown::{Teardown, with_fixture};
 
 use idem_sql::{Driver, SqlIdemExt, TxConnection, TxStore};
 use proxy::{Protocol, Proxy};
@@ -175,35 +175,35 @@ pub fn claim_request(id: &RecordId, now: Timestamp) -> ClaimRequest<'_> {
     )
 }
 
-/// One test's store on its own table, schema or file.
-pub trait SqlFixture: Send + Sync + 'static {
+/// One test's store on its own table, schema or file; its teardown drops
+/// them (and whatever the test made next to them) and closes the store.
+pub trait SqlFixture: Teardown {
     /// The store under test.
     type Store: AdminStore + Clone;
     /// The store.
     fn store(&self) -> &Self::Store;
-    /// Drops the table or schema (and whatever the test made next to it)
-    /// and closes the store.
-    fn teardown(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// Runs `body` and tears the fixture down even if it panics, then re-raises
-/// the panic.
-///
-/// # Panics
-///
-/// When `body` does (that is the test failing).
-pub async fn with_fixture<Fx, F, Fut>(fx: Fx, body: F)
-where
-    Fx: SqlFixture,
-    F: FnOnce(Arc<Fx>) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let fx = Arc::new(fx);
-    let result = tokio::spawn(body(Arc::clone(&fx))).await;
-    fx.teardown().await;
-    if let Err(e) = result {
-        std::panic::resume_unwind(e.into_panic());
+/// A [`SqlFixture`] as the store conformance suite's
+/// [`Fixture`](idem_core::testkit::Fixture): the same store (cloned for each
+/// engine), the same teardown. Build one with [`conformance`].
+#[derive(Debug)]
+pub struct Conformance<Fx>(pub Fx);
+
+impl<Fx: SqlFixture> idem_core::testkit::Fixture for Conformance<Fx> {
+    type Store = Fx::Store;
+    fn store(&self) -> Fx::Store {
+        self.0.store().clone()
     }
+    async fn teardown(self) {
+        self.0.teardown().await;
+    }
+}
+
+/// `idem_core::store_conformance!(conformance(setup()))`: the suite on the
+/// SQL fixture `setup` makes.
+pub async fn conformance<Fx: SqlFixture>(setup: impl Future<Output = Fx>) -> Conformance<Fx> {
+    Conformance(setup.await)
 }
 
 /// A SQL dialect's glue for the suite: the one place per dialect that knows
