@@ -267,26 +267,6 @@ impl MySqlStore {
         Ok(())
     }
 
-    /// The sqlx pool of the store, for your own queries on the same
-    /// database, for its size and idle connections. A store over your pool
-    /// ([`MySqlStore::new`]) runs everything on it; a store built by
-    /// [`MySqlStore::connect`] runs on a pool of its own and opens this one
-    /// lazily, for you only (see [Connections](MySqlStore#connections)). To
-    /// close the store, call [`MySqlStore::close`].
-    #[must_use]
-    pub fn pool(&self) -> &MySqlPool {
-        self.core.connections().pool()
-    }
-
-    /// Closes the store's connections: its own pool (its idle connections
-    /// now, the others as their calls end) and [`MySqlStore::pool`], which
-    /// for a store over your pool is yours. Every call after it fails with
-    /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
-    /// clone.
-    pub async fn close(&self) {
-        self.core.connections().close().await;
-    }
-
     /// The table holding the records (default `idem_records`), as validated
     /// by [`MySqlStore::with_table_name`].
     #[must_use]

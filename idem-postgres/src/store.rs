@@ -420,26 +420,6 @@ impl PgStore {
         Ok(found)
     }
 
-    /// The sqlx pool of the store, for your own queries on the same
-    /// database, for its size and idle connections. A store over your pool
-    /// ([`PgStore::new`]) runs everything on it; a store built by
-    /// [`PgStore::connect`] runs on a pool of its own and opens this one
-    /// lazily, for you only (see [Connections](PgStore#connections)). To
-    /// close the store, call [`PgStore::close`].
-    #[must_use]
-    pub fn pool(&self) -> &PgPool {
-        self.core.connections().pool()
-    }
-
-    /// Closes the store's connections: its own pool (its idle connections
-    /// now, the others as their calls end) and [`PgStore::pool`], which for
-    /// a store over your pool is yours. Every call after it fails with
-    /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
-    /// clone.
-    pub async fn close(&self) {
-        self.core.connections().close().await;
-    }
-
     /// The schema holding the table (default `public`), as validated by
     /// [`PgStore::with_schema_name`].
     #[must_use]

@@ -149,7 +149,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     fn shared(&self) -> &SharedStatements;
 
     /// The text of the dialect's own statement `name` (one not among
-    /// [`Dialect::shared`]), for [`statement`](crate::statement).
+    /// [`Dialect::shared`]), for the hidden `idem_sql::statement` (benches and tests).
     fn statement(&self, name: &str) -> Option<&str>;
 
     /// A record from a row of the `fetch` statement, refusing anything a
@@ -926,6 +926,29 @@ macro_rules! sql_store {
                     $crate::Coalescing::Off
                 });
                 self
+            }
+
+            /// The sqlx pool of the store, for your own queries on the same
+            /// database, for its size and idle connections. A store over
+            /// your pool (`new(pool)`) runs everything on it; a store built
+            /// by `connect` runs on a pool of its own and opens this one
+            /// lazily, for you only (see [Connections](Self#connections)).
+            /// To close the store, call [`close`](Self::close).
+            #[must_use]
+            pub fn pool(
+                &self,
+            ) -> &$crate::__private::sqlx::Pool<<$dialect as $crate::Dialect>::Db> {
+                self.$field.connections().pool()
+            }
+
+            /// Closes the store's connections: its own pool (its idle
+            /// connections now, the others as their calls end) and
+            /// [`pool`](Self::pool), which for a store over your pool is
+            /// yours. Every call after it fails with
+            /// [`StoreError::Unavailable`](idem_core::store::StoreError), on
+            /// every clone.
+            pub async fn close(&self) {
+                self.$field.connections().close().await;
             }
 
             /// [`with_coalescing`](Self::with_coalescing) with any

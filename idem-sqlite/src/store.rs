@@ -272,26 +272,6 @@ impl SqliteStore {
         }
     }
 
-    /// The sqlx pool of the store, for your own queries on the same
-    /// database, or for its size and idle connections. A memory database
-    /// and a store over your pool run everything on it; a file store built
-    /// here runs on a pool of its own and opens this one lazily, for you
-    /// only (see [Connections](SqliteStore#connections)). To close the store
-    /// (before the file is removed, say), call [`SqliteStore::close`].
-    #[must_use]
-    pub fn pool(&self) -> &SqlitePool {
-        self.core.connections().pool()
-    }
-
-    /// Closes the store's connections: its own pool (its idle connections
-    /// now, the others as their calls end) and [`SqliteStore::pool`], which
-    /// for a store over your pool is yours. Every call after it fails with
-    /// [`StoreError::Unavailable`](idem_core::store::StoreError), on every
-    /// clone.
-    pub async fn close(&self) {
-        self.core.connections().close().await;
-    }
-
     /// The table holding the records (default `idem_records`), as validated
     /// by [`SqliteStore::with_table_name`].
     #[must_use]
