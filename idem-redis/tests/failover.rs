@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use idem_core::clock::ManualClock;
 use idem_core::store::RecordState;
 use idem_core::store::StoreError;
-use idem_core::{Error, Idem, IdempotencyKey, InFlightMode, Outcome, Policy, Scope};
+use idem_core::{Error, Idem, IdempotencyKey, Outcome, Policy, Scope};
 use idem_redis::{NotAcknowledged, RedisStore};
 use idem_test_support::work::{Counter, Out, call, call_held, request, state};
 use support::replicated::{ReplicatedCluster, ReplicatedPair, Shard};
@@ -36,14 +36,7 @@ use tokio::sync::watch;
 const LAG_SECS: u32 = 4;
 
 fn policy() -> Policy {
-    Policy::builder()
-        .lease(Duration::from_secs(60))
-        .response_ttl(Duration::from_secs(3600))
-        .key_ttl(Duration::from_secs(86_400))
-        .in_flight(InFlightMode::Reject)
-        .store_retries(2, Duration::from_millis(10))
-        .build()
-        .expect("valid policy")
+    idem_test_support::work::policy(Duration::from_secs(86_400), 2, Duration::from_millis(10))
 }
 
 type Engine = idem_test_support::work::Engine<RedisStore>;

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::{AdminStore, RecordState, Store, StoreError};
-use idem_core::{Error, Idem, IdempotencyKey, IntoKey, Outcome, Reply, Scope};
+use idem_core::{
+    Error, Idem, IdempotencyKey, InFlightMode, IntoKey, Outcome, Policy, Reply, Scope,
+};
 use tokio::sync::{Notify, watch};
 
 /// What the scenarios' works return.
@@ -16,6 +18,29 @@ pub type Out = Outcome<String, String>;
 
 /// An engine shared by the tasks of a test.
 pub type Engine<S> = Arc<Idem<S>>;
+
+/// The scenarios' lease.
+pub const LEASE: Duration = Duration::from_secs(60);
+/// The scenarios' response lifetime.
+pub const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+
+/// The scenarios' policy: a lease of [`LEASE`], a response kept
+/// [`RESPONSE_TTL`] and a key `key_ttl`, a duplicate in flight refused
+/// (409), a failed store write tried `retries` more times, `backoff` apart.
+///
+/// # Panics
+///
+/// When the values make no valid policy (a test's mistake).
+pub fn policy(key_ttl: Duration, retries: u32, backoff: Duration) -> Policy {
+    Policy::builder()
+        .lease(LEASE)
+        .response_ttl(RESPONSE_TTL)
+        .key_ttl(key_ttl)
+        .in_flight(InFlightMode::Reject)
+        .store_retries(retries, backoff)
+        .build()
+        .expect("a valid test policy")
+}
 
 /// The request every scenario sends.
 pub fn request() -> serde_json::Value {

@@ -6,25 +6,18 @@ use idem_core::adapter::fingerprint;
 use idem_core::clock::{Clock, ManualClock, Timestamp};
 use idem_core::store::OutcomeKind;
 use idem_core::store::{ClaimRequest, Completion, Store, Token};
-use idem_core::{FieldFilter, Idem, IdempotencyKey, InFlightMode, Policy, RecordId, Scope};
+use idem_core::{FieldFilter, Idem, IdempotencyKey, Policy, RecordId, Scope};
 use idem_redis::RedisStore;
 
 #[allow(unused_imports, reason = "each test binary uses a different part")]
 pub(crate) use idem_test_support::work::{Counter, Out, counted, request};
 
-pub(crate) const LEASE: Duration = Duration::from_secs(60);
-pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+#[allow(unused_imports, reason = "each test binary uses a different part")]
+pub(crate) use idem_test_support::work::{LEASE, RESPONSE_TTL};
 pub(crate) const KEY_TTL: Duration = Duration::from_secs(30 * 86_400);
 
 pub(crate) fn policy() -> Policy {
-    Policy::builder()
-        .lease(LEASE)
-        .response_ttl(RESPONSE_TTL)
-        .key_ttl(KEY_TTL)
-        .in_flight(InFlightMode::Reject)
-        .store_retries(5, Duration::from_millis(50))
-        .build()
-        .expect("valid policy")
+    idem_test_support::work::policy(KEY_TTL, 5, Duration::from_millis(50))
 }
 
 pub(crate) fn engine(store: RedisStore, clock: &ManualClock) -> Idem<RedisStore> {

@@ -4,26 +4,18 @@ use std::time::Duration;
 
 use idem_core::clock::ManualClock;
 use idem_core::store::{Store, StoreError};
-use idem_core::{Idem, IdempotencyKey, InFlightMode, Policy};
+use idem_core::{Idem, IdempotencyKey, Policy};
 
 use idem_consumer::{Consumer, ConsumerBuilder};
 
-pub(crate) const LEASE: Duration = Duration::from_secs(60);
-pub(crate) const RESPONSE_TTL: Duration = Duration::from_secs(3600);
+pub(crate) use crate::work::{LEASE, RESPONSE_TTL};
 pub(crate) const KEY_TTL: Duration = Duration::from_secs(86_400);
 /// The backoff base (jitter off): a retry on delivery `n` waits `2^(n-1)` s.
 pub(crate) const BASE: Duration = Duration::from_secs(1);
 
 /// The scenarios' policy: lease 60 s, response 1 h, key 1 day.
 pub(crate) fn policy() -> Policy {
-    Policy::builder()
-        .lease(LEASE)
-        .response_ttl(RESPONSE_TTL)
-        .key_ttl(KEY_TTL)
-        .in_flight(InFlightMode::Reject)
-        .store_retries(2, Duration::from_millis(5))
-        .build()
-        .expect("test policy is valid")
+    crate::work::policy(KEY_TTL, 2, Duration::from_millis(5))
 }
 
 /// A builder on `store` with the manual clock, a random consumer group and
