@@ -284,4 +284,4 @@ impl MySqlStore {
     }
 }
 
-idem_sql::sql_store!(MySqlStore, MySqlDialect, core);
+idem_sql::sql_store!(MySqlStore, MySqlDialect, core, MySqlPool);

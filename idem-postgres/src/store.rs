@@ -435,4 +435,4 @@ impl PgStore {
     }
 }
 
-idem_sql::sql_store!(PgStore, PgDialect, core);
+idem_sql::sql_store!(PgStore, PgDialect, core, PgPool);

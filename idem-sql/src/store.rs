@@ -887,9 +887,10 @@ impl<D: Dialect> TxStore for SqlCore<D> {
 
 /// Implements [`TxStore`], [`Store`], [`AdminStore`] and `Debug` (its
 /// dialect and connections) for a dialect crate's store type by handing
-/// every call to its [`SqlCore`]:
-/// `sql_store!(PgStore, Pg, core)` for `struct PgStore { core: SqlCore<Pg>,
-/// .. }`.
+/// every call to its [`SqlCore`], and writes its inherent `pool` (typed as
+/// the driver's pool alias, for its docs), `close` and `with_coalescing`:
+/// `sql_store!(PgStore, Pg, core, PgPool)` for `struct PgStore { core:
+/// SqlCore<Pg>, .. }`.
 #[macro_export]
 macro_rules! sql_store {
     // One async method of `$trait` handed to the store's core.
@@ -902,7 +903,7 @@ macro_rules! sql_store {
             }
         )*
     };
-    ($store:ty, $dialect:ty, $field:ident) => {
+    ($store:ty, $dialect:ty, $field:ident, $pool:ty) => {
         impl $store {
             /// Whether claims and completions that find every connection
             /// of the store's own pool busy are coalesced: sent together,
@@ -935,9 +936,7 @@ macro_rules! sql_store {
             /// lazily, for you only (see [Connections](Self#connections)).
             /// To close the store, call [`close`](Self::close).
             #[must_use]
-            pub fn pool(
-                &self,
-            ) -> &$crate::__private::sqlx::Pool<<$dialect as $crate::Dialect>::Db> {
+            pub fn pool(&self) -> &$pool {
                 self.$field.connections().pool()
             }
 

@@ -330,7 +330,7 @@ impl SqliteStore {
     }
 }
 
-idem_sql::sql_store!(SqliteStore, SqliteDialect, core);
+idem_sql::sql_store!(SqliteStore, SqliteDialect, core, SqlitePool);
 
 /// The pool of an in-memory database: one connection, never closed (the
 /// database lives exactly as long as its connection).
