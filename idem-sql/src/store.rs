@@ -54,6 +54,20 @@ pub type DbConnection<D> = <<D as Dialect>::Db as Database>::Connection;
 /// A row a dialect's statements return.
 pub type DbRow<D> = <<D as Dialect>::Db as Database>::Row;
 
+/// Runs one of the shared statements with `values`; its row, if any.
+fn fetch_optional<'a, D: Dialect>(
+    conn: &'a mut DbConnection<D>,
+    statement: &Statement,
+    values: Values<'_>,
+) -> impl Future<Output = Result<Option<DbRow<D>>, D::Error>> + Send + 'a {
+    let query = statement.bind::<D::Db>(&values);
+    async move {
+        <D::Db as Driver>::fetch_optional(query, conn)
+            .await
+            .map_err(D::driver_error)
+    }
+}
+
 /// Runs one of the shared statements with `values`; the rows it matched.
 fn execute<'a, D: Dialect>(
     conn: &'a mut DbConnection<D>,
@@ -259,11 +273,8 @@ pub trait Dialect: Clone + Send + Sync + 'static {
             token: Some(token),
             ..Values::of(id)
         };
-        let query = self.shared().completed_under.bind::<Self::Db>(&values);
-        async move {
-            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
-            Ok(row.map_err(Self::driver_error)?.is_some())
-        }
+        let row = fetch_optional::<Self>(conn, &self.shared().completed_under, values);
+        async move { Ok(row.await?.is_some()) }
     }
 
     /// A [`Fenced`] update; the rows it matched.
@@ -316,11 +327,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
             now: Some(now),
             ..Values::of(id)
         };
-        let query = self.shared().fetch.bind::<Self::Db>(&values);
+        let row = fetch_optional::<Self>(conn, &self.shared().fetch, values);
         async move {
-            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
-            let row = row.map_err(Self::driver_error)?;
-            row.as_ref()
+            row.await?
+                .as_ref()
                 .map(|row| Self::decode_record(row, id))
                 .transpose()
         }
@@ -406,15 +416,13 @@ pub trait Dialect: Clone + Send + Sync + 'static {
             now: Some(now),
             ..Values::default()
         };
-        let query = self.shared().count_states.bind::<Self::Db>(&values);
+        let row = fetch_optional::<Self>(conn, &self.shared().count_states, values);
         async move {
-            let row = <Self::Db as Driver>::fetch_optional(query, conn).await;
-            let row = row.map_err(Self::driver_error)?;
-            let counts = row.as_ref().map(<Self::Db as Driver>::decode_counts);
-            Ok(counts
-                .transpose()
-                .map_err(Self::driver_error)?
-                .unwrap_or_default())
+            // One row, always (an aggregate): none is the driver's
+            // `RowNotFound`, as `fetch_one` reported it.
+            let row = row.await?.ok_or(sqlx::Error::RowNotFound);
+            row.and_then(|row| <Self::Db as Driver>::decode_counts(&row))
+                .map_err(Self::driver_error)
         }
     }
 
