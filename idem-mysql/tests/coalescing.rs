@@ -17,10 +17,13 @@ mod mysql_path {
 }
 
 mod always {
-    async fn setup() -> crate::support::MyFixture {
-        let store = crate::support::connect(2, crate::support::options()).await;
+    use crate::support::{MyFixture, MySql};
+    use idem_test_support::sql::ServerDialect;
+
+    async fn setup() -> MyFixture {
+        let store = MySql::connect(2, MySql::options()).await;
         let store = store.with_coalescing_mode(super::Coalescing::Always);
-        crate::support::MyFixture::migrated(store, crate::support::options()).await
+        MySql::DETECTED.isolate(store, MySql::options(), true).await
     }
 
     idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));

@@ -5,7 +5,8 @@
 mod support;
 
 async fn setup() -> support::MyFixture {
-    support::MyFixture::new(16).await
+    use support::Dialect;
+    support::MySql::DETECTED.open(16).await
 }
 
 idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));

@@ -7,7 +7,8 @@
 mod support;
 
 async fn setup() -> support::MyFixture {
-    support::MyFixture::mysql_path(16).await
+    use support::Dialect;
+    support::MySql::MYSQL_PATH.open(16).await
 }
 
 idem_core::store_conformance!(idem_test_support::sql::conformance(setup()));

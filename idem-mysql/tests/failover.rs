@@ -62,7 +62,7 @@ async fn store_via(front: &Proxy, cluster: &Cluster) -> MySqlStore {
         .await
         .expect("connect through the front proxy");
     store.migrate().await.expect("migrate");
-    support::batched_if_asked(store)
+    <support::MySql as idem_test_support::sql::ServerDialect>::batched_if_asked(store)
 }
 
 fn engine(store: &MySqlStore, clock: &ManualClock) -> Engine {

@@ -14,7 +14,7 @@ use idem_core::{FieldFilter, IdempotencyKey, RecordId};
 use idem_mysql::sqlx::{self, Executor, Row};
 use idem_mysql::statement;
 use idem_test_support::sql::{LEASE, request, scope, with_fixture};
-use support::{MyFixture, count_rows};
+use support::{Dialect, MyFixture, count_rows};
 
 /// The plan of `sql` with `binds` (Unix ms and limits) spliced in as
 /// literals: (access type, key used, extra) per table row.
@@ -56,7 +56,7 @@ async fn plan(fx: &MyFixture, sql: &str, binds: &[i64]) -> Vec<(String, Option<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_uses_the_sweep_index() {
-    with_fixture(MyFixture::new(2).await, |fx| async move {
+    with_fixture(support::MySql::DETECTED.open(2).await, |fx| async move {
         // 5,000 records spread over 5,000 seconds of sweep times, so that
         // "due up to now" is a small range of the index.
         fx.store
@@ -70,13 +70,13 @@ async fn purge_uses_the_sweep_index() {
                         REPEAT('x', 32), 'completed', n, 1,
                         n * 1000, 'success', 'body', n * 1000 + 500, n * 1000 + 900, n * 1000
                  FROM seq",
-                t = fx.quoted()
+                t = fx.table
             )))
             .await
             .expect("fill");
         fx.store
             .pool()
-            .execute(sqlx::AssertSqlSafe(format!("ANALYZE TABLE {}", fx.quoted())))
+            .execute(sqlx::AssertSqlSafe(format!("ANALYZE TABLE {}", fx.table)))
             .await
             .expect("analyze");
         let now = 20_000; // 20 records due
@@ -118,7 +118,7 @@ async fn purge_uses_the_sweep_index() {
             removed += r.keys_removed;
         }
         assert_eq!(removed, 19);
-        assert_eq!(count_rows(&fx, &fx.table).await, 5000 - 19);
+        assert_eq!(count_rows(&fx, &fx.name).await, 5000 - 19);
     })
     .await;
 }
@@ -128,7 +128,7 @@ async fn purge_uses_the_sweep_index() {
 /// key, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_drops_bodies_then_keys() {
-    with_fixture(MyFixture::new(2).await, |fx| async move {
+    with_fixture(support::MySql::DETECTED.open(2).await, |fx| async move {
         let clock = ManualClock::starting_now();
         let scope = scope();
         let fp = fingerprint(scope.operation(), &request(), &FieldFilter::All).expect("fp");
@@ -185,7 +185,7 @@ async fn purge_drops_bodies_then_keys() {
         let end = now.plus(Duration::from_secs(86_401));
         let r = fx.store.purge_expired(end, 100).await.expect("purge");
         assert_eq!((r.keys_removed, r.bodies_dropped), (5, 0));
-        assert_eq!(count_rows(&fx, &fx.table).await, 0);
+        assert_eq!(count_rows(&fx, &fx.name).await, 0);
     })
     .await;
 }

@@ -11,7 +11,7 @@ use idem_core::clock::ManualClock;
 use idem_mysql::sqlx;
 use idem_mysql::{MySqlStore, Server};
 use idem_test_support::sql::{Out, engine, request, scope};
-use support::MyFixture;
+use support::Dialect;
 
 mod mariadb {
     idem_test_support::sql_suite!(crate::support::MySql::MARIADB; @values);
@@ -29,7 +29,7 @@ mod mysql_path {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_names_are_validated_and_configurable() {
-    let fx = MyFixture::new(2).await;
+    let fx = support::MySql::DETECTED.open(2).await;
     let store = fx.store.clone();
     for bad in ["", "1x", "a-b", "x`; DROP TABLE y; --", &"t".repeat(49)] {
         assert!(
@@ -58,14 +58,14 @@ async fn table_names_are_validated_and_configurable() {
             .expect("execute");
         assert!(!r.is_replay(), "each table has its own record");
     }
-    fx.drop_tables(&[&other_name]).await;
+    fx.teardown_with(&[&other_name]).await;
 }
 
 /// `migrate` runs again without harm, and 8 instances migrating at once
 /// (serialized by the named lock) all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrate_is_idempotent_and_concurrent_starts_are_safe() {
-    let fx = MyFixture::new(8).await;
+    let fx = support::MySql::DETECTED.open(8).await;
     let name = support::unique("idem_mig");
     let store = fx.store.clone().with_table_name(&name).expect("name");
     let tasks: Vec<_> = (0..8)
@@ -86,7 +86,7 @@ async fn migrate_is_idempotent_and_concurrent_starts_are_safe() {
         .await
         .expect("the table works");
     assert!(!r.is_replay());
-    fx.drop_tables(&[&name]).await;
+    fx.teardown_with(&[&name]).await;
 }
 
 /// A table that exists without this layout's mark (as a build before 0.1
@@ -95,7 +95,7 @@ async fn migrate_is_idempotent_and_concurrent_starts_are_safe() {
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_refuses_a_table_of_another_layout() {
-    let fx = MyFixture::new(2).await;
+    let fx = support::MySql::DETECTED.open(2).await;
     let name = support::unique("idem_old");
     let store = fx.store.clone().with_table_name(&name).expect("name");
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -138,15 +138,15 @@ async fn migrate_refuses_a_table_of_another_layout() {
     .expect("comment");
     assert_eq!(comment, idem_sql::LAYOUT);
     made.migrate().await.expect("accepted again");
-    fx.drop_tables(&[&name, &fresh]).await;
+    fx.teardown_with(&[&name, &fresh]).await;
 }
 
 /// The version string decides the flavour; this server is MariaDB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_is_detected() {
-    let store = MySqlStore::connect(&support::url())
+    let store = MySqlStore::connect(&support::MYSQL.url())
         .await
-        .unwrap_or_else(|e| support::unreachable(&e));
+        .unwrap_or_else(|e| support::MYSQL.unreachable(&e));
     let version: String = sqlx::query_scalar("SELECT VERSION()")
         .fetch_one(store.pool())
         .await
@@ -156,7 +156,7 @@ async fn the_server_is_detected() {
         Some(Server::from_version(&version)),
         "{version}"
     );
-    let url = support::url().replacen("mysql://", "mariadb://", 1);
+    let url = support::MYSQL.url().replacen("mysql://", "mariadb://", 1);
     let again = MySqlStore::connect(&url).await.expect("mariadb:// URLs");
     assert_eq!(again.server(), store.server());
     store.pool().close().await;

@@ -10,9 +10,13 @@ use idem_sql::Coalescing;
 idem_test_support::sql_suite!(crate::support::Pg; @coalescing);
 
 mod always {
+    use idem_test_support::sql::ServerDialect;
+
     async fn setup() -> crate::support::PgFixture {
         let store = crate::support::connect(2, crate::support::options()).await;
-        crate::support::PgFixture::migrated(store.with_coalescing_mode(super::Coalescing::Always))
+        let store = store.with_coalescing_mode(super::Coalescing::Always);
+        crate::support::Pg
+            .isolate(store, crate::support::options(), true)
             .await
     }
 
@@ -32,11 +36,11 @@ fn a_caller_gone_mid_batch_changes_no_other_answer() {
     use idem_core::clock::{Clock, ManualClock};
     use idem_core::store::{ClaimOutcome, Completion, OutcomeKind, RecordState, Store};
     use idem_core::{IdempotencyKey, RecordId};
-    use idem_test_support::sql::{KillDialect, TxDialect, claim_request, scope};
+    use idem_test_support::sql::{Dialect, KillDialect, Teardown, TxDialect, claim_request, scope};
 
     let m = std::thread::spawn(|| {
         idem_core::testkit::metrics::recorded(async {
-            let fx = support::PgFixture::new(1).await;
+            let fx = support::Pg.open(1).await;
             let store = fx.store.clone().with_coalescing_mode(Coalescing::Always);
             let now = ManualClock::starting_now().now();
             let ids: Vec<RecordId> = (0..3)
@@ -97,7 +101,7 @@ fn a_caller_gone_mid_batch_changes_no_other_answer() {
             assert_eq!(state(0).await, RecordState::Completed, "a's batch ran on");
             assert_eq!(state(1).await, RecordState::InFlight, "b's call never ran");
             assert_eq!(state(2).await, RecordState::Completed);
-            fx.drop_schema().await;
+            fx.teardown().await;
         })
     })
     .join()

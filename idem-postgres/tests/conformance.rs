@@ -6,13 +6,17 @@
 mod support;
 
 mod own_pool {
+    use idem_test_support::sql::Dialect;
+
     idem_core::store_conformance!(idem_test_support::sql::conformance(
-        crate::support::PgFixture::new(16)
+        crate::support::Pg.open(16)
     ));
 }
 
 mod over_a_sqlx_pool {
+    use idem_test_support::sql::ServerDialect;
+
     idem_core::store_conformance!(idem_test_support::sql::conformance(
-        crate::support::PgFixture::over_pool(16)
+        crate::support::Pg.fixture_over_pool(16, true)
     ));
 }

@@ -67,7 +67,7 @@ async fn store_via(front: &Proxy, cluster: &Cluster) -> PgStore {
     let store = PgStore::connect_with(pool_options(), options)
         .await
         .expect("connect through the front proxy");
-    support::batched_if_asked(store)
+    <support::Pg as idem_test_support::sql::ServerDialect>::batched_if_asked(store)
 }
 
 fn engine(store: &PgStore, clock: &ManualClock) -> Engine {

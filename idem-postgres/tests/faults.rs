@@ -17,9 +17,10 @@ use idem_core::store::{ClaimOutcome, Store, StoreError};
 use idem_core::{Attempt, Idem, IdempotencyKey, RecordId};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, postgres::PgPoolOptions};
+use idem_test_support::sql::ServerDialect;
 use idem_test_support::sql::{Counter, LEASE, Out, claim_request, policy, request};
 use idem_test_support::sql::{scope, with_fixture};
-use support::PgFixture;
+use support::Pg;
 use support::proxy::{Protocol, Proxy};
 
 idem_test_support::sql_suite!(crate::support::Pg;
@@ -37,7 +38,7 @@ idem_test_support::sql_suite!(crate::support::Pg;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_cut_short_is_awaited_and_pinged_before_its_connection_serves_again() {
     let proxy = Proxy::start(support::upstream().await, Protocol::Postgres).await;
-    let fx = PgFixture::with_options(1, support::via(&proxy)).await;
+    let fx = Pg.fixture(1, support::via(&proxy)).await;
     with_fixture(fx, move |fx| async move {
         let store = fx
             .store
@@ -90,7 +91,9 @@ async fn a_statement_cut_short_is_awaited_and_pinged_before_its_connection_serve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_the_server_terminates_fails_at_most_one_call() {
     let app = support::app_name();
-    let fx = PgFixture::with_options(1, support::options().application_name(&app)).await;
+    let fx = Pg
+        .fixture(1, support::options().application_name(&app))
+        .await;
     with_fixture(fx, move |fx| async move {
         let now = ManualClock::starting_now().now();
         let scope = scope();
@@ -192,7 +195,7 @@ async fn a_recovery_reconciles_from_the_saved_resource_id_when_the_completion_wa
     let store = PgStore::connect_with(options, support::via(&proxy))
         .await
         .expect("connect through the proxy");
-    let fx = PgFixture::migrated(store).await;
+    let fx = Pg.isolate(store, support::options(), true).await;
     let proxy = Arc::new(proxy);
     with_fixture(fx, move |fx| async move {
         let clock = ManualClock::starting_now();

@@ -5,8 +5,9 @@ mod support;
 
 use idem_core::clock::ManualClock;
 use idem_postgres::sqlx::{self, Executor};
+use idem_test_support::sql::Dialect;
 use idem_test_support::sql::{engine, with_fixture};
-use support::{PgFixture, count_rows};
+use support::{Pg, PgFixture, count_rows};
 
 /// The purge walks the sweep index, never the table.
 /// The record key the store gives `(o, op, <key>)` (`idem_sql::record_key`:
@@ -25,7 +26,7 @@ fn record_key_sql(key: &str) -> String {
 /// 20,000): `columns` are each row's values from `state` to
 /// `key_expires_at`; then files each at `sweep_at` and analyzes the table.
 async fn seed(fx: &PgFixture, columns: &str, sweep_at: &str) {
-    let t = fx.table();
+    let t = fx.table.clone();
     fx.store
         .pool()
         .execute(sqlx::AssertSqlSafe(format!(
@@ -52,7 +53,7 @@ async fn explain(fx: &PgFixture, sql: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_uses_the_sweep_index() {
-    with_fixture(PgFixture::new(2).await, |fx| async move {
+    with_fixture(Pg.open(2).await, |fx| async move {
         let now: i64 = 1_000_000_000_000;
         // 20,000 live rows with bodies, 50 expired keys, 50 expired bodies,
         // filed where a purge files them: at the next expiry.
@@ -98,7 +99,7 @@ async fn purge_uses_the_sweep_index() {
 /// rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_listing_uses_the_sweep_index() {
-    with_fixture(PgFixture::new(2).await, |fx| async move {
+    with_fixture(Pg.open(2).await, |fx| async move {
         let now: i64 = 1_000_000_000_000;
         // 20,000 completed rows, 30 stuck in flight, 30 in flight under a
         // live lease. In flight: at the lease end; completed: where a purge

@@ -11,9 +11,10 @@ use idem_core::clock::{Clock, ManualClock};
 use idem_core::store::AdminStore;
 use idem_core::testkit::race;
 use idem_core::{Error, IdempotencyKey};
+use idem_test_support::sql::Dialect;
 use idem_test_support::sql::{Counter, Out, engine, request, scope, with_fixture};
 use support::proxy::{Protocol, Proxy};
-use support::{PgFixture, count_rows};
+use support::{Pg, count_rows};
 
 idem_test_support::sql_suite!(crate::support::Pg; @races);
 idem_test_support::sql_suite!(crate::support::Pg; transactional_racers_with_rollbacks);
@@ -22,7 +23,7 @@ idem_test_support::sql_suite!(crate::support::Pg; transactional_racers_with_roll
 /// work runs exactly once; everyone else gets the replay or a 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
-    with_fixture(PgFixture::new(2).await, |fx| async move {
+    with_fixture(Pg.open(2).await, |fx| async move {
         let clock = ManualClock::starting_now();
         // All 8 pools go through one counting proxy, to count statements.
         let proxy = Proxy::start(support::upstream().await, Protocol::Postgres).await;
@@ -30,7 +31,7 @@ async fn sixty_four_racers_over_eight_pools_run_the_work_once() {
         for _ in 0..8 {
             let store = support::connect(8, support::via(&proxy))
                 .await
-                .with_schema_name(&fx.schema)
+                .with_schema_name(&fx.name)
                 .expect("schema");
             // The start checks, before the counted race (a store checks
             // the server and its table's layout at its first call

@@ -11,15 +11,16 @@ use std::time::Duration;
 use idem_core::clock::ManualClock;
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::{self, Executor, Row};
+use idem_test_support::sql::{Dialect, ServerDialect};
 use idem_test_support::sql::{Out, engine, request, scope, with_fixture};
-use support::{PgFixture, count_rows};
+use support::{Pg, PgFixture, count_rows};
 
 idem_test_support::sql_suite!(crate::support::Pg; @values);
 idem_test_support::sql_suite!(crate::support::Pg; corrupted_rows_are_typed_errors_not_panics);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_and_schema_names_are_validated_and_configurable() {
-    let fx = PgFixture::new(2).await;
+    let fx = Pg.open(2).await;
     with_fixture(fx, |fx| async move {
         for bad in ["x; DROP TABLE y", "a\"b", "", "1t", "pg_x", "t-1"] {
             assert!(
@@ -36,7 +37,7 @@ async fn table_and_schema_names_are_validated_and_configurable() {
         let custom = PgStore::connect(&support::url())
             .await
             .expect("connect")
-            .with_schema_name(&fx.schema)
+            .with_schema_name(&fx.name)
             .expect("schema")
             .with_table_name("Payments_Idem")
             .expect("valid");
@@ -80,7 +81,7 @@ async fn update_counts(fx: &PgFixture) -> (i64, i64) {
         .expect("flush");
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = '{}'::regclass",
-        fx.table()
+        fx.table.clone()
     )))
     .fetch_one(pool)
     .await
@@ -94,7 +95,7 @@ async fn update_counts(fx: &PgFixture) -> (i64, i64) {
 /// completion misses only when its page filled up since the claim).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_are_hot_updates() {
-    with_fixture(PgFixture::over_pool(1).await, |fx| async move {
+    with_fixture(Pg.fixture_over_pool(1, true).await, |fx| async move {
         let clock = ManualClock::starting_now();
         let idem = engine(&fx.store, &clock);
         let scope = scope();
@@ -125,9 +126,9 @@ async fn completions_are_hot_updates() {
 /// for a migration tool of your own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_refuses_a_table_of_another_layout() {
-    let fx = PgFixture::unmigrated(2).await;
+    let fx = Pg.fixture_over_pool(2, false).await;
     with_fixture(fx, |fx| async move {
-        let t = fx.table();
+        let t = fx.table.clone();
         fx.store
             .pool()
             .execute(sqlx::AssertSqlSafe(format!(
@@ -140,7 +141,7 @@ async fn migrate_refuses_a_table_of_another_layout() {
                  CREATE INDEX old_key_expires_idx ON {t} (key_expires_at);
                  INSERT INTO {t} VALUES ('o', 'op', 'k', sha256('1'), 'completed', 1, 1, 0,
                      NULL, 'success', '\\x01', 1, 9000000000000);",
-                schema = fx.schema,
+                schema = fx.name,
             )))
             .await
             .expect("a table of a build before 0.1");
@@ -166,7 +167,7 @@ async fn migrate_refuses_a_table_of_another_layout() {
             "SELECT column_name::text FROM information_schema.columns \
              WHERE table_schema = $1 AND column_name = 'sweep_at'",
         )
-        .bind(&fx.schema)
+        .bind(&fx.name)
         .fetch_all(fx.store.pool())
         .await
         .expect("columns");
@@ -174,7 +175,7 @@ async fn migrate_refuses_a_table_of_another_layout() {
         let indexes: Vec<String> = sqlx::query_scalar(
             "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
         )
-        .bind(&fx.schema)
+        .bind(&fx.name)
         .fetch_all(fx.store.pool())
         .await
         .expect("indexes");
@@ -199,10 +200,10 @@ async fn migrate_refuses_a_table_of_another_layout() {
 /// it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_marks_its_table_and_accepts_it_again() {
-    let fx = PgFixture::unmigrated(2).await;
+    let fx = Pg.fixture_over_pool(2, false).await;
     with_fixture(fx, |fx| async move {
         fx.store.migrate().await.expect("migrate");
-        let t = fx.table();
+        let t = fx.table.clone();
         let comment: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT obj_description('{t}'::regclass, 'pg_class')"
         )))
@@ -223,9 +224,9 @@ async fn migrate_marks_its_table_and_accepts_it_again() {
 /// index was there; the layout's `COMMENT ON TABLE` must not wait either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
-    let fx = PgFixture::new(2).await;
+    let fx = Pg.open(2).await;
     with_fixture(fx, |fx| async move {
-        let t = fx.table();
+        let t = fx.table.clone();
         let oids = |pool: sqlx::PgPool, schema: String| async move {
             sqlx::query_as::<_, (String, sqlx::postgres::types::Oid)>(
                 "SELECT c.relname::text, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -236,7 +237,7 @@ async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
             .await
             .expect("indexes")
         };
-        let before = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        let before = oids(fx.store.pool().clone(), fx.name.clone()).await;
         let mut writer = fx.store.pool().acquire().await.expect("connection");
         writer
             .execute(sqlx::AssertSqlSafe(format!(
@@ -250,7 +251,7 @@ async fn migrate_again_neither_rebuilds_nor_waits_for_writers() {
         again
             .expect("migrate must not wait for the open writer")
             .expect("migrate");
-        let after = oids(fx.store.pool().clone(), fx.schema.clone()).await;
+        let after = oids(fx.store.pool().clone(), fx.name.clone()).await;
         assert_eq!(before, after, "the same indexes, none rebuilt");
         assert_eq!(
             after.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),

@@ -6,19 +6,21 @@
 
 use std::time::Duration;
 
-use idem_core::testkit::Fixture;
 use idem_core::{Error, IdempotencyKey, RecordId};
 use idem_postgres::PgStore;
 use idem_postgres::sqlx::pool::PoolConnection;
-use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use idem_postgres::sqlx::{self, Executor, PgConnection, PgPool, Postgres, Row, Transaction};
+use idem_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use idem_postgres::sqlx::{self, PgPool, Postgres, Transaction};
 use idem_test_support::sql::proxy::{Protocol, Proxy};
 use idem_test_support::sql::{
-    CorruptDialect, Cost, Costs, Dialect, KillDialect, Outage, OutageDialect, POSTGRES,
-    SharedServer, SqlFixture, Teardown, TxDialect, TxFuture, WireDialect, poll,
+    Cost, Costs, Isolated, KillDialect, POSTGRES, ProxyOutage, ServerDialect, SharedServer,
+    WireDialect, lock_row, poll,
 };
 
-pub use idem_test_support::sql::{pg_cluster as cluster, proxy};
+pub use idem_test_support::sql::{Dialect, Teardown, count_rows, pg_cluster as cluster, proxy};
+
+/// One test's store on a schema of its own, dropped on teardown.
+pub type PgFixture = Isolated<Pg>;
 
 /// The server URL: `IDEM_POSTGRES_URL`, or the local default.
 pub fn url() -> String {
@@ -28,30 +30,22 @@ pub fn url() -> String {
 /// Connect options for the test server; panics with what to start if the
 /// URL is malformed.
 pub fn options() -> PgConnectOptions {
-    POSTGRES.options()
-}
-
-fn unreachable(e: &dyn std::fmt::Display) -> ! {
-    POSTGRES.unreachable(e)
+    Pg::options()
 }
 
 /// The server's socket address (for the proxy).
 pub async fn upstream() -> std::net::SocketAddr {
-    let o = options();
-    POSTGRES.addr(o.get_host(), o.get_port()).await
+    Pg.upstream().await
 }
 
 /// Connect options that go through `proxy` (without TLS, so it can count).
 pub fn via(proxy: &Proxy) -> PgConnectOptions {
-    options()
-        .host("127.0.0.1")
-        .port(proxy.addr.port())
-        .ssl_mode(sqlx::postgres::PgSslMode::Disable)
+    Pg::through(options(), proxy)
 }
 
 /// A pool on the test server (fails the test, never skips, if unreachable).
 pub async fn pool(max: u32, options: PgConnectOptions) -> PgPool {
-    POSTGRES.pool(max, options).await
+    Pg::pool(max, options).await
 }
 
 /// Pool options of the tests: `max` connections, a 10 s acquire timeout.
@@ -59,23 +53,11 @@ pub fn pool_options(max: u32) -> PgPoolOptions {
     SharedServer::pool_options(max)
 }
 
-/// A store with pools of its own (`PgStore::connect_with`: the calls on
-/// idem-sqlx's pool), on the default table (fails the test, never skips, if
-/// the server is unreachable).
+/// A store with pools of its own (`PgStore::connect_with`), on the default
+/// table (fails the test, never skips, if the server is unreachable),
+/// batched if the test binary asked.
 pub async fn connect(max: u32, options: PgConnectOptions) -> PgStore {
-    let store = PgStore::connect_with(pool_options(max), options)
-        .await
-        .unwrap_or_else(|e| unreachable(&e));
-    batched_if_asked(store)
-}
-
-/// `store`, sending every call through the batched path if this test
-/// binary asked for it ([`Pg::batched`]).
-pub fn batched_if_asked(store: PgStore) -> PgStore {
-    match idem_test_support::sql::forced_coalescing() {
-        Some(mode) => store.with_coalescing_mode(mode),
-        None => store,
-    }
+    Pg::connect(max, options).await
 }
 
 /// A fresh schema name.
@@ -87,93 +69,6 @@ pub fn schema_name() -> String {
             .to_ascii_lowercase()
             .replace('-', "_")
     )
-}
-
-/// One test's store: its own schema, dropped on teardown.
-#[derive(Debug)]
-pub struct PgFixture {
-    pub store: PgStore,
-    pub schema: String,
-}
-
-impl PgFixture {
-    /// A store of `max` connections for its calls (`PgStore::connect_with`)
-    /// over a new, migrated schema.
-    pub async fn new(max: u32) -> Self {
-        Self::with_options(max, options()).await
-    }
-
-    /// Same, with connect options (e.g. through a proxy).
-    pub async fn with_options(max: u32, options: PgConnectOptions) -> Self {
-        Self::migrated(connect(max, options).await).await
-    }
-
-    /// A store over a pool of `max` connections built here (`PgStore::new`:
-    /// the calls on sqlx's pool), over a new, migrated schema.
-    pub async fn over_pool(max: u32) -> Self {
-        Self::migrated(PgStore::new(pool(max, options()).await)).await
-    }
-
-    /// A store over a pool of `max` connections built here (`PgStore::new`),
-    /// on a new schema it has not migrated (nor created).
-    pub async fn unmigrated(max: u32) -> Self {
-        let schema = schema_name();
-        let store = PgStore::new(pool(max, options()).await)
-            .with_schema_name(&schema)
-            .expect("valid schema name");
-        Self { store, schema }
-    }
-
-    /// `store` over a new, migrated schema.
-    pub async fn migrated(store: PgStore) -> Self {
-        let schema = schema_name();
-        let store = store.with_schema_name(&schema).expect("valid schema name");
-        store.migrate().await.expect("migrate");
-        Self { store, schema }
-    }
-
-    /// `"schema"."idem_records"`.
-    pub fn table(&self) -> String {
-        format!("\"{}\".\"{}\"", self.schema, self.store.table_name())
-    }
-
-    /// Drops the schema and closes the store.
-    pub async fn drop_schema(&self) {
-        let admin = pool(1, options()).await;
-        admin
-            .execute(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-                self.schema
-            )))
-            .await
-            .expect("drop schema");
-        admin.close().await;
-        self.store.close().await;
-    }
-}
-
-impl SqlFixture for PgFixture {
-    type Store = PgStore;
-    fn store(&self) -> &PgStore {
-        &self.store
-    }
-}
-
-impl Teardown for PgFixture {
-    async fn teardown(&self) {
-        self.drop_schema().await;
-    }
-}
-
-/// The rows of `table` in the fixture's schema.
-pub async fn count_rows(fx: &PgFixture, table: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FROM \"{}\".\"{table}\"",
-        fx.schema
-    )))
-    .fetch_one(fx.store.pool())
-    .await
-    .expect("count")
 }
 
 /// The Postgres dialect of the SQL suite.
@@ -189,60 +84,68 @@ impl Pg {
     }
 }
 
-impl Dialect for Pg {
+impl ServerDialect for Pg {
+    type Db = Postgres;
     type Store = PgStore;
-    type Fixture = PgFixture;
-    async fn open(&self, max: u32) -> PgFixture {
-        PgFixture::new(max).await
+    type Outage = ProxyOutage;
+    const SERVER: SharedServer = POSTGRES;
+    const PROTOCOL: Protocol = Protocol::Postgres;
+    const QUOTE: char = '"';
+    const FIRST: &'static str = "$1";
+    const ORDERS: &'static str = "(id bigserial PRIMARY KEY, note text NOT NULL)";
+    /// Text columns, read as their UTF-8 bytes.
+    const IDENTITY: &'static str =
+        "convert_to(owner, 'UTF8'), convert_to(operation, 'UTF8'), convert_to(key, 'UTF8')";
+
+    async fn connect_with(
+        pool: PgPoolOptions,
+        options: PgConnectOptions,
+    ) -> Result<PgStore, String> {
+        PgStore::connect_with(pool, options)
+            .await
+            .map_err(|e| e.to_string())
     }
-    /// Each with two connections: the shared server allows 100 in all, and
-    /// the 64 racers of `races.rs` over eight pools of eight run next to
-    /// these.
-    async fn stores_on(&self, fx: &PgFixture, n: usize) -> Vec<PgStore> {
-        let mut stores = Vec::new();
-        for _ in 0..n {
-            stores.push(
-                connect(2, options())
-                    .await
-                    .with_schema_name(&fx.schema)
-                    .expect("schema"),
-            );
-        }
-        stores
+    fn over(&self, pool: PgPool) -> PgStore {
+        PgStore::new(pool)
     }
-    fn coalescing(store: PgStore, mode: idem_sql::Coalescing) -> PgStore {
+    fn through(options: PgConnectOptions, proxy: &Proxy) -> PgConnectOptions {
+        options
+            .host("127.0.0.1")
+            .port(proxy.addr.port())
+            .ssl_mode(PgSslMode::Disable)
+    }
+    fn with_coalescing(store: PgStore, mode: idem_sql::Coalescing) -> PgStore {
         store.with_coalescing_mode(mode)
     }
-    async fn close(&self, store: &PgStore) {
-        store.close().await;
+    /// The schema `name`, dropped with everything in it.
+    fn named(&self, store: PgStore, name: &str) -> (PgStore, String, Vec<String>) {
+        let store = store.with_schema_name(name).expect("valid schema name");
+        let table = format!("\"{name}\".\"{}\"", store.table_name());
+        (
+            store,
+            table,
+            vec![format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")],
+        )
     }
-    async fn count_records(&self, fx: &PgFixture) -> i64 {
-        count_rows(fx, fx.store.table_name()).await
+    async fn migrate(store: &PgStore) {
+        store.migrate().await.expect("migrate");
     }
-    async fn stored_identity(&self, fx: &PgFixture) -> [Vec<u8>; 3] {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT owner, operation, key FROM {}",
-            fx.table()
-        )))
-        .fetch_one(fx.store.pool())
-        .await
-        .expect("the table is still there, with one row");
-        ["owner", "operation", "key"].map(|c| row.get::<String, _>(c).into_bytes())
+    fn qualify(fx: &PgFixture, table: &str) -> String {
+        format!("\"{}\".\"{table}\"", fx.name)
     }
-}
-
-impl CorruptDialect for Pg {
-    async fn drop_checks(&self, fx: &PgFixture) {
-        let (t, p) = (fx.table(), fx.store.table_name());
-        for c in ["state_check", "fingerprint_check", "outcome_check"] {
-            fx.store
-                .pool()
-                .execute(sqlx::AssertSqlSafe(format!(
-                    "ALTER TABLE {t} DROP CONSTRAINT \"{p}_{c}\""
-                )))
-                .await
-                .expect("drop check");
-        }
+    /// With two connections: the shared server allows 100 in all, and the
+    /// 64 racers of `races.rs` over eight pools of eight run next to these.
+    async fn store_on(&self, fx: &PgFixture) -> PgStore {
+        connect(2, options())
+            .await
+            .with_schema_name(&fx.name)
+            .expect("schema")
+    }
+    async fn check_constraints(&self, fx: &PgFixture) -> Vec<String> {
+        let t = fx.store.table_name();
+        ["state_check", "fingerprint_check", "outcome_check"]
+            .map(|c| format!("{t}_{c}"))
+            .into()
     }
     fn corruptions(&self) -> Vec<(&'static str, &'static str)> {
         vec![
@@ -254,97 +157,37 @@ impl CorruptDialect for Pg {
             ("identity", "key = 'someone-else'"),
         ]
     }
-    async fn corrupt(&self, fx: &PgFixture, set: &str, key: &str) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET {set} WHERE key = $1",
-            fx.table()
-        )))
-        .bind(key)
-        .execute(fx.store.pool())
-        .await
-        .expect("corrupt");
-    }
-}
-
-impl TxDialect for Pg {
-    async fn create_orders(&self, fx: &PgFixture) {
-        fx.store
-            .pool()
-            .execute(sqlx::AssertSqlSafe(format!(
-                "CREATE TABLE \"{}\".orders (id bigserial PRIMARY KEY, note text NOT NULL)",
-                fx.schema
-            )))
-            .await
-            .expect("create orders");
-    }
-    fn insert_order_sql(&self, fx: &PgFixture) -> String {
-        format!("INSERT INTO \"{}\".orders (note) VALUES ($1)", fx.schema)
-    }
-    async fn count_orders(&self, fx: &PgFixture) -> i64 {
-        count_rows(fx, "orders").await
-    }
     fn with_tx_lock_timeout(&self, store: PgStore, timeout: Duration) -> PgStore {
         store.with_tx_lock_timeout(timeout)
     }
     /// A backend whose statement names the fixture's schema, waiting on a
     /// lock (`pg_stat_activity`).
-    async fn claim_waiting(&self, fx: &PgFixture) -> bool {
-        let admin = pool(1, options()).await;
-        let schema = format!("\"{}\".", fx.schema);
-        let seen = poll(2000, Duration::from_millis(5), || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
-            )
-            .bind(&schema)
-            .fetch_one(&admin)
-            .await
-            .expect("pg_stat_activity");
-            (waiting > 0).then_some(())
-        })
-        .await;
-        admin.close().await;
-        seen.is_some()
-    }
-}
-
-impl WireDialect for Pg {
-    const PROTOCOL: Protocol = Protocol::Postgres;
-    async fn upstream(&self) -> std::net::SocketAddr {
-        upstream().await
-    }
-    async fn open_via(&self, proxy: &Proxy, own_pool: bool) -> PgFixture {
-        if own_pool {
-            PgFixture::with_options(1, via(proxy)).await
-        } else {
-            PgFixture::migrated(PgStore::new(pool(1, via(proxy)).await)).await
-        }
-    }
-    fn pool_idle(store: &PgStore) -> bool {
-        let pool = store.pool();
-        usize::try_from(pool.size()).ok() == Some(pool.num_idle())
+    fn waiting_sql(&self, fx: &PgFixture) -> String {
+        format!(
+            "SELECT 1 FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND strpos(query, '\"{}\".') > 0 LIMIT 1",
+            fx.name
+        )
     }
     fn expected_costs(&self) -> Costs<Cost> {
-        let one = (1, 1, 0);
         Costs {
-            claim: one,
-            save_resource_id: one,
-            extend: one,
-            release: one,
             // The rare path: the claim reads the released record, then
             // takes it over (on the same checkout).
             takeover: (2, 2, 0),
-            complete: one,
-            replay: one,
-            fetch: one,
-            purge: one,
             fresh: (2, 2, 0),
-            replayed: one,
             // BEGIN+SET LOCAL (one simple query), claim, complete, COMMIT.
             tx_fresh: (4, 4, 0),
             // BEGIN+SET LOCAL, claim, ROLLBACK.
             tx_replay: (3, 3, 0),
+            ..Costs::each((1, 1, 0))
         }
+    }
+    /// A proxy in front of the server: it drops every connection and
+    /// refuses new ones until it is up again (a restart, a failover).
+    async fn outage_server(&self) -> (ProxyOutage, PgConnectOptions, PgConnectOptions) {
+        let proxy = Proxy::start(upstream().await, Protocol::Postgres).await;
+        let through = via(&proxy);
+        (ProxyOutage(proxy), through, options())
     }
 }
 
@@ -385,7 +228,7 @@ impl KillDialect for Pg {
     type Locked = Transaction<'static, Postgres>;
     async fn open_killable(&self) -> (PgFixture, String) {
         let app = app_name();
-        let fx = PgFixture::with_options(2, options().application_name(&app)).await;
+        let fx = Pg.fixture(2, options().application_name(&app)).await;
         (fx, app)
     }
     async fn blocker(&self, _fx: &PgFixture, _app: &String) -> PoolConnection<Postgres> {
@@ -408,60 +251,10 @@ impl KillDialect for Pg {
         blocker: PoolConnection<Postgres>,
         id: &RecordId,
     ) -> Transaction<'static, Postgres> {
-        let mut lock = Transaction::begin(blocker, None).await.expect("begin");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE",
-            fx.table()
-        )))
-        .bind(&idem_sql::record_key(id)[..])
-        .execute(&mut *lock)
-        .await
-        .expect("lock");
-        lock
+        lock_row(fx, blocker, id).await
     }
     async fn unlock(&self, locked: Transaction<'static, Postgres>) {
         locked.rollback().await.expect("rollback");
-    }
-}
-
-/// Every connection dropped through a proxy, and new ones refused, until
-/// it lets them through again (a server restart, a failover).
-#[derive(Debug)]
-pub struct ProxyOutage(Proxy);
-
-impl Outage for ProxyOutage {
-    async fn down(&mut self) {
-        self.0.set_down(true);
-        self.0.kill_all();
-    }
-    async fn up(&mut self) {
-        self.0.set_down(false);
-    }
-}
-
-impl OutageDialect for Pg {
-    type Outage = ProxyOutage;
-    async fn outage(&self, own_pool: bool) -> (PgFixture, ProxyOutage) {
-        let proxy = Proxy::start(upstream().await, Protocol::Postgres).await;
-        let options = PgPoolOptions::new()
-            .max_connections(4)
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(2));
-        let store = if own_pool {
-            batched_if_asked(
-                PgStore::connect_with(options, via(&proxy))
-                    .await
-                    .expect("connect through proxy"),
-            )
-        } else {
-            PgStore::new(
-                options
-                    .connect_with(via(&proxy))
-                    .await
-                    .expect("connect through proxy"),
-            )
-        };
-        (PgFixture::migrated(store).await, ProxyOutage(proxy))
     }
 }
 
@@ -483,17 +276,4 @@ fn backend_error(e: &Error) -> Option<&idem_postgres::Error> {
         return None;
     };
     source.downcast_ref::<idem_postgres::Error>()
-}
-
-impl idem_test_support::sql::PoisonDialect for Pg {
-    async fn poison(&self, fx: &PgFixture, key: &'static str) {
-        let t = fx.table();
-        fx.store
-            .pool()
-            .execute(sqlx::AssertSqlSafe(format!(
-                "ALTER TABLE {t} ADD CONSTRAINT idem_poison CHECK (key <> '{key}')"
-            )))
-            .await
-            .expect("poison");
-    }
 }

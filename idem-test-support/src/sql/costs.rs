@@ -49,6 +49,26 @@ pub struct Costs<T> {
 }
 
 impl<T: Copy> Costs<T> {
+    /// `value` for every transition: what a dialect changes the few that
+    /// differ from (`Costs { takeover: .., ..Costs::each(one) }`).
+    pub const fn each(value: T) -> Self {
+        Self {
+            claim: value,
+            save_resource_id: value,
+            extend: value,
+            release: value,
+            takeover: value,
+            complete: value,
+            replay: value,
+            fetch: value,
+            purge: value,
+            fresh: value,
+            replayed: value,
+            tx_fresh: value,
+            tx_replay: value,
+        }
+    }
+
     fn named(&self) -> [(&'static str, T); 13] {
         [
             ("claim", self.claim),

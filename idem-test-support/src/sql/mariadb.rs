@@ -204,3 +204,14 @@ fn watchdog(dir: &Path) {
         dir = dir.display(),
     ));
 }
+
+/// Stopped and restarted on the same data directory (InnoDB keeps what was
+/// committed): the outage of the MySQL scenarios.
+impl super::Outage for Throwaway {
+    async fn down(&mut self) {
+        self.stop().await;
+    }
+    async fn up(&mut self) {
+        self.restart().await;
+    }
+}

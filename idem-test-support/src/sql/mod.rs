@@ -36,6 +36,7 @@ pub mod pg_cluster;
 pub mod proxy;
 pub mod races;
 pub mod schema;
+pub mod server;
 pub mod transactional;
 
 use std::future::Future;
@@ -57,6 +58,7 @@ pub use faults::*;
 pub use metrics::*;
 pub use races::*;
 pub use schema::*;
+pub use server::{Isolated, ProxyOutage, ServerDialect, TestDb, count_rows, lock_row};
 pub use transactional::*;
 
 pub use crate::servers::{MYSQL, POSTGRES, SharedServer, poll};
