@@ -704,11 +704,11 @@ mod tests {
             reply
         }
 
-        /// `e` is [`ConnectError::Invalid`] for `backend`.
-        #[track_caller]
-        pub(super) fn assert_invalid(e: &ConnectError, backend: &str) {
+        /// `options` refuse `url` for `backend` ([`ConnectError::Invalid`]).
+        pub(super) async fn assert_invalid(options: &ConnectOptions, url: &str, backend: &str) {
+            let e = options.connect(url).await.expect_err("refused");
             assert!(
-                matches!(e, ConnectError::Invalid { backend: b, .. } if *b == backend),
+                matches!(&e, ConnectError::Invalid { backend: b, .. } if *b == backend),
                 "{e:?}"
             );
         }
@@ -804,10 +804,12 @@ mod tests {
             runs(store).await;
             let _ = std::fs::remove_dir_all(&dir);
 
-            let e = connect("sqlite://x.db?colour=blue")
-                .await
-                .expect_err("bad URL");
-            assert_invalid(&e, "sqlite");
+            assert_invalid(
+                &ConnectOptions::new(),
+                "sqlite://x.db?colour=blue",
+                "sqlite",
+            )
+            .await;
         }
     }
 
@@ -848,21 +850,14 @@ mod tests {
         let options = ConnectOptions::new().schema_name(&schema);
         let store = reach(&options, &url, "Postgres", "IDEM_POSTGRES_URL").await;
         runs(store).await;
-        let e = ConnectOptions::new()
-            .schema_name("no such schema")
-            .connect(&url)
-            .await
-            .expect_err("bad schema name");
-        assert_invalid(&e, "postgres");
+        let bad = ConnectOptions::new().schema_name("no such schema");
+        assert_invalid(&bad, &url, "postgres").await;
         let pg = idem_postgres::PgStore::connect(&url)
             .await
             .expect("connect");
-        idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA \"{schema}\" CASCADE"
-        )))
-        .execute(pg.pool())
-        .await
-        .expect("drop schema");
+        let drop = format!("DROP SCHEMA \"{schema}\" CASCADE");
+        let drop = idem_postgres::sqlx::query(idem_postgres::sqlx::AssertSqlSafe(drop));
+        drop.execute(pg.pool()).await.expect("drop schema");
     }
 
     /// The machine's Postgres has no synchronous standby: a store that
@@ -908,12 +903,8 @@ mod tests {
             let reply = runs(store).await;
             assert_eq!(reply.is_replay(), i == 1, "both URL forms reach one table");
         }
-        let e = ConnectOptions::new()
-            .table_name("no such table")
-            .connect(&url)
-            .await
-            .expect_err("bad table name");
-        assert_invalid(&e, "mysql");
+        let bad = ConnectOptions::new().table_name("no such table");
+        assert_invalid(&bad, &url, "mysql").await;
         let my = idem_mysql::MySqlStore::connect(&url)
             .await
             .expect("connect");
@@ -923,12 +914,9 @@ mod tests {
                 .await
                 .expect("bound");
         assert_eq!(bound, 50, "a store of its own keeps the server default");
-        idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(format!(
-            "DROP TABLE `{table}`"
-        )))
-        .execute(my.pool())
-        .await
-        .expect("drop table");
+        let drop = format!("DROP TABLE `{table}`");
+        let drop = idem_mysql::sqlx::query(idem_mysql::sqlx::AssertSqlSafe(drop));
+        drop.execute(my.pool()).await.expect("drop table");
     }
 
     /// The Redis the tests use (`IDEM_REDIS_URL`).
@@ -967,12 +955,8 @@ mod tests {
     async fn redis_with_a_prefix() {
         use idem_redis::redis::AsyncCommands;
         // A bad prefix is found before connecting (nothing listens on port 1).
-        let e = ConnectOptions::new()
-            .key_prefix("")
-            .connect("redis://127.0.0.1:1/")
-            .await
-            .expect_err("bad prefix");
-        assert_invalid(&e, "redis");
+        let bad = ConnectOptions::new().key_prefix("");
+        assert_invalid(&bad, "redis://127.0.0.1:1/", "redis").await;
         let prefix = format!("idem-connect:{}:", random());
         let (store, mut conn) = open_redis(ConnectOptions::new().key_prefix(&prefix)).await;
         runs(store).await;

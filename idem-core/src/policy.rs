@@ -306,7 +306,10 @@ mod tests {
     #[test]
     fn impossible_policies_are_refused_with_typed_errors() {
         let s = Duration::from_secs;
-        let wait = |timeout, poll| InFlightMode::Wait { timeout, poll };
+        let waiting =
+            |timeout, poll| Policy::builder().in_flight(InFlightMode::Wait { timeout, poll });
+        let short = |setting| PolicyError::TooShort { setting };
+        let long = |setting| PolicyError::TooLong { setting };
         let cases: Vec<(PolicyBuilder, PolicyError)> = vec![
             (
                 Policy::builder()
@@ -315,10 +318,7 @@ mod tests {
                     .lease(s(1)),
                 PolicyError::KeyTtlBelowResponseTtl,
             ),
-            (
-                Policy::builder().lease(Duration::ZERO),
-                PolicyError::TooShort { setting: "lease" },
-            ),
+            (Policy::builder().lease(Duration::ZERO), short("lease")),
             (
                 Policy::builder()
                     .response_ttl(s(10))
@@ -326,51 +326,21 @@ mod tests {
                     .lease(s(10)),
                 PolicyError::LeaseNotBelowKeyTtl,
             ),
-            (
-                Policy::builder().in_flight(wait(Duration::ZERO, s(1))),
-                PolicyError::TooShort {
-                    setting: "wait timeout",
-                },
-            ),
-            (
-                Policy::builder().in_flight(wait(s(1), Duration::ZERO)),
-                PolicyError::TooShort {
-                    setting: "wait poll",
-                },
-            ),
-            (
-                Policy::builder().in_flight(wait(Duration::MAX, s(1))),
-                PolicyError::TooLong {
-                    setting: "wait timeout",
-                },
-            ),
-            (
-                Policy::builder().in_flight(wait(s(1), Duration::MAX)),
-                PolicyError::TooLong {
-                    setting: "wait poll",
-                },
-            ),
-            (
-                Policy::builder().key_ttl(Duration::MAX),
-                PolicyError::TooLong { setting: "key_ttl" },
-            ),
+            (waiting(Duration::ZERO, s(1)), short("wait timeout")),
+            (waiting(s(1), Duration::ZERO), short("wait poll")),
+            (waiting(Duration::MAX, s(1)), long("wait timeout")),
+            (waiting(s(1), Duration::MAX), long("wait poll")),
+            (Policy::builder().key_ttl(Duration::MAX), long("key_ttl")),
             (
                 Policy::builder()
                     .response_ttl(Duration::MAX)
                     .key_ttl(Duration::MAX),
-                PolicyError::TooLong {
-                    setting: "response_ttl",
-                },
+                long("response_ttl"),
             ),
-            (
-                Policy::builder().lease(Duration::MAX),
-                PolicyError::TooLong { setting: "lease" },
-            ),
+            (Policy::builder().lease(Duration::MAX), long("lease")),
             (
                 Policy::builder().store_retries(3, Duration::MAX),
-                PolicyError::TooLong {
-                    setting: "store_retry_backoff",
-                },
+                long("store_retry_backoff"),
             ),
             (
                 Policy::builder().max_response_bytes(0),

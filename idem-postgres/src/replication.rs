@@ -358,6 +358,12 @@ mod tests {
         }
     }
 
+    /// `guard`'s judgement at `now` of a server at `commit`, `names`,
+    /// `in_recovery`.
+    fn judge(guard: &Guard, now: Instant, server: (&str, &str, bool)) -> Result<(), Error> {
+        guard.judge(&r(server.0, server.1, server.2), now)
+    }
+
     #[test]
     fn synchronous_needs_a_name_and_a_waiting_level() {
         for level in ["on", "remote_write", "remote_apply"] {
@@ -378,13 +384,9 @@ mod tests {
         let now = Instant::now();
         let reads = Guard::for_reads();
         assert!(reads.needs_check(now));
-        reads
-            .judge(&r("on", "", true), now)
-            .expect("a standby, for reads");
+        judge(&reads, now, ("on", "", true)).expect("a standby, for reads");
         assert!(!reads.needs_check(now));
-        reads
-            .judge(&r("on", "", false), now)
-            .expect("a primary too");
+        judge(&reads, now, ("on", "", false)).expect("a primary too");
         assert!(!reads.requires());
     }
 
@@ -398,9 +400,7 @@ mod tests {
             Err(Error::Standby)
         ));
         assert!(guard.needs_check(now), "a refused server stays suspect");
-        guard
-            .judge(&r("on", "", false), now)
-            .expect("warned, not refused");
+        judge(&guard, now, ("on", "", false)).expect("warned, not refused");
         assert!(!guard.needs_check(now));
         guard.require();
         assert!(guard.needs_check(now));
@@ -408,9 +408,7 @@ mod tests {
             guard.judge(&r("local", "*", false), now),
             Err(Error::NotSynchronous { .. })
         ));
-        guard
-            .judge(&r("remote_apply", "ANY 1 (s1)", false), now)
-            .expect("synchronous");
+        judge(&guard, now, ("remote_apply", "ANY 1 (s1)", false)).expect("synchronous");
         assert!(!guard.needs_check(now));
         guard.suspect();
         assert!(guard.needs_check(now));
@@ -422,9 +420,7 @@ mod tests {
         let guard = Guard::new(true);
         guard.require();
         guard.set_period(Duration::from_secs(3600));
-        guard
-            .judge(&r("on", "s1", false), now)
-            .expect("synchronous");
+        judge(&guard, now, ("on", "s1", false)).expect("synchronous");
         assert!(!guard.needs_check(now));
         // A check outside the write path (check_replication) fails: every
         // write checks again, however early in the period.

@@ -160,10 +160,8 @@ mod tests {
     use super::*;
 
     fn id(owner: &str, op: &str, key: &str) -> RecordId {
-        RecordId::new(
-            Scope::new(owner, op).unwrap(),
-            IdempotencyKey::parse(key).unwrap(),
-        )
+        let key = IdempotencyKey::parse(key).unwrap();
+        RecordId::new(Scope::new(owner, op).unwrap(), key)
     }
 
     /// The hash tag as Redis Cluster computes it: the bytes between the first

@@ -38,6 +38,10 @@ type Db<S> = <<S as TxStore>::Dialect as Dialect>::Db;
 
 /// [`Idem`] methods that only a SQL store has: the transactional mode.
 pub trait SqlIdemExt<S: TxStore> {
+    /// The engine (the trait is [`Idem`]'s).
+    #[doc(hidden)]
+    fn engine(&self) -> &Idem<S>;
+
     /// Runs `work` at most once per `(scope, key)` inside one transaction that
     /// also holds the claim and the stored outcome, or replays the stored one.
     ///
@@ -126,7 +130,13 @@ pub trait SqlIdemExt<S: TxStore> {
         T: Storable,
         E: Storable,
         O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send;
+        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
+    {
+        // Validate before touching the server: invalid input costs nothing.
+        let prepared = self.engine().prepare(scope, key, request);
+        let idem = self.engine();
+        async move { idem.execute_prepared_in_tx(prepared?, work).await }
+    }
 
     /// [`execute_in_tx`](SqlIdemExt::execute_in_tx) for a request an adapter
     /// already checked and fingerprinted on its own terms
@@ -146,49 +156,25 @@ pub trait SqlIdemExt<S: TxStore> {
         T: Storable,
         E: Storable,
         O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send;
+        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
+    {
+        let idem = self.engine();
+        async move {
+            let core = idem.store().sql_core();
+            <S::Dialect as Dialect>::before_tx(core).await?;
+            core.ensure_layout().await?;
+            let result = on_checkout(idem, prepared, work).await;
+            if let Err(Error::Store(e)) = &result {
+                core.dialect().observe(e);
+            }
+            result
+        }
+    }
 }
 
 impl<S: TxStore> SqlIdemExt<S> for Idem<S> {
-    async fn execute_in_tx<K, R, T, E, O, F>(
-        &self,
-        scope: &Scope,
-        key: K,
-        request: &R,
-        work: F,
-    ) -> Result<Reply<T, E>, Error>
-    where
-        K: IntoKey + Send,
-        R: Serialize + Sync + ?Sized,
-        T: Storable,
-        E: Storable,
-        O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
-    {
-        // Validate before touching the server: invalid input costs nothing.
-        let prepared = self.prepare(scope, key, request)?;
-        self.execute_prepared_in_tx(prepared, work).await
-    }
-
-    async fn execute_prepared_in_tx<T, E, O, F>(
-        &self,
-        prepared: Prepared,
-        work: F,
-    ) -> Result<Reply<T, E>, Error>
-    where
-        T: Storable,
-        E: Storable,
-        O: Into<Outcome<T, E>> + Send,
-        F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
-    {
-        let core = self.store().sql_core();
-        <S::Dialect as Dialect>::before_tx(core).await?;
-        core.ensure_layout().await?;
-        let result = on_checkout(self, prepared, work).await;
-        if let Err(Error::Store(e)) = &result {
-            core.dialect().observe(e);
-        }
-        result
+    fn engine(&self) -> &Idem<S> {
+        self
     }
 }
 
@@ -197,15 +183,12 @@ impl<S: TxStore> SqlIdemExt<S> for Idem<S> {
 /// commit cut short leaves its connection in flight (its answer awaited
 /// off the caller's path, see [`Conn`](crate::Conn)) rather than closed
 /// under a commit that may be waiting for a standby.
-async fn on_checkout<S, T, E, O, F>(
+async fn on_checkout<S: TxStore, T: Storable, E: Storable, O, F>(
     idem: &Idem<S>,
     prepared: Prepared,
     work: F,
 ) -> Result<Reply<T, E>, Error>
 where
-    S: TxStore,
-    T: Storable,
-    E: Storable,
     O: Into<Outcome<T, E>> + Send,
     F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
 {
@@ -268,7 +251,7 @@ impl<T> ConnectionError for Unsound<T> {
 
 /// The transaction on `conn`: its result, and whether the connection is
 /// still sound (every statement answered).
-async fn in_tx<S, T, E, O, F>(
+async fn in_tx<S: TxStore, T: Storable, E: Storable, O, F>(
     idem: &Idem<S>,
     conn: &mut TxConnection<S>,
     prepared: Prepared,
@@ -276,9 +259,6 @@ async fn in_tx<S, T, E, O, F>(
     committing: oneshot::Sender<()>,
 ) -> (Result<Reply<T, E>, Error>, bool)
 where
-    S: TxStore,
-    T: Storable,
-    E: Storable,
     O: Into<Outcome<T, E>> + Send,
     F: for<'c> FnOnce(Attempt, &'c mut TxConnection<S>) -> TxFuture<'c, O> + Send,
 {
