@@ -13,13 +13,22 @@
 //! its calls run one by one on the same connection; only a batch whose
 //! connection broke answers every call with the error.
 //!
+//! While the store is busy (more claims and completions under way than its
+//! pool has connections), those calls all queue, and at most a quarter of
+//! the pool's connections run batches at once ([`Queues::lanes`]): the
+//! others' calls gather in the queue meanwhile, so batches grow with the
+//! load instead of each connection that comes free taking the one or two
+//! calls that arrived since. Below that load nothing changes: a call that
+//! finds a connection free goes alone.
+//!
 //! A batch runs in a task of its own, so that a caller whose future is
 //! dropped while its batch is in flight stops no other call's statement:
 //! its claim, if the batch made it, stays in flight until its lease ends,
 //! exactly as a dropped single call's does.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
@@ -29,7 +38,7 @@ use idem_core::store::{
     StoreError, StoredRecord, Token, record_batch,
 };
 use sqlx::{ColumnIndex, Database, Decode, Type};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::debug;
 
 use crate::conns::Judged;
@@ -45,8 +54,11 @@ pub enum Coalescing {
     Off,
     /// A call that finds a connection free goes at once, alone; calls that
     /// find every connection busy wait together and go as one batch on the
-    /// next connection free. Only on the store's own pool (a store built
-    /// on the user's sqlx pool never coalesces).
+    /// next connection free. While more calls are under way than the pool
+    /// has connections, every call waits in the queue and a quarter of the
+    /// connections run the batches, so that batches grow with the load.
+    /// Only on the store's own pool (a store built on the user's sqlx pool
+    /// never coalesces).
     WhenBusy,
     /// Every call waits in the queue, even when a connection is free: a
     /// batch of one when nothing else waits. For tests that run every
@@ -360,6 +372,39 @@ type CompleteAnswer = Result<(), StoreError>;
 pub(crate) struct Queues {
     claims: Queue<ClaimCall, ClaimAnswer>,
     completions: Queue<CompleteCall, CompleteAnswer>,
+    /// The claims and completions under way on the coalescing path (alone,
+    /// waiting, or in a batch).
+    callers: AtomicUsize,
+    /// The batches that may run at once: a quarter of the pool's
+    /// connections, at least one (made on the first batch).
+    lanes: OnceLock<Arc<Semaphore>>,
+}
+
+impl Queues {
+    /// The lanes of a pool of `connections`.
+    fn lanes(&self, connections: usize) -> Arc<Semaphore> {
+        let lanes = self
+            .lanes
+            .get_or_init(|| Arc::new(Semaphore::new((connections / 4).max(1))));
+        Arc::clone(lanes)
+    }
+}
+
+/// One claim or completion under way on the coalescing path, counted in
+/// [`Queues::callers`] until it ends or its future is dropped.
+struct Caller<'a>(&'a Queues);
+
+impl<'a> Caller<'a> {
+    fn new(queues: &'a Queues) -> Self {
+        queues.callers.fetch_add(1, Ordering::Relaxed);
+        Self(queues)
+    }
+}
+
+impl Drop for Caller<'_> {
+    fn drop(&mut self) {
+        self.0.callers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The store's own pool.
@@ -383,13 +428,15 @@ impl<D: Dialect> SqlCore<D> {
     /// Where a call of kind `call` goes: `None` when coalescing is off or
     /// the store runs on the user's pool (the caller runs it on its own
     /// checkout); a free connection of the store's own pool, taken now, to
-    /// run it alone on (under [`Coalescing::WhenBusy`]); or the queue.
+    /// run it alone on (under [`Coalescing::WhenBusy`], while the calls
+    /// under way are no more than the pool's connections); or the queue.
     async fn route(&self, call: &'static str) -> Option<Result<Route<'_, D>, StoreError>> {
         let own = match self.coalescing {
             Coalescing::Off => return None,
             Coalescing::WhenBusy | Coalescing::Always => self.connections().own_pool()?,
         };
-        if self.coalescing == Coalescing::WhenBusy {
+        let busy = self.queues.callers.load(Ordering::Relaxed) > own.max_size();
+        if self.coalescing == Coalescing::WhenBusy && !busy {
             match own.try_get().await {
                 Ok(Some(conn)) => {
                     record_batch(D::BACKEND, call, 1, false);
@@ -408,6 +455,7 @@ impl<D: Dialect> SqlCore<D> {
         &self,
         req: &ClaimRequest<'_>,
     ) -> Option<Result<ClaimOutcome, StoreError>> {
+        let _caller = Caller::new(&self.queues);
         Some(match self.route("claim").await? {
             Err(e) => Err(e),
             Ok(Route::Alone(mut conn)) => self.claim_alone(&mut conn, req).await,
@@ -427,6 +475,7 @@ impl<D: Dialect> SqlCore<D> {
         token: Token,
         completion: &Completion<'_>,
     ) -> Option<Result<(), StoreError>> {
+        let _caller = Caller::new(&self.queues);
         Some(match self.route("complete").await? {
             Err(e) => Err(e),
             Ok(Route::Alone(mut conn)) => {
@@ -463,11 +512,20 @@ impl<D: Dialect> SqlCore<D> {
             source: "the batch this call was in ended without an answer".into(),
         };
         let (seq, mut told, taken) = queue.push(key, call);
+        let lanes = self.queues.lanes(own.max_size());
         loop {
+            let lane = tokio::select! {
+                biased;
+                answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
+                // Taken into another caller's batch: nothing to wait for.
+                () = taken.notified() => break,
+                lane = Arc::clone(&lanes).acquire_owned() => lane,
+            };
+            // The semaphore is never closed.
+            let Ok(lane) = lane else { break };
             let conn = tokio::select! {
                 biased;
                 answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
-                // Taken into another caller's batch: no connection to wait for.
                 () = taken.notified() => break,
                 conn = own.get() => conn,
             };
@@ -480,7 +538,7 @@ impl<D: Dialect> SqlCore<D> {
             let batch = queue.take(MAX_BATCH, |n| self.dialect().batch_len(n));
             if !batch.is_empty() {
                 record_batch(D::BACKEND, R::CALL, batch.len(), true);
-                let run = run(self.clone(), conn, batch);
+                let run = run(self.clone(), conn, batch, lane);
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => drop(runtime.spawn(run)),
                     Err(_) => run.await,
@@ -621,7 +679,10 @@ async fn run<D: Dialect, R: Batched<D>>(
     core: SqlCore<D>,
     mut conn: OwnConn<D>,
     batch: Vec<Queued<R, Result<R::Answer, StoreError>>>,
+    lane: OwnedSemaphorePermit,
 ) {
+    // The lane is free again when the batch has run.
+    let _lane = lane;
     let calls: Vec<&R> = batch.iter().map(|q| &q.call).collect();
     // Bounded like a single call; the checks of `Dialect::write` ran in the
     // callers, before they queued.

@@ -916,9 +916,12 @@ macro_rules! sql_store {
             /// Whether claims and completions that find every connection
             /// of the store's own pool busy are coalesced: sent together,
             /// as one batch on the next connection free, each answered as
-            /// it would be alone. A call that finds a connection free always
-            /// goes at once, alone; a store built on your sqlx pool
-            /// (`new(pool)`) never coalesces. The batch sizes are the
+            /// it would be alone. A call that finds a connection free goes
+            /// at once, alone, unless more claims and completions are under
+            /// way than the pool has connections: then they all queue, and a
+            /// quarter of the connections run their batches, which grow with
+            /// the load. A store built on your sqlx pool (`new(pool)`) never
+            /// coalesces. The batch sizes are the
             /// `idem_store_batch_size` metric.
             ///
             /// The default is where the benches show it pays: on for

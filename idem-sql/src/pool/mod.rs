@@ -256,6 +256,11 @@ impl<C: Connection + 'static> Pool<C> {
         }
     }
 
+    /// The most connections the pool opens.
+    pub(crate) fn max_size(&self) -> usize {
+        self.inner.status().max_size
+    }
+
     /// Closes the pool: idle connections are closed now, checked-out ones
     /// when they are returned, and every later [`Pool::get`] fails with
     /// [`sqlx::Error::PoolClosed`].

@@ -387,13 +387,15 @@ pub trait Outage: Send + Sync + 'static {
 /// Three named groups stand for the scenarios every dialect runs together:
 /// `@races` (64 racers over several stores, racing takeovers, a thousand
 /// keys), `@values` (hostile values, byte-exact identities, binary
-/// bodies) and `@coalescing` (a lone task, a failing call in a batch, 96
-/// mixed callers when busy and always batched): `sql_suite!(d; @races)`.
+/// bodies) and `@coalescing` (a lone task, a busy store's steady load, a
+/// failing call in a batch, 96 mixed callers when busy and always batched):
+/// `sql_suite!(d; @races)`.
 #[macro_export]
 macro_rules! sql_suite {
     ($dialect:expr; @coalescing) => {
         $crate::sql_suite!($dialect;
             a_lone_task_never_waits_for_a_batch,
+            busy_stores_gather_their_calls_in_batches,
             one_failing_call_fails_no_other_in_its_batch,
             coalesced_calls_keep_every_answer_when_busy,
             coalesced_calls_keep_every_answer_always,
