@@ -375,17 +375,16 @@ pub(crate) struct Queues {
     /// The claims and completions under way on the coalescing path (alone,
     /// waiting, or in a batch).
     callers: AtomicUsize,
-    /// The batches that may run at once: a quarter of the pool's
-    /// connections, at least one (made on the first batch).
+    /// The batches that may run at once ([`Dialect::batch_lanes`]).
     lanes: OnceLock<Arc<Semaphore>>,
 }
 
 impl Queues {
-    /// The lanes of a pool of `connections`.
-    fn lanes(&self, connections: usize) -> Arc<Semaphore> {
+    /// The lanes, `n` of them (made on the first batch).
+    fn lanes(&self, n: impl FnOnce() -> usize) -> Arc<Semaphore> {
         let lanes = self
             .lanes
-            .get_or_init(|| Arc::new(Semaphore::new((connections / 4).max(1))));
+            .get_or_init(|| Arc::new(Semaphore::new(n().max(1))));
         Arc::clone(lanes)
     }
 }
@@ -512,7 +511,9 @@ impl<D: Dialect> SqlCore<D> {
             source: "the batch this call was in ended without an answer".into(),
         };
         let (seq, mut told, taken) = queue.push(key, call);
-        let lanes = self.queues.lanes(own.max_size());
+        let lanes = self
+            .queues
+            .lanes(|| self.dialect().batch_lanes(own.max_size()));
         loop {
             let lane = tokio::select! {
                 biased;

@@ -215,6 +215,13 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         waiting
     }
 
+    /// How many batches of a busy store run at once on a pool of
+    /// `connections`: a quarter of them, at least one, by default. A
+    /// dialect whose writers take one lock in turn (SQLite's file) runs one.
+    fn batch_lanes(&self, connections: usize) -> usize {
+        (connections / 4).max(1)
+    }
+
     /// The claims of a batch (distinct records, sorted by key), one answer
     /// per claim, in order, each as [`Dialect::claim_once`] would give it
     /// alone: `None` for a claim that lost a race (it runs again alone).
@@ -924,12 +931,10 @@ macro_rules! sql_store {
             /// coalesces. The batch sizes are the
             /// `idem_store_batch_size` metric.
             ///
-            /// The default is where the benches show it pays: on for
-            /// PostgreSQL and MySQL/MariaDB (a batch is one statement of
-            /// each kind), off for SQLite (a batch there is one write
-            /// transaction of single statements, which holds the file's one
-            /// write lock long enough for the other connections' writers to
-            /// back off, and measured slower under load).
+            /// On by default: on PostgreSQL and MySQL/MariaDB a batch is one
+            /// statement of each kind; on SQLite one write transaction, and
+            /// a busy store runs one batch at a time, so that its writers
+            /// queue instead of meeting the file's write lock.
             #[must_use]
             pub fn with_coalescing(mut self, on: bool) -> Self {
                 self.$field.set_coalescing(if on {

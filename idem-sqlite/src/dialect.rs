@@ -132,6 +132,11 @@ async fn rows(
 /// way; reads do not (WAL). Keep transactional work short: every writer of
 /// the file waits for it.
 impl Dialect for SqliteDialect {
+    /// On: a busy store's writes queue behind one lane
+    /// ([`batch_lanes`](Dialect::batch_lanes)), one write transaction at a
+    /// time, instead of every connection's writer meeting the file's lock
+    /// and sleeping in the busy handler.
+    const COALESCING: idem_sql::Coalescing = idem_sql::Coalescing::WhenBusy;
     type Db = Sqlite;
     type Error = StoreError;
 
@@ -235,6 +240,12 @@ impl Dialect for SqliteDialect {
         let refiled = run(&self.sql.refile).await?;
         tx.commit().await.map_err(map)?;
         Ok((report, refiled))
+    }
+
+    /// One: the file has one write lock, so a second batch would only wait
+    /// for it in the busy handler's sleeps.
+    fn batch_lanes(&self, _connections: usize) -> usize {
+        1
     }
 
     fn begin_statement(&self) -> String {
