@@ -362,6 +362,27 @@ impl<R, A> Queue<R, A> {
     }
 }
 
+/// A lane of `lanes` (none to wait for without them), within the pool's
+/// checkout wait: a lane is the first half of a batch's checkout, and a
+/// caller that waits for one (while the lanes' batches hang on a server
+/// that stopped answering, say) fails as a checkout that waited too long
+/// would.
+async fn lane(
+    lanes: Option<&Arc<Semaphore>>,
+    wait: Option<std::time::Duration>,
+) -> Result<Option<OwnedSemaphorePermit>, sqlx::Error> {
+    let Some(lanes) = lanes else { return Ok(None) };
+    let acquire = Arc::clone(lanes).acquire_owned();
+    let acquired = match wait {
+        Some(wait) => tokio::time::timeout(wait, acquire)
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?,
+        None => acquire.await,
+    };
+    // The semaphore is never closed.
+    acquired.map(Some).map_err(|_| sqlx::Error::PoolClosed)
+}
+
 /// A claim's answer.
 type ClaimAnswer = Result<ClaimOutcome, StoreError>;
 /// A completion's answer.
@@ -511,19 +532,26 @@ impl<D: Dialect> SqlCore<D> {
             source: "the batch this call was in ended without an answer".into(),
         };
         let (seq, mut told, taken) = queue.push(key, call);
-        let lanes = self
-            .queues
-            .lanes(|| self.dialect().batch_lanes(own.max_size()));
+        // Under `Always` (tests) every call queues, and batches run on as
+        // many connections as are free, as they would without a bound.
+        let lanes = (self.coalescing == Coalescing::WhenBusy).then(|| {
+            self.queues
+                .lanes(|| self.dialect().batch_lanes(own.max_size()))
+        });
         loop {
             let lane = tokio::select! {
                 biased;
                 answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
                 // Taken into another caller's batch: nothing to wait for.
                 () = taken.notified() => break,
-                lane = Arc::clone(&lanes).acquire_owned() => lane,
+                lane = lane(lanes.as_ref(), own.acquire_wait()) => lane,
             };
-            // The semaphore is never closed.
-            let Ok(lane) = lane else { break };
+            let lane = match lane {
+                Ok(lane) => lane,
+                // As a checkout that waited too long: a lane is part of it.
+                Err(e) if queue.withdraw(seq) => return Err(D::checkout_error(e).into()),
+                Err(_) => break,
+            };
             let conn = tokio::select! {
                 biased;
                 answer = &mut told => return answer.unwrap_or_else(|_| Err(lost())),
@@ -680,7 +708,7 @@ async fn run<D: Dialect, R: Batched<D>>(
     core: SqlCore<D>,
     mut conn: OwnConn<D>,
     batch: Vec<Queued<R, Result<R::Answer, StoreError>>>,
-    lane: OwnedSemaphorePermit,
+    lane: Option<OwnedSemaphorePermit>,
 ) {
     // The lane is free again when the batch has run.
     let _lane = lane;

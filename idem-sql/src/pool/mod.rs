@@ -256,6 +256,12 @@ impl<C: Connection + 'static> Pool<C> {
         }
     }
 
+    /// How long a checkout waits before it fails (`None`: as long as it
+    /// takes).
+    pub(crate) fn acquire_wait(&self) -> Option<Duration> {
+        self.acquire_timeout
+    }
+
     /// The most connections the pool opens.
     pub(crate) fn max_size(&self) -> usize {
         self.inner.status().max_size
