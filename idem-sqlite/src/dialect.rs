@@ -52,6 +52,39 @@ impl SqliteDialect {
             table,
         }
     }
+
+    /// The claim's write, for a record that was absent or claimable when
+    /// last read: the insert-or-take-over, then, if it lost, the record as
+    /// it stands (`None`: claimable again, run the claim once more).
+    async fn claim_write(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let id = req.id;
+        let won = q(&self.sql.claim)
+            .bind_identity(id)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.token.as_i64())
+            .bind(ms(req.lease_until))
+            .bind(ms(req.key_expires_at))
+            .bind(ms(req.now))
+            .bind_id(id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map)?;
+        if let Some(row) = won {
+            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
+        }
+        match self.fetch(conn, id, req.now).await? {
+            Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
+            // Gone or claimable since the insert ran: claim again.
+            _ => {
+                tracing::debug!("claim raced with another write; retrying");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// What a connection of the store's own pool is after a call that failed
@@ -193,32 +226,9 @@ impl Dialect for SqliteDialect {
         conn: &mut SqliteConnection,
         req: &ClaimRequest<'_>,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let id = req.id;
-        match self.fetch(conn, id, req.now).await? {
-            Some(r) if !claimable(&r, req) => return Ok(Some(ClaimOutcome::Existing(r))),
-            _ => {}
-        }
-        let won = q(&self.sql.claim)
-            .bind_identity(id)
-            .bind(req.fingerprint.as_bytes().as_slice())
-            .bind(req.token.as_i64())
-            .bind(ms(req.lease_until))
-            .bind(ms(req.key_expires_at))
-            .bind(ms(req.now))
-            .bind_id(id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map)?;
-        if let Some(row) = won {
-            return Ok(Some(ClaimOutcome::Claimed(decode_claimed(&row)?)));
-        }
-        match self.fetch(conn, id, req.now).await? {
+        match self.fetch(conn, req.id, req.now).await? {
             Some(r) if !claimable(&r, req) => Ok(Some(ClaimOutcome::Existing(r))),
-            // Gone or claimable since the insert ran: claim again.
-            _ => {
-                tracing::debug!("claim raced with another write; retrying");
-                Ok(None)
-            }
+            _ => self.claim_write(conn, req).await,
         }
     }
 
@@ -276,7 +286,9 @@ impl Dialect for SqliteDialect {
         }
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(map)?;
         for &at in &writes {
-            match self.claim_once(&mut tx, &reqs[at]).await {
+            // Read above, absent or claimable: straight to the write (its
+            // statement decides against whatever changed since).
+            match self.claim_write(&mut tx, &reqs[at]).await {
                 Ok(Some(answer)) => answers[at] = Some(answer),
                 Ok(None) => {
                     tx.rollback().await.map_err(map)?;
