@@ -62,13 +62,7 @@ pub async fn connect(max: u32, options: PgConnectOptions) -> PgStore {
 
 /// A fresh schema name.
 pub fn schema_name() -> String {
-    format!(
-        "idem_test_{}",
-        IdempotencyKey::random()
-            .as_str()
-            .to_ascii_lowercase()
-            .replace('-', "_")
-    )
+    idem_test_support::sql::server::fresh_name()
 }
 
 /// The Postgres dialect of the SQL suite.

@@ -169,13 +169,7 @@ pub trait ServerDialect: Clone + Send + Sync + 'static {
         migrate: bool,
     ) -> impl Future<Output = Isolated<Self>> + Send {
         async move {
-            let name = format!(
-                "idem_test_{}",
-                IdempotencyKey::random()
-                    .as_str()
-                    .to_ascii_lowercase()
-                    .replace('-', "_")
-            );
+            let name = fresh_name();
             let (store, table, drops) = self.named(store, &name);
             if migrate {
                 Self::migrate(&store).await;
@@ -215,6 +209,16 @@ pub trait ServerDialect: Clone + Send + Sync + 'static {
             self.isolate(store, Self::options(), migrate).await
         }
     }
+}
+
+/// A fresh schema or table name, `idem_test_` and a random key in lower
+/// case: a plain identifier on every server.
+pub fn fresh_name() -> String {
+    let key = IdempotencyKey::random();
+    format!(
+        "idem_test_{}",
+        key.as_str().to_ascii_lowercase().replace('-', "_")
+    )
 }
 
 /// One test's store on a schema (Postgres) or table (MySQL) of its own,
