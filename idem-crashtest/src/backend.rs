@@ -6,11 +6,11 @@ use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
-use idem_test_support::sql::forced_coalescing;
+use idem_test_support::work::forced_coalescing;
 
-/// `$store` (a SQL store), sending every call through the batched path when
-/// the run asks for it ([`forced_coalescing`]: the crash suite run once more
-/// that way).
+/// `$store` (a SQL store, or a standalone Redis store), sending every call
+/// through the batched path when the run asks for it ([`forced_coalescing`]:
+/// the crash suite run once more that way).
 macro_rules! batched_if_asked {
     ($store:expr) => {
         match forced_coalescing() {
@@ -65,7 +65,7 @@ pub async fn open(spec: &str, migrate: bool) -> Result<AnyStore, String> {
             if let Some(prefix) = prefix {
                 store = store.with_prefix(prefix).map_err(text)?;
             }
-            Ok(AnyStore::new(store))
+            Ok(AnyStore::new(batched_if_asked!(store)))
         }
         _ => Err(unknown()),
     }

@@ -99,7 +99,7 @@ impl Connection {
             .arg("COUNT")
             .arg(count);
         match (self, node) {
-            (Self::Standalone(c), _) => cmd.query_async(&mut c.clone()).await,
+            (Self::Standalone(c, _), _) => cmd.query_async(&mut c.clone()).await,
             (Self::Cluster(c), Node::Cluster { host, port }) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
@@ -118,7 +118,7 @@ impl Connection {
             return Ok(Vec::new());
         }
         match self {
-            Self::Standalone(c) => {
+            Self::Standalone(c, _) => {
                 let mut pipe = redis::pipe();
                 for key in keys {
                     pipe.cmd("GET").arg(key);

@@ -12,12 +12,16 @@ use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 use tracing::debug;
 
+use std::sync::Arc;
+
 use crate::ack::ReplicaAck;
+use crate::combine::{Combiner, Send};
 
 /// The connection behind a store: standalone (reconnecting) or cluster.
 #[derive(Clone)]
 pub(crate) enum Connection {
-    Standalone(ConnectionManager),
+    /// With the calls waiting on it, when it coalesces them.
+    Standalone(ConnectionManager, Option<Arc<Combiner>>),
     Cluster(ClusterConnection),
 }
 
@@ -48,8 +52,12 @@ impl Connection {
     /// cluster); an error reply is the error.
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let v = match self {
+            Self::Standalone(c, Some(combiner)) => {
+                let mut replies = combiner.send(c, Send::One(cmd)).await?;
+                replies.pop().unwrap_or(Value::Nil)
+            }
             // The inherent method: `ConnectionLike`'s boxes its future.
-            Self::Standalone(c) => c.clone().send_packed_command(cmd).await?,
+            Self::Standalone(c, None) => c.clone().send_packed_command(cmd).await?,
             Self::Cluster(c) => c.clone().req_packed_command(cmd).await?,
         };
         v.extract_error()
@@ -66,7 +74,8 @@ impl Connection {
         n: usize,
     ) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Standalone(c) => c.clone().send_packed_commands(pipe, 0, n).await,
+            Self::Standalone(c, Some(combiner)) => combiner.send(c, Send::Many(pipe, n)).await,
+            Self::Standalone(c, None) => c.clone().send_packed_commands(pipe, 0, n).await,
             Self::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 c.clone()
@@ -85,7 +94,7 @@ impl Connection {
     async fn load(&self, script: &Script) -> RedisResult<()> {
         let inv = script.prepare_invoke();
         match self {
-            Self::Standalone(c) => inv.load_async(&mut c.clone()).await?,
+            Self::Standalone(c, _) => inv.load_async(&mut c.clone()).await?,
             Self::Cluster(c) => inv.load_async(&mut c.clone()).await?,
         };
         Ok(())

@@ -4,6 +4,7 @@
 mod ack;
 mod admin;
 mod claim;
+mod combine;
 mod complete;
 mod config;
 mod conn;

@@ -8,7 +8,8 @@ use idem_core::RecordId;
 use idem_core::clock::Timestamp;
 use idem_core::store::PurgeReport;
 use idem_core::store::{
-    Capabilities, ClaimOutcome, ClaimRequest, Completion, Store, StoreError, StoredRecord, Token,
+    Capabilities, ClaimOutcome, ClaimRequest, Coalescing, Completion, Store, StoreError,
+    StoredRecord, Token,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -17,6 +18,7 @@ use redis::{Client, Cmd, Script, Value};
 use tracing::debug;
 
 use crate::ack::ReplicaAck;
+use crate::combine::Combiner;
 use crate::config::KeyPrefix;
 use crate::conn::{Connection, evalsha};
 use crate::error::{BACKEND, Error, corrupt, store_error};
@@ -61,7 +63,7 @@ pub struct RedisStore {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.conn {
-            Connection::Standalone(_) => "standalone",
+            Connection::Standalone(..) => "standalone",
             Connection::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisStore")
@@ -95,7 +97,7 @@ impl RedisStore {
     #[must_use]
     pub fn new(manager: ConnectionManager) -> Self {
         Self {
-            conn: Connection::Standalone(manager),
+            conn: Connection::Standalone(manager, Combiner::new(Coalescing::WhenBusy)),
             prefix: KeyPrefix::default(),
             ack: None,
             inline_limit: 0,
@@ -353,6 +355,42 @@ impl RedisStore {
     #[must_use]
     pub fn inline_body_limit(&self) -> usize {
         self.inline_limit
+    }
+
+    /// Whether the store sends the commands of concurrent calls together
+    /// (on by default, standalone Redis only). While at most 16 calls are
+    /// under way, each goes at once, alone, as without coalescing; above
+    /// that, the calls wait together and go as one pipeline (one write and
+    /// one read on each side of the socket instead of one per call), at most
+    /// two pipelines on the wire at once, so that pipelines grow with the
+    /// load. No answer changes: Redis runs the commands in the order they
+    /// arrive on the connection, as it did when they were written one by
+    /// one, and an error reply answers its own command only. The pipeline
+    /// sizes are the `idem_store_batch_size` metric (`call="command"`).
+    ///
+    /// A cluster store sends each call to its slot's node and never
+    /// coalesces; the setting does nothing there. Every clone of a store
+    /// shares its connection: turning coalescing off or on makes a new
+    /// queue for this store and the clones made from it afterwards. What it
+    /// saves under load is in the repository's `benches/README.md`.
+    #[must_use]
+    pub fn with_coalescing(self, on: bool) -> Self {
+        self.with_coalescing_mode(if on {
+            Coalescing::WhenBusy
+        } else {
+            Coalescing::Off
+        })
+    }
+
+    /// [`with_coalescing`](Self::with_coalescing) with any
+    /// [`Coalescing`], for tests.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_coalescing_mode(mut self, mode: Coalescing) -> Self {
+        if let Connection::Standalone(manager, _) = self.conn {
+            self.conn = Connection::Standalone(manager, Combiner::new(mode));
+        }
+        self
     }
 
     /// Runs a script that may write to the record at `record_key`; with the

@@ -272,6 +272,7 @@ async fn acknowledged_only_while_a_replica_confirms(inline_limit: usize) {
                 .expect("prefix")
                 .with_replica_ack(1, ack)
                 .with_inline_body_limit(inline_limit);
+            let store = support::batched_if_asked(store);
             assert_eq!(store.replica_ack().map(|a| a.replicas()), Some(1));
             let idem: Engine = Arc::new(Idem::new(store).with_clock(clock).with_policy(policy()));
             idem

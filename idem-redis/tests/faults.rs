@@ -24,11 +24,12 @@ async fn impatient_store(url: &str) -> RedisStore {
         .set_number_of_retries(1)
         .set_connection_timeout(Some(Duration::from_millis(500)))
         .set_response_timeout(Some(Duration::from_secs(2)));
-    RedisStore::connect_with(config, Client::open(url).expect("url"))
+    let store = RedisStore::connect_with(config, Client::open(url).expect("url"))
         .await
         .expect("connect")
         .with_prefix(&support::unique_prefix())
-        .expect("prefix")
+        .expect("prefix");
+    support::batched_if_asked(store)
 }
 
 /// Polls until the store answers again (it reconnects on its own).

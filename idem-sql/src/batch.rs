@@ -32,11 +32,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use idem_core::RecordId;
 use idem_core::clock::Timestamp;
-use idem_core::store::Fingerprint;
 use idem_core::store::{
     CLAIM_RACE_TRIES, ClaimOutcome, ClaimRequest, Claimed, Completion, OwnedCompletion, Previous,
     StoreError, StoredRecord, Token, record_batch,
 };
+use idem_core::store::{Coalescing, Fingerprint};
 use sqlx::{ColumnIndex, Database, Decode, Type};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::debug;
@@ -44,28 +44,6 @@ use tracing::debug;
 use crate::conns::Judged;
 use crate::pool::{Conn, ConnectionError, Pool};
 use crate::store::{DbConnection, Dialect, SqlCore, record_key};
-
-/// Whether a SQL store coalesces its claims and completions (see
-/// `with_coalescing` on each store; the default is the dialect's,
-/// [`Dialect::COALESCING`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coalescing {
-    /// Every call on a checkout of its own.
-    Off,
-    /// A call that finds a connection free goes at once, alone; calls that
-    /// find every connection busy wait together and go as one batch on the
-    /// next connection free. While more calls are under way than the pool
-    /// has connections, every call waits in the queue and a quarter of the
-    /// connections run the batches, so that batches grow with the load.
-    /// Only on the store's own pool (a store built on the user's sqlx pool
-    /// never coalesces).
-    WhenBusy,
-    /// Every call waits in the queue, even when a connection is free: a
-    /// batch of one when nothing else waits. For tests that run every
-    /// answer through the batched statements; it adds a queue's hand-over
-    /// to every call.
-    Always,
-}
 
 /// The most calls one batch takes.
 pub const MAX_BATCH: usize = 128;

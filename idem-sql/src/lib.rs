@@ -12,9 +12,10 @@ mod statement;
 mod store;
 mod tx;
 
-pub use batch::{BatchCompletion, Coalescing, MAX_BATCH, SettleClaim};
+pub use batch::{BatchCompletion, MAX_BATCH, SettleClaim};
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
+pub use idem_core::store::Coalescing;
 pub use ident::check_identifier;
 pub use layout::{LAYOUT, LayoutError, check_layout};
 pub use pool::{Conn, ConnectCheck, ConnectionError, Pool, PoolConfig, Stats};

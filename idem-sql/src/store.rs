@@ -18,11 +18,12 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, Database, Encode, Type};
 use tracing::debug;
 
-use crate::batch::{BatchCompletion, Coalescing, Queues};
+use crate::batch::{BatchCompletion, Queues};
 use crate::conns::{Conns, SqlStore};
 use crate::error::fenced;
 use crate::layout::{LayoutError, check_layout};
 use crate::statement::{Driver, SharedStatements, Statement, Values};
+use idem_core::store::Coalescing;
 
 /// [`on_conn!`](crate::on_conn) on a [`SqlCore`], its error as a
 /// [`StoreError`].

@@ -4,6 +4,7 @@
 //! [`call_until_answered`], [`state`], [`assert_switch_error`]), generic
 //! over the store.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -221,4 +222,142 @@ pub async fn assert_waiting_calls_never_stored(
     let held = held.await.expect("join").expect("the work's outcome");
     assert!(!held.is_stored(), "the completion's commit never returned");
     assert_eq!(held_runs.get(), 1);
+}
+
+/// 96 callers at once on `idem`: 32 fresh keys, 16 keys raced by two
+/// callers each, 16 replays and 16 mismatches of keys completed before
+/// (stored first, one at a time). Each fresh key's work runs once and is
+/// stored; of each raced pair one runs and the other gets 409 or the
+/// replay; replays get the stored body; mismatches get 422. The coalescing
+/// scenarios of every backend run it on a store that batches its calls.
+///
+/// # Panics
+///
+/// When any caller's answer differs from the one it would get alone.
+pub async fn mixed_callers<S: Store + 'static>(idem: Engine<S>, scope: Scope) {
+    let runs: Vec<Counter> = (0..64).map(|_| Counter::default()).collect();
+    let call = |key: String, n: usize, request: serde_json::Value| {
+        let (idem, scope, runs) = (Arc::clone(&idem), scope.clone(), runs[n].clone());
+        tokio::spawn(async move {
+            idem.execute(&scope, key, &request, move |_| async move {
+                runs.hit();
+                Out::Success(format!("body {n}"))
+            })
+            .await
+        })
+    };
+    // Keys done-0..16 are stored first, one at a time.
+    for i in 0..16 {
+        let reply = call(format!("done-{i}"), 48 + i, request())
+            .await
+            .expect("task")
+            .expect("stored");
+        assert!(!reply.is_replay());
+    }
+    let other = serde_json::json!({"amount": 1});
+    let mut fresh = Vec::new();
+    let mut raced = Vec::new();
+    let mut replays = Vec::new();
+    let mut mismatches = Vec::new();
+    for i in 0..32 {
+        fresh.push(call(format!("new-{i}"), i, request()));
+    }
+    for i in 0..16 {
+        raced.push((
+            i,
+            call(format!("dup-{i}"), 32 + i, request()),
+            call(format!("dup-{i}"), 32 + i, request()),
+        ));
+        replays.push((i, call(format!("done-{i}"), 48 + i, request())));
+        mismatches.push(call(format!("done-{i}"), 48 + i, other.clone()));
+    }
+    for (i, task) in fresh.into_iter().enumerate() {
+        let reply = task.await.expect("task").expect("fresh key stored");
+        assert!(!reply.is_replay());
+        assert_eq!(reply.into_result(), Ok(format!("body {i}")));
+        assert_eq!(runs[i].get(), 1, "new-{i} ran once");
+    }
+    for (i, a, b) in raced {
+        let answers = [a.await.expect("task"), b.await.expect("task")];
+        let ran = answers
+            .iter()
+            .filter(|r| matches!(r, Ok(reply) if !reply.is_replay()))
+            .count();
+        assert_eq!(ran, 1, "dup-{i}: one caller ran it: {answers:?}");
+        for r in answers {
+            match r {
+                Ok(reply) => {
+                    assert_eq!(reply.into_result(), Ok(format!("body {}", 32 + i)));
+                }
+                Err(Error::InFlight { .. }) => {}
+                other => panic!("dup-{i}: {other:?}"),
+            }
+        }
+        assert_eq!(runs[32 + i].get(), 1, "dup-{i} ran once");
+    }
+    for (i, task) in replays {
+        let reply = task.await.expect("task").expect("replayed");
+        assert!(reply.is_replay());
+        assert_eq!(reply.into_result(), Ok(format!("body {}", 48 + i)));
+    }
+    for task in mismatches {
+        let err = task.await.expect("task").expect_err("mismatch");
+        assert_eq!(err.code(), "fingerprint_mismatch");
+    }
+    for i in 0..16 {
+        assert_eq!(runs[48 + i].get(), 1, "done-{i} ran once, before");
+    }
+}
+
+/// The sum of the series of `name` whose labels begin with `call={call}`
+/// in what [`recorded_apart`] returned (a histogram counts its samples: for
+/// `idem_store_batch_size`, the statements or pipelines sent).
+pub fn series(m: &HashMap<String, u64>, name: &str, call: &str) -> u64 {
+    m.iter()
+        .filter(|(k, _)| k.starts_with(&format!("{name}{{call={call},")))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Runs `script` with a recording exporter on a thread of its own (so that
+/// the test's own runtime is not in the way), and returns what it
+/// recorded.
+///
+/// # Panics
+///
+/// When the script panics (with its panic).
+pub fn recorded_apart<F, Fut>(script: F) -> HashMap<String, u64>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    std::thread::spawn(move || idem_core::testkit::metrics::recorded(script()))
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Whether [`batch_every_call`] was called in this test process.
+static BATCH_EVERY_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, every store the test support builds (a SQL store on a pool
+/// of its own, a standalone Redis store) in this process sends every call
+/// through the batched path
+/// ([`idem_core::store::Coalescing::Always`]): for a test binary that runs the
+/// suite's scenarios that way. A test binary is a process of its own, so
+/// the other binaries are not touched.
+pub fn batch_every_call() {
+    BATCH_EVERY_CALL.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The variable that asks the same as [`batch_every_call`] for a whole
+/// test run (`.ci/run` runs the failover suites once more with it set).
+pub const BATCH_EVERY_CALL_VAR: &str = "IDEM_TEST_BATCH_EVERY_CALL";
+
+/// The coalescing mode [`batch_every_call`] (or [`BATCH_EVERY_CALL_VAR`]
+/// set to `1`) asked for, if it did: what a dialect's support applies to
+/// each store it builds that coalesces.
+pub fn forced_coalescing() -> Option<idem_core::store::Coalescing> {
+    let asked = BATCH_EVERY_CALL.load(std::sync::atomic::Ordering::SeqCst)
+        || std::env::var(BATCH_EVERY_CALL_VAR).is_ok_and(|v| v == "1");
+    asked.then_some(idem_core::store::Coalescing::Always)
 }

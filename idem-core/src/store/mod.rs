@@ -156,8 +156,31 @@ pub use self::record::{
 pub use crate::fingerprint::Fingerprint;
 pub use crate::util::BoxDynError;
 
+/// Whether a store coalesces concurrent calls: the SQL stores' claims and
+/// completions (each store's `with_coalescing`), the commands a Redis store
+/// sends on its standalone connection (`RedisStore::with_coalescing`). The
+/// default is each store's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coalescing {
+    /// Every call goes on its own.
+    Off,
+    /// A call goes at once, alone, while the store is not busy (a SQL store:
+    /// a connection of its own pool is free, and a store on your sqlx pool
+    /// never coalesces; Redis: at most 16 calls are under way on the
+    /// connection); calls that find the store busy wait together
+    /// and go as one batch (one statement, transaction or pipeline). While
+    /// a store is busy, every call waits, and only a few batches run at
+    /// once, so that batches grow with the load.
+    WhenBusy,
+    /// Every call waits for a batch, even when the store is idle: a batch of
+    /// one when nothing else waits. For tests that run every answer through
+    /// the batched path; it adds a queue's hand-over to every call.
+    Always,
+}
+
 /// Reports that one statement (or one transaction) of store `backend`
-/// carried `calls` calls of kind `call` (`claim`, `complete`), and whether
+/// carried `calls` calls of kind `call` (`claim`, `complete`; `command` for a
+/// Redis pipeline, which carries calls of every kind), and whether
 /// they `waited` for a connection (a batch of calls that found the store's
 /// pool busy) or went at once: the histogram `idem_store_batch_size` and
 /// the counter `idem_store_calls_coalesced_total` under the `metrics`

@@ -73,7 +73,7 @@ impl Pg {
     /// The dialect, with every store this test binary builds on a pool of
     /// its own sending every call through the batched path.
     pub fn batched() -> Self {
-        idem_test_support::sql::batch_every_call();
+        idem_test_support::work::batch_every_call();
         Self
     }
 }

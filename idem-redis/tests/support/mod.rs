@@ -36,7 +36,17 @@ pub(crate) async fn standalone_store() -> RedisStore {
     let store = RedisStore::connect(&url)
         .await
         .unwrap_or_else(|e| unreachable(&url, &e));
-    store.with_prefix(&unique_prefix()).expect("valid prefix")
+    batched_if_asked(store.with_prefix(&unique_prefix()).expect("valid prefix"))
+}
+
+/// `store`, sending every call through the pipelined path when the run asks
+/// for it (`IDEM_TEST_BATCH_EVERY_CALL=1`: `.ci/run` runs the fault and
+/// failover suites once more that way).
+pub(crate) fn batched_if_asked(store: RedisStore) -> RedisStore {
+    match idem_test_support::work::forced_coalescing() {
+        Some(mode) => store.with_coalescing_mode(mode),
+        None => store,
+    }
 }
 
 /// One test's store, and where its keys must be deleted from.

@@ -3,33 +3,13 @@
 //! one batch) each get the answer they would get alone, the work running
 //! once per key. Read back through the store's metrics.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use idem_core::testkit::metrics::recorded;
-use idem_core::{Error, Idem};
+use idem_core::Idem;
 use idem_sql::Coalescing;
 
 use super::{Counter, Dialect, Out, SqlFixture, policy, request, scope, with_fixture};
-
-/// The sum of the series of `name` whose labels include `call={call}`.
-fn sum(m: &HashMap<String, u64>, name: &str, call: &str) -> u64 {
-    m.iter()
-        .filter(|(k, _)| k.starts_with(&format!("{name}{{call={call},")))
-        .map(|(_, n)| n)
-        .sum()
-}
-
-/// Runs `script` with a recording exporter, on a thread of its own.
-fn record<F, Fut>(script: F) -> HashMap<String, u64>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    std::thread::spawn(move || recorded(script()))
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-}
+use crate::work::{recorded_apart as record, series as sum};
 
 /// One task, one call at a time, on a pool of four: every claim and
 /// completion goes at once, alone (a batch of one that never waited), so
@@ -139,79 +119,7 @@ pub async fn coalesced_calls_keep_every_answer<D: Dialect>(d: D, mode: Coalescin
         with_fixture(fx, move |fx| async move {
             let store = D::coalescing(fx.store().clone(), mode);
             let idem = Arc::new(Idem::new(store).with_policy(policy(1)));
-            let scope = scope();
-            let runs: Vec<Counter> = (0..64).map(|_| Counter::default()).collect();
-            let call = |key: String, n: usize, request: serde_json::Value| {
-                let (idem, scope, runs) = (Arc::clone(&idem), scope.clone(), runs[n].clone());
-                tokio::spawn(async move {
-                    idem.execute(&scope, key, &request, move |_| async move {
-                        runs.hit();
-                        Out::Success(format!("body {n}"))
-                    })
-                    .await
-                })
-            };
-            // Keys done-0..16 are stored first, one at a time.
-            for i in 0..16 {
-                let reply = call(format!("done-{i}"), 48 + i, request())
-                    .await
-                    .expect("task")
-                    .expect("stored");
-                assert!(!reply.is_replay());
-            }
-            let other = serde_json::json!({"amount": 1});
-            let mut fresh = Vec::new();
-            let mut raced = Vec::new();
-            let mut replays = Vec::new();
-            let mut mismatches = Vec::new();
-            for i in 0..32 {
-                fresh.push(call(format!("new-{i}"), i, request()));
-            }
-            for i in 0..16 {
-                raced.push((
-                    i,
-                    call(format!("dup-{i}"), 32 + i, request()),
-                    call(format!("dup-{i}"), 32 + i, request()),
-                ));
-                replays.push((i, call(format!("done-{i}"), 48 + i, request())));
-                mismatches.push(call(format!("done-{i}"), 48 + i, other.clone()));
-            }
-            for (i, task) in fresh.into_iter().enumerate() {
-                let reply = task.await.expect("task").expect("fresh key stored");
-                assert!(!reply.is_replay());
-                assert_eq!(reply.into_result(), Ok(format!("body {i}")));
-                assert_eq!(runs[i].get(), 1, "new-{i} ran once");
-            }
-            for (i, a, b) in raced {
-                let answers = [a.await.expect("task"), b.await.expect("task")];
-                let ran = answers
-                    .iter()
-                    .filter(|r| matches!(r, Ok(reply) if !reply.is_replay()))
-                    .count();
-                assert_eq!(ran, 1, "dup-{i}: one caller ran it: {answers:?}");
-                for r in answers {
-                    match r {
-                        Ok(reply) => {
-                            assert_eq!(reply.into_result(), Ok(format!("body {}", 32 + i)));
-                        }
-                        Err(Error::InFlight { .. }) => {}
-                        other => panic!("dup-{i}: {other:?}"),
-                    }
-                }
-                assert_eq!(runs[32 + i].get(), 1, "dup-{i} ran once");
-            }
-            for (i, task) in replays {
-                let reply = task.await.expect("task").expect("replayed");
-                assert!(reply.is_replay());
-                assert_eq!(reply.into_result(), Ok(format!("body {}", 48 + i)));
-            }
-            for task in mismatches {
-                let err = task.await.expect("task").expect_err("mismatch");
-                assert_eq!(err.code(), "fingerprint_mismatch");
-            }
-            for i in 0..16 {
-                assert_eq!(runs[48 + i].get(), 1, "done-{i} ran once, before");
-            }
+            crate::work::mixed_callers(idem, scope()).await;
         })
         .await;
     });

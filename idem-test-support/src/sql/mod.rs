@@ -72,31 +72,6 @@ pub use crate::work::{Counter, Out, request};
 /// The lease of [`policy`].
 pub const LEASE: Duration = Duration::from_secs(60);
 
-/// Whether [`batch_every_call`] was called in this test process.
-static BATCH_EVERY_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// From now on, every store a dialect's test support builds on a pool of its
-/// own in this process sends every call through the batched path
-/// ([`idem_sql::Coalescing::Always`]): for a test binary that runs the
-/// suite's scenarios that way. A test binary is a process of its own, so
-/// the other binaries are not touched.
-pub fn batch_every_call() {
-    BATCH_EVERY_CALL.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// The variable that asks the same as [`batch_every_call`] for a whole
-/// test run (`.ci/run` runs the failover suites once more with it set).
-pub const BATCH_EVERY_CALL_VAR: &str = "IDEM_TEST_BATCH_EVERY_CALL";
-
-/// The coalescing mode [`batch_every_call`] (or [`BATCH_EVERY_CALL_VAR`]
-/// set to `1`) asked for, if it did: what a dialect's support applies to
-/// each store it builds on a pool of its own.
-pub fn forced_coalescing() -> Option<idem_sql::Coalescing> {
-    let asked = BATCH_EVERY_CALL.load(std::sync::atomic::Ordering::SeqCst)
-        || std::env::var(BATCH_EVERY_CALL_VAR).is_ok_and(|v| v == "1");
-    asked.then_some(idem_sql::Coalescing::Always)
-}
-
 /// A boxed future borrowing `'c` (a transactional work's, which borrows its
 /// connection).
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = T> + Send + 'c>>;

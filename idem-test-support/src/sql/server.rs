@@ -141,7 +141,7 @@ pub trait ServerDialect: Clone + Send + Sync + 'static {
 
     /// A store on a pool of its own of `max` connections through `options`
     /// (fails the test, never skips, if the server is unreachable), batched
-    /// if the test binary asked ([`forced_coalescing`](super::forced_coalescing)).
+    /// if the test binary asked ([`forced_coalescing`](crate::work::forced_coalescing)).
     fn connect(max: u32, options: OptionsOf<Self::Db>) -> impl Future<Output = Self::Store> + Send {
         async move {
             let store = Self::connect_with(SharedServer::pool_options(max), options)
@@ -154,7 +154,7 @@ pub trait ServerDialect: Clone + Send + Sync + 'static {
     /// `store`, sending every call through the batched path if this test
     /// binary asked for it.
     fn batched_if_asked(store: Self::Store) -> Self::Store {
-        match super::forced_coalescing() {
+        match crate::work::forced_coalescing() {
             Some(mode) => Self::with_coalescing(store, mode),
             None => store,
         }
