@@ -53,6 +53,41 @@ impl SqliteDialect {
         }
     }
 
+    /// The records of a batch's claims `reqs` as each claim's `fetch` reads
+    /// them (at its own `now`), in order, in one statement.
+    async fn read_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        reqs: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Option<StoredRecord>>, StoreError> {
+        let (sql, size) = self.sql.read_batch(reqs.len());
+        if size > idem_sql::MAX_BATCH {
+            // More claims than one batch takes: each read alone.
+            let mut out = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                out.push(self.fetch(conn, req.id, req.now).await?);
+            }
+            return Ok(out);
+        }
+        let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
+        let mut query = q(sql);
+        // The last claim's pair again up to the statement's size: a row read
+        // twice lands on the same claim.
+        for i in 0..size {
+            let at = i.min(reqs.len().saturating_sub(1));
+            if let (Some(key), Some(req)) = (keys.get(at), reqs.get(at)) {
+                query = query.bind(&key[..]).bind(ms(req.now));
+            }
+        }
+        let rows = query.fetch_all(&mut *conn).await.map_err(map)?;
+        let mut out = vec![None; reqs.len()];
+        for row in &rows {
+            let at = idem_sql::batch_position(row, &keys).map_err(row_error)?;
+            out[at] = Some(decode_record(row, reqs[at].id)?);
+        }
+        Ok(out)
+    }
+
     /// The claim's write, for a record that was absent or claimable when
     /// last read: the insert-or-take-over, then, if it lost, the record as
     /// it stands (`None`: claimable again, run the claim once more).
@@ -262,9 +297,11 @@ impl Dialect for SqliteDialect {
         "BEGIN IMMEDIATE".to_owned()
     }
 
-    /// The reads first, outside any transaction: each claim whose record
-    /// exists and may not be claimed (a replay, a conflict, a mismatch) is
-    /// answered by its read, under WAL without a lock. The others (absent or
+    /// The reads first, outside any transaction, as one statement (each
+    /// claim's key and now in a `VALUES` list joined to the table): each
+    /// claim whose record exists and may not be claimed (a replay, a
+    /// conflict, a mismatch) is answered by its read, under WAL without a
+    /// lock. The others (absent or
     /// claimable) run in one `BEGIN IMMEDIATE` transaction, one commit for
     /// all of them; a race lost in it rolls it back, and they run again
     /// alone.
@@ -275,8 +312,9 @@ impl Dialect for SqliteDialect {
     ) -> Result<Vec<Option<ClaimOutcome>>, StoreError> {
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
         let mut writes = Vec::new();
-        for (at, req) in reqs.iter().enumerate() {
-            match self.fetch(conn, req.id, req.now).await? {
+        let read = self.read_batch(conn, reqs).await?;
+        for (at, (req, record)) in reqs.iter().zip(read).enumerate() {
+            match record {
                 Some(r) if !claimable(&r, req) => answers[at] = Some(ClaimOutcome::Existing(r)),
                 _ => writes.push(at),
             }

@@ -21,6 +21,9 @@ pub(crate) struct Statements {
     pub(crate) purge_keys: Arc<str>,
     pub(crate) purge_bodies: Arc<str>,
     pub(crate) refile: Arc<str>,
+    /// The reads of a batch's claims as one statement, for 1, 2, 4, … 128
+    /// claims ([`Statements::read_batch`]).
+    read_batches: Vec<Arc<str>>,
     /// The statements every dialect has, with their bind order.
     pub(crate) shared: SharedStatements,
     pub(crate) layout: Arc<str>,
@@ -50,7 +53,31 @@ impl Statements {
             "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
         let in_flight =
             "sweep_at <= ?1 AND state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2";
+        // The reads of a batch's claims (`?1`, `?3`, … each record's key,
+        // `?2`, `?4`, … its claim's now): `fetch` below for each pair at
+        // once, its key column beside the record so that each row finds its
+        // claim.
+        let read_batches = (0..=idem_sql::MAX_BATCH.trailing_zeros())
+            .map(|k| {
+                let pairs: Vec<String> = (0..1usize << k)
+                    .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+                    .collect();
+                format!(
+                    "WITH idem_batch(id, now) AS (VALUES {})
+SELECT rec.id, rec.owner, rec.operation, rec.key, rec.fingerprint, rec.state, rec.attempt,
+       rec.lease_until, rec.resource_id, rec.outcome,
+       CASE WHEN rec.response_expires_at > idem_batch.now THEN rec.response END AS response,
+       rec.response_expires_at, rec.key_expires_at
+FROM idem_batch JOIN {t} AS rec ON rec.id = idem_batch.id
+WHERE rec.key_expires_at > idem_batch.now
+   OR (rec.state = 'in_flight' AND rec.lease_until > idem_batch.now)",
+                    pairs.join(", ")
+                )
+                .into()
+            })
+            .collect();
         Self {
+            read_batches,
             // The claim (`?1` owner, `?2` operation, `?3` key, `?4`
             // fingerprint, `?5` token, `?6` lease end, `?7` key expiry, `?8`
             // now, `?9` the record's key): insert when absent; overwrite when the key expired (and
@@ -257,6 +284,20 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArg
     idem_sql::query(sql)
 }
 
+impl Statements {
+    /// The statement reading `n` claims' records at once (`n` rounded up to
+    /// a power of two: a few statement texts, each prepared once per
+    /// connection), and how many pairs it binds.
+    pub(crate) fn read_batch(&self, n: usize) -> (&Arc<str>, usize) {
+        let size = n.max(1).next_power_of_two();
+        let at = usize::try_from(size.trailing_zeros()).unwrap_or(usize::MAX);
+        match self.read_batches.get(at) {
+            Some(sql) => (sql, size),
+            None => (&self.read_batches[self.read_batches.len() - 1], size),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +313,29 @@ mod tests {
             assert!(!sql.contains('{'), "{sql}");
         }
         assert!(s.layout.contains("name = 't_1'"));
+    }
+
+    /// A batch's read binds one (key, now) pair per claim, rounded up to a
+    /// power of two, each row filtered by its own claim's now; more than
+    /// one batch takes has no statement (the caller reads one by one).
+    #[test]
+    fn a_batch_read_binds_each_claims_key_and_now() {
+        let s = Statements::new("t_1");
+        for (n, size) in [(1, 1), (2, 2), (3, 4), (5, 8), (100, 128), (128, 128)] {
+            let (sql, got) = s.read_batch(n);
+            assert_eq!(got, size, "{n} claims");
+            assert!(
+                sql.contains(&format!("(?{}, ?{})", 2 * size - 1, 2 * size)),
+                "{sql}"
+            );
+            assert!(!sql.contains(&format!("?{}", 2 * size + 1)), "{sql}");
+            assert!(sql.contains("JOIN \"t_1\" AS rec"), "{sql}");
+            assert!(sql.contains("rec.key_expires_at > idem_batch.now"), "{sql}");
+        }
+        assert_eq!(
+            s.read_batch(129).1,
+            256,
+            "over the batch: no statement of that size"
+        );
     }
 }
