@@ -433,7 +433,8 @@ impl<D: Dialect> SqlCore<D> {
             Coalescing::Off => return None,
             Coalescing::WhenBusy | Coalescing::Always => self.connections().own_pool()?,
         };
-        let busy = self.queues.callers.load(Ordering::Relaxed) > own.max_size();
+        let busy =
+            self.queues.callers.load(Ordering::Relaxed) > self.dialect().busy_above(own.max_size());
         if self.coalescing == Coalescing::WhenBusy && !busy {
             match own.try_get().await {
                 Ok(Some(conn)) => {

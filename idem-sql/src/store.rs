@@ -216,6 +216,13 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         waiting
     }
 
+    /// Above how many claims and completions under way a store on a pool
+    /// of `connections` is busy (every call queues, see
+    /// [`batch_lanes`](Dialect::batch_lanes)): its connections, by default.
+    fn busy_above(&self, connections: usize) -> usize {
+        connections
+    }
+
     /// How many batches of a busy store run at once on a pool of
     /// `connections`: a quarter of them, at least one, by default. A
     /// dialect whose writers take one lock in turn (SQLite's file) runs one.
