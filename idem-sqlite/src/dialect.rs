@@ -10,7 +10,7 @@ use idem_core::store::{
     StoredRecord,
 };
 use idem_core::{RecordId, TakeoverReason};
-use idem_sql::{BindRecord, Dialect, SharedStatements};
+use idem_sql::{BatchCompletion, BindRecord, Dialect, SharedStatements};
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Connection, Row, Sqlite};
 
@@ -60,15 +60,14 @@ impl SqliteDialect {
         conn: &mut SqliteConnection,
         reqs: &[ClaimRequest<'_>],
     ) -> Result<Vec<Option<StoredRecord>>, StoreError> {
-        let (sql, size) = self.sql.read_batch(reqs.len());
-        if size > idem_sql::MAX_BATCH {
+        let Some((sql, size)) = self.sql.read_batch(reqs.len()) else {
             // More claims than one batch takes: each read alone.
             let mut out = Vec::with_capacity(reqs.len());
             for req in reqs {
                 out.push(self.fetch(conn, req.id, req.now).await?);
             }
             return Ok(out);
-        }
+        };
         let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
         let mut query = q(sql);
         // The last claim's pair again up to the statement's size: a row read
@@ -304,6 +303,57 @@ impl Dialect for SqliteDialect {
 
     fn begin_statement(&self) -> String {
         "BEGIN IMMEDIATE".to_owned()
+    }
+
+    /// One statement for all of them (autocommit: one commit); a
+    /// completion it did not apply was perhaps applied before (a retry after
+    /// a lost reply), which its own read says.
+    async fn complete_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        items: &[BatchCompletion<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let Some((sql, size)) = self.sql.complete_batch(items.len()) else {
+            let mut applied = Vec::with_capacity(items.len());
+            for item in items {
+                let done = self
+                    .complete_applied(&mut *conn, item.id, item.token, &item.completion)
+                    .await?;
+                applied.push(done);
+            }
+            return Ok(applied);
+        };
+        let keys: Vec<[u8; 16]> = items.iter().map(|i| idem_sql::record_key(i.id)).collect();
+        let mut query = q(sql);
+        // The last completion again up to the statement's size: a row
+        // matched twice is updated once, with the same values.
+        for i in 0..size {
+            let at = i.min(items.len().saturating_sub(1));
+            if let (Some(key), Some(item)) = (keys.get(at), items.get(at)) {
+                let c = &item.completion;
+                query = query
+                    .bind(&key[..])
+                    .bind(item.token.as_i64())
+                    .bind(c.outcome.as_str())
+                    .bind(c.body)
+                    .bind(ms(c.response_expires_at))
+                    .bind(ms(c.key_expires_at))
+                    .bind(c.resource_id);
+            }
+        }
+        let rows = query.fetch_all(&mut *conn).await.map_err(map)?;
+        let mut applied = vec![false; items.len()];
+        for row in &rows {
+            applied[idem_sql::batch_position(row, &keys).map_err(row_error)?] = true;
+        }
+        for (at, item) in items.iter().enumerate() {
+            if !applied[at] {
+                applied[at] = self
+                    .completed_under(&mut *conn, item.id, item.token)
+                    .await?;
+            }
+        }
+        Ok(applied)
     }
 
     /// The reads first, outside any transaction, as one statement (each

@@ -24,6 +24,9 @@ pub(crate) struct Statements {
     /// The reads of a batch's claims as one statement, for 1, 2, 4, … 128
     /// claims ([`Statements::read_batch`]).
     read_batches: Vec<Arc<str>>,
+    /// A batch's completions as one statement, for 1, 2, 4, … 128
+    /// completions ([`Statements::complete_batch`]).
+    complete_batches: Vec<Arc<str>>,
     /// The statements every dialect has, with their bind order.
     pub(crate) shared: SharedStatements,
     pub(crate) layout: Arc<str>,
@@ -57,27 +60,38 @@ impl Statements {
         // `?2`, `?4`, … its claim's now): `fetch` below for each pair at
         // once, its key column beside the record so that each row finds its
         // claim.
-        let read_batches = (0..=idem_sql::MAX_BATCH.trailing_zeros())
-            .map(|k| {
-                let pairs: Vec<String> = (0..1usize << k)
-                    .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
-                    .collect();
-                format!(
-                    "WITH idem_batch(id, now) AS (VALUES {})
+        let read_batches = batched(2, |rows| {
+            format!(
+                "WITH idem_batch(id, now) AS (VALUES {rows})
 SELECT rec.id, rec.owner, rec.operation, rec.key, rec.fingerprint, rec.state, rec.attempt,
        rec.lease_until, rec.resource_id, rec.outcome,
        CASE WHEN rec.response_expires_at > idem_batch.now THEN rec.response END AS response,
        rec.response_expires_at, rec.key_expires_at
 FROM idem_batch JOIN {t} AS rec ON rec.id = idem_batch.id
 WHERE rec.key_expires_at > idem_batch.now
-   OR (rec.state = 'in_flight' AND rec.lease_until > idem_batch.now)",
-                    pairs.join(", ")
-                )
-                .into()
-            })
-            .collect();
+   OR (rec.state = 'in_flight' AND rec.lease_until > idem_batch.now)"
+            )
+        });
+        // A batch's completions (per record: key, token, outcome, body,
+        // response expiry, key expiry, resource id or NULL): the `complete`
+        // below for each at once, one statement and so one commit; the keys
+        // of the records it completed come back.
+        let complete_batches = batched(7, |rows| {
+            format!(
+                "WITH idem_batch(id, token, outcome, response, response_expires_at, key_expires_at,
+                resource_id) AS (VALUES {rows})
+UPDATE {t} SET state = 'completed', outcome = idem_batch.outcome,
+    response = idem_batch.response, response_expires_at = idem_batch.response_expires_at,
+    key_expires_at = idem_batch.key_expires_at,
+    resource_id = COALESCE(idem_batch.resource_id, {t}.resource_id)
+FROM idem_batch
+WHERE {t}.id = idem_batch.id AND {t}.token = idem_batch.token AND {t}.state = 'in_flight'
+RETURNING id"
+            )
+        });
         Self {
             read_batches,
+            complete_batches,
             // The claim (`?1` owner, `?2` operation, `?3` key, `?4`
             // fingerprint, `?5` token, `?6` lease end, `?7` key expiry, `?8`
             // now, `?9` the record's key): insert when absent; overwrite when the key expired (and
@@ -284,17 +298,45 @@ pub(crate) fn q(sql: &Arc<str>) -> sqlx::query::Query<'static, Sqlite, SqliteArg
     idem_sql::query(sql)
 }
 
+/// A statement for 1, 2, 4, … [`MAX_BATCH`](idem_sql::MAX_BATCH) rows of
+/// `width` parameters each: `make` given the rows' `VALUES` list (`(?1, ?2),
+/// (?3, ?4)` for width 2).
+fn batched(width: usize, make: impl Fn(String) -> String) -> Vec<Arc<str>> {
+    (0..=idem_sql::MAX_BATCH.trailing_zeros())
+        .map(|k| {
+            let rows: Vec<String> = (0..1usize << k)
+                .map(|i| {
+                    let params: Vec<String> =
+                        (1..=width).map(|p| format!("?{}", i * width + p)).collect();
+                    format!("({})", params.join(", "))
+                })
+                .collect();
+            make(rows.join(", ")).into()
+        })
+        .collect()
+}
+
+/// Of `statements` (from [`batched`]), the one for `n` rows rounded up to a
+/// power of two (a few texts, each prepared once per connection), and that
+/// size; the caller binds the last row again up to it. `None` over
+/// [`MAX_BATCH`](idem_sql::MAX_BATCH).
+fn pick(statements: &[Arc<str>], n: usize) -> Option<(&Arc<str>, usize)> {
+    let size = n.max(1).next_power_of_two();
+    let at = usize::try_from(size.trailing_zeros()).ok()?;
+    statements.get(at).map(|sql| (sql, size))
+}
+
 impl Statements {
-    /// The statement reading `n` claims' records at once (`n` rounded up to
-    /// a power of two: a few statement texts, each prepared once per
-    /// connection), and how many pairs it binds.
-    pub(crate) fn read_batch(&self, n: usize) -> (&Arc<str>, usize) {
-        let size = n.max(1).next_power_of_two();
-        let at = usize::try_from(size.trailing_zeros()).unwrap_or(usize::MAX);
-        match self.read_batches.get(at) {
-            Some(sql) => (sql, size),
-            None => (&self.read_batches[self.read_batches.len() - 1], size),
-        }
+    /// The statement reading `n` claims' records at once, and how many
+    /// (key, now) pairs it binds.
+    pub(crate) fn read_batch(&self, n: usize) -> Option<(&Arc<str>, usize)> {
+        pick(&self.read_batches, n)
+    }
+
+    /// The statement storing `n` completions at once, and how many rows it
+    /// binds.
+    pub(crate) fn complete_batch(&self, n: usize) -> Option<(&Arc<str>, usize)> {
+        pick(&self.complete_batches, n)
     }
 }
 
@@ -322,7 +364,7 @@ mod tests {
     fn a_batch_read_binds_each_claims_key_and_now() {
         let s = Statements::new("t_1");
         for (n, size) in [(1, 1), (2, 2), (3, 4), (5, 8), (100, 128), (128, 128)] {
-            let (sql, got) = s.read_batch(n);
+            let (sql, got) = s.read_batch(n).expect("a statement");
             assert_eq!(got, size, "{n} claims");
             assert!(
                 sql.contains(&format!("(?{}, ?{})", 2 * size - 1, 2 * size)),
@@ -332,10 +374,11 @@ mod tests {
             assert!(sql.contains("JOIN \"t_1\" AS rec"), "{sql}");
             assert!(sql.contains("rec.key_expires_at > idem_batch.now"), "{sql}");
         }
-        assert_eq!(
-            s.read_batch(129).1,
-            256,
-            "over the batch: no statement of that size"
-        );
+        assert!(s.read_batch(129).is_none(), "over the batch: no statement");
+        let (sql, size) = s.complete_batch(3).expect("a statement");
+        assert_eq!(size, 4);
+        assert!(sql.contains("(?22, ?23, ?24, ?25, ?26, ?27, ?28)"), "{sql}");
+        assert!(!sql.contains("?29"), "{sql}");
+        assert!(sql.contains("UPDATE \"t_1\" SET"), "{sql}");
     }
 }
