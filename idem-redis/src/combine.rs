@@ -11,16 +11,18 @@
 //! were written one by one, and a pipeline is not a transaction (an error
 //! reply answers its own command only).
 //!
-//! There is no timer. While at most [`ALONE`] calls are under way, a call
-//! goes at once, alone, exactly as without coalescing. Above that, every
-//! call waits, and at most [`LANES`] pipelines are on the wire at once: the
-//! next lane free takes every call waiting then (at most [`MAX_BATCH`]), so
-//! that pipelines grow with the load. A pipeline runs in a task of its own,
-//! so that a caller whose future is dropped while its pipeline is on the
-//! wire stops no other call's command; a call dropped while it waits is
-//! never sent.
+//! There is no timer, and no call waits for another call's reply. While at
+//! most [`ALONE`] calls are under way, a call goes at once, alone, exactly
+//! as without coalescing. Above that, every call waits in a queue, and one
+//! task gathers the queue: each time it runs, it takes every call waiting
+//! then (at most [`MAX_BATCH`]), hands them to a task of their own as one
+//! pipeline, and yields, so that the calls arriving meanwhile make the next
+//! pipeline. Pipelines grow with the load; a pipeline's task answers its
+//! calls, so that a caller whose future is dropped while its pipeline is
+//! on the wire stops no other call's command. A call dropped while it waits
+//! is never sent.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use idem_core::store::{Coalescing, record_batch};
@@ -36,9 +38,6 @@ pub(crate) const MAX_BATCH: usize = 128;
 /// Up to this many calls under way, a call goes at once, alone
 /// ([`Coalescing::WhenBusy`]); above it, every call waits.
 pub(crate) const ALONE: usize = 16;
-
-/// How many pipelines of waiting calls may be on the wire at once.
-pub(crate) const LANES: usize = 2;
 
 /// What a call sends: one command, or a pipeline of its own (sent as one
 /// round trip, its replies in order).
@@ -63,12 +62,11 @@ struct Waiter {
     answer: oneshot::Sender<RedisResult<Vec<Value>>>,
 }
 
-/// The calls waiting on one connection, and how many of its lanes are busy.
+/// The calls waiting on one connection, and whether a task gathers them.
 pub(crate) struct Combiner {
     waiting: Mutex<Vec<Waiter>>,
-    /// Pipelines of waiting calls on the wire.
-    busy: AtomicUsize,
-    lanes: usize,
+    /// A task gathers the waiting calls into pipelines.
+    gathering: AtomicBool,
     /// Calls under way (alone, waiting, or in a pipeline).
     callers: AtomicUsize,
     /// Above this many calls under way, every call waits.
@@ -78,7 +76,7 @@ pub(crate) struct Combiner {
 impl std::fmt::Debug for Combiner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Combiner")
-            .field("lanes", &self.lanes)
+            .field("alone", &self.alone)
             .finish_non_exhaustive()
     }
 }
@@ -94,8 +92,7 @@ impl Combiner {
         };
         Some(Arc::new(Self {
             waiting: Mutex::new(Vec::new()),
-            busy: AtomicUsize::new(0),
-            lanes: LANES,
+            gathering: AtomicBool::new(false),
             callers: AtomicUsize::new(0),
             alone,
         }))
@@ -106,34 +103,20 @@ impl Combiner {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a lane if one is free.
-    fn take_lane(&self) -> bool {
-        self.busy
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
-                (b < self.lanes).then_some(b + 1)
-            })
-            .is_ok()
-    }
-
-    /// Gives a lane back, and starts the next pipeline if calls wait.
-    fn give_lane(self: &Arc<Self>, manager: &ConnectionManager) {
-        self.busy.fetch_sub(1, Ordering::SeqCst);
-        self.kick(manager);
-    }
-
-    /// Starts a pipeline of the waiting calls if any wait and a lane is
-    /// free.
+    /// Starts the task that gathers the waiting calls, unless it runs or no
+    /// call waits.
     fn kick(self: &Arc<Self>, manager: &ConnectionManager) {
-        if self.waiting().is_empty() || !self.take_lane() {
+        if self.waiting().is_empty() || self.gathering.swap(true, Ordering::SeqCst) {
             return;
         }
         let (me, manager) = (Arc::clone(self), manager.clone());
-        tokio::spawn(async move { me.drain(manager).await });
+        tokio::spawn(async move { me.gather(manager).await });
     }
 
-    /// Holding a lane: sends the waiting calls as one pipeline, answers
-    /// them, and goes on while calls wait.
-    async fn drain(self: Arc<Self>, mut manager: ConnectionManager) {
+    /// Sends the waiting calls as one pipeline, in a task of its own, then
+    /// yields so that the calls arriving meanwhile make the next one; stops
+    /// when none waits.
+    async fn gather(self: Arc<Self>, manager: ConnectionManager) {
         loop {
             let batch: Vec<Waiter> = {
                 let mut w = self.waiting();
@@ -142,33 +125,15 @@ impl Combiner {
                 w.drain(..n).collect()
             };
             if batch.is_empty() {
-                self.give_lane(&manager);
+                self.gathering.store(false, Ordering::SeqCst);
+                // A call queued after the take above, before the store,
+                // found the task running: start it again for that call.
+                self.kick(&manager);
                 return;
             }
-            let mut pipe = Pipeline::with_capacity(batch.iter().map(|q| q.cmds.len()).sum());
-            let mut counts = Vec::with_capacity(batch.len());
-            for q in &batch {
-                counts.push(q.cmds.len());
-                for c in &q.cmds {
-                    pipe.add_command(c.clone());
-                }
-            }
             record_batch(BACKEND, "command", batch.len(), true);
-            let n = pipe.len();
-            match manager.send_packed_commands(&pipe, 0, n).await {
-                Ok(replies) => {
-                    let mut replies = replies.into_iter();
-                    for (q, k) in batch.into_iter().zip(counts) {
-                        let mine: Vec<Value> = replies.by_ref().take(k).collect();
-                        let _ = q.answer.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    for q in batch {
-                        let _ = q.answer.send(Err(e.clone()));
-                    }
-                }
-            }
+            tokio::spawn(send(manager.clone(), batch));
+            tokio::task::yield_now().await;
         }
     }
 
@@ -224,5 +189,32 @@ impl<'a> Caller<'a> {
 impl Drop for Caller<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Sends the commands of `batch` as one pipeline and answers each call with
+/// its replies (or every call with the connection's error).
+async fn send(mut manager: ConnectionManager, mut batch: Vec<Waiter>) {
+    let mut pipe = Pipeline::with_capacity(batch.iter().map(|q| q.cmds.len()).sum());
+    let mut counts = Vec::with_capacity(batch.len());
+    for q in &mut batch {
+        counts.push(q.cmds.len());
+        for c in std::mem::take(&mut q.cmds) {
+            pipe.add_command(c);
+        }
+    }
+    match manager.send_packed_commands(&pipe, 0, pipe.len()).await {
+        Ok(replies) => {
+            let mut replies = replies.into_iter();
+            for (q, n) in batch.into_iter().zip(counts) {
+                let mine: Vec<Value> = replies.by_ref().take(n).collect();
+                let _ = q.answer.send(Ok(mine));
+            }
+        }
+        Err(e) => {
+            for q in batch {
+                let _ = q.answer.send(Err(e.clone()));
+            }
+        }
     }
 }

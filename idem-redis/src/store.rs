@@ -360,10 +360,10 @@ impl RedisStore {
     /// Whether the store sends the commands of concurrent calls together
     /// (on by default, standalone Redis only). While at most 16 calls are
     /// under way, each goes at once, alone, as without coalescing; above
-    /// that, the calls wait together and go as one pipeline (one write and
-    /// one read on each side of the socket instead of one per call), at most
-    /// two pipelines on the wire at once, so that pipelines grow with the
-    /// load. No answer changes: Redis runs the commands in the order they
+    /// that, calls queue, and one task takes every call queued each time it
+    /// runs and sends them as one pipeline (one write and one read on each
+    /// side of the socket instead of one per call; no call waits for another
+    /// call's reply), so that pipelines grow with the load. No answer changes: Redis runs the commands in the order they
     /// arrive on the connection, as it did when they were written one by
     /// one, and an error reply answers its own command only. The pipeline
     /// sizes are the `idem_store_batch_size` metric (`call="command"`).

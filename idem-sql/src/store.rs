@@ -940,9 +940,11 @@ macro_rules! sql_store {
             /// `idem_store_batch_size` metric.
             ///
             /// On by default: on PostgreSQL and MySQL/MariaDB a batch is one
-            /// statement of each kind; on SQLite one write transaction, and
-            /// a busy store runs one batch at a time, so that its writers
-            /// queue instead of meeting the file's write lock.
+            /// statement of each kind; on SQLite one read of the claims'
+            /// records, one write transaction for the claims that write and
+            /// one update for the completions, and a store is busy above two
+            /// calls under way and runs one batch at a time, so that its
+            /// writers queue instead of meeting the file's write lock.
             #[must_use]
             pub fn with_coalescing(mut self, on: bool) -> Self {
                 self.$field.set_coalescing(if on {

@@ -165,9 +165,10 @@ pub enum Coalescing {
     /// Every call goes on its own.
     Off,
     /// A call goes at once, alone, while the store is not busy (a SQL store:
-    /// a connection of its own pool is free, and a store on your sqlx pool
-    /// never coalesces; Redis: at most 16 calls are under way on the
-    /// connection); calls that find the store busy wait together
+    /// a connection of its own pool is free and no more calls are under way
+    /// than it has connections, or than two on SQLite, and a store on your
+    /// sqlx pool never coalesces; Redis: at most 16 calls are under way on
+    /// the connection); calls that find the store busy wait together
     /// and go as one batch (one statement, transaction or pipeline). While
     /// a store is busy, every call waits, and only a few batches run at
     /// once, so that batches grow with the load.
