@@ -1,6 +1,6 @@
-//! Coalescing on a standalone connection: the commands of calls that arrive
-//! while earlier ones are still on the wire wait together, and go as one
-//! pipeline (one write, one read, one reply buffer) when a lane comes free.
+//! Coalescing on a standalone connection: while the connection is busy, the
+//! commands of the calls that arrive go together as one pipeline (one
+//! write, one read, one reply buffer).
 //!
 //! redis-rs's multiplexed connection already shares one socket between
 //! every task, but writes each call on its own: at 64 tasks a fresh key is
@@ -42,12 +42,12 @@ pub(crate) const ALONE: usize = 16;
 /// What a call sends: one command, or a pipeline of its own (sent as one
 /// round trip, its replies in order).
 #[derive(Clone, Copy)]
-pub(crate) enum Send<'a> {
+pub(crate) enum Call<'a> {
     One(&'a Cmd),
     Many(&'a Pipeline, usize),
 }
 
-impl Send<'_> {
+impl Call<'_> {
     fn replies(&self) -> usize {
         match self {
             Self::One(_) => 1,
@@ -56,7 +56,7 @@ impl Send<'_> {
     }
 }
 
-/// A call waiting for a lane.
+/// A call waiting for the next pipeline.
 struct Waiter {
     cmds: Vec<Cmd>,
     answer: oneshot::Sender<RedisResult<Vec<Value>>>,
@@ -137,29 +137,29 @@ impl Combiner {
         }
     }
 
-    /// Sends `call` on `manager`: at once if a lane is free, else with the
-    /// next pipeline. Its replies in order, error replies included as
-    /// values.
+    /// Sends `call` on `manager`: at once while at most `alone` calls are
+    /// under way, else with the next pipeline. Its replies in order, error
+    /// replies included as values.
     pub(crate) async fn send(
         self: &Arc<Self>,
         manager: &ConnectionManager,
-        call: Send<'_>,
+        call: Call<'_>,
     ) -> RedisResult<Vec<Value>> {
         let _caller = Caller::new(&self.callers);
         if self.callers.load(Ordering::Relaxed) <= self.alone {
             record_batch(BACKEND, "command", 1, false);
             return match call {
-                Send::One(cmd) => manager
+                Call::One(cmd) => manager
                     .clone()
                     .send_packed_command(cmd)
                     .await
                     .map(|v| vec![v]),
-                Send::Many(pipe, n) => manager.clone().send_packed_commands(pipe, 0, n).await,
+                Call::Many(pipe, n) => manager.clone().send_packed_commands(pipe, 0, n).await,
             };
         }
         let cmds = match call {
-            Send::One(cmd) => vec![cmd.clone()],
-            Send::Many(pipe, _) => pipe.cmd_iter().cloned().collect(),
+            Call::One(cmd) => vec![cmd.clone()],
+            Call::Many(pipe, _) => pipe.cmd_iter().cloned().collect(),
         };
         debug_assert_eq!(cmds.len(), call.replies());
         let (answer, told) = oneshot::channel();

@@ -15,7 +15,7 @@ use tracing::debug;
 use std::sync::Arc;
 
 use crate::ack::ReplicaAck;
-use crate::combine::{Combiner, Send};
+use crate::combine::{Call, Combiner};
 
 /// The connection behind a store: standalone (reconnecting) or cluster.
 #[derive(Clone)]
@@ -53,7 +53,7 @@ impl Connection {
     pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let v = match self {
             Self::Standalone(c, Some(combiner)) => {
-                let mut replies = combiner.send(c, Send::One(cmd)).await?;
+                let mut replies = combiner.send(c, Call::One(cmd)).await?;
                 replies.pop().unwrap_or(Value::Nil)
             }
             // The inherent method: `ConnectionLike`'s boxes its future.
@@ -74,7 +74,7 @@ impl Connection {
         n: usize,
     ) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Standalone(c, Some(combiner)) => combiner.send(c, Send::Many(pipe, n)).await,
+            Self::Standalone(c, Some(combiner)) => combiner.send(c, Call::Many(pipe, n)).await,
             Self::Standalone(c, None) => c.clone().send_packed_commands(pipe, 0, n).await,
             Self::Cluster(c) => {
                 let route = Route::with_key(key, SlotAddr::Master);
