@@ -170,8 +170,9 @@ pub enum Coalescing {
     /// sqlx pool never coalesces; Redis: at most 16 calls are under way on
     /// the connection); calls that find the store busy wait together
     /// and go as one batch (one statement, transaction or pipeline). While
-    /// a store is busy, every call waits, and only a few batches run at
-    /// once, so that batches grow with the load.
+    /// a store is busy, every call waits, so that batches grow with the
+    /// load: a SQL store runs only a few batches at once, a Redis store
+    /// sends whatever has gathered each time its gathering task runs.
     WhenBusy,
     /// Every call waits for a batch, even when the store is idle: a batch of
     /// one when nothing else waits. For tests that run every answer through
