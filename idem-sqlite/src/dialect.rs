@@ -15,7 +15,7 @@ use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
 use sqlx::{Connection, Row, Sqlite};
 
 use crate::error::{BACKEND, corrupt, map, row_error};
-use crate::sql::{Statements, q};
+use crate::sql::{Statements, bound_rows, q};
 
 /// The SQLite dialect of the SQL store: its statements for one table.
 /// [`SqliteStore`](crate::SqliteStore) runs on it; it has no API of its
@@ -70,10 +70,7 @@ impl SqliteDialect {
         };
         let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
         let mut query = q(sql);
-        // The last claim's pair again up to the statement's size: a row read
-        // twice lands on the same claim.
-        for i in 0..size {
-            let at = i.min(reqs.len().saturating_sub(1));
+        for at in bound_rows(reqs.len(), size) {
             if let (Some(key), Some(req)) = (keys.get(at), reqs.get(at)) {
                 query = query.bind(&key[..]).bind(ms(req.now));
             }
@@ -325,10 +322,7 @@ impl Dialect for SqliteDialect {
         };
         let keys: Vec<[u8; 16]> = items.iter().map(|i| idem_sql::record_key(i.id)).collect();
         let mut query = q(sql);
-        // The last completion again up to the statement's size: a row
-        // matched twice is updated once, with the same values.
-        for i in 0..size {
-            let at = i.min(items.len().saturating_sub(1));
+        for at in bound_rows(items.len(), size) {
             if let (Some(key), Some(item)) = (keys.get(at), items.get(at)) {
                 let c = &item.completion;
                 query = query

@@ -326,6 +326,13 @@ fn pick(statements: &[Arc<str>], n: usize) -> Option<(&Arc<str>, usize)> {
     statements.get(at).map(|sql| (sql, size))
 }
 
+/// Which of `n` items each of a picked statement's `size` rows binds: each
+/// in turn, then the last one again up to the size (a row read or updated
+/// twice lands on the same item, with the same values).
+pub(crate) fn bound_rows(n: usize, size: usize) -> impl Iterator<Item = usize> {
+    (0..size).map(move |row| row.min(n.saturating_sub(1)))
+}
+
 impl Statements {
     /// The statement reading `n` claims' records at once, and how many
     /// (key, now) pairs it binds.

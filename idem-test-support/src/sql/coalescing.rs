@@ -9,13 +9,13 @@ use idem_core::Idem;
 use idem_sql::Coalescing;
 
 use super::{Counter, Dialect, Out, SqlFixture, policy, request, scope, with_fixture};
-use crate::work::{recorded_apart as record, series as sum};
+use crate::work::{recorded_apart, series};
 
 /// One task, one call at a time, on a pool of four: every claim and
 /// completion goes at once, alone (a batch of one that never waited), so
 /// a single caller sees the latency it would see without coalescing.
 pub async fn a_lone_task_never_waits_for_a_batch<D: Dialect>(d: D) {
-    let m = record(move || async move {
+    let m = recorded_apart(move || async move {
         let fx = d.open(4).await;
         with_fixture(fx, move |fx| async move {
             let store = D::coalescing(fx.store().clone(), Coalescing::WhenBusy);
@@ -38,8 +38,12 @@ pub async fn a_lone_task_never_waits_for_a_batch<D: Dialect>(d: D) {
         })
         .await;
     });
-    assert_eq!(sum(&m, "idem_store_batch_size", "claim"), 20, "{m:#?}");
-    assert_eq!(sum(&m, "idem_store_batch_size", "complete"), 10, "{m:#?}");
+    assert_eq!(series(&m, "idem_store_batch_size", "claim"), 20, "{m:#?}");
+    assert_eq!(
+        series(&m, "idem_store_batch_size", "complete"),
+        10,
+        "{m:#?}"
+    );
     assert!(
         !m.keys()
             .any(|k| k.starts_with("idem_store_calls_coalesced_total")),
@@ -55,7 +59,7 @@ pub async fn a_lone_task_never_waits_for_a_batch<D: Dialect>(d: D) {
 /// (without the bound, each connection that came free took the few calls
 /// queued since the last one: 79 to 191 statements).
 pub async fn busy_stores_gather_their_calls_in_batches<D: Dialect>(d: D) {
-    let m = record(move || async move {
+    let m = recorded_apart(move || async move {
         let fx = d.open(4).await;
         with_fixture(fx, move |fx| async move {
             let store = D::coalescing(fx.store().clone(), Coalescing::WhenBusy);
@@ -90,8 +94,8 @@ pub async fn busy_stores_gather_their_calls_in_batches<D: Dialect>(d: D) {
     // Measured: 28 to 31 statements on Postgres, 57 on MariaDB, 25 to 31 on
     // SQLite (busy above two calls under way); 79 to 191
     // without the bound (each free connection taking what was queued).
-    let claims = sum(&m, "idem_store_batch_size", "claim");
-    let completions = sum(&m, "idem_store_batch_size", "complete");
+    let claims = series(&m, "idem_store_batch_size", "claim");
+    let completions = series(&m, "idem_store_batch_size", "complete");
     assert!(
         claims + completions <= 76,
         "512 calls in {claims} claim and {completions} completion statements: {m:#?}"
@@ -115,7 +119,7 @@ pub async fn coalesced_calls_keep_every_answer_always<D: Dialect>(d: D) {
 /// get the stored body; mismatches get 422. Calls were batched (fewer claim
 /// statements than claims).
 pub async fn coalesced_calls_keep_every_answer<D: Dialect>(d: D, mode: Coalescing) {
-    let m = record(move || async move {
+    let m = recorded_apart(move || async move {
         let fx = d.open(2).await;
         with_fixture(fx, move |fx| async move {
             let store = D::coalescing(fx.store().clone(), mode);
@@ -125,10 +129,10 @@ pub async fn coalesced_calls_keep_every_answer<D: Dialect>(d: D, mode: Coalescin
         .await;
     });
     // 16 + 32 + 32 + 16 + 16 claims; fewer statements carried them.
-    let claims = sum(&m, "idem_store_batch_size", "claim");
+    let claims = series(&m, "idem_store_batch_size", "claim");
     assert!(claims > 0 && claims < 112, "claims were batched: {m:#?}");
     assert!(
-        sum(&m, "idem_store_calls_coalesced_total", "claim") > 0,
+        series(&m, "idem_store_calls_coalesced_total", "claim") > 0,
         "{m:#?}"
     );
 }
@@ -145,7 +149,7 @@ pub trait PoisonDialect: Dialect {
 /// never runs), and the 16 others are stored, each run once, though they
 /// shared a batch with it.
 pub async fn one_failing_call_fails_no_other_in_its_batch<D: PoisonDialect>(d: D) {
-    let m = record(move || async move {
+    let m = recorded_apart(move || async move {
         let fx = d.open(1).await;
         d.poison(&fx, "poison").await;
         with_fixture(fx, move |fx| async move {
@@ -184,9 +188,9 @@ pub async fn one_failing_call_fails_no_other_in_its_batch<D: PoisonDialect>(d: D
         })
         .await;
     });
-    let claims = sum(&m, "idem_store_batch_size", "claim");
+    let claims = series(&m, "idem_store_batch_size", "claim");
     assert!(
-        sum(&m, "idem_store_calls_coalesced_total", "claim") > claims,
+        series(&m, "idem_store_calls_coalesced_total", "claim") > claims,
         "calls shared a batch: {m:#?}"
     );
 }
