@@ -282,3 +282,38 @@ async fn new_connections_pass_the_check_before_they_serve() {
         "the second call reused it"
     );
 }
+
+/// A checkout dropped while it opens a connection (here while the new
+/// connection's check still runs) leaves the handshake to finish: the
+/// connection goes to the pool, and the next checkout takes it instead of
+/// opening another. Dropped half-way, each such checkout cost the server a
+/// session for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkout_dropped_while_it_opens_leaves_the_connection_to_the_pool() {
+    let db = TempDb::new();
+    let checks = std::sync::Arc::new(AtomicU64::new(0));
+    let check: ConnectCheck<SqliteConnection> = {
+        let checks = checks.clone();
+        std::sync::Arc::new(move |conn: &mut SqliteConnection| {
+            let checks = checks.clone();
+            Box::pin(async move {
+                checks.fetch_add(1, Ordering::SeqCst);
+                sqlx::query_scalar::<_, i64>(SLOW)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map(drop)
+            })
+        })
+    };
+    let options = SqliteConnectOptions::new()
+        .filename(&db.0)
+        .create_if_missing(true);
+    let pool = Pool::checked(options, PoolConfig::new(1), Some(check));
+
+    let dropped = tokio::time::timeout(Duration::from_millis(5), pool.get()).await;
+    assert!(dropped.is_err(), "the checkout ends before the check");
+    assert_eq!(select(&pool, 7).await, 7);
+    assert_eq!(checks.load(Ordering::SeqCst), 1, "one connection checked");
+    let stats = pool.stats();
+    assert_eq!((stats.size, stats.opened), (1, 1), "{stats:?}");
+}

@@ -215,13 +215,63 @@ impl<C: Connection + 'static> Pool<C> {
     /// [`sqlx::Error::PoolClosed`] after [`Pool::close`], and the driver's
     /// error when a new connection cannot be opened.
     pub async fn get(&self) -> Result<Conn<C>, sqlx::Error> {
-        let got = match self.acquire_timeout {
-            None => self.inner.get().await,
-            Some(after) => tokio::time::timeout(after, self.inner.get())
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)?,
-        };
-        Self::checked_out(got)
+        let (inner, timeout) = (self.inner.clone(), self.acquire_timeout);
+        self.detached_if_opening(async move {
+            let got = match timeout {
+                None => inner.get().await,
+                Some(after) => tokio::time::timeout(after, inner.get())
+                    .await
+                    .map_err(|_| sqlx::Error::PoolTimedOut)?,
+            };
+            Self::checked_out(got)
+        })
+        .await
+    }
+
+    /// Checks a connection out if one is free now (idle, or room to open
+    /// one), without waiting for a busy one: `None` when every connection
+    /// is checked out and the pool is full.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error::PoolClosed`] after [`Pool::close`], and the driver's
+    /// error when a new connection cannot be opened.
+    pub async fn try_get(&self) -> Result<Option<Conn<C>>, sqlx::Error> {
+        let inner = self.inner.clone();
+        self.detached_if_opening(async move {
+            let now = managed::Timeouts {
+                wait: Some(Duration::ZERO),
+                ..managed::Timeouts::new()
+            };
+            match inner.timeout_get(&now).await {
+                Err(PoolError::Timeout(managed::TimeoutType::Wait)) => Ok(None),
+                got => Self::checked_out(got).map(Some),
+            }
+        })
+        .await
+    }
+
+    /// Runs `checkout` in a task of its own when it is about to open a
+    /// connection (none idle, room in the pool), so that a caller that
+    /// stops waiting (its future dropped: a batch took its call meanwhile,
+    /// say) leaves the handshake to finish and the new connection to the
+    /// pool. Dropped half-way, it would have cost the server a session for
+    /// nothing, and the next checkout would open another: under load,
+    /// hundreds of sessions a second. Any other checkout runs in place.
+    async fn detached_if_opening<T: Send + 'static>(
+        &self,
+        checkout: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+    ) -> Result<T, sqlx::Error> {
+        let status = self.inner.status();
+        let opens = status.available == 0 && status.size < status.max_size;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if opens => runtime.spawn(checkout).await.unwrap_or_else(|e| {
+                Err(sqlx::Error::Protocol(format!(
+                    "connection pool: the checkout's task failed: {e}"
+                )))
+            }),
+            _ => checkout.await,
+        }
     }
 
     /// A checkout's result, its error as the driver's.
@@ -234,25 +284,6 @@ impl<C: Connection + 'static> Pool<C> {
             Err(PoolError::Closed) => Err(sqlx::Error::PoolClosed),
             Err(PoolError::Timeout(_)) => Err(sqlx::Error::PoolTimedOut),
             Err(other) => Err(sqlx::Error::Protocol(format!("connection pool: {other}"))),
-        }
-    }
-
-    /// Checks a connection out if one is free now (idle, or room to open
-    /// one), without waiting for a busy one: `None` when every connection
-    /// is checked out and the pool is full.
-    ///
-    /// # Errors
-    ///
-    /// [`sqlx::Error::PoolClosed`] after [`Pool::close`], and the driver's
-    /// error when a new connection cannot be opened.
-    pub async fn try_get(&self) -> Result<Option<Conn<C>>, sqlx::Error> {
-        let now = managed::Timeouts {
-            wait: Some(Duration::ZERO),
-            ..managed::Timeouts::new()
-        };
-        match self.inner.timeout_get(&now).await {
-            Err(PoolError::Timeout(managed::TimeoutType::Wait)) => Ok(None),
-            got => Self::checked_out(got).map(Some),
         }
     }
 
