@@ -359,10 +359,7 @@ impl Dialect for MySqlDialect {
     /// sqlx prepares each text once per connection, so a store prepares at
     /// most eight sizes of each.
     fn batch_len(&self, waiting: usize) -> usize {
-        match waiting.checked_ilog2() {
-            Some(log) => 1 << log,
-            None => 1,
-        }
+        idem_sql::power_of_two_batch(waiting)
     }
 
     /// MariaDB: one multi-row `INSERT … ON DUPLICATE KEY UPDATE …
