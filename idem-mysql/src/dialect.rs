@@ -359,7 +359,10 @@ impl Dialect for MySqlDialect {
     /// sqlx prepares each text once per connection, so a store prepares at
     /// most eight sizes of each.
     fn batch_len(&self, waiting: usize) -> usize {
-        idem_sql::power_of_two_batch(waiting)
+        match waiting.checked_ilog2() {
+            Some(log) => 1 << log,
+            None => 1,
+        }
     }
 
     /// MariaDB: one multi-row `INSERT … ON DUPLICATE KEY UPDATE …

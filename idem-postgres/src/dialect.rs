@@ -258,7 +258,7 @@ impl Dialect for PgDialect {
     fn statement(&self, name: &str) -> Option<&str> {
         Some(match name {
             "claim" => &self.sql.claim,
-            "claim_batch" => self.sql.claim_batch(1)?,
+            "claim_batch" => &self.sql.claim_batch,
             "takeover" => &self.sql.takeover,
             "complete_batch" => &self.sql.complete_batch,
             "purge" => &self.sql.purge,
@@ -292,46 +292,30 @@ impl Dialect for PgDialect {
         self.settle(conn, req, &row).await
     }
 
-    /// One text per size ([`Statements::claim_batch`]): the batches come
-    /// in powers of two.
-    fn batch_len(&self, waiting: usize) -> usize {
-        idem_sql::power_of_two_batch(waiting)
-    }
-
     async fn claim_batch(
         &self,
         conn: &mut PgConnection,
         reqs: &[ClaimRequest<'_>],
     ) -> Result<Vec<Option<ClaimOutcome>>, Error> {
-        // A batch is one statement; a length that is no power of two (a
-        // caller other than the queue) runs as several, in key order.
-        let mut answers = Vec::with_capacity(reqs.len());
-        let mut rest = reqs;
-        while !rest.is_empty() {
-            let (chunk, after) = rest.split_at(idem_sql::power_of_two_batch(rest.len()));
-            // A power of two up to the largest size: always there.
-            let sql = self.sql.claim_batch(chunk.len()).ok_or_else(|| {
-                sqlx::Error::Protocol(format!("no claim statement for {} records", chunk.len()))
-            })?;
-            let keys: Vec<[u8; 16]> = chunk.iter().map(|r| idem_sql::record_key(r.id)).collect();
-            let mut query = q(sql);
-            for (r, key) in chunk.iter().zip(&keys) {
-                query = query
-                    .bind(r.id.owner())
-                    .bind(r.id.operation())
-                    .bind(r.id.key().as_str())
-                    .bind(r.fingerprint.as_bytes().as_slice())
-                    .bind(r.token.as_i64())
-                    .bind(r.now.as_unix_millis())
-                    .bind(r.lease_until.as_unix_millis())
-                    .bind(r.key_expires_at.as_unix_millis())
-                    .bind(&key[..]);
-            }
-            let rows = query.fetch_all(&mut *conn).await?;
-            answers.extend(self.settle_batch(conn, chunk, &keys, &rows).await?);
-            rest = after;
-        }
-        Ok(answers)
+        let each = |f: fn(&ClaimRequest<'_>) -> i64| reqs.iter().map(f).collect::<Vec<i64>>();
+        let keys: Vec<[u8; 16]> = reqs.iter().map(|r| idem_sql::record_key(r.id)).collect();
+        let rows = q(&self.sql.claim_batch)
+            .bind(reqs.iter().map(|r| r.id.owner()).collect::<Vec<_>>())
+            .bind(reqs.iter().map(|r| r.id.operation()).collect::<Vec<_>>())
+            .bind(reqs.iter().map(|r| r.id.key().as_str()).collect::<Vec<_>>())
+            .bind(
+                reqs.iter()
+                    .map(|r| r.fingerprint.as_bytes().as_slice())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(each(|r| r.token.as_i64()))
+            .bind(each(|r| r.now.as_unix_millis()))
+            .bind(each(|r| r.lease_until.as_unix_millis()))
+            .bind(each(|r| r.key_expires_at.as_unix_millis()))
+            .bind(keys.iter().map(|k| &k[..]).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        self.settle_batch(conn, reqs, &keys, &rows).await
     }
 
     async fn complete_batch(

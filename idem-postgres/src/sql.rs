@@ -29,8 +29,7 @@ impl TableName {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
-    /// The claim of a batch, for 1, 2, 4, … 128 records.
-    claim_batches: Vec<Arc<str>>,
+    pub(crate) claim_batch: Arc<str>,
     pub(crate) takeover: Arc<str>,
     pub(crate) complete_batch: Arc<str>,
     pub(crate) purge: Arc<str>,
@@ -93,11 +92,43 @@ impl Statements {
                 rows = claim_rows(""),
             )
             .into(),
-            // The claim of a batch of 1, 2, 4, … 128 records
-            // ([`Statements::claim_batch`]).
-            claim_batches: (0..=idem_sql::MAX_BATCH.trailing_zeros())
-                .map(|k| claim_batch(&t, 1 << k))
-                .collect(),
+            // The claim of a batch: the claim above for N records at once,
+            // each parameter an array with one element per claim ($1 owner,
+            // $2 operation, $3 key, $4 fingerprint, $5 token, $6 now,
+            // $7 lease_until, $8 key_expires_at, $9 the record's key). The
+            // records are distinct and sorted by key, and inserted in that
+            // order, so two batches take their index locks in one order. A
+            // row comes back per claim, named by `id`: `claimed` (inserted)
+            // or `existing` (as read); a claim with no row lost a race to a
+            // concurrent writer and runs again alone. One statement, one
+            // commit, whatever N.
+            claim_batch: format!(
+                "WITH req AS (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[],
+                                         $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[])
+                        AS r(owner, operation, key, fingerprint, token, now, lease_until, key_expires_at, id)
+                ),
+                cur AS (
+                    SELECT t.id, t.owner, t.operation, t.key, t.fingerprint, t.state, t.attempt,
+                           t.lease_until, t.resource_id, t.outcome,
+                           CASE WHEN t.response_expires_at > req.now THEN t.response END AS response,
+                           t.response_expires_at, t.key_expires_at, t.token
+                    FROM req JOIN {t} t ON t.id = req.id
+                ),
+                ins AS (
+                    INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
+                    SELECT id, owner, operation, key, fingerprint, 'in_flight', token, 1, lease_until,
+                           GREATEST(key_expires_at, lease_until), lease_until
+                    FROM req
+                    WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.id = req.id)
+                    ORDER BY id
+                    ON CONFLICT (id) DO NOTHING
+                    RETURNING id, attempt
+                )
+                {rows}",
+                rows = claim_rows("id, "),
+            )
+            .into(),
             // The takeover of the record the claim read ($1..$9 as the claim,
             // $10 the token it read): only that version (a new claim changes
             // the token), and only while it is claimable, a condition Postgres
@@ -285,79 +316,6 @@ impl Statements {
 /// batch's `id, `, or nothing): the won claim's attempt from `ins` (kind
 /// `claimed`), or the record as `cur` read it (kind `existing`), the same
 /// columns either way.
-/// The claim of a batch of `n` records: the claim above for each at once,
-/// nine parameters a record in `VALUES` (owner, operation, key,
-/// fingerprint, token, now, lease_until, key_expires_at, the record's key).
-/// The records are distinct and sorted by key, and inserted in that order,
-/// so two batches take their index locks in one order. A row comes back per
-/// claim, named by `id`: `claimed` (inserted) or `existing` (as read); a
-/// claim with no row lost a race to a concurrent writer and runs again
-/// alone. One statement, one commit, whatever `n`.
-///
-/// Two choices keep its plan cheap whatever the table's statistics say:
-///
-/// * one text per size, so the planner knows how many rows `req` holds,
-///   and the plan it keeps for the statement (the generic one, after five
-///   runs) costs what a plan for the values at hand would: Postgres plans
-///   it once per connection instead of at every run. (Arrays of any length
-///   left it guessing ten rows, and it planned every run anew: about 240
-///   µs of the server's time per batch, measured.)
-/// * each record is read through its own `LATERAL` lookup of the primary
-///   key (`LIMIT 1`, so it cannot be turned into a join): a plan made while
-///   the table was small cannot hash the whole table for every batch after
-///   it grew. (A join did: measured, a batch's reads cost three times the
-///   single claim's.)
-fn claim_batch(t: &str, n: usize) -> Arc<str> {
-    let rows: Vec<String> = (0..n)
-        .map(|i| {
-            let params: Vec<String> = (1..=9).map(|p| format!("${}", i * 9 + p)).collect();
-            format!("({})", params.join(", "))
-        })
-        .collect();
-    format!(
-        "WITH req(owner, operation, key, fingerprint, token, now, lease_until, key_expires_at, id) AS (
-            VALUES {values}
-        ),
-        cur AS (
-            SELECT t.id, t.owner, t.operation, t.key, t.fingerprint, t.state, t.attempt,
-                   t.lease_until, t.resource_id, t.outcome,
-                   CASE WHEN t.response_expires_at > req.now THEN t.response END AS response,
-                   t.response_expires_at, t.key_expires_at, t.token
-            FROM req CROSS JOIN LATERAL (
-                SELECT id, owner, operation, key, fingerprint, state, attempt, lease_until,
-                       resource_id, outcome, response, response_expires_at, key_expires_at, token
-                FROM {t} WHERE id = req.id LIMIT 1
-            ) t
-        ),
-        ins AS (
-            INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
-            SELECT id, owner, operation, key, fingerprint, 'in_flight', token, 1, lease_until,
-                   GREATEST(key_expires_at, lease_until), lease_until
-            FROM req
-            WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.id = req.id)
-            ORDER BY id
-            ON CONFLICT (id) DO NOTHING
-            RETURNING id, attempt
-        )
-        {rows}",
-        values = rows.join(", "),
-        rows = claim_rows("id, "),
-    )
-    .into()
-}
-
-impl Statements {
-    /// The claim of a batch of `n` records (a power of two up to
-    /// [`idem_sql::MAX_BATCH`]: the store's batches take no other size).
-    pub(crate) fn claim_batch(&self, n: usize) -> Option<&Arc<str>> {
-        if !n.is_power_of_two() {
-            return None;
-        }
-        self.claim_batches
-            .get(usize::try_from(n.trailing_zeros()).ok()?)
-    }
-}
-
 fn claim_rows(first: &str) -> String {
     format!(
         "SELECT 'claimed' AS kind, {first}NULL::text AS owner, NULL::text AS operation, NULL::text AS key,

@@ -49,19 +49,6 @@ use crate::store::{DbConnection, Dialect, SqlCore, record_key};
 /// The most calls one batch takes.
 pub const MAX_BATCH: usize = 128;
 
-/// The most of `waiting` queued calls (at least one) one batch takes for a
-/// dialect with one batch statement per size (1, 2, 4, … [`MAX_BATCH`]):
-/// the largest power of two not above it, so that each connection prepares
-/// at most eight texts of each kind and every batch is exactly one of them
-/// ([`Dialect::batch_len`]).
-#[must_use]
-pub fn power_of_two_batch(waiting: usize) -> usize {
-    waiting
-        .checked_ilog2()
-        .map_or(1, |log| 1 << log)
-        .min(MAX_BATCH)
-}
-
 /// A claim as it waits in the queue (owning what [`ClaimRequest`]
 /// borrows).
 pub(crate) struct ClaimCall {

@@ -12,7 +12,7 @@ mod statement;
 mod store;
 mod tx;
 
-pub use batch::{BatchCompletion, MAX_BATCH, SettleClaim, power_of_two_batch};
+pub use batch::{BatchCompletion, MAX_BATCH, SettleClaim};
 pub use conns::{Conns, Judged, SqlStore, call_sound_of, checkout_error_of};
 pub use error::{Class, classify, fenced, leaves_connection_sound, to_store_error};
 pub use idem_core::store::Coalescing;
