@@ -207,7 +207,9 @@ impl<C: Connection + 'static> Pool<C> {
 
     /// Checks a connection out: the most recently returned sound one, with
     /// no round trip, or a new one if none is idle and the pool has room;
-    /// otherwise waits for one, within the acquire timeout.
+    /// otherwise waits for one, within the acquire timeout. A connection
+    /// being opened is opened to the end even if the caller stops waiting:
+    /// it then goes to the pool.
     ///
     /// # Errors
     ///
