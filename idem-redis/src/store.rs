@@ -363,9 +363,10 @@ impl RedisStore {
     /// that, calls queue, and one task takes every call queued each time it
     /// runs and sends them as one pipeline (one write and one read on each
     /// side of the socket instead of one per call; no call waits for another
-    /// call's reply), so that pipelines grow with the load. No answer changes: Redis runs the commands in the order they
-    /// arrive on the connection, as it did when they were written one by
-    /// one, and an error reply answers its own command only. The pipeline
+    /// call's reply), so that pipelines grow with the load. No answer
+    /// changes: Redis runs the commands in the order they arrive on the
+    /// connection, as it did when they were written one by one, and an
+    /// error reply answers its own command only. The pipeline
     /// sizes are the `idem_store_batch_size` metric (`call="command"`).
     ///
     /// A cluster store sends each call to its slot's node and never

@@ -15,8 +15,8 @@
 //!
 //! While the store is busy (more claims and completions under way than its
 //! pool has connections, or than [`Dialect::busy_above`] says), those calls
-//! all queue, and at most a quarter of
-//! the pool's connections run batches at once ([`Queues::lanes`]): the
+//! all queue, and at most a quarter of the pool's connections run batches
+//! at once ([`Queues::lanes`]): the
 //! others' calls gather in the queue meanwhile, so batches grow with the
 //! load instead of each connection that comes free taking the one or two
 //! calls that arrived since. Below that load nothing changes: a call that
