@@ -352,8 +352,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     }
 
     /// One purge round of at most `limit` rows per statement: what it
-    /// removed, and how many records it only re-filed to their next due
-    /// time (a round that removed something may report 0 re-filed).
+    /// removed, and how many records it passed without removing them
+    /// (re-filed to their next due time, or found and changed since): 0 when
+    /// the purge has nothing more to walk (a round that removed something
+    /// may report 0).
     fn purge_round(
         &self,
         conn: &mut DbConnection<Self>,
@@ -362,7 +364,7 @@ pub trait Dialect: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(PurgeReport, u64), Self::Error>> + Send;
 
     /// The operator listing: at most `fetch` in-flight records of `query`,
-    /// in keyset order (`sweep_at`, then the record's key), after `after`.
+    /// in keyset order (lease end, then the record's key), after `after`.
     fn list_in_flight(
         &self,
         conn: &mut DbConnection<Self>,
@@ -694,9 +696,9 @@ impl<D: Dialect> SqlCore<D> {
             .await
     }
 
-    /// Purge rounds on one connection until one removes something or finds
-    /// nothing to re-file. Each round moves every record it re-files past
-    /// `now`, so this ends.
+    /// Purge rounds on one connection until one removes something or passes
+    /// nothing more. Each round moves every record it re-files past `now`,
+    /// or walks on towards the table's end, so this ends.
     async fn purge_on(
         &self,
         conn: &mut DbConnection<D>,
@@ -850,9 +852,9 @@ impl<D: Dialect> Store for SqlCore<D> {
     }
 }
 
-/// Indexed listing with keyset pagination (the sweep index, where an
-/// in-flight record sits at its lease end); release, delete and counts are
-/// one statement each. Counting scans the table.
+/// Listing with keyset pagination (lease end, then key: the sweep index's
+/// order where the dialect has one); release, delete and counts are one
+/// statement each. Counting scans the table.
 #[deny(clippy::missing_trait_methods)]
 impl<D: Dialect> AdminStore for SqlCore<D> {
     async fn list_in_flight(&self, query: &InFlightQuery<'_>) -> Result<Page, StoreError> {
@@ -1101,8 +1103,9 @@ pub fn keyed(sql: &str, sigil: char) -> std::sync::Arc<str> {
 }
 
 /// Where a listing's previous page stopped, in the keyset order of every
-/// dialect's listing: `(sweep_at, key)`, an in-flight record's `sweep_at`
-/// being its lease end.
+/// dialect's listing: lease end, then the record's key (Postgres and MySQL
+/// read it from their `(sweep_at, id)` index, where an in-flight record's
+/// `sweep_at` is its lease end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeysetAfter {
     /// The last record's lease end.

@@ -3,6 +3,7 @@
 //! SQL text is [`crate::sql`]'s.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use idem_core::clock::Timestamp;
 use idem_core::store::{
@@ -24,6 +25,10 @@ use crate::sql::{Statements, bound_rows, q};
 pub struct SqliteDialect {
     pub(crate) table: Arc<str>,
     pub(crate) sql: Arc<Statements>,
+    /// Where the purge's read of the table goes on from: the last `rowid`
+    /// its previous round found, 0 once a round read to the end. Shared by
+    /// the store's clones; two purges at once only split the walk.
+    purged_to: Arc<AtomicI64>,
 }
 
 impl std::fmt::Debug for SqliteDialect {
@@ -50,6 +55,7 @@ impl SqliteDialect {
         Self {
             sql: Arc::new(Statements::new(&table)),
             table,
+            purged_to: Arc::new(AtomicI64::new(0)),
         }
     }
 
@@ -230,9 +236,9 @@ impl Dialect for SqliteDialect {
     fn statement(&self, name: &str) -> Option<&str> {
         Some(match name {
             "claim" => &self.sql.claim,
+            "purge_scan" => &self.sql.purge_scan,
             "purge_keys" => &self.sql.purge_keys,
             "purge_bodies" => &self.sql.purge_bodies,
-            "refile" => &self.sql.refile,
             "layout" => &self.sql.layout,
             _ => return None,
         })
@@ -263,24 +269,57 @@ impl Dialect for SqliteDialect {
         }
     }
 
+    /// A round reads the table on from where the last one stopped, outside
+    /// the write lock, for at most `limit` records with something due; then
+    /// deletes the expired keys among them and drops the expired bodies of
+    /// the rest, in one `BEGIN IMMEDIATE` transaction (each row checked
+    /// again there). The count it returns is what the read found until the
+    /// read reaches the table's end, then 0: one purge call reads the table
+    /// at most once.
     async fn purge_round(
         &self,
         conn: &mut SqliteConnection,
         now: Timestamp,
         limit: u32,
     ) -> Result<(PurgeReport, u64), StoreError> {
+        let from = self.purged_to.load(Ordering::Relaxed);
+        let found: Vec<i64> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.sql.purge_scan)))
+                .bind(from)
+                .bind(ms(now))
+                .bind(i64::from(limit))
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(map)?;
+        let at_end = found.len() < usize::try_from(limit).unwrap_or(usize::MAX);
+        let next = if at_end {
+            0
+        } else {
+            found.last().copied().unwrap_or(0)
+        };
+        if found.is_empty() {
+            self.purged_to.store(next, Ordering::Relaxed);
+            return Ok((PurgeReport::default(), 0));
+        }
+        let rowids: Vec<String> = found.iter().map(i64::to_string).collect();
+        let rowids = format!("[{}]", rowids.join(","));
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
             .await
             .map_err(map)?;
         let mut run =
-            async |sql: &Arc<str>| rows(q(sql).bind(ms(now)).bind(i64::from(limit)), &mut tx).await;
+            async |sql: &Arc<str>| rows(q(sql).bind(rowids.clone()).bind(ms(now)), &mut tx).await;
         let report = PurgeReport {
             keys_removed: run(&self.sql.purge_keys).await?,
             bodies_dropped: run(&self.sql.purge_bodies).await?,
         };
-        let refiled = run(&self.sql.refile).await?;
         tx.commit().await.map_err(map)?;
-        Ok((report, refiled))
+        self.purged_to.store(next, Ordering::Relaxed);
+        let more = if at_end {
+            0
+        } else {
+            u64::try_from(found.len()).unwrap_or(u64::MAX)
+        };
+        Ok((report, more))
     }
 
     /// One: the file has one write lock, so a second batch would only wait

@@ -18,9 +18,9 @@ use sqlx::sqlite::{Sqlite, SqliteArguments};
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) claim: Arc<str>,
+    pub(crate) purge_scan: Arc<str>,
     pub(crate) purge_keys: Arc<str>,
     pub(crate) purge_bodies: Arc<str>,
-    pub(crate) refile: Arc<str>,
     /// The reads of a batch's claims as one statement, for 1, 2, 4, … 128
     /// claims ([`Statements::read_batch`]).
     read_batches: Vec<Arc<str>>,
@@ -54,8 +54,7 @@ impl Statements {
         };
         let summary =
             "owner, operation, key, state, attempt, lease_until, resource_id, key_expires_at";
-        let in_flight =
-            "sweep_at <= ?1 AND state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2";
+        let in_flight = "state = 'in_flight' AND lease_until <= ?1 AND key_expires_at > ?2";
         // The reads of a batch's claims (`?1`, `?3`, … each record's key,
         // `?2`, `?4`, … its claim's now): `fetch` below for each pair at
         // once, its key column beside the record so that each row finds its
@@ -98,14 +97,12 @@ RETURNING id"
             // no lease holds); take over a released record or an expired
             // lease with the same fingerprint. The key is kept at least until
             // the new lease ends (`key_expires_at = MAX(key_expires_at,
-            // lease_until)`). Returns a row only when the caller won. An
-            // in-flight record's `sweep_at` is its lease end (see
-            // `migrations/0001_idem.sql`).
+            // lease_until)`). Returns a row only when the caller won.
             claim: format!(
                 "INSERT INTO {t}
     (id, owner, operation, key, fingerprint, state, token, attempt, lease_until,
-     takeover, resource_id, outcome, response, response_expires_at, key_expires_at, sweep_at)
-VALUES (?9, ?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6), ?6)
+     takeover, resource_id, outcome, response, response_expires_at, key_expires_at)
+VALUES (?9, ?1, ?2, ?3, ?4, 'in_flight', ?5, 1, ?6, NULL, NULL, NULL, NULL, NULL, MAX(?7, ?6))
 ON CONFLICT (id) DO UPDATE SET
     owner = excluded.owner,
     operation = excluded.operation,
@@ -122,7 +119,6 @@ ON CONFLICT (id) DO UPDATE SET
     state = 'in_flight',
     token = excluded.token,
     lease_until = excluded.lease_until,
-    sweep_at = excluded.lease_until,
     outcome = NULL,
     response = NULL,
     response_expires_at = NULL
@@ -135,47 +131,41 @@ WHERE {expired}
 RETURNING attempt, takeover, resource_id"
             )
             .into(),
-            // A purge walks the sweep index up to `?1` (now), at most `?2`
-            // rows per statement; in-flight records whose key lives on (a
-            // lease that ended: a stuck record) are passed over. First the
-            // expired keys go.
+            // A purge round reads the table in `rowid` order after `?1`,
+            // outside the write lock (under WAL, a read waits for no
+            // writer): the rows of at most `?3` records with something due
+            // at `?2` (now), an expired key or an expired body.
+            purge_scan: format!(
+                "SELECT rowid FROM {t}
+WHERE rowid > ?1
+  AND ((key_expires_at <= ?2 AND (state <> 'in_flight' OR lease_until <= ?2))
+    OR (state <> 'in_flight' AND response IS NOT NULL AND response_expires_at <= ?2))
+ORDER BY rowid LIMIT ?3"
+            )
+            .into(),
+            // Then, in one write transaction, the rows it found (`?1`, a JSON
+            // array of rowids) that are still due at `?2`: first the expired
+            // keys go (in-flight records whose key lives on, a lease that
+            // ended, are passed over: the stuck list shows them) ...
             purge_keys: format!(
-                "DELETE FROM {t} WHERE rowid IN (
-    SELECT rowid FROM {t}
-    WHERE sweep_at <= ?1 AND key_expires_at <= ?1 AND (state <> 'in_flight' OR lease_until <= ?1)
-    ORDER BY sweep_at LIMIT ?2)"
+                "DELETE FROM {t}
+WHERE rowid IN (SELECT value FROM json_each(?1))
+  AND key_expires_at <= ?2 AND (state <> 'in_flight' OR lease_until <= ?2)"
             )
             .into(),
-            // Then expired bodies are dropped, and their records re-filed at
-            // the key's expiry.
+            // ... then the expired bodies of the records that stay.
             purge_bodies: format!(
-                "UPDATE {t} SET response = NULL, sweep_at = key_expires_at WHERE rowid IN (
-    SELECT rowid FROM {t}
-    WHERE sweep_at <= ?1 AND state <> 'in_flight' AND key_expires_at > ?1
-      AND response IS NOT NULL AND response_expires_at <= ?1
-    ORDER BY sweep_at LIMIT ?2)"
-            )
-            .into(),
-            // Then every other record the walk passes is re-filed at the time
-            // it next has something to do: its body's expiry, else its key's.
-            // A record whose body has expired is left to `purge_bodies`.
-            refile: format!(
-                "UPDATE {t} SET sweep_at = CASE
-        WHEN response IS NOT NULL THEN MIN(response_expires_at, key_expires_at)
-        ELSE key_expires_at END
-WHERE rowid IN (
-    SELECT rowid FROM {t}
-    WHERE sweep_at <= ?1 AND state <> 'in_flight' AND key_expires_at > ?1
-      AND (response IS NULL OR response_expires_at > ?1)
-    ORDER BY sweep_at LIMIT ?2)"
+                "UPDATE {t} SET response = NULL
+WHERE rowid IN (SELECT value FROM json_each(?1))
+  AND state <> 'in_flight' AND key_expires_at > ?2
+  AND response IS NOT NULL AND response_expires_at <= ?2"
             )
             .into(),
             shared: SharedStatements {
                 // The completion: `?1`–`?4` the record and token, `?5`
                 // outcome, `?6` body, `?7` response expiry, `?8` key expiry,
                 // `?9` resource id or NULL. It changes no indexed column, so
-                // it rewrites the table's page and no index (the record is
-                // re-filed in the sweep index later, by a purge).
+                // it rewrites the table's page and no index.
                 complete: Statement::new(
                     keyed(&guarded(
                         "state = 'completed', outcome = ?5, response = ?6, response_expires_at = ?7, \
@@ -204,7 +194,7 @@ WHERE rowid IN (
                 // ends.
                 extend_lease: Statement::new(
                     keyed(&guarded(
-                        "lease_until = ?5, sweep_at = ?5, key_expires_at = MAX(key_expires_at, ?5)",
+                        "lease_until = ?5, key_expires_at = MAX(key_expires_at, ?5)",
                     )),
                     &[Key, Token, LeaseUntil],
                 ),
@@ -223,16 +213,14 @@ WHERE {pk}
                     &[Key, Now],
                 ),
                 // The operator listing of in-flight records (`?1` lease
-                // bound, `?2` now, `?3` limit), first page; walks the sweep
-                // index (an in-flight record's `sweep_at` is its lease end,
-                // so the index order is the lease order). It also passes the
-                // records completed since the last purge, which it filters
-                // out.
+                // bound, `?2` now, `?3` limit), first page, in lease order: a
+                // read of the whole table and a sort of what it keeps (no
+                // index serves it; see `migrations/0001_idem.sql`).
                 list_in_flight: Statement::new(
                     format!(
                         "SELECT {summary} FROM {t}
 WHERE {in_flight}
-ORDER BY sweep_at, id
+ORDER BY lease_until, id
 LIMIT ?3"
                     ),
                     &[LeaseBefore, Now, Limit],
@@ -243,8 +231,8 @@ LIMIT ?3"
                     format!(
                         "SELECT {summary} FROM {t}
 WHERE {in_flight}
-  AND (sweep_at, id) > (?4, ?5)
-ORDER BY sweep_at, id
+  AND (lease_until, id) > (?4, ?5)
+ORDER BY lease_until, id
 LIMIT ?3"
                     ),
                     &[LeaseBefore, Now, Limit, AfterLeaseUntil, AfterKey],
@@ -254,7 +242,7 @@ LIMIT ?3"
                 // id and attempt stay.
                 release_in_flight: Statement::new(
                     keyed(&format!(
-                        "UPDATE {t} SET lease_until = MIN(lease_until, ?4), sweep_at = MIN(lease_until, ?4)
+                        "UPDATE {t} SET lease_until = MIN(lease_until, ?4)
 WHERE {pk} AND state = 'in_flight'
   AND key_expires_at > ?4 AND (?5 IS NULL OR attempt = ?5)"
                     )),
@@ -354,7 +342,7 @@ mod tests {
     #[test]
     fn every_statement_names_the_table_and_no_other() {
         let s = Statements::new("t_1");
-        let own = [&s.claim, &s.purge_keys, &s.purge_bodies, &s.refile];
+        let own = [&s.claim, &s.purge_scan, &s.purge_keys, &s.purge_bodies];
         let shared = s.shared.all().map(|(_, statement)| statement.sql());
         for sql in own.into_iter().chain(shared) {
             assert!(sql.contains("\"t_1\""), "{sql}");
