@@ -18,8 +18,8 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 pub const DEFAULT_TABLE: &str = "idem_records";
 
 /// Longest accepted table name, in bytes. SQLite itself has no practical
-/// limit; this one keeps index names (the table name plus up to 16 bytes)
-/// readable in `sqlite_master`.
+/// limit; this one keeps the names in `sqlite_master` (the table's and its
+/// primary key's, `sqlite_autoindex_<table>_1`) readable.
 pub const MAX_TABLE_NAME_LEN: usize = 64;
 
 /// Accepts `[A-Za-z_][A-Za-z0-9_]*` up to [`MAX_TABLE_NAME_LEN`] bytes, not

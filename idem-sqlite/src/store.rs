@@ -35,7 +35,8 @@ fn leaves_connection_sound(e: &Error) -> bool {
 /// under WAL); a key that is absent or claimable then runs an
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE … RETURNING` that SQLite runs under
 /// its write lock, so two racing claims can never both win. A completion
-/// writes the table and no index (see `migrations/0001_idem.sql`). A claim that loses
+/// writes the table alone (the table has no index but its primary key; see
+/// `migrations/0001_idem.sql`). A claim that loses
 /// reads the standing record again; if that read finds the record claimable
 /// after all (it changed in between), the claim runs again.
 ///
@@ -287,7 +288,7 @@ impl SqliteStore {
         crate::schema::render(&self.core.dialect().table)
     }
 
-    /// Creates the table and its index when the table does not exist: the
+    /// Creates the table when it does not exist: the
     /// shipped `migrations/0001_idem.sql`, in one `BEGIN IMMEDIATE`
     /// transaction. A table that exists must carry this build's layout mark
     /// ([`idem_sql::LAYOUT`], in the text that created it); any other is
