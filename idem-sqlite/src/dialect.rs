@@ -291,16 +291,11 @@ impl Dialect for SqliteDialect {
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(map)?;
-        let at_end = found.len() < usize::try_from(limit).unwrap_or(usize::MAX);
-        let next = if at_end {
-            0
-        } else {
-            found.last().copied().unwrap_or(0)
-        };
-        if found.is_empty() {
-            self.purged_to.store(next, Ordering::Relaxed);
+        let Some(&last) = found.last() else {
+            self.purged_to.store(0, Ordering::Relaxed);
             return Ok((PurgeReport::default(), 0));
-        }
+        };
+        let at_end = found.len() < usize::try_from(limit).unwrap_or(usize::MAX);
         let rowids: Vec<String> = found.iter().map(i64::to_string).collect();
         let rowids = format!("[{}]", rowids.join(","));
         let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE")
@@ -313,12 +308,12 @@ impl Dialect for SqliteDialect {
             bodies_dropped: run(&self.sql.purge_bodies).await?,
         };
         tx.commit().await.map_err(map)?;
-        self.purged_to.store(next, Ordering::Relaxed);
-        let more = if at_end {
-            0
+        let (next, more) = if at_end {
+            (0, 0)
         } else {
-            u64::try_from(found.len()).unwrap_or(u64::MAX)
+            (last, u64::try_from(found.len()).unwrap_or(u64::MAX))
         };
+        self.purged_to.store(next, Ordering::Relaxed);
         Ok((report, more))
     }
 

@@ -239,14 +239,13 @@ async fn a_purge_walks_the_table_in_rowid_order() {
     db.teardown().await;
 }
 
-/// A purge goes on where its previous call stopped: in batches of two over
-/// expired keys with live ones between them, it deletes each expired key
-/// once and no live one, ends with an empty call, and the next walk starts
-/// from the table's first row.
+/// A purge in batches over expired keys with live ones between them deletes
+/// each expired key once and no live one; a call that reads to the table's
+/// end sends the next walk back to its first row.
 #[tokio::test]
-async fn a_purge_resumes_its_walk_and_starts_over_at_the_end() {
+async fn a_purge_takes_each_expired_key_once_and_starts_over_at_the_end() {
     use idem_core::clock::Timestamp;
-    use idem_core::store::{ClaimOutcome, ClaimRequest, Completion, OutcomeKind, Store, Token};
+    use idem_core::store::{ClaimOutcome, Completion, OutcomeKind, Store};
     use idem_core::{IdempotencyKey, RecordId};
 
     let db = FileDb::new().await;
@@ -258,17 +257,10 @@ async fn a_purge_resumes_its_walk_and_starts_over_at_the_end() {
             IdempotencyKey::parse(&format!("k{i}")).unwrap(),
         )
     };
-    let fp = idem_core::adapter::fingerprint(
-        scope.operation(),
-        &json!({"amount": 1}),
-        &idem_core::FieldFilter::All,
-    )
-    .unwrap();
     // Keys 0, 2, 4, … expire at 1 s, the odd ones in a day.
     let store_key = async |i: u32, key_expires: i64| {
-        let token = Token::random();
         let record = id(i);
-        let claim = ClaimRequest::new(&record, fp, token, at(0), at(500), at(key_expires));
+        let claim = idem_test_support::sql::claim_request(&record, at(0));
         let won = db.store.claim(&claim).await.unwrap();
         assert!(matches!(won, ClaimOutcome::Claimed(_)), "{won:?}");
         let done = Completion::new(
@@ -279,29 +271,33 @@ async fn a_purge_resumes_its_walk_and_starts_over_at_the_end() {
             at(key_expires),
             at(key_expires),
         );
-        db.store.complete(&record, token, &done).await.unwrap();
+        db.store
+            .complete(&record, claim.token, &done)
+            .await
+            .unwrap();
     };
     for i in 0..12 {
         store_key(i, if i % 2 == 0 { 1_000 } else { 86_400_000 }).await;
     }
+    // Six expired keys, at most four a call: the second call reads to the
+    // table's end.
     let mut removed = Vec::new();
-    loop {
-        let r = db.store.purge_expired(at(2_000), 2).await.unwrap();
-        assert!(r.keys_removed <= 2, "{r:?}");
-        removed.push(r.keys_removed);
-        if r.keys_removed == 0 {
-            break;
-        }
+    for _ in 0..2 {
+        let r = db.store.purge_expired(at(2_000), 4).await.unwrap();
+        removed.push((r.keys_removed, r.bodies_dropped));
     }
-    assert_eq!(removed, [2, 2, 2, 0], "six expired keys, two a call");
+    assert_eq!(removed, [(4, 0), (2, 0)], "six expired keys, four a call");
     for i in 0..12 {
         let kept = db.store.fetch(&id(i), at(2_000)).await.unwrap().is_some();
         assert_eq!(kept, i % 2 == 1, "key {i}");
     }
-    // The walk reached the end and starts over from the first row: once
-    // their day has passed, the live keys (below where it stopped) go too.
+    // So the next walk starts from the first row: once their day has
+    // passed, the live keys (below where the last call stopped) go too, and
+    // a call after them finds nothing.
     let day = db.store.purge_expired(at(86_400_001), 100).await.unwrap();
     assert_eq!(day.keys_removed, 6, "{day:?}");
+    let after = db.store.purge_expired(at(86_400_001), 100).await.unwrap();
+    assert_eq!(after.keys_removed, 0, "{after:?}");
     db.teardown().await;
 }
 
