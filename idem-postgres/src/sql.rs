@@ -102,18 +102,33 @@ impl Statements {
             // or `existing` (as read); a claim with no row lost a race to a
             // concurrent writer and runs again alone. One statement, one
             // commit, whatever N.
+            //
+            // The plan. Postgres keeps a generic plan for a prepared
+            // statement after five runs, and keeps it as the table grows:
+            // * `cur` looks each claim's record up by its key (`LATERAL`,
+            //   and `OFFSET 0` so that the planner cannot fold it into a
+            //   join it orders freely). A free join planned on a new, small
+            //   table is a hash of the whole table, kept as it grows
+            //   (measured: 10–15 ms a batch at 40,000 records, against
+            //   0.5 ms for the lookups);
+            // * `LIMIT $10`, the number of claims, removes nothing: it makes
+            //   the generic plan guess one row where it guesses ten for an
+            //   array, so that it looks no dearer than a plan for a batch of
+            //   two or three, and Postgres keeps it instead of planning every
+            //   small batch again (0.26 ms of planning a batch, measured).
             claim_batch: format!(
                 "WITH req AS (
                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bigint[],
                                          $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[])
                         AS r(owner, operation, key, fingerprint, token, now, lease_until, key_expires_at, id)
+                    LIMIT $10
                 ),
                 cur AS (
                     SELECT t.id, t.owner, t.operation, t.key, t.fingerprint, t.state, t.attempt,
                            t.lease_until, t.resource_id, t.outcome,
                            CASE WHEN t.response_expires_at > req.now THEN t.response END AS response,
                            t.response_expires_at, t.key_expires_at, t.token
-                    FROM req JOIN {t} t ON t.id = req.id
+                    FROM req CROSS JOIN LATERAL (SELECT * FROM {t} WHERE id = req.id OFFSET 0) t
                 ),
                 ins AS (
                     INSERT INTO {t} (id, owner, operation, key, fingerprint, state, token, attempt, lease_until, key_expires_at, sweep_at)
@@ -161,13 +176,21 @@ impl Statements {
             // $2 token, $3 outcome, $4 response, $5 response_expires_at,
             // $6 key_expires_at, $7 resource_id), distinct records. The keys
             // of the rows it changed come back; a completion whose row is
-            // not among them is asked `completed_under`, alone.
+            // not among them is asked `completed_under`, alone. `LIMIT $8`
+            // (the number of completions: it removes nothing) makes the plan
+            // Postgres keeps guess one row for the arrays, so that it
+            // reaches each record through the primary key whatever the
+            // table's size when it was made (without it, a plan made on a
+            // small table scanned the whole table for every batch once it
+            // had grown).
             complete_batch: format!(
                 "UPDATE {t} AS t SET state = 'completed', outcome = c.outcome, response = c.response,
                         response_expires_at = c.response_expires_at, key_expires_at = c.key_expires_at,
                         resource_id = COALESCE(c.resource_id, t.resource_id)
-                 FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[], $7::text[])
-                      AS c(id, token, outcome, response, response_expires_at, key_expires_at, resource_id)
+                 FROM (SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::text[], $4::bytea[], $5::bigint[],
+                                            $6::bigint[], $7::text[])
+                           AS c(id, token, outcome, response, response_expires_at, key_expires_at, resource_id)
+                       LIMIT $8) AS c
                  WHERE t.id = c.id AND t.token = c.token AND t.state = 'in_flight'
                  RETURNING t.id"
             )
