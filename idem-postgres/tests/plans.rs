@@ -122,3 +122,50 @@ async fn a_small_claim_batch_uses_the_kept_plan() {
     })
     .await;
 }
+
+/// The purge and the operator's listing keep no plan: they run rarely, and
+/// the plans Postgres would keep, made on a small table, read the whole
+/// table (the purge reaches the rows it writes by a sequential scan, the
+/// listing sorts the table), at any size after. They are planned at every
+/// run, so none is left prepared on the connection after six runs of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_and_the_listing_are_planned_at_every_run() {
+    use idem_core::clock::{ManualClock, Timestamp};
+    use idem_postgres::PgStore;
+    use idem_postgres::sqlx::postgres::PgPoolOptions;
+
+    with_fixture(Pg.open(2).await, |fx| async move {
+        // A store over a pool of one connection, on the fixture's table, so
+        // that every statement it runs is prepared (or not) on that session.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(support::options())
+            .await
+            .expect("connect");
+        let store = PgStore::new(pool.clone())
+            .with_schema_name(&fx.name)
+            .and_then(|s| s.with_table_name(fx.store.table_name()))
+            .expect("names");
+        let clock = ManualClock::new(Timestamp::from_unix_millis(1_000_000_000_000));
+        let idem = idem_test_support::sql::engine(&store, &clock);
+        for _ in 0..6 {
+            idem.admin().purge_expired(10).await.expect("purge");
+            idem.admin()
+                .list_stuck(std::time::Duration::ZERO, None, 5)
+                .await
+                .expect("list");
+        }
+        let kept: Vec<String> = sqlx::query_scalar("SELECT statement FROM pg_prepared_statements")
+            .fetch_all(&pool)
+            .await
+            .expect("prepared statements");
+        let purge = idem_postgres::statement(&store, "purge").expect("purge");
+        let listing = idem_postgres::statement(&store, "list_in_flight").expect("listing");
+        assert!(
+            !kept.iter().any(|s| s == purge || s == listing),
+            "a purge or a listing left prepared: {kept:#?}"
+        );
+        pool.close().await;
+    })
+    .await;
+}

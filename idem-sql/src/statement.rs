@@ -242,7 +242,7 @@ impl<'a> Values<'a> {
 /// [`Value`], running a query on a connection, decoding the state counts.
 /// Every database of sqlx's drivers has it (a blanket implementation): a
 /// dialect names its database and never implements this.
-pub trait Driver: Database {
+pub trait Driver: Database + sqlx::database::HasStatementCache {
     /// `query` with `value` bound as its next parameter.
     fn bind_value<'q>(
         query: Query<'q, Self, Self::Arguments>,
@@ -277,7 +277,7 @@ pub trait Driver: Database {
 
 impl<DB> Driver for DB
 where
-    DB: Database,
+    DB: Database + sqlx::database::HasStatementCache,
     DB::Arguments: IntoArguments<DB>,
     DB::QueryResult: Into<AnyQueryResult>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,

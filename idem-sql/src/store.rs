@@ -384,7 +384,10 @@ pub trait Dialect: Clone + Send + Sync + 'static {
             after: after.as_ref(),
             ..Values::default()
         };
-        let query = statement.bind::<Self::Db>(&values);
+        // Planned at every run: the listing is rare, and a plan kept from
+        // when the table was small (Postgres keeps one after five runs)
+        // reads and sorts the whole table for every page at any size after.
+        let query = statement.bind::<Self::Db>(&values).persistent(false);
         async move {
             let rows = <Self::Db as Driver>::fetch_all(query, conn).await;
             let rows = rows.map_err(Self::driver_error)?;

@@ -173,6 +173,9 @@ impl ServerDialect for Pg {
             tx_fresh: (4, 4, 0),
             // BEGIN+SET LOCAL, claim, ROLLBACK.
             tx_replay: (3, 3, 0),
+            // Planned at every run (an unnamed statement): sqlx has it
+            // prepared, then runs it.
+            purge: (1, 2, 1),
             ..Costs::each((1, 1, 0))
         }
     }
