@@ -179,10 +179,9 @@ impl Statements {
             // not among them is asked `completed_under`, alone. `LIMIT $8`
             // (the number of completions: it removes nothing) makes the plan
             // Postgres keeps guess one row for the arrays, so that it
-            // reaches each record through the primary key whatever the
-            // table's size when it was made (without it, a plan made on a
-            // small table scanned the whole table for every batch once it
-            // had grown).
+            // reaches each record through the primary key even when it was
+            // made on a new, empty table (without it, that plan scanned the
+            // whole table for every batch once the table had grown).
             complete_batch: format!(
                 "UPDATE {t} AS t SET state = 'completed', outcome = c.outcome, response = c.response,
                         response_expires_at = c.response_expires_at, key_expires_at = c.key_expires_at,
