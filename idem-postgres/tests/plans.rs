@@ -1,7 +1,8 @@
-//! The plans Postgres keeps for the batch statements. A prepared statement
+//! The plans Postgres keeps for the store's statements. A prepared statement
 //! gets a generic plan after five runs, and keeps it while the table grows:
 //! a plan that is right for the table a new deployment starts with must not
-//! scan the table it has a minute later.
+//! scan the table it has a minute later. The batches keep plans that look
+//! each record up by its key; the purge and the listing keep none.
 
 mod support;
 
