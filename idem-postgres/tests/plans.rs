@@ -10,27 +10,55 @@ use idem_postgres::sqlx::{self, Connection, Executor, PgConnection};
 use idem_test_support::sql::{Dialect, with_fixture};
 use support::Pg;
 
-/// The generic plan (the one Postgres keeps) of the store's statement
-/// `name`, made now, on a connection of its own.
-async fn generic_plan(store: &idem_postgres::PgStore, name: &str, params: usize) -> String {
+/// A connection of its own with the store's statement `name` prepared on
+/// it as `s`; with `generic`, every run of it uses the generic plan (the
+/// one Postgres keeps after five runs).
+async fn prepared(store: &idem_postgres::PgStore, name: &str, generic: bool) -> PgConnection {
     let sql = idem_postgres::statement(store, name).expect("the statement");
     let mut conn = PgConnection::connect_with(&support::options())
         .await
         .expect("connect");
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .expect("set");
+    if generic {
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+            .await
+            .expect("set");
+    }
     conn.execute(sqlx::AssertSqlSafe(format!("PREPARE s AS {sql}")))
         .await
         .expect("prepare");
-    let nulls = vec!["NULL"; params].join(", ");
-    let plan: Vec<String> =
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN EXECUTE s({nulls})")))
-            .fetch_all(&mut conn)
-            .await
-            .expect("explain");
+    conn
+}
+
+/// The plan of `EXPLAIN {run}` on `conn`, which it then closes.
+async fn explain(mut conn: PgConnection, run: &str) -> String {
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {run}")))
+        .fetch_all(&mut conn)
+        .await
+        .expect("explain");
     conn.close().await.expect("close");
-    plan.join("\n")
+    let plan = plan.join("\n");
+    println!("{plan}");
+    plan
+}
+
+/// The generic plan of the store's batch `name` (which has `params`
+/// parameters), made on the fixture's new, empty table, reaches each record
+/// through the primary key, matching it to the batch's row `alias`, and
+/// never scans the table.
+async fn looks_each_record_up_by_its_key(name: &'static str, params: usize, alias: &'static str) {
+    with_fixture(Pg.open(2).await, |fx| async move {
+        let conn = prepared(&fx.store, name, true).await;
+        let nulls = vec!["NULL"; params].join(", ");
+        let plan = explain(conn, &format!("EXECUTE s({nulls})")).await;
+        let p = fx.store.table_name();
+        assert!(
+            plan.contains(&format!("Index Scan using {p}_pkey"))
+                && plan.contains(&format!("(id = {alias}.id)")),
+            "each record of the batch is looked up by its key:\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "no scan of the table:\n{plan}");
+    })
+    .await;
 }
 
 /// The claim batch reads each claimed record through the primary key, one
@@ -40,17 +68,7 @@ async fn generic_plan(store: &idem_postgres::PgStore, name: &str, params: usize)
 /// 40,000 records it cost 10–15 ms a batch instead of 0.5 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_batch_looks_each_record_up_by_its_key_in_the_plan_it_keeps() {
-    with_fixture(Pg.open(2).await, |fx| async move {
-        let plan = generic_plan(&fx.store, "claim_batch", 10).await;
-        println!("{plan}");
-        let p = fx.store.table_name();
-        assert!(
-            plan.contains(&format!("Index Scan using {p}_pkey")) && plan.contains("(id = req.id)"),
-            "each claim's record is looked up by its key:\n{plan}"
-        );
-        assert!(!plan.contains("Seq Scan"), "no scan of the table:\n{plan}");
-    })
-    .await;
+    looks_each_record_up_by_its_key("claim_batch", 10, "req").await;
 }
 
 /// The completion batch reaches each record through the primary key in the
@@ -58,17 +76,7 @@ async fn a_claim_batch_looks_each_record_up_by_its_key_in_the_plan_it_keeps() {
 /// the table for every batch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_batch_looks_each_record_up_by_its_key_in_the_plan_it_keeps() {
-    with_fixture(Pg.open(2).await, |fx| async move {
-        let plan = generic_plan(&fx.store, "complete_batch", 8).await;
-        println!("{plan}");
-        let p = fx.store.table_name();
-        assert!(
-            plan.contains(&format!("Index Scan using {p}_pkey")) && plan.contains("(id = c.id)"),
-            "each completion's record is looked up by its key:\n{plan}"
-        );
-        assert!(!plan.contains("Seq Scan"), "no scan of the table:\n{plan}");
-    })
-    .await;
+    looks_each_record_up_by_its_key("complete_batch", 8, "c").await;
 }
 
 /// The plan the claim batch keeps is the one Postgres uses for small
@@ -79,37 +87,19 @@ async fn a_completion_batch_looks_each_record_up_by_its_key_in_the_plan_it_keeps
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_claim_batch_uses_the_kept_plan() {
     with_fixture(Pg.open(2).await, |fx| async move {
-        let sql = idem_postgres::statement(&fx.store, "claim_batch").expect("the statement");
-        let mut conn = PgConnection::connect_with(&support::options())
-            .await
-            .expect("connect");
-        conn.execute(sqlx::AssertSqlSafe(format!("PREPARE s AS {sql}")))
-            .await
-            .expect("prepare");
+        let mut conn = prepared(&fx.store, "claim_batch", false).await;
         // Three claims a run, the same three keys each time (the first run
         // claims them, the others read them), then the plan of a seventh.
-        let run = |verb: &str| {
-            format!(
-                "{verb} EXECUTE s('{{o,o,o}}', '{{op,op,op}}', '{{a,b,c}}',
+        let run = "EXECUTE s('{o,o,o}', '{op,op,op}', '{a,b,c}',
                     ARRAY[sha256('a'), sha256('b'), sha256('c')],
-                    '{{1,2,3}}', '{{5,5,5}}', '{{9,9,9}}', '{{99,99,99}}',
+                    '{1,2,3}', '{5,5,5}', '{9,9,9}', '{99,99,99}',
                     ARRAY[substring(sha256('a') for 16), substring(sha256('b') for 16),
                           substring(sha256('c') for 16)],
-                    3)"
-            )
-        };
+                    3)";
         for _ in 0..6 {
-            conn.execute(sqlx::AssertSqlSafe(run("")))
-                .await
-                .expect("run");
+            conn.execute(run).await.expect("run");
         }
-        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(run("EXPLAIN")))
-            .fetch_all(&mut conn)
-            .await
-            .expect("explain");
-        conn.close().await.expect("close");
-        let plan = plan.join("\n");
-        println!("{plan}");
+        let plan = explain(conn, run).await;
         // A plan for these parameters counts the arrays (three rows); the
         // generic plan guesses ten.
         let arrays = plan
